@@ -1,0 +1,153 @@
+"""The one local-training routine every method uses (pure TensorFlow, no TFF).
+
+One call runs `epochs` local epochs of (DP-)SGD on a silo's tensors, starting from
+`weights`, on the objective of MR-MTL (thesis app. C.1, Algorithm 1, line 6):
+
+    loss(w; x, y) + (lam / 2) * ||w - anchor||^2
+
+`lam = 0` is plain local training / FedAvg client work. Under DP the penalty's
+gradient lam * (w - anchor) is added to every per-example gradient before clipping,
+as in the paper's code, so the whole step is one DP-SGD step on the silo's data.
+
+Batching (DESIGN.md sec. 6):
+- `poisson` (default under DP, matches the RDP accounting): every step includes each
+  example independently with probability q = B / n. The noisy gradient sum is
+  divided by the expected batch size q * n = B.
+- `shuffle`: each epoch is a random permutation cut into floor(n / B) batches of B
+  (the last partial batch dropped, as in the paper's code). Accounting it with
+  Poisson-sampling RDP is an approximation.
+A silo with n < B uses full batches (q = 1). Steps per epoch: max(1, floor(n / B)).
+
+Randomness comes from stateless ops keyed by `seed` (int32[2]) and the step index.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import tensorflow as tf
+
+from tff_silo.privacy import dp_sgd
+
+SAMPLING_MODES = ("poisson", "shuffle")
+
+
+@dataclasses.dataclass(frozen=True)
+class LocalTrainingConfig:
+  """Static settings of local training, shared by all silos.
+
+  Attributes:
+    learning_rate: SGD step size (no momentum, thesis app. B.4).
+    batch_size: B; the sampling rate of silo k is min(B, n_k) / n_k.
+    epochs: local epochs per call.
+    l2_norm_clip: per-example clip C; None trains without DP.
+    sampling: `poisson` or `shuffle` (see module docstring).
+  """
+
+  learning_rate: float
+  batch_size: int
+  epochs: int = 1
+  l2_norm_clip: float | None = None
+  sampling: str = "poisson"
+
+  def __post_init__(self):
+    if not self.learning_rate > 0:
+      raise ValueError(f"learning_rate must be positive, got {self.learning_rate}")
+    if int(self.batch_size) != self.batch_size or self.batch_size < 1:
+      raise ValueError(f"batch_size must be a positive integer, got {self.batch_size}")
+    if int(self.epochs) != self.epochs or self.epochs < 1:
+      raise ValueError(f"local epochs must be a positive integer, got {self.epochs}")
+    if self.l2_norm_clip is not None and not self.l2_norm_clip > 0:
+      raise ValueError(f"l2_norm_clip must be positive or None, got {self.l2_norm_clip}")
+    if self.sampling not in SAMPLING_MODES:
+      raise ValueError(f"sampling must be one of {SAMPLING_MODES}, got {self.sampling!r}")
+
+  @property
+  def private(self) -> bool:
+    return self.l2_norm_clip is not None
+
+
+def steps_per_epoch(num_examples: int, batch_size: int) -> int:
+  """max(1, floor(n / min(B, n))): the number of (DP-)SGD steps in one epoch."""
+  return max(1, num_examples // min(batch_size, num_examples))
+
+
+def sampling_rate(num_examples: int, batch_size: int) -> float:
+  return min(batch_size, num_examples) / num_examples
+
+
+def _random_permutation(n, seed):
+  return tf.argsort(tf.random.stateless_uniform([n], seed=seed))
+
+
+def _per_example_gradients(model, weights, x, y):
+  if model.per_example_gradients_fn is not None:
+    return model.per_example_gradients_fn(weights, x, y)
+
+  def one(example):
+    xi, yi = example
+    with tf.GradientTape() as tape:
+      tape.watch(weights)
+      loss = model.per_example_loss(weights, xi[None], yi[None])[0]
+    return tape.gradient(loss, weights)
+  return tf.vectorized_map(one, (x, y))
+
+
+def train_locally(model, config: LocalTrainingConfig, weights, anchor, lam, x, y,
+                  noise_multiplier, seed):
+  """Runs `config.epochs` epochs of (DP-)SGD; returns the new weights (a list).
+
+  Args:
+    model: a `SiloModel`.
+    config: the static `LocalTrainingConfig`.
+    weights, anchor: lists of float32 tensors (start point, regularization center).
+    lam: float32 scalar, the mean-regularization strength (0 for none).
+    x, y: the silo's features `[n, ...]` and labels `[n]`.
+    noise_multiplier: float32 scalar z (the silo's own calibration; unused without DP).
+    seed: int32[2] stateless seed for this silo and round.
+  """
+  weights = [tf.identity(w) for w in weights]
+  n = tf.shape(y)[0]
+  batch = tf.minimum(tf.constant(config.batch_size), n)
+  per_epoch = tf.maximum(1, n // batch)
+  total_steps = per_epoch * config.epochs
+  expected_batch = tf.cast(batch, tf.float32)
+  lr = tf.constant(config.learning_rate, tf.float32)
+
+  def batch_indices(step):
+    step_seed = tf.random.experimental.stateless_fold_in(seed, step)
+    if config.private and config.sampling == "poisson":
+      keep = tf.random.stateless_uniform([n], seed=step_seed) < (
+          expected_batch / tf.cast(n, tf.float32))
+      return tf.cast(tf.where(keep)[:, 0], tf.int32)
+    epoch_seed = tf.random.experimental.stateless_fold_in(seed, -1 - step // per_epoch)
+    start = (step % per_epoch) * batch
+    return _random_permutation(n, epoch_seed)[start:start + batch]
+
+  def gradient(w, step):
+    idx = batch_indices(step)
+    xb, yb = tf.gather(x, idx), tf.gather(y, idx)
+    penalty = [lam * (wi - ai) for wi, ai in zip(w, anchor)]
+    if not config.private:
+      with tf.GradientTape() as tape:
+        tape.watch(w)
+        loss = tf.reduce_mean(model.per_example_loss(w, xb, yb))
+      return [g + p for g, p in zip(tape.gradient(loss, w), penalty)]
+    per_example = tf.cond(
+        tf.size(idx) > 0,
+        lambda: _per_example_gradients(model, w, xb, yb),
+        lambda: [tf.zeros(tf.concat([[0], tf.shape(wi)], 0)) for wi in w])
+    per_example = [g + p[None] for g, p in zip(per_example, penalty)]
+    noise_seed = tf.random.experimental.stateless_fold_in(
+        tf.random.experimental.stateless_fold_in(seed, step), 2)
+    return dp_sgd.privatize(per_example, l2_norm_clip=config.l2_norm_clip,
+                            noise_multiplier=noise_multiplier,
+                            normalizer=expected_batch, seed=noise_seed)
+
+  def body(step, w):
+    grads = gradient(w, step)
+    return step + 1, [wi - lr * gi for wi, gi in zip(w, grads)]
+
+  _, weights = tf.while_loop(lambda step, _: step < total_steps, body,
+                             (tf.constant(0), weights))
+  return weights

@@ -1,0 +1,32 @@
+"""MR-MTL: mean-regularized multi-task learning with stateful clients.
+
+Thesis app. C.1, Algorithm 1 (Smith et al. 2017; Liu et al., NeurIPS'22): silo k keeps
+w_k across rounds and minimizes loss + (lam / 2) ||w_k - w_bar||^2 with (DP-)SGD; the
+server sets w_bar += weighted mean of Delta_k. lam = 0 is local training, lam -> inf
+approaches FedAvg.
+
+Privacy: each silo runs DP-SGD with its own noise multiplier (silo-specific
+example-level DP, thesis Def. 1.3.1); w_bar is post-processing of DP outputs, so the
+regularization costs no privacy beyond local training. Weighting by n_k assumes the
+replacement notion of neighbouring datasets (thesis app. C.1).
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+from tff_silo.algorithms import _common
+from tff_silo.algorithms.process import SiloProcess, build_silo_process
+
+DEFAULT_LAMBDA = 1.0
+
+
+def build_mrmtl_process(model, feature_shape, *, client_learning_rate: float,
+                        batch_size: int, lam: float = DEFAULT_LAMBDA, local_epochs: int = 1,
+                        l2_norm_clip: Optional[float] = None, sampling: str = "poisson",
+                        aggregator=None, init_seed: int = 0) -> SiloProcess:
+  """MR-MTL; DP-SGD in every silo when `l2_norm_clip` is set."""
+  config = _common.make_config(client_learning_rate, batch_size, local_epochs,
+                               l2_norm_clip, sampling)
+  return build_silo_process(model, feature_shape, config, name="mrmtl", lam=lam,
+                            start="personal", aggregator=aggregator, init_seed=init_seed)

@@ -1,0 +1,208 @@
+"""The TFF iterative process shared by the MR-MTL family (stateful clients).
+
+TFF's `LearningProcess` cannot return client-placed values, so, as in TFF's
+`examples/stateful_clients`, the process is a `tff.templates.IterativeProcess` whose
+
+    next(server_state@SERVER, client_states@CLIENTS, client_data@CLIENTS)
+        -> (server_state@SERVER, client_states@CLIENTS, metrics@SERVER)
+
+Client state: the silo's personalized weights w_k. Server state: the global (mean)
+model w_bar, the round number and the aggregator's state. Client data: the silo's
+tensors plus its own DP noise multiplier and seed (`SiloInput`).
+
+Every round (thesis app. C.1, Algorithm 1): the server broadcasts w_bar; each silo
+picks its start point (its w_k, or w_bar), runs `train_locally` regularized towards
+w_bar, and returns delta = w_new - w_start with weight n_k; the aggregator (weighted
+mean by default, any `tff.aggregators` factory) averages the deltas and the server
+adds the result to w_bar. The methods differ only in the start point, lambda, and
+which model is evaluated; Ditto also trains w_bar's copy for one more epoch.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+from typing import Callable, NamedTuple, Optional
+
+import numpy as np
+import tensorflow as tf
+import tensorflow_federated as tff
+
+from tff_silo.algorithms.local_training import LocalTrainingConfig, train_locally
+
+START_POINTS = ("personal", "global", "switch")
+
+
+class SiloInput(NamedTuple):
+  """A silo's client data: its training tensors, DP noise multiplier and seed."""
+  x: np.ndarray
+  y: np.ndarray
+  noise_multiplier: np.float32
+  seed: np.ndarray  # int32[2]
+
+
+class ServerState(NamedTuple):
+  global_weights: tuple
+  round_num: np.int32
+  aggregator: object
+
+
+class ClientOutput(NamedTuple):
+  personal: tuple
+  delta: tuple
+  weight: np.float32
+
+
+class SiloProcess(tff.templates.IterativeProcess):
+  """An `IterativeProcess` with stateful clients and what the driver needs to know.
+
+  Attributes (beyond `initialize` / `next`):
+    name: algorithm name.
+    model: the `SiloModel` trained.
+    config: the `LocalTrainingConfig`.
+    epochs_per_round: local epochs each silo's data is queried for per round (the
+      accounting uses it: Ditto queries twice as many as MR-MTL).
+    personal_from_round: rounds completed after which a silo's personalized model is
+      its client state; before that (or when None) it is the global model.
+  """
+
+  def __init__(self, initialize_fn, next_fn, *, name, model, config, epochs_per_round,
+               personal_from_round: Optional[int]):
+    super().__init__(initialize_fn, next_fn, next_is_multi_arg=True)
+    self.name = name
+    self.model = model
+    self.config = config
+    self.epochs_per_round = epochs_per_round
+    self.personal_from_round = personal_from_round
+
+  def uses_client_state(self, rounds_done: int) -> bool:
+    return self.personal_from_round is not None and rounds_done > self.personal_from_round
+
+
+def weights_type(model) -> tff.Type:
+  return tff.StructWithPythonType(
+      [tff.TensorType(np.float32, shape) for shape in model.weight_shapes], tuple)
+
+
+def silo_input_type(feature_shape) -> tff.Type:
+  return tff.StructWithPythonType(
+      [("x", tff.TensorType(np.float32, [None, *feature_shape])),
+       ("y", tff.TensorType(np.float32, [None])),
+       ("noise_multiplier", tff.TensorType(np.float32)),
+       ("seed", tff.TensorType(np.int32, [2]))], SiloInput)
+
+
+def check_lambda(lam: float) -> float:
+  if not (lam >= 0 and np.isfinite(lam)):
+    raise ValueError(f"lam (the mean-regularization strength) must be a finite "
+                     f"number >= 0, got {lam}")
+  return float(lam)
+
+
+def build_silo_process(model, feature_shape, config: LocalTrainingConfig, *,
+                       name: str, lam: float = 0.0, start: str = "personal",
+                       switch_round: Optional[int] = None, ditto: bool = False,
+                       global_update_rounds: Optional[int] = None,
+                       personal_from_round: Optional[int] = 0,
+                       aggregator=None, init_seed: int = 0) -> SiloProcess:
+  """Builds the process; the public `build_<algo>_process` functions call this.
+
+  Args:
+    model, feature_shape: the `SiloModel` and the silo features' shape.
+    config: local training settings (DP when `config.l2_norm_clip` is set).
+    name: algorithm name.
+    lam: mean-regularization strength towards the broadcast global model.
+    start: `personal` (continue w_k), `global` (restart from w_bar each round), or
+      `switch` (w_bar while round <= switch_round, then w_k: local finetuning).
+    ditto: also train a copy of w_bar without regularization (Ditto's global solver),
+      whose delta is the one aggregated.
+    global_update_rounds: the server stops updating w_bar after this many rounds.
+    personal_from_round: see `SiloProcess`.
+    aggregator: a `tff.aggregators` weighted or unweighted factory; default
+      `tff.aggregators.MeanFactory()` (weights n_k).
+    init_seed: seed of the initial weights.
+  """
+  lam = check_lambda(lam)
+  if start not in START_POINTS:
+    raise ValueError(f"start must be one of {START_POINTS}, got {start!r}")
+  if start == "switch" and switch_round is None:
+    raise ValueError("start='switch' needs switch_round")
+  aggregator = tff.aggregators.MeanFactory() if aggregator is None else aggregator
+  w_type = weights_type(model)
+  data_type = silo_input_type(feature_shape)
+  if isinstance(aggregator, tff.aggregators.WeightedAggregationFactory):
+    agg_process = aggregator.create(w_type, tff.TensorType(np.float32))
+    weighted = True
+  elif isinstance(aggregator, tff.aggregators.UnweightedAggregationFactory):
+    agg_process = aggregator.create(w_type)
+    weighted = False
+  else:
+    raise TypeError("aggregator must be a tff.aggregators.WeightedAggregationFactory or "
+                    f"UnweightedAggregationFactory, got {type(aggregator).__name__}")
+  initial = model.initial_weights(init_seed)
+
+  @tff.tensorflow.computation
+  def initial_weights():
+    return tuple(tf.constant(w) for w in initial)
+
+  @tff.federated_computation
+  def initialize_fn():
+    return tff.federated_zip(ServerState(
+        global_weights=tff.federated_eval(initial_weights, tff.SERVER),
+        round_num=tff.federated_value(np.int32(0), tff.SERVER),
+        aggregator=agg_process.initialize()))
+
+  lam_t = np.float32(lam)
+
+  @tff.tensorflow.computation(w_type, w_type, np.int32, data_type)
+  def client_update(global_w, personal_w, round_num, data):
+    global_w, personal_w = list(global_w), list(personal_w)
+    seed = tf.random.experimental.stateless_fold_in(data.seed, round_num)
+    train = lambda w, lam_value, s: train_locally(
+        model, config, w, global_w, lam_value, data.x, data.y,
+        data.noise_multiplier, tf.random.experimental.stateless_fold_in(seed, s))
+    if ditto:
+      new_global = train(global_w, 0.0, 0)
+      personal = train(personal_w, lam_t, 1)
+      delta = [a - b for a, b in zip(new_global, global_w)]
+    else:
+      if start == "personal":
+        begin = personal_w
+      elif start == "global":
+        begin = global_w
+      else:
+        use_global = round_num <= switch_round
+        begin = [tf.where(use_global, g, p) for g, p in zip(global_w, personal_w)]
+      personal = train(begin, lam_t, 0)
+      delta = [a - b for a, b in zip(personal, begin)]
+    weight = tf.cast(tf.shape(data.y)[0], tf.float32)
+    return ClientOutput(tuple(personal), tuple(delta), weight)
+
+  @tff.tensorflow.computation(w_type, np.int32, w_type)
+  def server_update(global_w, round_num, mean_delta):
+    apply = tf.constant(True) if global_update_rounds is None else (
+        round_num < global_update_rounds)
+    scale = tf.cast(apply, tf.float32)
+    return (tuple(g + scale * d for g, d in zip(global_w, mean_delta)), round_num + 1)
+
+  state_type = initialize_fn.type_signature.result
+
+  @tff.federated_computation(state_type, tff.FederatedType(w_type, tff.CLIENTS),
+                             tff.FederatedType(data_type, tff.CLIENTS))
+  def next_fn(state, client_states, client_data):
+    outputs = tff.federated_map(client_update, tff.federated_zip((
+        tff.federated_broadcast(state.global_weights), client_states,
+        tff.federated_broadcast(state.round_num), client_data)))
+    if weighted:
+      agg = agg_process.next(state.aggregator, outputs.delta, outputs.weight)
+    else:
+      agg = agg_process.next(state.aggregator, outputs.delta)
+    new_global, new_round = tff.federated_map(server_update, tff.federated_zip(
+        (state.global_weights, state.round_num, agg.result)))
+    new_state = tff.federated_zip(ServerState(new_global, new_round, agg.state))
+    metrics = tff.federated_zip(collections.OrderedDict(aggregator=agg.measurements))
+    return new_state, outputs.personal, metrics
+
+  return SiloProcess(initialize_fn, next_fn, name=name, model=model, config=config,
+                     epochs_per_round=config.epochs * (2 if ditto else 1),
+                     personal_from_round=personal_from_round)

@@ -1,0 +1,6 @@
+"""Per-silo datasets: the `SiloData` container, real loaders and generators."""
+
+from tff_silo.data.digits import load_rotated_masked_digits
+from tff_silo.data.silos import DataError, SiloData, make_silos, split_silo, standardize
+from tff_silo.data.synthetic import heterogeneous_linear_silos, mean_estimation_silos
+from tff_silo.data.tabular import load_gleam, load_school, load_vehicle

@@ -1,0 +1,85 @@
+"""Stopping TFF's C++ worker process.
+
+TFF 0.87's local C++ execution context starts `worker_binary` as a child process and
+only stops it from a `__del__` that does not run at interpreter exit, so the worker
+outlives Python, holds memory and keeps the parent's stdout/stderr open (a pipe
+reading them never closes). `stop_tff_workers` stops every `worker_binary` child of
+this process; importing this module registers it with `atexit`, and the simulation
+driver calls it when a run ends.
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import signal
+import sys
+import time
+
+WORKER_NAME = "worker_binary"
+_STOP_TIMEOUT_S = 5.0
+
+
+def _children_named(name: str):
+  """PIDs of this process's direct children whose command line contains `name`."""
+  me, found = os.getpid(), []
+  if not os.path.isdir("/proc"):
+    return found
+  for entry in os.listdir("/proc"):
+    if not entry.isdigit():
+      continue
+    try:
+      with open(f"/proc/{entry}/stat") as f:
+        ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+      with open(f"/proc/{entry}/cmdline", "rb") as f:
+        cmdline = f.read().replace(b"\0", b" ").decode(errors="replace")
+    except (OSError, ValueError, IndexError):
+      continue
+    if ppid == me and name in cmdline:
+      found.append(int(entry))
+  return found
+
+
+def _exited(pid: int) -> bool:
+  """True once `pid` has exited (a zombie awaiting its parent's wait, or gone)."""
+  try:
+    with open(f"/proc/{pid}/stat") as f:
+      return f.read().rsplit(")", 1)[1].split()[0] in ("Z", "X")
+  except OSError:
+    return True
+
+
+def stop_tff_workers() -> int:
+  """Stops (SIGINT, then SIGKILL after a timeout) the TFF workers this process
+  started and installs a fresh default TFF execution context, so computations run
+  afterwards start a new worker. Returns how many workers were stopped.
+
+  The stopped workers are left for TFF's own handle to reap (its `__del__` signals and
+  waits on them), which is why they are not waited on here.
+  """
+  pids = _children_named(WORKER_NAME)
+  if not pids:
+    return 0
+  for pid in pids:
+    try:
+      os.kill(pid, signal.SIGINT)
+    except ProcessLookupError:
+      pass
+  deadline = time.monotonic() + _STOP_TIMEOUT_S
+  pending = set(pids)
+  while pending and time.monotonic() < deadline:
+    pending = {pid for pid in pending if not _exited(pid)}
+    if pending:
+      time.sleep(0.05)
+  for pid in pending:
+    try:
+      os.kill(pid, signal.SIGKILL)
+    except ProcessLookupError:
+      pass
+  tff = sys.modules.get("tensorflow_federated")
+  if tff is not None:
+    tff.backends.native.set_sync_local_cpp_execution_context()
+  return len(pids)
+
+
+atexit.register(stop_tff_workers)

@@ -1,0 +1,172 @@
+"""The simulation driver: runs a `SiloProcess` for T rounds over every silo.
+
+It calibrates each silo's DP-SGD noise to the silo's own (epsilon_k, delta_k)
+(silo-specific example-level DP), keeps the client states keyed by silo index,
+evaluates every silo's personalized model (the test metric averaged over silos
+weighted by test counts, thesis app. B.4), records the privacy spent per silo, and
+stops TFF's worker process when done.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from typing import Callable, Optional, Sequence, Union
+
+import numpy as np
+import tensorflow as tf
+
+from tff_silo import runtime
+from tff_silo.algorithms.local_training import sampling_rate, steps_per_epoch
+from tff_silo.algorithms.process import SiloInput, SiloProcess
+from tff_silo.data.silos import SiloData
+from tff_silo.privacy import accounting
+
+Number = Union[float, int]
+
+
+@dataclasses.dataclass(frozen=True)
+class SiloPrivacy:
+  """Per-silo DP-SGD settings and the privacy they spend (arrays over silos)."""
+
+  noise_multipliers: np.ndarray
+  sampling_rates: np.ndarray
+  steps: np.ndarray
+  target_delta: np.ndarray
+  epsilon_spent: np.ndarray
+
+
+def _per_silo(value, num_silos: int, name: str) -> np.ndarray:
+  arr = np.broadcast_to(np.asarray(value, dtype=np.float64), (num_silos,)) if np.ndim(
+      value) == 0 else np.asarray(value, dtype=np.float64)
+  if arr.shape != (num_silos,):
+    raise ValueError(f"{name} must be a scalar or one value per silo ({num_silos}), "
+                     f"got shape {arr.shape}")
+  return arr
+
+
+def calibrate_silos(train_sizes: Sequence[int], *, batch_size: int, epochs_per_round: int,
+                    rounds: int, target_epsilon, target_delta) -> SiloPrivacy:
+  """Silo k's noise multiplier for its own (epsilon_k, delta_k), q_k = B / n_k and
+  T * epochs * max(1, floor(n_k / B)) steps; epsilon spent is recomputed from it."""
+  k = len(train_sizes)
+  eps = _per_silo(target_epsilon, k, "target_epsilon")
+  delta = _per_silo(target_delta, k, "target_delta")
+  rates = np.array([sampling_rate(n, batch_size) for n in train_sizes])
+  steps = np.array([steps_per_epoch(n, batch_size) * epochs_per_round * rounds
+                    for n in train_sizes])
+  z = np.array([accounting.calibrate_noise_multiplier(e, d, q, int(s))
+                for e, d, q, s in zip(eps, delta, rates, steps)])
+  spent = np.array([accounting.epsilon_spent(zi, q, int(s), d)
+                    for zi, q, s, d in zip(z, rates, steps, delta)])
+  return SiloPrivacy(z, rates, steps, delta, spent)
+
+
+@dataclasses.dataclass(frozen=True)
+class SimulationResult:
+  """What one run produced. Metrics are `mse` (lower is better) or `accuracy`."""
+
+  algorithm: str
+  rounds: int
+  metric: str
+  train_metric: float
+  test_metric: float
+  silo_train_metric: np.ndarray
+  silo_test_metric: np.ndarray
+  privacy: Optional[SiloPrivacy]
+  history: tuple           # ((rounds_done, train_metric, test_metric), ...)
+  round_seconds: np.ndarray
+  wall_seconds: float
+
+
+class _Evaluator:
+  """Per-silo metric sums with one traced TF function for all silos."""
+
+  def __init__(self, model, feature_shape):
+    signature = ([tf.TensorSpec(s, tf.float32) for s in model.weight_shapes],
+                 tf.TensorSpec([None, *feature_shape], tf.float32),
+                 tf.TensorSpec([None], tf.float32))
+
+    @tf.function(input_signature=signature)
+    def metric_sum(weights, x, y):
+      return tf.reduce_sum(model.metric_values(weights, x, y))
+
+    self._metric_sum = metric_sum
+
+  def __call__(self, silo_weights, xs, ys):
+    sums = np.array([float(self._metric_sum(list(w), x, y))
+                     for w, x, y in zip(silo_weights, xs, ys)])
+    sizes = np.array([len(y) for y in ys])
+    return float(sums.sum() / sizes.sum()), sums / sizes
+
+
+def run_simulation(process: SiloProcess, data: SiloData, *, rounds: int,
+                   target_epsilon=None, target_delta=None, seed: int = 0,
+                   eval_every: int = 0,
+                   progress: Optional[Callable[[int, int, float], None]] = None
+                   ) -> SimulationResult:
+  """Runs `process` for `rounds` rounds on all silos and evaluates them.
+
+  Args:
+    process: a `SiloProcess` (from `tff_silo.algorithms`).
+    data: the silos; its feature shape must match the process's.
+    rounds: T, the number of rounds.
+    target_epsilon, target_delta: a scalar or one value per silo; required exactly
+      when the process trains with DP (its config has `l2_norm_clip`).
+    seed: seeds the silos' sampling and noise (per silo, round and step).
+    eval_every: also evaluate every this many rounds (0: only at the end).
+    progress: called as `progress(rounds_done, rounds, seconds_so_far)` each round.
+  """
+  if int(rounds) != rounds or rounds < 1:
+    raise ValueError(f"rounds must be a positive integer, got {rounds}")
+  if eval_every < 0:
+    raise ValueError(f"eval_every must be >= 0, got {eval_every}")
+  private = process.config.private
+  if private and (target_epsilon is None or target_delta is None):
+    raise ValueError("the process trains with DP (l2_norm_clip is set): give "
+                     "target_epsilon and target_delta")
+  if not private and target_epsilon is not None:
+    raise ValueError("target_epsilon was given but the process has no l2_norm_clip; "
+                     "build it with l2_norm_clip to train with DP")
+  start = time.perf_counter()
+  privacy = None
+  noise = np.zeros(data.num_silos)
+  if private:
+    privacy = calibrate_silos(data.train_sizes, batch_size=process.config.batch_size,
+                              epochs_per_round=process.epochs_per_round, rounds=rounds,
+                              target_epsilon=target_epsilon, target_delta=target_delta)
+    noise = privacy.noise_multipliers
+  inputs = [SiloInput(x, y, np.float32(z), np.array([seed, k], np.int32))
+            for k, (x, y, z) in enumerate(zip(data.x_train, data.y_train, noise))]
+  evaluator = _Evaluator(process.model, data.feature_shape)
+
+  def evaluate(state, client_states, rounds_done):
+    if process.uses_client_state(rounds_done):
+      weights = client_states
+    else:
+      weights = [state.global_weights] * data.num_silos
+    train, silo_train = evaluator(weights, data.x_train, data.y_train)
+    test, silo_test = evaluator(weights, data.x_test, data.y_test)
+    return train, test, silo_train, silo_test
+
+  try:
+    state = process.initialize()
+    client_states = [state.global_weights] * data.num_silos
+    history, round_seconds = [], []
+    for r in range(1, rounds + 1):
+      t0 = time.perf_counter()
+      state, client_states, _ = process.next(state, client_states, inputs)
+      round_seconds.append(time.perf_counter() - t0)
+      if eval_every and r % eval_every == 0 and r != rounds:
+        history.append((r, *evaluate(state, client_states, r)[:2]))
+      if progress is not None:
+        progress(r, rounds, time.perf_counter() - start)
+    train, test, silo_train, silo_test = evaluate(state, client_states, rounds)
+    history.append((rounds, train, test))
+  finally:
+    runtime.stop_tff_workers()
+  return SimulationResult(
+      algorithm=process.name, rounds=rounds, metric=process.model.metric,
+      train_metric=train, test_metric=test, silo_train_metric=silo_train,
+      silo_test_metric=silo_test, privacy=privacy, history=tuple(history),
+      round_seconds=np.array(round_seconds), wall_seconds=time.perf_counter() - start)

@@ -1,0 +1,239 @@
+"""Compare personalization methods under silo-specific example-level DP.
+
+    python -m benchmarks.run                        # digits: local, FedAvg, MR-MTL
+    python -m benchmarks.run --dataset=school --data_dir=../shared/data \
+        --algorithm=mrmtl,fedavg,local --epsilon=6 --seeds=0,1,2,3,4
+
+Appends one CSV row per (algorithm, lambda, seed) to --output and prints a table of
+means over seeds. Unset --epsilon trains without privacy.
+"""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+import json
+import sys
+import time
+
+from absl import app, flags
+
+from benchmarks import configs
+
+ALGORITHMS = ("local", "fedavg", "finetune", "mrmtl", "ditto")
+DATASETS = tuple(configs.PRESETS)
+SAMPLING = ("poisson", "shuffle")
+LAMBDA_ALGORITHMS = ("mrmtl", "ditto")
+
+FLAGS = flags.FLAGS
+flags.DEFINE_list("algorithm", ["local", "fedavg", "mrmtl"],
+                  f"Comma-separated algorithms, of {ALGORITHMS}.")
+flags.DEFINE_string("dataset", "digits", f"One of {DATASETS}.")
+flags.DEFINE_string("data_dir", None, "Folder with the dataset's file (school.mat, "
+                    "vehicle.mat or vehicle_train_ditto.json, gleam.mat).")
+flags.DEFINE_integer("rounds", None, "Rounds T (default: the dataset's preset).")
+flags.DEFINE_float("epsilon", None, "Per-silo target epsilon; unset = non-private.")
+flags.DEFINE_float("delta", None, "Per-silo target delta (default: preset).")
+flags.DEFINE_list("lam", ["1.0"], "Comma-separated lambdas for mrmtl and ditto.")
+flags.DEFINE_float("lr", None, "Client learning rate (default: preset).")
+flags.DEFINE_integer("batch_size", None, "Local batch size B (default: preset).")
+flags.DEFINE_float("clip", None, "Per-example L2 clip under DP (default: preset).")
+flags.DEFINE_integer("local_epochs", 1, "Local epochs per round.")
+flags.DEFINE_string("sampling", "poisson", f"DP batch sampling, one of {SAMPLING}; "
+                    "'shuffle' is accounted as if Poisson (an approximation).")
+flags.DEFINE_float("finetune_fraction", 0.5, "Fraction of rounds finetune runs FedAvg.")
+flags.DEFINE_bool("unweighted", False, "Average updates unweighted instead of by n_k.")
+flags.DEFINE_list("seeds", ["0"], "Comma-separated seeds (data split, sampling, noise).")
+flags.DEFINE_float("mask_probability", 0.1, "digits: probability of each white patch.")
+flags.DEFINE_integer("eval_every", 0, "Also evaluate every this many rounds (0: end).")
+flags.DEFINE_string("output", "benchmarks/out/run.csv", "CSV file rows are appended to.")
+
+
+class UsageError(ValueError):
+  """A bad flag or input; reported as one line."""
+
+
+def _parse_numbers(values, kind, name):
+  try:
+    return [kind(v) for v in values]
+  except ValueError:
+    raise UsageError(f"--{name} must be a comma-separated list of {kind.__name__}s, "
+                     f"got {','.join(values)}") from None
+
+
+def _settings():
+  """Validates the flags and fills the dataset's preset; raises UsageError."""
+  if FLAGS.dataset not in DATASETS:
+    raise UsageError(f"--dataset must be one of {', '.join(DATASETS)}; got {FLAGS.dataset!r}")
+  unknown = [a for a in FLAGS.algorithm if a not in ALGORITHMS]
+  if unknown or not FLAGS.algorithm:
+    raise UsageError(f"--algorithm must be among {', '.join(ALGORITHMS)}; got "
+                     f"{','.join(FLAGS.algorithm) or 'nothing'}")
+  if FLAGS.sampling not in SAMPLING:
+    raise UsageError(f"--sampling must be one of {', '.join(SAMPLING)}; got {FLAGS.sampling!r}")
+  preset = configs.PRESETS[FLAGS.dataset]
+  s = dict(
+      rounds=FLAGS.rounds if FLAGS.rounds is not None else preset.rounds,
+      batch_size=FLAGS.batch_size if FLAGS.batch_size is not None else preset.batch_size,
+      clip=FLAGS.clip if FLAGS.clip is not None else preset.clip,
+      lr=FLAGS.lr if FLAGS.lr is not None else preset.lr,
+      delta=FLAGS.delta if FLAGS.delta is not None else preset.delta,
+      epsilon=FLAGS.epsilon,
+      lams=_parse_numbers(FLAGS.lam, float, "lam"),
+      seeds=_parse_numbers(FLAGS.seeds, int, "seeds"))
+  if s["epsilon"] is not None and not s["epsilon"] > 0:
+    raise UsageError(f"--epsilon must be > 0 (or unset for no privacy); got {s['epsilon']}")
+  if not 0 < s["delta"] < 1:
+    raise UsageError(f"--delta must be in (0, 1); got {s['delta']}")
+  if s["rounds"] < 1:
+    raise UsageError(f"--rounds must be >= 1; got {s['rounds']}")
+  if s["batch_size"] < 1:
+    raise UsageError(f"--batch_size must be >= 1; got {s['batch_size']}")
+  if not s["clip"] > 0:
+    raise UsageError(f"--clip must be > 0; got {s['clip']}")
+  if not s["lr"] > 0:
+    raise UsageError(f"--lr must be > 0; got {s['lr']}")
+  if FLAGS.local_epochs < 1:
+    raise UsageError(f"--local_epochs must be >= 1; got {FLAGS.local_epochs}")
+  if any(not lam >= 0 for lam in s["lams"]):
+    raise UsageError(f"--lam values must be >= 0; got {FLAGS.lam}")
+  if not s["seeds"]:
+    raise UsageError("--seeds must name at least one seed")
+  if preset.needs_data_dir:
+    if not FLAGS.data_dir:
+      raise UsageError(f"--data_dir is required for --dataset={FLAGS.dataset}")
+    if not os.path.isdir(FLAGS.data_dir):
+      raise UsageError(f"--data_dir {FLAGS.data_dir} is not a directory")
+  return s
+
+
+def _load(seed):
+  from tff_silo import data
+  name = FLAGS.dataset
+  if name == "school":
+    return data.load_school(FLAGS.data_dir, seed=seed)
+  if name == "vehicle":
+    return data.load_vehicle(FLAGS.data_dir, seed=seed)
+  if name == "gleam":
+    return data.load_gleam(FLAGS.data_dir, seed=seed)
+  if name == "digits":
+    return data.load_rotated_masked_digits(mask_probability=FLAGS.mask_probability,
+                                           seed=seed)
+  return data.heterogeneous_linear_silos(seed=seed)
+
+
+def _build(algorithm, lam, silos, s):
+  import tensorflow_federated as tff
+  from tff_silo import algorithms, models
+  model = models.model_for(silos)
+  common = dict(client_learning_rate=s["lr"], batch_size=s["batch_size"],
+                local_epochs=FLAGS.local_epochs,
+                l2_norm_clip=s["clip"] if s["epsilon"] is not None else None,
+                sampling=FLAGS.sampling,
+                aggregator=tff.aggregators.UnweightedMeanFactory() if FLAGS.unweighted
+                else None)
+  build = {"local": algorithms.build_local_process,
+           "fedavg": algorithms.build_fedavg_process,
+           "mrmtl": algorithms.build_mrmtl_process,
+           "ditto": algorithms.build_ditto_process,
+           "finetune": algorithms.build_finetune_process}[algorithm]
+  if algorithm in LAMBDA_ALGORITHMS:
+    common["lam"] = lam
+  if algorithm == "finetune":
+    common.update(total_rounds=s["rounds"], fedavg_fraction=FLAGS.finetune_fraction)
+  return build(model, silos.feature_shape, **common)
+
+
+def _runs(s):
+  for seed in s["seeds"]:
+    for algorithm in FLAGS.algorithm:
+      for lam in (s["lams"] if algorithm in LAMBDA_ALGORITHMS else [0.0]):
+        yield seed, algorithm, lam
+
+
+def _row(result, seed, algorithm, lam, s, num_silos):
+  import numpy as np
+  import tensorflow as tf
+  import tensorflow_federated as tff
+  privacy = result.privacy
+  return dict(
+      algorithm=algorithm, dataset=FLAGS.dataset, seed=seed, rounds=s["rounds"],
+      epsilon=s["epsilon"], delta=s["delta"] if privacy is not None else None,
+      lam=lam, lr=s["lr"], batch_size=s["batch_size"],
+      clip=s["clip"] if privacy is not None else None, local_epochs=FLAGS.local_epochs,
+      sampling=FLAGS.sampling if privacy is not None else None,
+      weighted=not FLAGS.unweighted, num_silos=num_silos, metric=result.metric,
+      train_metric=result.train_metric, test_metric=result.test_metric,
+      epsilon_spent_max=float(np.max(privacy.epsilon_spent)) if privacy else None,
+      epsilon_spent_mean=float(np.mean(privacy.epsilon_spent)) if privacy else None,
+      noise_multiplier_mean=float(np.mean(privacy.noise_multipliers)) if privacy else 0.0,
+      wall_seconds=result.wall_seconds,
+      seconds_per_round_median=float(np.median(result.round_seconds)),
+      tff_version=tff.__version__, tf_version=tf.__version__,
+      flags=json.dumps({k: FLAGS[k].value for k in (
+          "algorithm", "dataset", "data_dir", "rounds", "epsilon", "delta", "lam", "lr",
+          "batch_size", "clip", "local_epochs", "sampling", "finetune_fraction",
+          "unweighted", "seeds", "mask_probability")}),
+      finished=time.strftime("%Y-%m-%dT%H:%M:%S"))
+
+
+def _append(path, row):
+  import pandas as pd
+  os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+  pd.DataFrame([row]).to_csv(path, mode="a", header=not os.path.exists(path), index=False)
+
+
+def _print_table(rows):
+  import pandas as pd
+  df = pd.DataFrame(rows)
+  table = df.groupby(["algorithm", "lam"], sort=False).agg(
+      test=("test_metric", "mean"), test_std=("test_metric", "std"),
+      train=("train_metric", "mean"), eps_spent_max=("epsilon_spent_max", "max"),
+      seeds=("seed", "count"), seconds=("wall_seconds", "mean"))
+  print(f"\n{FLAGS.dataset}: {rows[0]['metric']} over {len(set(df.seed))} seed(s), "
+        f"epsilon={FLAGS.epsilon}, rounds={rows[0]['rounds']}")
+  print(table.to_string(float_format=lambda v: f"{v:.4f}"))
+
+
+def main(argv):
+  if len(argv) > 1:
+    raise UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
+  s = _settings()
+  from tff_silo import simulation
+  rows = []
+  runs = list(_runs(s))
+  for i, (seed, algorithm, lam) in enumerate(runs, 1):
+    try:
+      silos = _load(seed)
+      process = _build(algorithm, lam, silos, s)
+    except ValueError as e:  # includes DataError: a bad file or setting, not a bug
+      raise UsageError(str(e)) from None
+    step = max(1, s["rounds"] // 10)
+
+    def progress(done, total, seconds, tag=f"[{i}/{len(runs)}] {algorithm} lam={lam} seed={seed}"):
+      if done % step == 0 or done == total:
+        print(f"{tag}: round {done}/{total} ({seconds:.1f} s)", file=sys.stderr, flush=True)
+
+    result = simulation.run_simulation(
+        process, silos, rounds=s["rounds"], target_epsilon=s["epsilon"],
+        target_delta=s["delta"] if s["epsilon"] is not None else None, seed=seed,
+        eval_every=FLAGS.eval_every, progress=progress)
+    row = _row(result, seed, algorithm, lam, s, silos.num_silos)
+    _append(FLAGS.output, row)
+    rows.append(row)
+  _print_table(rows)
+  print(f"rows appended to {FLAGS.output}")
+
+
+def run():
+  try:
+    app.run(main)
+  except UsageError as e:
+    print(f"error: {e}", file=sys.stderr)
+    sys.exit(2)
+
+
+if __name__ == "__main__":
+  run()

@@ -1,0 +1,164 @@
+"""The TFF processes and the simulation driver on small synthetic silos."""
+
+import os
+
+import numpy as np
+import pytest
+import tensorflow_federated as tff
+
+from tff_silo import algorithms, data, models, runtime
+from tff_silo.algorithms.process import SiloInput
+from tff_silo.simulation import calibrate_silos, run_simulation
+
+SILOS = data.heterogeneous_linear_silos(num_silos=4, num_examples=40, dim=3, tau=1.0,
+                                        seed=0)
+MODEL = models.linear_regression(3)
+COMMON = dict(client_learning_rate=0.1, batch_size=8)
+
+
+def _inputs(silos, noise=0.0, seed=0):
+  return [SiloInput(x, y, np.float32(noise), np.array([seed, k], np.int32))
+          for k, (x, y) in enumerate(zip(silos.x_train, silos.y_train))]
+
+
+def _rounds(process, silos, rounds, noise=0.0):
+  state = process.initialize()
+  clients = [state.global_weights] * silos.num_silos
+  for _ in range(rounds):
+    state, clients, _ = process.next(state, clients, _inputs(silos, noise))
+  return state, clients
+
+
+def test_mrmtl_global_is_weighted_mean_of_personal_models():
+  process = algorithms.build_mrmtl_process(MODEL, SILOS.feature_shape, lam=0.5, **COMMON)
+  state, clients = _rounds(process, SILOS, 3)
+  assert int(state.round_num) == 3
+  weights = SILOS.train_sizes / SILOS.train_sizes.sum()
+  for i, g in enumerate(state.global_weights):
+    mean = sum(w * c[i] for w, c in zip(weights, clients))
+    np.testing.assert_allclose(g, mean, rtol=1e-5, atol=1e-6)
+
+
+def test_local_training_ignores_other_silos():
+  process = algorithms.build_local_process(MODEL, SILOS.feature_shape, **COMMON)
+  _, clients = _rounds(process, SILOS, 2)
+  y = list(SILOS.y_train)
+  y[0] = y[0] + 5.0
+  changed = data.make_silos("s", "regression", SILOS.x_train, y, SILOS.x_test, SILOS.y_test)
+  _, clients_changed = _rounds(process, changed, 2)
+  assert not np.allclose(clients[0][0], clients_changed[0][0])
+  for k in range(1, 4):
+    np.testing.assert_array_equal(clients[k][0], clients_changed[k][0])
+
+
+def test_mean_regularization_pulls_towards_the_mean():
+  spread = []
+  for lam in (0.0, 10.0):
+    process = algorithms.build_mrmtl_process(MODEL, SILOS.feature_shape, lam=lam, **COMMON)
+    state, clients = _rounds(process, SILOS, 4)
+    spread.append(np.mean([np.sum((c[0] - state.global_weights[0]) ** 2) for c in clients]))
+  assert spread[1] < 0.5 * spread[0]
+
+
+def test_fedavg_with_one_silo_is_local_training():
+  one = data.make_silos("one", "regression", SILOS.x_train[:1], SILOS.y_train[:1],
+                        SILOS.x_test[:1], SILOS.y_test[:1])
+  fedavg = algorithms.build_fedavg_process(MODEL, one.feature_shape, **COMMON)
+  local = algorithms.build_local_process(MODEL, one.feature_shape, **COMMON)
+  state, _ = _rounds(fedavg, one, 3)
+  _, clients = _rounds(local, one, 3)
+  for g, c in zip(state.global_weights, clients[0]):
+    np.testing.assert_allclose(g, c, rtol=1e-5, atol=1e-6)
+
+
+def test_finetune_freezes_the_global_model_after_the_switch():
+  process = algorithms.build_finetune_process(MODEL, SILOS.feature_shape, total_rounds=4,
+                                              fedavg_fraction=0.5, **COMMON)
+  state = process.initialize()
+  clients = [state.global_weights] * 4
+  globals_ = []
+  for _ in range(4):
+    state, clients, _ = process.next(state, clients, _inputs(SILOS))
+    globals_.append(state.global_weights[0])
+  assert not np.allclose(globals_[0], globals_[1])      # FedAvg rounds move it
+  np.testing.assert_array_equal(globals_[1], globals_[3])  # then it is frozen
+  assert not process.uses_client_state(2) and process.uses_client_state(3)
+
+
+def test_unweighted_aggregator_differs_from_weighted():
+  sizes = [10, 60, 20, 40]
+  xs = [x[:n] for x, n in zip(SILOS.x_train, sizes)]
+  ys = [y[:n] for y, n in zip(SILOS.y_train, sizes)]
+  uneven = data.make_silos("u", "regression", xs, ys, SILOS.x_test, SILOS.y_test)
+  results = []
+  for agg in (None, tff.aggregators.UnweightedMeanFactory()):
+    process = algorithms.build_fedavg_process(MODEL, uneven.feature_shape, aggregator=agg,
+                                              **COMMON)
+    results.append(_rounds(process, uneven, 1)[0].global_weights[0])
+  assert not np.allclose(results[0], results[1])
+
+
+def test_ditto_accounts_twice_the_epochs():
+  dp = dict(COMMON, l2_norm_clip=1.0)
+  ditto = algorithms.build_ditto_process(MODEL, SILOS.feature_shape, lam=1.0, **dp)
+  mrmtl = algorithms.build_mrmtl_process(MODEL, SILOS.feature_shape, lam=1.0, **dp)
+  assert ditto.epochs_per_round == 2 * mrmtl.epochs_per_round
+  r_ditto = run_simulation(ditto, SILOS, rounds=2, target_epsilon=2.0, target_delta=1e-4)
+  r_mrmtl = run_simulation(mrmtl, SILOS, rounds=2, target_epsilon=2.0, target_delta=1e-4)
+  assert np.all(r_ditto.privacy.steps == 2 * r_mrmtl.privacy.steps)
+  assert np.all(r_ditto.privacy.noise_multipliers > r_mrmtl.privacy.noise_multipliers)
+  assert np.all(r_ditto.privacy.epsilon_spent <= 2.0)
+
+
+def test_silo_specific_privacy_targets():
+  process = algorithms.build_mrmtl_process(MODEL, SILOS.feature_shape, lam=1.0,
+                                           l2_norm_clip=1.0, **COMMON)
+  targets = np.array([0.5, 1.0, 4.0, 8.0])
+  result = run_simulation(process, SILOS, rounds=3, target_epsilon=targets,
+                          target_delta=1e-4, seed=1)
+  assert np.all(result.privacy.epsilon_spent <= targets)
+  assert np.all(result.privacy.epsilon_spent > 0.99 * targets)
+  assert np.all(np.diff(result.privacy.noise_multipliers) < 0)  # more budget, less noise
+  assert result.metric == "mse" and np.isfinite(result.test_metric)
+  assert len(result.silo_test_metric) == 4 and len(result.round_seconds) == 3
+
+
+def test_simulation_evaluates_global_model_for_fedavg():
+  process = algorithms.build_fedavg_process(MODEL, SILOS.feature_shape, **COMMON)
+  result = run_simulation(process, SILOS, rounds=2, eval_every=1)
+  assert [h[0] for h in result.history] == [1, 2]
+  assert result.privacy is None
+
+
+def test_simulation_argument_errors():
+  dp = algorithms.build_mrmtl_process(MODEL, SILOS.feature_shape, l2_norm_clip=1.0,
+                                      **COMMON)
+  with pytest.raises(ValueError, match="target_epsilon"):
+    run_simulation(dp, SILOS, rounds=2)
+  plain = algorithms.build_mrmtl_process(MODEL, SILOS.feature_shape, **COMMON)
+  with pytest.raises(ValueError, match="l2_norm_clip"):
+    run_simulation(plain, SILOS, rounds=2, target_epsilon=1.0, target_delta=1e-5)
+  with pytest.raises(ValueError, match="rounds"):
+    run_simulation(plain, SILOS, rounds=0)
+  with pytest.raises(ValueError, match="lam"):
+    algorithms.build_mrmtl_process(MODEL, SILOS.feature_shape, lam=-1.0, **COMMON)
+  with pytest.raises(ValueError, match="target_epsilon"):
+    calibrate_silos([10, 20], batch_size=4, epochs_per_round=1, rounds=2,
+                    target_epsilon=[1.0, 2.0, 3.0], target_delta=1e-5)
+
+
+def test_no_worker_left_after_a_run():
+  process = algorithms.build_local_process(MODEL, SILOS.feature_shape, **COMMON)
+  run_simulation(process, SILOS, rounds=1)
+  assert runtime._children_named(runtime.WORKER_NAME) == [] or all(
+      runtime._exited(p) for p in runtime._children_named(runtime.WORKER_NAME))
+
+
+def test_digits_cnn_round():
+  digits = data.load_rotated_masked_digits(num_silos=4, seed=0)
+  model = models.small_cnn(digits.feature_shape, 10, channels=(4, 8))
+  process = algorithms.build_mrmtl_process(model, digits.feature_shape, lam=0.1,
+                                           client_learning_rate=0.1, batch_size=16,
+                                           l2_norm_clip=1.0)
+  result = run_simulation(process, digits, rounds=1, target_epsilon=5.0, target_delta=1e-3)
+  assert result.metric == "accuracy" and 0.0 <= result.test_metric <= 1.0

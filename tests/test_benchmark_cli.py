@@ -1,0 +1,58 @@
+"""`python -m benchmarks.run`: bad input ends in one line and a non-zero exit; a tiny
+run writes its CSV row and leaves no TFF worker holding the output pipes."""
+
+import os
+import subprocess
+import sys
+
+import pandas as pd
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _run(*flags, timeout=600):
+  return subprocess.run([sys.executable, "-m", "benchmarks.run", *flags], cwd=ROOT,
+                        capture_output=True, text=True, timeout=timeout,
+                        env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"})
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--epsilon=0"], "--epsilon must be > 0"),
+    (["--epsilon=-1"], "--epsilon must be > 0"),
+    (["--epsilon=1", "--delta=1.5"], "--delta must be in (0, 1)"),
+    (["--dataset=mnist"], "--dataset must be one of"),
+    (["--algorithm=sgd"], "--algorithm must be among"),
+    (["--dataset=school"], "--data_dir is required"),
+    (["--lam=-2"], "--lam values must be >= 0"),
+    (["--seeds=a,b"], "--seeds must be a comma-separated list"),
+])
+def test_bad_flags_end_in_one_line(flags, message):
+  proc = _run(*flags, timeout=120)
+  assert proc.returncode != 0
+  lines = [l for l in proc.stderr.splitlines() if l.strip()]
+  assert len(lines) == 1 and message in lines[0], proc.stderr
+  assert "Traceback" not in proc.stderr
+
+
+def test_data_dir_without_the_file(tmp_path):
+  proc = _run("--dataset=school", f"--data_dir={tmp_path}", timeout=120)
+  assert proc.returncode != 0
+  lines = [l for l in proc.stderr.splitlines() if l.strip()]
+  assert len(lines) == 1 and "data file not found" in lines[0], proc.stderr
+
+
+def test_tiny_run_writes_a_row_and_exits(tmp_path):
+  out = tmp_path / "rows.csv"
+  # capture_output waits for the pipes to close: a leaked worker would hang this.
+  proc = _run("--dataset=synthetic", "--algorithm=mrmtl,local", "--rounds=2",
+              "--epsilon=2", "--lam=0.5", f"--output={out}")
+  assert proc.returncode == 0, proc.stderr[-2000:]
+  rows = pd.read_csv(out)
+  assert list(rows.algorithm) == ["mrmtl", "local"]
+  for column in ("algorithm", "dataset", "seed", "rounds", "epsilon", "delta", "lam",
+                 "lr", "batch_size", "clip", "metric", "train_metric", "test_metric",
+                 "epsilon_spent_max", "noise_multiplier_mean", "wall_seconds"):
+    assert column in rows.columns
+  assert (rows.epsilon_spent_max <= 2.0).all() and (rows.noise_multiplier_mean > 0).all()
+  assert "mrmtl" in proc.stdout

@@ -1,6 +1,5 @@
 """The TFF processes and the simulation driver on small synthetic silos."""
 
-import os
 
 import numpy as np
 import pytest

@@ -56,3 +56,15 @@ def test_tiny_run_writes_a_row_and_exits(tmp_path):
     assert column in rows.columns
   assert (rows.epsilon_spent_max <= 2.0).all() and (rows.noise_multiplier_mean > 0).all()
   assert "mrmtl" in proc.stdout
+
+
+def test_summary_table_means_over_seeds():
+  from benchmarks import summarize
+  df = pd.DataFrame(dict(dataset="d", algorithm=["a", "a", "b"], lam=0.0, epsilon=1.0,
+                         seed=[0, 1, 0], test_metric=[0.2, 0.4, 0.5],
+                         train_metric=[0.1, 0.1, 0.1], epsilon_spent_max=[0.9, 1.0, 0.8],
+                         noise_multiplier_mean=1.0, wall_seconds=1.0))
+  table = summarize.summary_table(df).set_index("algorithm")
+  assert table.loc["a", "test_mean"] == pytest.approx(0.3)
+  assert table.loc["a", "seeds"] == 2 and table.loc["a", "eps_spent_max"] == 1.0
+  assert "| d | a |" in summarize.to_markdown(summarize.summary_table(df))

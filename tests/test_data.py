@@ -1,9 +1,9 @@
 import json
-import os
 
 import numpy as np
 import pytest
 import scipy.io
+from sklearn.datasets import load_digits
 
 from tff_silo import data
 from tff_silo.data import DataError
@@ -114,8 +114,11 @@ def test_digits_groups_rotations_and_masks():
   assert d.num_silos == 40 and d.feature_shape == (8, 8, 1) and d.num_classes == 10
   assert np.bincount(d.groups).tolist() == [10, 10, 10, 10]
   assert sum(d.train_sizes) + sum(d.test_sizes) == 1797
-  # Rotating a rotated silo's images back gives digit-shaped images: the column
-  # of zeros that load_digits images have at the left border moves with rotation.
+  # Silos of group g hold load_digits images rotated by g * 90 degrees.
+  originals = {im.tobytes() for im in (load_digits().images / 16.0).astype(np.float32)}
+  for x, g in zip(d.x_train, d.groups):
+    back = np.rot90(x[..., 0], k=-g, axes=(1, 2))
+    assert all(np.ascontiguousarray(im).tobytes() in originals for im in back)
   full = data.load_rotated_masked_digits(num_silos=40, mask_probability=1.0, seed=0)
   assert all(np.all(x == 1.0) for x in full.x_train)  # every patch white
 

@@ -21,8 +21,7 @@ which model is evaluated; Ditto also trains w_bar's copy for one more epoch.
 from __future__ import annotations
 
 import collections
-import dataclasses
-from typing import Callable, NamedTuple, Optional
+from typing import NamedTuple, Optional
 
 import numpy as np
 import tensorflow as tf

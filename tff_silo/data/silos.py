@@ -126,8 +126,7 @@ def standardize(x_train: np.ndarray, x_test: np.ndarray):
   Features constant in the training split are centered and left unscaled (as
   scikit-learn's StandardScaler does), so they become zero.
   """
-  axes = 0
-  mean = x_train.mean(axis=axes)
-  std = x_train.std(axis=axes)
+  mean = x_train.mean(axis=0)
+  std = x_train.std(axis=0)
   std = np.where(std > 0, std, 1.0)
   return (x_train - mean) / std, (x_test - mean) / std

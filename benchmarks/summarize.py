@@ -1,0 +1,73 @@
+"""Summarize `benchmarks.run` CSVs: a markdown table of means over seeds, and
+optionally a seaborn plot of the test metric per algorithm and lambda.
+
+    python -m benchmarks.summarize benchmarks/out/school_dp.csv --plot=school.png
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+from absl import app, flags
+
+FLAGS = flags.FLAGS
+flags.DEFINE_string("plot", None, "Write a PNG plot of the test metric here.")
+
+GROUP = ["dataset", "algorithm", "lam", "epsilon"]
+
+
+def summary_table(df):
+  """Mean and std over seeds of the test/train metric and the privacy spent."""
+  df = df.assign(epsilon=df.epsilon.fillna("none"))
+  table = df.groupby(GROUP, sort=False).agg(
+      seeds=("seed", "nunique"), test_mean=("test_metric", "mean"),
+      test_std=("test_metric", "std"), train_mean=("train_metric", "mean"),
+      eps_spent_max=("epsilon_spent_max", "max"),
+      noise_mult_mean=("noise_multiplier_mean", "mean"),
+      seconds=("wall_seconds", "median"))
+  return table.reset_index()
+
+
+def to_markdown(table) -> str:
+  cols = list(table.columns)
+  lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+  for row in table.itertuples(index=False):
+    cells = [f"{v:.4f}" if isinstance(v, float) else str(v) for v in row]
+    lines.append("| " + " | ".join(cells) + " |")
+  return "\n".join(lines)
+
+
+def plot(df, path):
+  import matplotlib
+  matplotlib.use("Agg")
+  import seaborn as sns
+  df = df.assign(method=[f"{a} (lam={l:g})" if a in ("mrmtl", "ditto") else a
+                         for a, l in zip(df.algorithm, df.lam)])
+  ax = sns.pointplot(data=df, x="method", y="test_metric", errorbar="sd",
+                     linestyles="none", capsize=0.2)
+  ax.set_ylabel(f"test {df.metric.iloc[0]} (mean +- sd over seeds)")
+  ax.tick_params(axis="x", rotation=30)
+  ax.figure.tight_layout()
+  ax.figure.savefig(path, dpi=120)
+
+
+def main(argv):
+  import pandas as pd
+  paths = argv[1:]
+  if not paths:
+    print("error: give one or more CSV files written by benchmarks.run", file=sys.stderr)
+    sys.exit(2)
+  missing = [p for p in paths if not os.path.isfile(p)]
+  if missing:
+    print(f"error: no such file: {', '.join(missing)}", file=sys.stderr)
+    sys.exit(2)
+  df = pd.concat([pd.read_csv(p) for p in paths], ignore_index=True)
+  print(to_markdown(summary_table(df)))
+  if FLAGS.plot:
+    plot(df, FLAGS.plot)
+    print(f"\nplot written to {FLAGS.plot}")
+
+
+if __name__ == "__main__":
+  app.run(main)

@@ -11,22 +11,23 @@ class Preset:
   clip: float
   lr: float
   delta: float
+  lam: float
   needs_data_dir: bool
 
 
 PRESETS = {
     # App. B.4: School B=32, c=1, T=200; delta 1e-3 as in the paper's School figures.
     "school": Preset(rounds=200, batch_size=32, clip=1.0, lr=0.01, delta=1e-3,
-                     needs_data_dir=True),
+                     lam=1.0, needs_data_dir=True),
     # App. B.4: Vehicle B=64, c=6, T=400 (Fig. 1.2 uses 200); delta 1e-7 (Fig. 1.2).
     "vehicle": Preset(rounds=400, batch_size=64, clip=6.0, lr=0.01, delta=1e-7,
-                      needs_data_dir=True),
+                      lam=0.1, needs_data_dir=True),
     # App. B.4: GLEAM B=64, c=6, T=200.
     "gleam": Preset(rounds=200, batch_size=64, clip=6.0, lr=0.01, delta=1e-5,
-                    needs_data_dir=True),
+                    lam=0.1, needs_data_dir=True),
     # Rotated & masked digits: ~36 training images per silo, so small batches.
     "digits": Preset(rounds=60, batch_size=16, clip=1.0, lr=0.3, delta=1e-3,
-                     needs_data_dir=False),
+                     lam=0.1, needs_data_dir=False),
     "synthetic": Preset(rounds=100, batch_size=32, clip=1.0, lr=0.05, delta=1e-3,
-                        needs_data_dir=False),
+                        lam=1.0, needs_data_dir=False),
 }

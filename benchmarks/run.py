@@ -36,7 +36,8 @@ flags.DEFINE_string("data_dir", None, "Folder with the dataset's file (school.ma
 flags.DEFINE_integer("rounds", None, "Rounds T (default: the dataset's preset).")
 flags.DEFINE_float("epsilon", None, "Per-silo target epsilon; unset = non-private.")
 flags.DEFINE_float("delta", None, "Per-silo target delta (default: preset).")
-flags.DEFINE_list("lam", ["1.0"], "Comma-separated lambdas for mrmtl and ditto.")
+flags.DEFINE_list("lam", None, "Comma-separated lambdas for mrmtl and ditto "
+                  "(default: the dataset's preset).")
 flags.DEFINE_float("lr", None, "Client learning rate (default: preset).")
 flags.DEFINE_integer("batch_size", None, "Local batch size B (default: preset).")
 flags.DEFINE_float("clip", None, "Per-example L2 clip under DP (default: preset).")
@@ -49,6 +50,8 @@ flags.DEFINE_list("seeds", ["0"], "Comma-separated seeds (data split, sampling, 
 flags.DEFINE_float("mask_probability", 0.1, "digits: probability of each white patch.")
 flags.DEFINE_integer("eval_every", 0, "Also evaluate every this many rounds (0: end).")
 flags.DEFINE_string("output", "benchmarks/out/run.csv", "CSV file rows are appended to.")
+flags.DEFINE_bool("resume", True, "Skip runs whose row (same settings, algorithm, "
+                  "lambda and seed) is already in --output.")
 
 
 class UsageError(ValueError):
@@ -81,7 +84,8 @@ def _settings():
       lr=FLAGS.lr if FLAGS.lr is not None else preset.lr,
       delta=FLAGS.delta if FLAGS.delta is not None else preset.delta,
       epsilon=FLAGS.epsilon,
-      lams=_parse_numbers(FLAGS.lam, float, "lam"),
+      lams=(_parse_numbers(FLAGS.lam, float, "lam") if FLAGS.lam
+            else [preset.lam]),
       seeds=_parse_numbers(FLAGS.seeds, int, "seeds"))
   if s["epsilon"] is not None and not s["epsilon"] > 0:
     raise UsageError(f"--epsilon must be > 0 (or unset for no privacy); got {s['epsilon']}")
@@ -153,6 +157,28 @@ def _runs(s):
         yield seed, algorithm, lam
 
 
+def _run_key(seed, algorithm, lam, s):
+  """Identifies a run by everything that determines its result."""
+  return json.dumps(dict(
+      dataset=FLAGS.dataset, data_dir=FLAGS.data_dir, algorithm=algorithm, lam=lam,
+      seed=seed, rounds=s["rounds"], epsilon=s["epsilon"], delta=s["delta"], lr=s["lr"],
+      batch_size=s["batch_size"], clip=s["clip"], local_epochs=FLAGS.local_epochs,
+      sampling=FLAGS.sampling, unweighted=FLAGS.unweighted,
+      finetune_fraction=FLAGS.finetune_fraction if algorithm == "finetune" else None,
+      mask_probability=FLAGS.mask_probability if FLAGS.dataset == "digits" else None),
+      sort_keys=True)
+
+
+def _done_keys(path):
+  import pandas as pd
+  if not (FLAGS.resume and os.path.isfile(path)):
+    return {}
+  old = pd.read_csv(path)
+  if "run_key" not in old.columns:
+    return {}
+  return {key: row for key, row in zip(old.run_key, old.to_dict("records"))}
+
+
 def _row(result, seed, algorithm, lam, s, num_silos):
   import numpy as np
   import tensorflow as tf
@@ -172,6 +198,7 @@ def _row(result, seed, algorithm, lam, s, num_silos):
       wall_seconds=result.wall_seconds,
       seconds_per_round_median=float(np.median(result.round_seconds)),
       tff_version=tff.__version__, tf_version=tf.__version__,
+      run_key=_run_key(seed, algorithm, lam, s),
       flags=json.dumps({k: FLAGS[k].value for k in (
           "algorithm", "dataset", "data_dir", "rounds", "epsilon", "delta", "lam", "lr",
           "batch_size", "clip", "local_epochs", "sampling", "finetune_fraction",
@@ -180,9 +207,16 @@ def _row(result, seed, algorithm, lam, s, num_silos):
 
 
 def _append(path, row):
+  """Appends a row; a file written with other columns is rewritten with their union."""
   import pandas as pd
   os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
-  pd.DataFrame([row]).to_csv(path, mode="a", header=not os.path.exists(path), index=False)
+  new = pd.DataFrame([row])
+  if os.path.exists(path):
+    old_columns = list(pd.read_csv(path, nrows=0).columns)
+    if old_columns != list(new.columns):
+      pd.concat([pd.read_csv(path), new], ignore_index=True).to_csv(path, index=False)
+      return
+  new.to_csv(path, mode="a", header=not os.path.exists(path), index=False)
 
 
 def _print_table(rows):
@@ -204,7 +238,14 @@ def main(argv):
   from tff_silo import simulation
   rows = []
   runs = list(_runs(s))
+  done = _done_keys(FLAGS.output)
   for i, (seed, algorithm, lam) in enumerate(runs, 1):
+    key = _run_key(seed, algorithm, lam, s)
+    if key in done:
+      print(f"[{i}/{len(runs)}] {algorithm} lam={lam} seed={seed}: already in "
+            f"{FLAGS.output}, skipped (--noresume reruns it)", file=sys.stderr)
+      rows.append(done[key])
+      continue
     try:
       silos = _load(seed)
       process = _build(algorithm, lam, silos, s)

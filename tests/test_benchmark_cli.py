@@ -68,3 +68,14 @@ def test_summary_table_means_over_seeds():
   assert table.loc["a", "test_mean"] == pytest.approx(0.3)
   assert table.loc["a", "seeds"] == 2 and table.loc["a", "eps_spent_max"] == 1.0
   assert "| d | a |" in summarize.to_markdown(summarize.summary_table(df))
+
+
+def test_rerun_resumes_from_the_csv(tmp_path):
+  out = tmp_path / "rows.csv"
+  flags = ["--dataset=synthetic", "--algorithm=local", "--rounds=1", f"--output={out}"]
+  assert _run(*flags).returncode == 0
+  again = _run(*flags)
+  assert again.returncode == 0 and "skipped" in again.stderr
+  assert len(pd.read_csv(out)) == 1
+  assert _run(*flags, "--noresume").returncode == 0
+  assert len(pd.read_csv(out)) == 2

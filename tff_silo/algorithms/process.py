@@ -153,8 +153,10 @@ def build_silo_process(model, feature_shape, config: LocalTrainingConfig, *,
 
   lam_t = np.float32(lam)
 
-  @tff.tensorflow.computation(w_type, w_type, np.int32, data_type)
-  def client_update(global_w, personal_w, round_num, data):
+  @tff.tensorflow.computation(
+      tff.StructWithPythonType([w_type, tff.TensorType(np.int32)], tuple), w_type, data_type)
+  def client_update(broadcast, personal_w, data):
+    global_w, round_num = broadcast
     global_w, personal_w = list(global_w), list(personal_w)
     seed = tf.random.experimental.stateless_fold_in(data.seed, round_num)
     train = lambda w, lam_value, s: train_locally(
@@ -189,9 +191,10 @@ def build_silo_process(model, feature_shape, config: LocalTrainingConfig, *,
   @tff.federated_computation(state_type, tff.FederatedType(w_type, tff.CLIENTS),
                              tff.FederatedType(data_type, tff.CLIENTS))
   def next_fn(state, client_states, client_data):
-    outputs = tff.federated_map(client_update, tff.federated_zip((
-        tff.federated_broadcast(state.global_weights), client_states,
-        tff.federated_broadcast(state.round_num), client_data)))
+    broadcast = tff.federated_broadcast(
+        tff.federated_zip((state.global_weights, state.round_num)))
+    outputs = tff.federated_map(client_update, tff.federated_zip(
+        (broadcast, client_states, client_data)))
     if weighted:
       agg = agg_process.next(state.aggregator, outputs.delta, outputs.weight)
     else:

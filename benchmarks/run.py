@@ -235,7 +235,8 @@ def main(argv):
   if len(argv) > 1:
     raise UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
   s = _settings()
-  from tff_silo import simulation
+  from tff_silo import runtime, simulation
+  runtime.exit_cleanly_on_sigterm()
   rows = []
   runs = list(_runs(s))
   done = _done_keys(FLAGS.output)

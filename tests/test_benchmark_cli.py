@@ -79,3 +79,21 @@ def test_rerun_resumes_from_the_csv(tmp_path):
   assert len(pd.read_csv(out)) == 1
   assert _run(*flags, "--noresume").returncode == 0
   assert len(pd.read_csv(out)) == 2
+
+
+def test_sigterm_stops_the_worker(tmp_path):
+  import signal
+  import time
+  proc = subprocess.Popen(
+      [sys.executable, "-m", "benchmarks.run", "--dataset=synthetic", "--algorithm=local",
+       "--rounds=3000", f"--output={tmp_path / 'rows.csv'}"],
+      cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+      env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"})
+  deadline = time.monotonic() + 300
+  for line in proc.stderr:  # wait until training is under way (progress every 300)
+    if "round" in line or time.monotonic() > deadline:
+      break
+  proc.send_signal(signal.SIGTERM)
+  # communicate() returns only once every holder of the pipes (a worker too) is gone.
+  proc.communicate(timeout=60)
+  assert proc.returncode != 0

@@ -82,4 +82,10 @@ def stop_tff_workers() -> int:
   return len(pids)
 
 
+def exit_cleanly_on_sigterm() -> None:
+  """Makes SIGTERM exit through `sys.exit`, so `atexit` stops the workers; for
+  long-running binaries (Python's default SIGTERM action skips `atexit`)."""
+  signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
+
+
 atexit.register(stop_tff_workers)

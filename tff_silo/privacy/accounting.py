@@ -175,6 +175,8 @@ def _calibrate(target_epsilon, *args) -> float:
                        f"target_epsilon={target_epsilon}")
   rtol = CALIBRATION_RELATIVE_TOLERANCE / 4
   z = lo if gap(lo) <= 0 else scipy.optimize.brentq(gap, lo, hi, rtol=rtol)
+  while gap(z) > 0:  # cheap: the search epsilon bounds dp_accounting's from above
+    z *= 1.0 + rtol
   exact_gap = lambda z: gap(z, _epsilon)
   z_gap = exact_gap(z)
   if z_gap < math.log1p(-CALIBRATION_RELATIVE_TOLERANCE):

@@ -253,10 +253,12 @@ def main(argv):
     except ValueError as e:  # includes DataError: a bad file or setting, not a bug
       raise UsageError(str(e)) from None
     step = max(1, s["rounds"] // 10)
+    tag = f"[{i}/{len(runs)}] {algorithm} lam={lam} seed={seed}"
 
-    def progress(done, total, seconds, tag=f"[{i}/{len(runs)}] {algorithm} lam={lam} seed={seed}"):
-      if done % step == 0 or done == total:
-        print(f"{tag}: round {done}/{total} ({seconds:.1f} s)", file=sys.stderr, flush=True)
+    def progress(rounds_done, total, seconds, tag=tag):
+      if rounds_done % step == 0 or rounds_done == total:
+        print(f"{tag}: round {rounds_done}/{total} ({seconds:.1f} s)", file=sys.stderr,
+              flush=True)
 
     result = simulation.run_simulation(
         process, silos, rounds=s["rounds"], target_epsilon=s["epsilon"],

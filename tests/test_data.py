@@ -69,6 +69,7 @@ def test_vehicle_mat_and_gleam_layouts(tmp_path):
     ("empty", "empty"),
     ("nan", "NaN"),
     ("dims", "disagree"),
+    ("no_y", "no variable 'Y'"),
 ])
 def test_bad_school_files(tmp_path, mutate, message):
   rng = np.random.default_rng(0)
@@ -76,6 +77,8 @@ def test_bad_school_files(tmp_path, mutate, message):
   ys = [rng.integers(1, 70, size=(1, len(x))).astype(float) for x in xs]
   if mutate == "missing":
     pass
+  elif mutate == "no_y":
+    scipy.io.savemat(tmp_path / "school.mat", {"X": _cells(xs, 1)})
   elif mutate == "layout":
     scipy.io.savemat(tmp_path / "school.mat", {"X": np.zeros((3, 28)), "Y": np.zeros(3)})
   else:

@@ -45,7 +45,8 @@ def _load_mat_cells(path: str, expect_axis: int, expect_count=None):
     raise DataError(f"{path} is not a readable MATLAB file: {e}") from None
   for key in ("X", "Y"):
     if key not in mat:
-      raise DataError(f"{path} has no variable {key!r} (found {sorted(k for k in mat if not k.startswith('__'))})")
+      found = sorted(k for k in mat if not k.startswith("__"))
+      raise DataError(f"{path} has no variable {key!r} (found {found})")
   cells = []
   for key in ("X", "Y"):
     arr = mat[key]

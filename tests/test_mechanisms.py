@@ -1,0 +1,84 @@
+"""Statistical tests of the selection and d-privacy mechanisms (seeded)."""
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from tff_silo.privacy import d_privacy, selection
+
+
+def test_report_noisy_min_matches_exponential_mechanism():
+  scores = tf.constant([0.1, 0.2, 0.5, 0.25])
+  eps, sens, draws = 2.0, 0.1, 40000
+  picks = selection.report_noisy_min(tf.tile(scores[None], [draws, 1]), eps, sens,
+                                     seed=tf.constant([7, 1])).numpy()
+  freq = np.bincount(picks, minlength=4) / draws
+  want = selection.exponential_mechanism_probabilities(scores, eps, sens).numpy()
+  np.testing.assert_allclose(want.sum(), 1.0, rtol=1e-6)
+  np.testing.assert_allclose(want, np.exp(-eps * scores.numpy() / (2 * sens)) /
+                             np.exp(-eps * scores.numpy() / (2 * sens)).sum(), rtol=1e-5)
+  # Binomial std of a frequency <= sqrt(0.25 / 40000) = 0.0025: 0.01 is 4 std errors.
+  np.testing.assert_allclose(freq, want, atol=0.01)
+
+
+def test_report_noisy_min_is_seeded_and_picks_min_with_tiny_noise():
+  scores = tf.constant([[0.3, 0.1, 0.2]])
+  a = selection.report_noisy_min(scores, 1.0, 0.5, tf.constant([1, 2]))
+  b = selection.report_noisy_min(scores, 1.0, 0.5, tf.constant([1, 2]))
+  assert int(a[0]) == int(b[0])
+  # Huge epsilon: the noise scale 2 * sens / eps is negligible, the argmin wins.
+  assert int(selection.report_noisy_min(scores, 1e6, 1e-3, tf.constant([3, 4]))[0]) == 1
+
+
+@pytest.mark.parametrize("epsilon, sensitivity", [(0.0, 1.0), (-1.0, 1.0), (1.0, 0.0)])
+def test_report_noisy_min_rejects_bad_arguments(epsilon, sensitivity):
+  with pytest.raises(ValueError):
+    selection.report_noisy_min([0.1, 0.2], epsilon, sensitivity, tf.constant([0, 0]))
+
+
+@pytest.mark.parametrize("dim, epsilon", [(2, 0.5), (10, 2.0), (100, 4.0)])
+def test_euclidean_laplace_radius_and_component_variance(dim, epsilon):
+  draws = 40000
+  noise = d_privacy.euclidean_laplace_noise(dim, epsilon, tf.constant([5, dim]),
+                                            batch_shape=[draws]).numpy()
+  radii = np.linalg.norm(noise, axis=1)
+  # Radius ~ Gamma(dim, 1/eps): mean dim/eps, relative std error 1/sqrt(dim * draws)
+  # <= 0.0036; 2% is > 5 standard errors.
+  assert radii.mean() == pytest.approx(dim / epsilon, rel=0.02)
+  assert radii.var() == pytest.approx(dim / epsilon ** 2, rel=0.05)
+  # Lemma 2: each component has variance (dim + 1) / eps^2; the sample variance of
+  # 40,000 draws of a heavy-ish tailed component has relative std error < 2%.
+  np.testing.assert_allclose(noise.var(axis=0).mean(), (dim + 1) / epsilon ** 2,
+                             rtol=0.03)
+  # Uniform direction: each component of a unit vector has mean 0 and variance 1/dim,
+  # so its mean over the draws has std 1/sqrt(dim * draws); all <= 5 std errors.
+  units = noise / radii[:, None]
+  assert np.abs(units.mean(axis=0)).max() < 5 / np.sqrt(dim * draws)
+  np.testing.assert_allclose((units ** 2).mean(axis=0).mean(), 1 / dim, rtol=1e-5)
+
+
+def test_sanitize_update_scale_and_leakage():
+  delta = [tf.fill([4, 5], 0.5), tf.constant([3.0, 4.0])]
+  nu = 2.0
+  out, leakage = d_privacy.sanitize_update(delta, nu, tf.constant([0, 1]))
+  assert leakage == [20 / nu, 2 / nu]
+  assert [o.shape for o in out] == [d.shape for d in delta]
+  # Per layer, eps = n / (nu ||delta||): the noise radius has mean nu * ||delta||.
+  draws = []
+  for s in range(3000):
+    out, _ = d_privacy.sanitize_update(delta, nu, tf.constant([s, 9]))
+    draws.append(np.linalg.norm(out[1].numpy() - delta[1].numpy()))
+  assert np.mean(draws) == pytest.approx(nu * 5.0, rel=0.05)  # ||(3, 4)|| = 5
+  zero, _ = d_privacy.sanitize_update([tf.zeros([3])], nu, tf.constant([0, 0]))
+  np.testing.assert_array_equal(zero[0].numpy(), np.zeros(3))
+
+
+@pytest.mark.parametrize("kwargs", [dict(dim=0, epsilon=1.0), dict(dim=3, epsilon=0.0)])
+def test_euclidean_laplace_rejects_bad_arguments(kwargs):
+  with pytest.raises(ValueError):
+    d_privacy.euclidean_laplace_noise(seed=tf.constant([0, 0]), **kwargs)
+
+
+def test_sanitize_rejects_nonpositive_nu():
+  with pytest.raises(ValueError, match="nu"):
+    d_privacy.sanitize_update([tf.ones([2])], 0.0, tf.constant([0, 0]))

@@ -19,14 +19,13 @@ from __future__ import annotations
 import tensorflow as tf
 
 
-def _unit_directions(shape, seed):
-  normal = tf.random.stateless_normal(shape, seed=seed)
-  return normal / tf.norm(normal, axis=-1, keepdims=True)
-
-
-def _gamma_radii(batch_shape, dim, seed):
-  """Gamma(shape dim, scale 1) radii, `batch_shape`."""
-  return tf.random.stateless_gamma(batch_shape, seed=seed, alpha=float(dim))
+def _sample(batch_shape, dim: int, scale, seed):
+  """`batch_shape + [dim]` draws of radius Gamma(shape dim, scale) times a direction
+  uniform on the unit sphere: density proportional to exp(-||x||_2 / scale)."""
+  seeds = tf.random.experimental.stateless_split(seed, 2)
+  radii = tf.random.stateless_gamma(batch_shape, seed=seeds[0], alpha=float(dim)) * scale
+  normal = tf.random.stateless_normal(batch_shape + [dim], seed=seeds[1])
+  return radii[..., None] * normal / tf.norm(normal, axis=-1, keepdims=True)
 
 
 def euclidean_laplace_noise(dim: int, epsilon: float, seed, batch_shape=()):
@@ -42,10 +41,7 @@ def euclidean_laplace_noise(dim: int, epsilon: float, seed, batch_shape=()):
     raise ValueError(f"dim must be a positive integer, got {dim}")
   if not epsilon > 0:
     raise ValueError(f"epsilon must be positive, got {epsilon}")
-  batch_shape = list(batch_shape)
-  seeds = tf.random.experimental.stateless_split(seed, 2)
-  radii = _gamma_radii(batch_shape, dim, seeds[0]) / epsilon
-  return radii[..., None] * _unit_directions(batch_shape + [int(dim)], seeds[1])
+  return _sample(list(batch_shape), int(dim), 1.0 / epsilon, seed)
 
 
 def sanitize_update(delta_layers, nu: float, seed):
@@ -66,11 +62,9 @@ def sanitize_update(delta_layers, nu: float, seed):
   for i, delta in enumerate(delta_layers):
     flat = tf.reshape(delta, [-1])
     n = int(flat.shape[0])
-    layer_seed = tf.random.experimental.stateless_fold_in(seed, i)
-    seeds = tf.random.experimental.stateless_split(layer_seed, 2)
-    # Radius Gamma(n, scale 1/eps) = Gamma(n, 1) * nu * ||delta|| / n (finite at 0).
-    radius = _gamma_radii([], n, seeds[0]) * nu * tf.norm(flat) / n
-    noise = radius * _unit_directions([n], seeds[1])
+    # Scale 1/eps = nu * ||delta|| / n, finite (and zero) for a zero update.
+    noise = _sample([], n, nu * tf.norm(flat) / n,
+                    tf.random.experimental.stateless_fold_in(seed, i))
     sanitized.append(tf.reshape(flat + noise, tf.shape(delta)))
     leakage.append(n / nu)
   return sanitized, leakage

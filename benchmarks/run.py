@@ -221,14 +221,12 @@ def _append(path, row):
 
 def _print_table(rows):
   import pandas as pd
+  from benchmarks import summarize
   df = pd.DataFrame(rows)
-  table = df.groupby(["algorithm", "lam"], sort=False).agg(
-      test=("test_metric", "mean"), test_std=("test_metric", "std"),
-      train=("train_metric", "mean"), eps_spent_max=("epsilon_spent_max", "max"),
-      seeds=("seed", "count"), seconds=("wall_seconds", "mean"))
   print(f"\n{FLAGS.dataset}: {rows[0]['metric']} over {len(set(df.seed))} seed(s), "
         f"epsilon={FLAGS.epsilon}, rounds={rows[0]['rounds']}")
-  print(table.to_string(float_format=lambda v: f"{v:.4f}"))
+  print(summarize.summary_table(df).to_string(index=False,
+                                             float_format=lambda v: f"{v:.4f}"))
 
 
 def main(argv):

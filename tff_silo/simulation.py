@@ -27,13 +27,16 @@ Number = Union[float, int]
 
 @dataclasses.dataclass(frozen=True)
 class SiloPrivacy:
-  """Per-silo DP-SGD settings and the privacy they spend (arrays over silos)."""
+  """Per-silo DP-SGD and selection settings and the privacy they spend, composed
+  (arrays over silos)."""
 
   noise_multipliers: np.ndarray
   sampling_rates: np.ndarray
   steps: np.ndarray
   target_delta: np.ndarray
   epsilon_spent: np.ndarray
+  selection_epsilon: np.ndarray   # per selection (0: no private selection)
+  num_selections: int
 
 
 def _per_silo(value, num_silos: int, name: str) -> np.ndarray:
@@ -46,20 +49,28 @@ def _per_silo(value, num_silos: int, name: str) -> np.ndarray:
 
 
 def calibrate_silos(train_sizes: Sequence[int], *, batch_size: int, epochs_per_round: int,
-                    rounds: int, target_epsilon, target_delta) -> SiloPrivacy:
+                    rounds: int, target_epsilon, target_delta,
+                    num_selections: int = 0,
+                    selection_budget_share: float = 0.0) -> SiloPrivacy:
   """Silo k's noise multiplier for its own (epsilon_k, delta_k), q_k = B / n_k and
-  T * epochs * max(1, floor(n_k / B)) steps; epsilon spent is recomputed from it."""
+  T * epochs * max(1, floor(n_k / B)) steps; epsilon spent is recomputed from it.
+
+  With `num_selections` private cluster selections of epsilon
+  share * epsilon_k each, DP-SGD gets what the selections leave (RDP composition)."""
   k = len(train_sizes)
   eps = _per_silo(target_epsilon, k, "target_epsilon")
   delta = _per_silo(target_delta, k, "target_delta")
+  select = eps * selection_budget_share if num_selections else np.zeros(k)
   rates = np.array([sampling_rate(n, batch_size) for n in train_sizes])
   steps = np.array([steps_per_epoch(n, batch_size) * epochs_per_round * rounds
                     for n in train_sizes])
-  z = np.array([accounting.calibrate_noise_multiplier(e, d, q, int(s))
-                for e, d, q, s in zip(eps, delta, rates, steps)])
-  spent = np.array([accounting.epsilon_spent(zi, q, int(s), d)
-                    for zi, q, s, d in zip(z, rates, steps, delta)])
-  return SiloPrivacy(z, rates, steps, delta, spent)
+  options = [dict(selection_epsilon=float(s), num_selections=num_selections)
+             if num_selections else {} for s in select]
+  z = np.array([accounting.calibrate_noise_multiplier(e, d, q, int(s), **o)
+                for e, d, q, s, o in zip(eps, delta, rates, steps, options)])
+  spent = np.array([accounting.epsilon_spent(zi, q, int(s), d, **o)
+                    for zi, q, s, d, o in zip(z, rates, steps, delta, options)])
+  return SiloPrivacy(z, rates, steps, delta, spent, select, num_selections)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -75,11 +86,12 @@ class SimulationResult:
   silo_test_metric: np.ndarray
   privacy: Optional[SiloPrivacy]
   history: tuple           # ((rounds_done, train_metric, test_metric), ...)
+  clusters: Optional[np.ndarray]  # each silo's final cluster (clustered processes)
   round_seconds: np.ndarray
   wall_seconds: float
 
 
-class _Evaluator:
+class SiloEvaluator:
   """Per-silo metric sums with one traced TF function for all silos."""
 
   def __init__(self, model, feature_shape):
@@ -121,6 +133,9 @@ def run_simulation(process: SiloProcess, data: SiloData, *, rounds: int,
     raise ValueError(f"rounds must be a positive integer, got {rounds}")
   if eval_every < 0:
     raise ValueError(f"eval_every must be >= 0, got {eval_every}")
+  if process.num_clusters > data.num_silos:
+    raise ValueError(f"num_clusters={process.num_clusters} is more than the "
+                     f"{data.num_silos} silos")
   private = process.config.private
   if private and (target_epsilon is None or target_delta is None):
     raise ValueError("the process trains with DP (l2_norm_clip is set): give "
@@ -132,26 +147,29 @@ def run_simulation(process: SiloProcess, data: SiloData, *, rounds: int,
   privacy = None
   noise = np.zeros(data.num_silos)
   if private:
-    privacy = calibrate_silos(data.train_sizes, batch_size=process.config.batch_size,
-                              epochs_per_round=process.epochs_per_round, rounds=rounds,
-                              target_epsilon=target_epsilon, target_delta=target_delta)
-    noise = privacy.noise_multipliers
-  inputs = [SiloInput(x, y, np.float32(z), np.array([seed, k], np.int32))
-            for k, (x, y, z) in enumerate(zip(data.x_train, data.y_train, noise))]
-  evaluator = _Evaluator(process.model, data.feature_shape)
+    privacy = calibrate_silos(
+        data.train_sizes, batch_size=process.config.batch_size,
+        epochs_per_round=process.epochs_per_round, rounds=rounds,
+        target_epsilon=target_epsilon, target_delta=target_delta,
+        num_selections=process.num_selections(rounds),
+        selection_budget_share=process.selection_budget_share)
+    noise, select = privacy.noise_multipliers, privacy.selection_epsilon
+  else:
+    select = np.zeros(data.num_silos)
+  inputs = [SiloInput(x, y, np.float32(z), np.array([seed, k], np.int32), np.float32(s))
+            for k, (x, y, z, s) in enumerate(zip(data.x_train, data.y_train, noise,
+                                                 select))]
+  evaluator = SiloEvaluator(process.model, data.feature_shape)
 
   def evaluate(state, client_states, rounds_done):
-    if process.uses_client_state(rounds_done):
-      weights = client_states
-    else:
-      weights = [state.global_weights] * data.num_silos
+    weights = process.evaluation_weights(state, client_states, rounds_done)
     train, silo_train = evaluator(weights, data.x_train, data.y_train)
     test, silo_test = evaluator(weights, data.x_test, data.y_test)
     return train, test, silo_train, silo_test
 
   try:
     state = process.initialize()
-    client_states = [state.global_weights] * data.num_silos
+    client_states = process.initial_client_states(state, data.num_silos)
     history, round_seconds = [], []
     for r in range(1, rounds + 1):
       t0 = time.perf_counter()
@@ -169,4 +187,5 @@ def run_simulation(process: SiloProcess, data: SiloData, *, rounds: int,
       algorithm=process.name, rounds=rounds, metric=process.model.metric,
       train_metric=train, test_metric=test, silo_train_metric=silo_train,
       silo_test_metric=silo_test, privacy=privacy, history=tuple(history),
+      clusters=process.cluster_assignments(client_states),
       round_seconds=np.array(round_seconds), wall_seconds=time.perf_counter() - start)

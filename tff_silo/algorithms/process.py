@@ -33,11 +33,13 @@ START_POINTS = ("personal", "global", "switch")
 
 
 class SiloInput(NamedTuple):
-  """A silo's client data: its training tensors, DP noise multiplier and seed."""
+  """A silo's client data: its training tensors, DP noise multiplier and seed, and
+  the epsilon of each private cluster selection (0: exact selection; IFCA only)."""
   x: np.ndarray
   y: np.ndarray
   noise_multiplier: np.float32
   seed: np.ndarray  # int32[2]
+  selection_epsilon: np.float32 = np.float32(0.0)
 
 
 class ServerState(NamedTuple):
@@ -65,6 +67,9 @@ class SiloProcess(tff.templates.IterativeProcess):
       its client state; before that (or when None) it is the global model.
   """
 
+  selection_budget_share = 0.0  # epsilon share of one private selection (IFCA)
+  num_clusters = 1
+
   def __init__(self, initialize_fn, next_fn, *, name, model, config, epochs_per_round,
                personal_from_round: Optional[int]):
     super().__init__(initialize_fn, next_fn, next_is_multi_arg=True)
@@ -77,6 +82,25 @@ class SiloProcess(tff.templates.IterativeProcess):
   def uses_client_state(self, rounds_done: int) -> bool:
     return self.personal_from_round is not None and rounds_done > self.personal_from_round
 
+  def num_selections(self, rounds: int) -> int:
+    """Private cluster selections per silo in `rounds` rounds (none here)."""
+    del rounds
+    return 0
+
+  def initial_client_states(self, state, num_silos: int) -> list:
+    return [state.global_weights] * num_silos
+
+  def evaluation_weights(self, state, client_states, rounds_done: int) -> list:
+    """The model each silo is evaluated with after `rounds_done` rounds."""
+    if self.uses_client_state(rounds_done):
+      return list(client_states)
+    return [state.global_weights] * len(client_states)
+
+  def cluster_assignments(self, client_states):
+    """Each silo's cluster index, or None for a process without clusters."""
+    del client_states
+    return None
+
 
 def weights_type(model) -> tff.Type:
   return tff.StructWithPythonType(
@@ -88,7 +112,8 @@ def silo_input_type(feature_shape) -> tff.Type:
       [("x", tff.TensorType(np.float32, [None, *feature_shape])),
        ("y", tff.TensorType(np.float32, [None])),
        ("noise_multiplier", tff.TensorType(np.float32)),
-       ("seed", tff.TensorType(np.int32, [2]))], SiloInput)
+       ("seed", tff.TensorType(np.int32, [2])),
+       ("selection_epsilon", tff.TensorType(np.float32))], SiloInput)
 
 
 def check_lambda(lam: float) -> float:
@@ -96,6 +121,17 @@ def check_lambda(lam: float) -> float:
     raise ValueError(f"lam (the mean-regularization strength) must be a finite "
                      f"number >= 0, got {lam}")
   return float(lam)
+
+
+def create_aggregator(aggregator, w_type):
+  """(aggregation process, weighted?) for a factory; default weighted `MeanFactory`."""
+  aggregator = tff.aggregators.MeanFactory() if aggregator is None else aggregator
+  if isinstance(aggregator, tff.aggregators.WeightedAggregationFactory):
+    return aggregator.create(w_type, tff.TensorType(np.float32)), True
+  if isinstance(aggregator, tff.aggregators.UnweightedAggregationFactory):
+    return aggregator.create(w_type), False
+  raise TypeError("aggregator must be a tff.aggregators.WeightedAggregationFactory or "
+                  f"UnweightedAggregationFactory, got {type(aggregator).__name__}")
 
 
 def build_silo_process(model, feature_shape, config: LocalTrainingConfig, *,
@@ -126,18 +162,9 @@ def build_silo_process(model, feature_shape, config: LocalTrainingConfig, *,
     raise ValueError(f"start must be one of {START_POINTS}, got {start!r}")
   if start == "switch" and switch_round is None:
     raise ValueError("start='switch' needs switch_round")
-  aggregator = tff.aggregators.MeanFactory() if aggregator is None else aggregator
   w_type = weights_type(model)
   data_type = silo_input_type(feature_shape)
-  if isinstance(aggregator, tff.aggregators.WeightedAggregationFactory):
-    agg_process = aggregator.create(w_type, tff.TensorType(np.float32))
-    weighted = True
-  elif isinstance(aggregator, tff.aggregators.UnweightedAggregationFactory):
-    agg_process = aggregator.create(w_type)
-    weighted = False
-  else:
-    raise TypeError("aggregator must be a tff.aggregators.WeightedAggregationFactory or "
-                    f"UnweightedAggregationFactory, got {type(aggregator).__name__}")
+  agg_process, weighted = create_aggregator(aggregator, w_type)
   initial = model.initial_weights(init_seed)
 
   @tff.tensorflow.computation

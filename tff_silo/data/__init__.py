@@ -2,5 +2,6 @@
 
 from tff_silo.data.digits import load_rotated_masked_digits
 from tff_silo.data.silos import DataError, SiloData, make_silos, split_silo, standardize
-from tff_silo.data.synthetic import heterogeneous_linear_silos, mean_estimation_silos
+from tff_silo.data.synthetic import (
+    heterogeneous_linear_silos, mean_estimation_silos, two_cluster_linear_silos)
 from tff_silo.data.tabular import load_gleam, load_school, load_vehicle

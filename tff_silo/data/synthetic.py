@@ -7,6 +7,9 @@
 - `heterogeneous_linear_silos`: y = x^T w_k (+ N(0, sigma^2)) with
   w_k = w_0 + N(0, tau^2 I), x ~ N(0, I); regression targets, or labels sign(x^T w_k)
   in {-1, +1} for classification.
+- `two_cluster_linear_silos`: Galli et al. sec. 5.1, y = x^T theta*_g + U[0, 1) with
+  theta*_1 = (5, 6), theta*_2 = (4, -4.5); each user draws its cluster g at random
+  (`groups`). x ~ N(0, I) is this library's choice (the paper does not say).
 """
 
 from __future__ import annotations
@@ -59,3 +62,29 @@ def heterogeneous_linear_silos(*, num_silos: int = 20, num_examples: int = 200,
       part.append(value)
   task = "binary_pm1" if classification else "regression"
   return make_silos("synthetic", task, *parts)
+
+
+GALLI_THETAS = ((5.0, 6.0), (4.0, -4.5))
+
+
+def two_cluster_linear_silos(*, num_users: int = 100, num_examples: int = 10,
+                             test_examples: int = 10, thetas=GALLI_THETAS,
+                             seed=0) -> SiloData:
+  """Users of Galli et al.'s synthetic experiment: `num_examples` training and
+  `test_examples` held-out examples each; `seed` may be an int or a sequence."""
+  _check_positive(num_users=num_users, num_examples=num_examples,
+                  test_examples=test_examples)
+  thetas = np.asarray(thetas, np.float64)
+  if thetas.ndim != 2 or len(thetas) < 1:
+    raise ValueError(f"thetas must be a (clusters, dim) array, got shape {thetas.shape}")
+  rng = np.random.default_rng(seed)
+  groups = rng.integers(len(thetas), size=num_users)
+  parts = ([], [], [], [])
+  total = num_examples + test_examples
+  for g in groups:
+    x = rng.standard_normal((total, thetas.shape[1]))
+    y = x @ thetas[g] + rng.random(total)
+    for part, value in zip(parts, (x[:num_examples], y[:num_examples],
+                                   x[num_examples:], y[num_examples:])):
+      part.append(value)
+  return make_silos("two_cluster", "regression", *parts, groups=groups)

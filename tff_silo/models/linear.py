@@ -1,6 +1,6 @@
 """Linear models of the paper (thesis app. B.1): regression for School, linear SVMs
 for Vehicle and GLEAM, and logistic regression. Weights (w [d], b []) start at zero,
-as in the paper's code."""
+as in the paper's code; `bias=False` drops b (Galli et al.'s y = x^T theta)."""
 
 from __future__ import annotations
 
@@ -10,17 +10,18 @@ import tensorflow as tf
 from tff_silo.models import functional as F
 
 
-def _linear(name, dim, loss_fn, metric, predict_fn=lambda o: o):
+def _linear(name, dim, loss_fn, metric, predict_fn=lambda o: o, bias=True):
   if dim < 1:
     raise ValueError(f"input dimension must be >= 1, got {dim}")
+  shapes = ((dim,), ()) if bias else ((dim,),)
 
   def init_fn(seed):
     del seed  # zero initialization
-    return (np.zeros([dim], np.float32), np.zeros([], np.float32))
+    return tuple(np.zeros(s, np.float32) for s in shapes)
 
   def apply_fn(weights, x):
-    w, b = weights
-    return tf.linalg.matvec(x, w) + b
+    out = tf.linalg.matvec(x, weights[0])
+    return out + weights[1] if bias else out
 
   def per_example_gradients_fn(weights, x, y):
     # loss_i depends on the weights only through o_i = x_i.w + b, so its gradient
@@ -30,16 +31,16 @@ def _linear(name, dim, loss_fn, metric, predict_fn=lambda o: o):
       tape.watch(outputs)
       losses = loss_fn(outputs, y)
     slopes = tape.gradient(losses, outputs)
-    return [slopes[:, None] * x, slopes]
+    return [slopes[:, None] * x, slopes] if bias else [slopes[:, None] * x]
 
-  return F.SiloModel(name=name, weight_shapes=((dim,), ()), init_fn=init_fn,
+  return F.SiloModel(name=name, weight_shapes=shapes, init_fn=init_fn,
                      apply_fn=apply_fn, loss_fn=loss_fn, metric=metric,
                      predict_fn=predict_fn,
                      per_example_gradients_fn=per_example_gradients_fn)
 
 
-def linear_regression(dim: int) -> F.SiloModel:
-  return _linear("linear_regression", dim, F.squared_loss, "mse")
+def linear_regression(dim: int, *, bias: bool = True) -> F.SiloModel:
+  return _linear("linear_regression", dim, F.squared_loss, "mse", bias=bias)
 
 
 def linear_svm(dim: int) -> F.SiloModel:

@@ -17,9 +17,11 @@ _TINY = 1e-12
 
 
 def _check(epsilon, sensitivity):
-  if not epsilon > 0:
+  """Python numbers are checked here; tensors (inside a TFF computation) are the
+  caller's to validate."""
+  if not tf.is_tensor(epsilon) and not epsilon > 0:
     raise ValueError(f"epsilon must be positive, got {epsilon}")
-  if not sensitivity > 0:
+  if not tf.is_tensor(sensitivity) and not sensitivity > 0:
     raise ValueError(f"sensitivity must be positive, got {sensitivity}")
 
 

@@ -1,0 +1,186 @@
+"""The driver of d-private clustered FL (Galli et al., Algorithm 1 and section 5.1).
+
+Each round it samples U users uniformly without replacement; a sampled user whose
+composed leakage would pass `leakage_cap` declines. It keeps every user's leakage
+ledger (n / nu per participation, additive: Theorem 1), evaluates the hypotheses on
+held-out validation users after every round (each validation user takes the
+hypothesis with its lowest mean loss) and stops after `patience` rounds without
+improvement, keeping the best hypotheses. At the end every training user takes its
+lowest-loss hypothesis on its training data and is evaluated on its test data.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from typing import Callable, Optional
+
+import numpy as np
+import tensorflow as tf
+
+from tff_silo import runtime
+from tff_silo.algorithms.dprivate_clustering import DPrivateClusteringProcess
+from tff_silo.algorithms.process import SiloInput
+from tff_silo.data.silos import SiloData
+from tff_silo.simulation import SiloEvaluator
+
+_LEAKAGE_SLACK = 1e-9
+
+
+@dataclasses.dataclass(frozen=True)
+class DPrivateResult:
+  """What one run of Algorithm 1 produced.
+
+  `leakage` is each training user's composed leakage (n / nu per participation);
+  `history` holds (round, validation loss) after every round run.
+  """
+
+  algorithm: str
+  rounds_run: int
+  best_round: int
+  metric: str
+  train_metric: float
+  test_metric: float
+  silo_train_metric: np.ndarray
+  silo_test_metric: np.ndarray
+  hypotheses: tuple
+  assignments: np.ndarray
+  participations: np.ndarray
+  leakage: np.ndarray
+  layer_leakage: tuple
+  leakage_per_participation: float
+  declined: int
+  history: tuple
+  stopped_because: str
+  round_seconds: np.ndarray
+  wall_seconds: float
+
+
+class _LossTable:
+  """Mean training loss of every (hypothesis, user) pair, one traced function."""
+
+  def __init__(self, model, feature_shape):
+    signature = ([tf.TensorSpec(s, tf.float32) for s in model.weight_shapes],
+                 tf.TensorSpec([None, *feature_shape], tf.float32),
+                 tf.TensorSpec([None], tf.float32))
+
+    @tf.function(input_signature=signature)
+    def mean_loss(weights, x, y):
+      return tf.reduce_mean(model.per_example_loss(weights, x, y))
+
+    self._mean_loss = mean_loss
+
+  def __call__(self, hypotheses, xs, ys) -> np.ndarray:
+    return np.array([[float(self._mean_loss(list(h), x, y)) for x, y in zip(xs, ys)]
+                     for h in hypotheses])
+
+
+def _check(process, data, rounds, clients_per_round, leakage_cap, patience, validation):
+  if int(rounds) != rounds or rounds < 1:
+    raise ValueError(f"rounds must be a positive integer, got {rounds}")
+  if process.num_clusters > data.num_silos:
+    raise ValueError(f"num_clusters={process.num_clusters} is more than the "
+                     f"{data.num_silos} users")
+  if not 1 <= clients_per_round <= data.num_silos:
+    raise ValueError(f"clients_per_round must be in [1, {data.num_silos}] (the number "
+                     f"of users), got {clients_per_round}")
+  if leakage_cap is not None:
+    if process.nu is None:
+      raise ValueError("leakage_cap needs sanitization (nu); without it every "
+                       "participation leaks without bound")
+    if leakage_cap < process.leakage_per_participation:
+      raise ValueError(
+          f"leakage_cap={leakage_cap} is below the leakage of one participation, "
+          f"n / nu = {process.leakage_per_participation:.4g}: no user could take part")
+  if patience is not None:
+    if int(patience) != patience or patience < 1:
+      raise ValueError(f"patience must be a positive integer, got {patience}")
+    if validation is None:
+      raise ValueError("patience (early stopping) needs validation users")
+  if validation is not None and validation.feature_shape != data.feature_shape:
+    raise ValueError(f"validation users have features {validation.feature_shape}, the "
+                     f"training users {data.feature_shape}")
+
+
+def run_dprivate_clustering(process: DPrivateClusteringProcess, data: SiloData, *,
+                            rounds: int, clients_per_round: int, seed: int = 0,
+                            leakage_cap: Optional[float] = None,
+                            validation: Optional[SiloData] = None,
+                            patience: Optional[int] = None,
+                            progress: Optional[Callable[[int, int, float], None]] = None
+                            ) -> DPrivateResult:
+  """Runs Algorithm 1 for at most `rounds` rounds (see module docstring).
+
+  Args:
+    process: from `build_dprivate_clustering_process`.
+    data: the training users (silos).
+    rounds: the most rounds T.
+    clients_per_round: U, users sampled per round.
+    seed: seeds the sampling, local shuffling and the sanitization noise.
+    leakage_cap: a user declines a round that would take its leakage above this.
+    validation: held-out users for the validation loss (and early stopping).
+    patience: stop after this many rounds without validation improvement.
+    progress: called as `progress(rounds_done, rounds, seconds_so_far)`.
+  """
+  _check(process, data, rounds, clients_per_round, leakage_cap, patience, validation)
+  start = time.perf_counter()
+  rng = np.random.default_rng([seed, 2])
+  per_participation = process.leakage_per_participation
+  leakage = np.zeros(data.num_silos)
+  participations = np.zeros(data.num_silos, np.int64)
+  inputs = [SiloInput(x, y, np.float32(0.0), np.array([seed, k], np.int32))
+            for k, (x, y) in enumerate(zip(data.x_train, data.y_train))]
+  losses = _LossTable(process.model, data.feature_shape)
+  if validation is not None:
+    val_x = [np.concatenate([a, b]) for a, b in zip(validation.x_train, validation.x_test)]
+    val_y = [np.concatenate([a, b]) for a, b in zip(validation.y_train, validation.y_test)]
+  history, round_seconds, declined = [], [], 0
+  stopped_because = "rounds"
+  try:
+    state = process.initialize()
+    best_state, best_loss, best_round = state, np.inf, 0
+    for r in range(1, rounds + 1):
+      t0 = time.perf_counter()
+      sampled = rng.choice(data.num_silos, clients_per_round, replace=False)
+      if leakage_cap is not None:
+        fits = leakage[sampled] + per_participation <= leakage_cap + _LEAKAGE_SLACK
+        declined += int(np.sum(~fits))
+        sampled = sampled[fits]
+      if len(sampled):
+        state, _ = process.next(state, [inputs[k] for k in sampled])
+        leakage[sampled] += per_participation
+        participations[sampled] += 1
+      if leakage_cap is not None and np.all(
+          leakage + per_participation > leakage_cap + _LEAKAGE_SLACK):
+        stopped_because = "leakage_cap"  # every user would decline from now on
+      round_seconds.append(time.perf_counter() - t0)
+      if validation is not None:
+        loss = float(np.mean(losses(state.hypotheses, val_x, val_y).min(axis=0)))
+        history.append((r, loss))
+        if loss < best_loss:
+          best_state, best_loss, best_round = state, loss, r
+      else:
+        best_state, best_round = state, r
+      if progress is not None:
+        progress(r, rounds, time.perf_counter() - start)
+      if stopped_because == "leakage_cap":
+        break
+      if patience is not None and r - best_round >= patience:
+        stopped_because = "early_stopping"
+        break
+  finally:
+    runtime.stop_tff_workers()
+  hypotheses = tuple(tuple(np.asarray(w) for w in h) for h in best_state.hypotheses)
+  assignments = losses(hypotheses, data.x_train, data.y_train).argmin(axis=0)
+  chosen = [hypotheses[j] for j in assignments]
+  evaluator = SiloEvaluator(process.model, data.feature_shape)
+  train, silo_train = evaluator(chosen, data.x_train, data.y_train)
+  test, silo_test = evaluator(chosen, data.x_test, data.y_test)
+  return DPrivateResult(
+      algorithm=process.name, rounds_run=len(round_seconds), best_round=best_round,
+      metric=process.model.metric, train_metric=train, test_metric=test,
+      silo_train_metric=silo_train, silo_test_metric=silo_test, hypotheses=hypotheses,
+      assignments=assignments, participations=participations, leakage=leakage,
+      layer_leakage=process.layer_leakage, leakage_per_participation=per_participation,
+      declined=declined, history=tuple(history), stopped_because=stopped_because,
+      round_seconds=np.array(round_seconds), wall_seconds=time.perf_counter() - start)

@@ -13,6 +13,7 @@ class Preset:
   delta: float
   lam: float
   needs_data_dir: bool
+  num_clusters: int = 4
 
 
 PRESETS = {
@@ -30,4 +31,7 @@ PRESETS = {
                      lam=0.1, needs_data_dir=False),
     "synthetic": Preset(rounds=100, batch_size=32, clip=1.0, lr=0.05, delta=1e-3,
                         lam=1.0, needs_data_dir=False),
+    # Galli et al. sec. 5.1: 100 users x 10 samples, 2 clusters, step 0.1, batch 10.
+    "two_cluster": Preset(rounds=200, batch_size=10, clip=1.0, lr=0.1, delta=1e-3,
+                          lam=1.0, needs_data_dir=False, num_clusters=2),
 }

@@ -4,8 +4,12 @@
     python -m benchmarks.run --dataset=school --data_dir=../shared/data \
         --algorithm=mrmtl,fedavg,local --epsilon=6 --seeds=0,1,2,3,4
 
+    python -m benchmarks.run --dataset=two_cluster --algorithm=dprivate_clustering \
+        --nu=5 --clients_per_round=7 --patience=6
+
 Appends one CSV row per (algorithm, lambda, seed) to --output and prints a table of
-means over seeds. Unset --epsilon trains without privacy.
+means over seeds. Unset --epsilon trains without privacy. `dprivate_clustering`
+(Galli et al.) protects updates with d-privacy (--nu) instead and reports leakage.
 """
 
 from __future__ import annotations
@@ -22,10 +26,18 @@ from absl import app, flags
 
 from benchmarks import configs
 
-ALGORITHMS = ("local", "fedavg", "finetune", "mrmtl", "ditto")
+IFCA_ALGORITHMS = {"ifca": "fedavg", "ifca_fedavg": "fedavg", "ifca_local": "local",
+                   "ifca_mrmtl": "mrmtl", "ifca_finetune": "finetune"}
+ALGORITHMS = ("local", "fedavg", "finetune", "mrmtl", "ditto", *IFCA_ALGORITHMS,
+              "dprivate_clustering")
 DATASETS = tuple(configs.PRESETS)
 SAMPLING = ("poisson", "shuffle")
-LAMBDA_ALGORITHMS = ("mrmtl", "ditto")
+LAMBDA_ALGORITHMS = ("mrmtl", "ditto", "ifca_mrmtl")
+CLUSTER_FLAGS = ("num_clusters", "selection_fraction", "selection_budget_share")
+DPRIVATE_FLAGS = ("num_clusters", "nu", "clients_per_round", "leakage_cap", "patience",
+                  "kmeans_iterations")
+# Validation users of `dprivate_clustering` on two_cluster (Galli et al. 5.1).
+VALIDATION_USERS = 30
 
 FLAGS = flags.FLAGS
 flags.DEFINE_list("algorithm", ["local", "fedavg", "mrmtl"],
@@ -49,6 +61,21 @@ flags.DEFINE_bool("unweighted", False, "Average updates unweighted instead of by
 flags.DEFINE_list("seeds", ["0"], "Comma-separated seeds (data split, sampling, noise).")
 flags.DEFINE_float("mask_probability", 0.1, "digits: probability of each white patch.")
 flags.DEFINE_integer("eval_every", 0, "Also evaluate every this many rounds (0: end).")
+flags.DEFINE_integer("num_clusters", None, "Clusters G (IFCA) / hypotheses k "
+                     "(dprivate_clustering); default: the dataset's preset.")
+flags.DEFINE_float("selection_fraction", 0.1, "IFCA: fraction of the first rounds that "
+                   "select a cluster (1 = every round).")
+flags.DEFINE_float("selection_budget_share", 0.03, "IFCA under DP: epsilon of one "
+                   "selection as a share of --epsilon.")
+flags.DEFINE_float("nu", None, "dprivate_clustering: the Euclidean Laplace noise "
+                   "multiplier; unset sends unsanitized models.")
+flags.DEFINE_integer("clients_per_round", None, "dprivate_clustering: users sampled "
+                     "per round U (default: all).")
+flags.DEFINE_float("leakage_cap", None, "dprivate_clustering: a user declines a round "
+                   "that would take its leakage above this.")
+flags.DEFINE_integer("patience", None, "dprivate_clustering on two_cluster: stop after "
+                     "this many rounds without validation improvement.")
+flags.DEFINE_integer("kmeans_iterations", 10, "dprivate_clustering: Lloyd iterations.")
 flags.DEFINE_string("output", "benchmarks/out/run.csv", "CSV file rows are appended to.")
 flags.DEFINE_bool("resume", True, "Skip runs whose row (same settings, algorithm, "
                   "lambda and seed) is already in --output.")
@@ -105,12 +132,49 @@ def _settings():
     raise UsageError(f"--lam values must be >= 0; got {FLAGS.lam}")
   if not s["seeds"]:
     raise UsageError("--seeds must name at least one seed")
+  s["num_clusters"] = (FLAGS.num_clusters if FLAGS.num_clusters is not None
+                       else preset.num_clusters)
+  _check_clustering(s)
   if preset.needs_data_dir:
     if not FLAGS.data_dir:
       raise UsageError(f"--data_dir is required for --dataset={FLAGS.dataset}")
     if not os.path.isdir(FLAGS.data_dir):
       raise UsageError(f"--data_dir {FLAGS.data_dir} is not a directory")
   return s
+
+
+def _check_clustering(s):
+  clustered = [a for a in FLAGS.algorithm if a in IFCA_ALGORITHMS]
+  dprivate = "dprivate_clustering" in FLAGS.algorithm
+  if (clustered or dprivate) and s["num_clusters"] < 1:
+    raise UsageError(f"--num_clusters must be >= 1; got {s['num_clusters']}")
+  if clustered and not 0 < FLAGS.selection_fraction <= 1:
+    raise UsageError(f"--selection_fraction must be in (0, 1]; got "
+                     f"{FLAGS.selection_fraction}")
+  if clustered and not 0 < FLAGS.selection_budget_share < 1:
+    raise UsageError(f"--selection_budget_share must be in (0, 1); got "
+                     f"{FLAGS.selection_budget_share}")
+  if clustered and FLAGS.unweighted:
+    raise UsageError("--unweighted is not available for the ifca algorithms (their "
+                     "per-cluster means weigh non-members 0)")
+  if not dprivate:
+    return
+  if s["epsilon"] is not None:
+    raise UsageError("dprivate_clustering is protected by d-privacy (--nu), not "
+                     "DP-SGD: run it without --epsilon")
+  if FLAGS.nu is not None and not FLAGS.nu > 0:
+    raise UsageError(f"--nu must be > 0 (or unset for no sanitization); got {FLAGS.nu}")
+  if FLAGS.clients_per_round is not None and FLAGS.clients_per_round < 1:
+    raise UsageError(f"--clients_per_round must be >= 1; got {FLAGS.clients_per_round}")
+  if FLAGS.leakage_cap is not None and FLAGS.nu is None:
+    raise UsageError("--leakage_cap needs --nu (without sanitization leakage is unbounded)")
+  if FLAGS.patience is not None and FLAGS.patience < 1:
+    raise UsageError(f"--patience must be >= 1; got {FLAGS.patience}")
+  if FLAGS.patience is not None and FLAGS.dataset != "two_cluster":
+    raise UsageError("--patience needs validation users, which only --dataset="
+                     "two_cluster provides")
+  if FLAGS.kmeans_iterations < 1:
+    raise UsageError(f"--kmeans_iterations must be >= 1; got {FLAGS.kmeans_iterations}")
 
 
 def _load(seed):
@@ -125,19 +189,43 @@ def _load(seed):
   if name == "digits":
     return data.load_rotated_masked_digits(mask_probability=FLAGS.mask_probability,
                                            seed=seed)
+  if name == "two_cluster":
+    return data.two_cluster_linear_silos(seed=seed)
   return data.heterogeneous_linear_silos(seed=seed)
 
 
-def _build(algorithm, lam, silos, s):
+def _model(silos):
+  from tff_silo import models
+  if FLAGS.dataset == "two_cluster":   # Galli et al.: y = x^T theta, no bias
+    return models.linear_regression(silos.feature_shape[0], bias=False)
+  return models.model_for(silos)
+
+
+def _build(algorithm, lam, seed, silos, s):
   import tensorflow_federated as tff
-  from tff_silo import algorithms, models
-  model = models.model_for(silos)
+  from tff_silo import algorithms
+  from tff_silo.algorithms import dprivate_clustering, ifca
+  model = _model(silos)
+  if algorithm == "dprivate_clustering":
+    return dprivate_clustering.build_dprivate_clustering_process(
+        model, silos.feature_shape, client_learning_rate=s["lr"],
+        batch_size=s["batch_size"], num_clusters=s["num_clusters"], nu=FLAGS.nu,
+        local_epochs=FLAGS.local_epochs, kmeans_iterations=FLAGS.kmeans_iterations,
+        init_seed=seed)
   common = dict(client_learning_rate=s["lr"], batch_size=s["batch_size"],
                 local_epochs=FLAGS.local_epochs,
                 l2_norm_clip=s["clip"] if s["epsilon"] is not None else None,
                 sampling=FLAGS.sampling,
                 aggregator=tff.aggregators.UnweightedMeanFactory() if FLAGS.unweighted
                 else None)
+  if algorithm in IFCA_ALGORITHMS:
+    return ifca.build_ifca_process(
+        model, silos.feature_shape, total_rounds=s["rounds"],
+        num_clusters=s["num_clusters"], selection_fraction=FLAGS.selection_fraction,
+        after=IFCA_ALGORITHMS[algorithm], lam=lam,
+        finetune_fraction=FLAGS.finetune_fraction,
+        selection_budget_share=FLAGS.selection_budget_share, init_seed=seed,
+        **common)
   build = {"local": algorithms.build_local_process,
            "fedavg": algorithms.build_fedavg_process,
            "mrmtl": algorithms.build_mrmtl_process,
@@ -157,14 +245,24 @@ def _runs(s):
         yield seed, algorithm, lam
 
 
+def _algorithm_flags(algorithm, s):
+  """The clustering settings a run of `algorithm` depends on."""
+  names = (CLUSTER_FLAGS if algorithm in IFCA_ALGORITHMS else DPRIVATE_FLAGS
+           if algorithm == "dprivate_clustering" else ())
+  return {name: s["num_clusters"] if name == "num_clusters" else FLAGS[name].value
+          for name in names}
+
+
 def _run_key(seed, algorithm, lam, s):
   """Identifies a run by everything that determines its result."""
   return json.dumps(dict(
+      **_algorithm_flags(algorithm, s),
       dataset=FLAGS.dataset, data_dir=FLAGS.data_dir, algorithm=algorithm, lam=lam,
       seed=seed, rounds=s["rounds"], epsilon=s["epsilon"], delta=s["delta"], lr=s["lr"],
       batch_size=s["batch_size"], clip=s["clip"], local_epochs=FLAGS.local_epochs,
       sampling=FLAGS.sampling, unweighted=FLAGS.unweighted,
-      finetune_fraction=FLAGS.finetune_fraction if algorithm == "finetune" else None,
+      finetune_fraction=(FLAGS.finetune_fraction
+                         if algorithm in ("finetune", "ifca_finetune") else None),
       mask_probability=FLAGS.mask_probability if FLAGS.dataset == "digits" else None),
       sort_keys=True)
 
@@ -179,22 +277,53 @@ def _done_keys(path):
   return {key: row for key, row in zip(old.run_key, old.to_dict("records"))}
 
 
-def _row(result, seed, algorithm, lam, s, num_silos):
+def _clustering_columns(result, silos):
+  """ARI against the true clusters (where known), selection and leakage figures."""
+  import numpy as np
+  from sklearn.metrics import adjusted_rand_score
+  from tff_silo.dprivate_simulation import DPrivateResult
+  assigned = (result.assignments if isinstance(result, DPrivateResult)
+              else result.clusters)
+  columns = dict(ari=(float(adjusted_rand_score(silos.groups, assigned))
+                      if assigned is not None and silos.groups is not None else None))
+  if not isinstance(result, DPrivateResult):
+    privacy = result.privacy
+    if result.clusters is not None:
+      columns.update(
+          num_selections=privacy.num_selections if privacy else None,
+          selection_epsilon=float(np.max(privacy.selection_epsilon)) if privacy else None)
+    return columns
+  losses = [loss for _, loss in result.history]
+  small = sum(w.size for w in result.hypotheses[0]) <= 16
+  columns.update(
+      rounds_run=result.rounds_run, best_round=result.best_round,
+      stopped_because=result.stopped_because,
+      validation_loss=min(losses) if losses else None,
+      leakage_per_participation=result.leakage_per_participation,
+      leakage_max=float(result.leakage.max()), leakage_mean=float(result.leakage.mean()),
+      participations_max=int(result.participations.max()), declined=result.declined,
+      hypotheses=json.dumps([[np.round(w, 4).tolist() for w in h]
+                             for h in result.hypotheses]) if small else None)
+  return columns
+
+
+def _row(result, seed, algorithm, lam, s, silos):
   import numpy as np
   import tensorflow as tf
   import tensorflow_federated as tff
-  privacy = result.privacy
+  privacy = getattr(result, "privacy", None)
   return dict(
       algorithm=algorithm, dataset=FLAGS.dataset, seed=seed, rounds=s["rounds"],
       epsilon=s["epsilon"], delta=s["delta"] if privacy is not None else None,
       lam=lam, lr=s["lr"], batch_size=s["batch_size"],
       clip=s["clip"] if privacy is not None else None, local_epochs=FLAGS.local_epochs,
       sampling=FLAGS.sampling if privacy is not None else None,
-      weighted=not FLAGS.unweighted, num_silos=num_silos, metric=result.metric,
+      weighted=not FLAGS.unweighted, num_silos=silos.num_silos, metric=result.metric,
       train_metric=result.train_metric, test_metric=result.test_metric,
       epsilon_spent_max=float(np.max(privacy.epsilon_spent)) if privacy else None,
       epsilon_spent_mean=float(np.mean(privacy.epsilon_spent)) if privacy else None,
       noise_multiplier_mean=float(np.mean(privacy.noise_multipliers)) if privacy else 0.0,
+      **_algorithm_flags(algorithm, s), **_clustering_columns(result, silos),
       wall_seconds=result.wall_seconds,
       seconds_per_round_median=float(np.median(result.round_seconds)),
       tff_version=tff.__version__, tf_version=tf.__version__,
@@ -202,7 +331,7 @@ def _row(result, seed, algorithm, lam, s, num_silos):
       flags=json.dumps({k: FLAGS[k].value for k in (
           "algorithm", "dataset", "data_dir", "rounds", "epsilon", "delta", "lam", "lr",
           "batch_size", "clip", "local_epochs", "sampling", "finetune_fraction",
-          "unweighted", "seeds", "mask_probability")}),
+          "unweighted", "seeds", "mask_probability", *CLUSTER_FLAGS, *DPRIVATE_FLAGS)}),
       finished=time.strftime("%Y-%m-%dT%H:%M:%S"))
 
 
@@ -229,11 +358,28 @@ def _print_table(rows):
                                              float_format=lambda v: f"{v:.4f}"))
 
 
+def _simulate(algorithm, process, silos, seed, s, progress):
+  from tff_silo import data, dprivate_simulation, simulation
+  if algorithm == "dprivate_clustering":
+    validation = (data.two_cluster_linear_silos(num_users=VALIDATION_USERS,
+                                                seed=[seed, 1])
+                  if FLAGS.dataset == "two_cluster" else None)
+    return dprivate_simulation.run_dprivate_clustering(
+        process, silos, rounds=s["rounds"],
+        clients_per_round=FLAGS.clients_per_round or silos.num_silos, seed=seed,
+        leakage_cap=FLAGS.leakage_cap, validation=validation, patience=FLAGS.patience,
+        progress=progress)
+  return simulation.run_simulation(
+      process, silos, rounds=s["rounds"], target_epsilon=s["epsilon"],
+      target_delta=s["delta"] if s["epsilon"] is not None else None, seed=seed,
+      eval_every=FLAGS.eval_every, progress=progress)
+
+
 def main(argv):
   if len(argv) > 1:
     raise UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
   s = _settings()
-  from tff_silo import runtime, simulation
+  from tff_silo import runtime
   runtime.exit_cleanly_on_sigterm()
   rows = []
   runs = list(_runs(s))
@@ -247,7 +393,7 @@ def main(argv):
       continue
     try:
       silos = _load(seed)
-      process = _build(algorithm, lam, silos, s)
+      process = _build(algorithm, lam, seed, silos, s)
     except ValueError as e:  # includes DataError: a bad file or setting, not a bug
       raise UsageError(str(e)) from None
     step = max(1, s["rounds"] // 10)
@@ -258,11 +404,11 @@ def main(argv):
         print(f"{tag}: round {rounds_done}/{total} ({seconds:.1f} s)", file=sys.stderr,
               flush=True)
 
-    result = simulation.run_simulation(
-        process, silos, rounds=s["rounds"], target_epsilon=s["epsilon"],
-        target_delta=s["delta"] if s["epsilon"] is not None else None, seed=seed,
-        eval_every=FLAGS.eval_every, progress=progress)
-    row = _row(result, seed, algorithm, lam, s, silos.num_silos)
+    try:
+      result = _simulate(algorithm, process, silos, seed, s, progress)
+    except ValueError as e:  # a budget the selections alone exceed, too many clusters
+      raise UsageError(str(e)) from None
+    row = _row(result, seed, algorithm, lam, s, silos)
     _append(FLAGS.output, row)
     rows.append(row)
   _print_table(rows)

@@ -15,16 +15,25 @@ FLAGS = flags.FLAGS
 flags.DEFINE_string("plot", None, "Write a PNG plot of the test metric here.")
 
 GROUP = ["dataset", "algorithm", "lam", "epsilon"]
+# Settings of the clustering algorithms, grouped by where a CSV has them.
+CLUSTER_GROUP = ["num_clusters", "selection_fraction", "nu"]
+# Clustering figures, averaged (leakage: the largest) where a CSV has them.
+CLUSTER_STATS = {"ari_mean": ("ari", "mean"), "leakage_max": ("leakage_max", "max"),
+                 "validation_loss": ("validation_loss", "mean")}
 
 
 def summary_table(df):
-  """Mean and std over seeds of the test/train metric and the privacy spent."""
-  df = df.assign(epsilon=df.epsilon.fillna("none"))
-  table = df.groupby(GROUP, sort=False).agg(
+  """Mean and std over seeds of the test/train metric, the privacy spent and, for
+  clustering runs, the cluster quality and the d-privacy leakage."""
+  group = GROUP + [c for c in CLUSTER_GROUP if c in df.columns]
+  df = df.assign(**{c: df[c].fillna("none" if c == "epsilon" else "-")
+                    for c in group if c in ("epsilon", *CLUSTER_GROUP)})
+  stats = {name: spec for name, spec in CLUSTER_STATS.items() if spec[0] in df.columns}
+  table = df.groupby(group, sort=False).agg(
       seeds=("seed", "nunique"), test_mean=("test_metric", "mean"),
       test_std=("test_metric", "std"), train_mean=("train_metric", "mean"),
       eps_spent_max=("epsilon_spent_max", "max"),
-      noise_mult_mean=("noise_multiplier_mean", "mean"),
+      noise_mult_mean=("noise_multiplier_mean", "mean"), **stats,
       seconds=("wall_seconds", "median"))
   return table.reset_index()
 

@@ -26,6 +26,12 @@ def _run(*flags, timeout=600):
     (["--dataset=school"], "--data_dir is required"),
     (["--lam=-2"], "--lam values must be >= 0"),
     (["--seeds=a,b"], "--seeds must be a comma-separated list"),
+    (["--algorithm=ifca", "--num_clusters=0"], "--num_clusters must be >= 1"),
+    (["--algorithm=ifca", "--selection_fraction=0"], "--selection_fraction must be in"),
+    (["--algorithm=dprivate_clustering", "--nu=0"], "--nu must be > 0"),
+    (["--algorithm=dprivate_clustering", "--nu=-1"], "--nu must be > 0"),
+    (["--algorithm=dprivate_clustering", "--epsilon=1"], "run it without --epsilon"),
+    (["--algorithm=dprivate_clustering", "--leakage_cap=1"], "--leakage_cap needs --nu"),
 ])
 def test_bad_flags_end_in_one_line(flags, message):
   proc = _run(*flags, timeout=120)
@@ -97,3 +103,29 @@ def test_sigterm_stops_the_worker(tmp_path):
   # communicate() returns only once every holder of the pipes (a worker too) is gone.
   proc.communicate(timeout=60)
   assert proc.returncode != 0
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--dataset=two_cluster", "--algorithm=dprivate_clustering", "--nu=5",
+      "--leakage_cap=0.1"], "below the leakage of one participation"),
+    (["--dataset=synthetic", "--algorithm=ifca", "--num_clusters=30"],
+     "more than the 20 silos"),
+])
+def test_clustering_inputs_checked_at_run_time_end_in_one_line(tmp_path, flags, message):
+  proc = _run(*flags, "--rounds=2", f"--output={tmp_path / 'rows.csv'}", timeout=300)
+  assert proc.returncode != 0
+  lines = [l for l in proc.stderr.splitlines() if l.strip() and "round" not in l]
+  assert len(lines) == 1 and message in lines[0], proc.stderr[-2000:]
+
+
+def test_clustering_rows_record_cluster_quality_and_leakage(tmp_path):
+  out = tmp_path / "rows.csv"
+  proc = _run("--dataset=two_cluster", "--algorithm=dprivate_clustering,ifca",
+              "--rounds=4", "--nu=5", "--clients_per_round=7", "--leakage_cap=1.2",
+              f"--output={out}")
+  assert proc.returncode == 0, proc.stderr[-2000:]
+  rows = pd.read_csv(out).set_index("algorithm")
+  assert rows.loc["dprivate_clustering", "leakage_per_participation"] == pytest.approx(0.4)
+  assert rows.loc["dprivate_clustering", "leakage_max"] <= 1.2 + 1e-9
+  assert rows.loc["ifca", "num_clusters"] == 2
+  assert rows.ari.between(-1, 1).all()

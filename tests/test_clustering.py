@@ -94,6 +94,15 @@ def test_private_selection_follows_its_epsilon():
   assert abs(agreement - 0.5) < 4 * 0.5 / np.sqrt(80)
 
 
+def test_dp_process_refuses_exact_selection():
+  config = LocalTrainingConfig(learning_rate=0.1, batch_size=10, l2_norm_clip=1.0)
+  process = ifca.build_clustered_process(MODEL, USERS.feature_shape, config, name="ifca",
+                                         num_clusters=2, selection_rounds=1)
+  state = process.initialize()
+  with pytest.raises(Exception, match="positive selection_epsilon"):
+    process.next(state, process.initial_client_states(state, 8), _inputs(USERS))
+
+
 def test_selection_scores_and_sensitivity():
   x = np.zeros((5, 2), np.float32)
   y = np.array([0.0, 0.0, 0.0, 0.0, 3.0], np.float32)

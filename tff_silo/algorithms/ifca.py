@@ -201,11 +201,16 @@ def build_clustered_process(model, feature_shape, config: LocalTrainingConfig, *
 
     def select():
       scores, sensitivity = selection_scores(model, clusters, data.x, data.y, loss_clip)
-      return tf.cond(
-          data.selection_epsilon > 0.0,
-          lambda: report_noisy_min(scores, data.selection_epsilon, sensitivity,
-                                   tf.random.experimental.stateless_fold_in(seed, 7)),
-          lambda: tf.argmin(scores, output_type=tf.int32))
+      private = lambda: report_noisy_min(
+          scores, data.selection_epsilon, sensitivity,
+          tf.random.experimental.stateless_fold_in(seed, 7))
+      if config.private:  # a DP run never selects exactly
+        with tf.control_dependencies([tf.debugging.assert_positive(
+            data.selection_epsilon,
+            message="DP training needs a positive selection_epsilon")]):
+          return tf.identity(private())
+      return tf.cond(data.selection_epsilon > 0.0, private,
+                     lambda: tf.argmin(scores, output_type=tf.int32))
 
     selecting = round_num < selection_rounds
     cluster = tf.cond(selecting, select, lambda: client_state.cluster)

@@ -16,7 +16,7 @@ flags.DEFINE_string("plot", None, "Write a PNG plot of the test metric here.")
 
 GROUP = ["dataset", "algorithm", "lam", "epsilon"]
 # Settings of the clustering algorithms, grouped by where a CSV has them.
-CLUSTER_GROUP = ["num_clusters", "selection_fraction", "nu"]
+CLUSTER_GROUP = ["num_clusters", "selection_fraction", "nu", "patience"]
 # Clustering figures, averaged (leakage: the largest) where a CSV has them.
 CLUSTER_STATS = {"ari_mean": ("ari", "mean"), "leakage_max": ("leakage_max", "max"),
                  "validation_loss": ("validation_loss", "mean")}

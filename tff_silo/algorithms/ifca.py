@@ -190,7 +190,6 @@ def build_clustered_process(model, feature_shape, config: LocalTrainingConfig, *
             agg_process.initialize() for _ in range(num_clusters)))))
 
   lam_t = np.float32(lam)
-  zeros = lambda w: [tf.zeros_like(wi) for wi in w]
 
   @tff.tensorflow.computation(
       tff.StructWithPythonType([clusters_type, tff.TensorType(np.int32)], tuple),

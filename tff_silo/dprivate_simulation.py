@@ -16,7 +16,6 @@ import time
 from typing import Callable, Optional
 
 import numpy as np
-import tensorflow as tf
 
 from tff_silo import runtime
 from tff_silo.algorithms.dprivate_clustering import DPrivateClusteringProcess
@@ -56,23 +55,9 @@ class DPrivateResult:
   wall_seconds: float
 
 
-class _LossTable:
-  """Mean training loss of every (hypothesis, user) pair, one traced function."""
-
-  def __init__(self, model, feature_shape):
-    signature = ([tf.TensorSpec(s, tf.float32) for s in model.weight_shapes],
-                 tf.TensorSpec([None, *feature_shape], tf.float32),
-                 tf.TensorSpec([None], tf.float32))
-
-    @tf.function(input_signature=signature)
-    def mean_loss(weights, x, y):
-      return tf.reduce_mean(model.per_example_loss(weights, x, y))
-
-    self._mean_loss = mean_loss
-
-  def __call__(self, hypotheses, xs, ys) -> np.ndarray:
-    return np.array([[float(self._mean_loss(list(h), x, y)) for x, y in zip(xs, ys)]
-                     for h in hypotheses])
+def _loss_table(losses: SiloEvaluator, hypotheses, xs, ys) -> np.ndarray:
+  """Mean loss of every (hypothesis, user) pair, shape [k, users]."""
+  return np.array([losses([h] * len(ys), xs, ys)[1] for h in hypotheses])
 
 
 def _check(process, data, rounds, clients_per_round, leakage_cap, patience, validation):
@@ -130,7 +115,8 @@ def run_dprivate_clustering(process: DPrivateClusteringProcess, data: SiloData, 
   participations = np.zeros(data.num_silos, np.int64)
   inputs = [SiloInput(x, y, np.float32(0.0), np.array([seed, k], np.int32))
             for k, (x, y) in enumerate(zip(data.x_train, data.y_train))]
-  losses = _LossTable(process.model, data.feature_shape)
+  losses = SiloEvaluator(process.model, data.feature_shape,
+                         values_fn=process.model.per_example_loss)
   if validation is not None:
     val_x = [np.concatenate([a, b]) for a, b in zip(validation.x_train, validation.x_test)]
     val_y = [np.concatenate([a, b]) for a, b in zip(validation.y_train, validation.y_test)]
@@ -155,7 +141,8 @@ def run_dprivate_clustering(process: DPrivateClusteringProcess, data: SiloData, 
         stopped_because = "leakage_cap"  # every user would decline from now on
       round_seconds.append(time.perf_counter() - t0)
       if validation is not None:
-        loss = float(np.mean(losses(state.hypotheses, val_x, val_y).min(axis=0)))
+        table = _loss_table(losses, state.hypotheses, val_x, val_y)
+        loss = float(np.mean(table.min(axis=0)))
         history.append((r, loss))
         if loss < best_loss:
           best_state, best_loss, best_round = state, loss, r
@@ -171,7 +158,7 @@ def run_dprivate_clustering(process: DPrivateClusteringProcess, data: SiloData, 
   finally:
     runtime.stop_tff_workers()
   hypotheses = tuple(tuple(np.asarray(w) for w in h) for h in best_state.hypotheses)
-  assignments = losses(hypotheses, data.x_train, data.y_train).argmin(axis=0)
+  assignments = _loss_table(losses, hypotheses, data.x_train, data.y_train).argmin(axis=0)
   chosen = [hypotheses[j] for j in assignments]
   evaluator = SiloEvaluator(process.model, data.feature_shape)
   train, silo_train = evaluator(chosen, data.x_train, data.y_train)

@@ -92,20 +92,23 @@ class SimulationResult:
 
 
 class SiloEvaluator:
-  """Per-silo metric sums with one traced TF function for all silos."""
+  """Per-silo means of a per-example quantity (default: the model's metric, else e.g.
+  `model.per_example_loss`), with one traced TF function for all silos."""
 
-  def __init__(self, model, feature_shape):
+  def __init__(self, model, feature_shape, values_fn=None):
+    values_fn = model.metric_values if values_fn is None else values_fn
     signature = ([tf.TensorSpec(s, tf.float32) for s in model.weight_shapes],
                  tf.TensorSpec([None, *feature_shape], tf.float32),
                  tf.TensorSpec([None], tf.float32))
 
     @tf.function(input_signature=signature)
     def metric_sum(weights, x, y):
-      return tf.reduce_sum(model.metric_values(weights, x, y))
+      return tf.reduce_sum(values_fn(weights, x, y))
 
     self._metric_sum = metric_sum
 
   def __call__(self, silo_weights, xs, ys):
+    """(mean over all examples pooled, per-silo means)."""
     sums = np.array([float(self._metric_sum(list(w), x, y))
                      for w, x, y in zip(silo_weights, xs, ys)])
     sizes = np.array([len(y) for y in ys])

@@ -194,10 +194,12 @@ def _load(seed):
   return data.heterogeneous_linear_silos(seed=seed)
 
 
-def _model(silos):
+def _model(silos, algorithm):
   from tff_silo import models
   if FLAGS.dataset == "two_cluster":   # Galli et al.: y = x^T theta, no bias
-    return models.linear_regression(silos.feature_shape[0], bias=False)
+    return models.linear_regression(
+        silos.feature_shape[0], bias=False,
+        objective="rmse" if algorithm == "dprivate_clustering" else "squared")
   return models.model_for(silos)
 
 
@@ -205,7 +207,7 @@ def _build(algorithm, lam, seed, silos, s):
   import tensorflow_federated as tff
   from tff_silo import algorithms
   from tff_silo.algorithms import dprivate_clustering, ifca
-  model = _model(silos)
+  model = _model(silos, algorithm)
   if algorithm == "dprivate_clustering":
     return dprivate_clustering.build_dprivate_clustering_process(
         model, silos.feature_shape, client_learning_rate=s["lr"],

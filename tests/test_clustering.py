@@ -177,7 +177,7 @@ def test_clustered_bad_inputs():
 
 # d-private clustered FL -----------------------------------------------------------
 
-GALLI_MODEL = models.linear_regression(2, bias=False)
+GALLI_MODEL = models.linear_regression(2, bias=False, objective="rmse")
 
 
 def _galli(k, nu, **kwargs):
@@ -192,8 +192,9 @@ def test_one_hypothesis_without_noise_is_the_mean_of_trained_models():
   new_state, _ = process.next(state, _inputs(users))
   start = state.hypotheses[0][0]
   trained = []
-  for x, y in zip(users.x_train, users.y_train):  # one full-batch SGD step each
-    grad = (x @ start - y) @ x / len(y)
+  for x, y in zip(users.x_train, users.y_train):  # one full-batch step on the RMSE
+    err = x @ start - y
+    grad = err @ x / (len(y) * np.sqrt(np.mean(err ** 2)))
     trained.append(start - 0.1 * grad)
   np.testing.assert_allclose(new_state.hypotheses[0][0], np.mean(trained, axis=0),
                              rtol=1e-5, atol=1e-5)
@@ -203,9 +204,10 @@ def test_dprivate_clustering_finds_galli_hypotheses_and_tracks_leakage():
   users = data.two_cluster_linear_silos(num_users=40, seed=0)
   process = _galli(2, 5.0)
   assert process.layer_leakage == (0.4,) and process.leakage_per_participation == 0.4
-  result = run_dprivate_clustering(process, users, rounds=40, clients_per_round=7, seed=0)
+  result = run_dprivate_clustering(process, users, rounds=150, clients_per_round=7,
+                                   seed=0)
   np.testing.assert_allclose(result.leakage, 0.4 * result.participations)
-  assert result.participations.sum() == 40 * 7
+  assert result.participations.sum() == 150 * 7
   assert adjusted_rand_score(users.groups, result.assignments) == 1.0
   found = sorted(tuple(h[0]) for h in result.hypotheses)
   np.testing.assert_allclose(found, sorted(data.synthetic.GALLI_THETAS), atol=1.0)
@@ -218,6 +220,14 @@ def test_leakage_cap_makes_users_decline():
   assert result.leakage.max() <= 0.8 + 1e-9 and result.declined > 0
   assert result.stopped_because == "leakage_cap"
   assert result.participations.sum() == 20   # every user twice, then all decline
+
+
+def test_rmse_objective_trains_without_dp_only():
+  with pytest.raises(ValueError, match="DP-SGD needs per-example losses"):
+    ifca.build_ifca_process(GALLI_MODEL, (2,), total_rounds=3, l2_norm_clip=1.0,
+                            **COMMON)
+  with pytest.raises(ValueError, match="objective"):
+    models.linear_regression(2, objective="mae")
 
 
 def test_dprivate_bad_inputs():

@@ -5,7 +5,8 @@ composed leakage would pass `leakage_cap` declines. It keeps every user's leakag
 ledger (n / nu per participation, additive: Theorem 1), evaluates the hypotheses on
 held-out validation users after every round (each validation user takes the
 hypothesis with its lowest mean loss) and stops after `patience` rounds without
-improvement, keeping the best hypotheses. At the end every training user takes its
+improvement, keeping the best hypotheses. Losses are the model's batch objective
+(RMSE for Galli et al.'s experiment, eq. 10). At the end every training user takes its
 lowest-loss hypothesis on its training data and is evaluated on its test data.
 """
 
@@ -16,6 +17,7 @@ import time
 from typing import Callable, Optional
 
 import numpy as np
+import tensorflow as tf
 
 from tff_silo import runtime
 from tff_silo.algorithms.dprivate_clustering import DPrivateClusteringProcess
@@ -55,9 +57,14 @@ class DPrivateResult:
   wall_seconds: float
 
 
-def _loss_table(losses: SiloEvaluator, hypotheses, xs, ys) -> np.ndarray:
-  """Mean loss of every (hypothesis, user) pair, shape [k, users]."""
-  return np.array([losses([h] * len(ys), xs, ys)[1] for h in hypotheses])
+def _loss_table_fn(model, feature_shape):
+  """`(hypotheses, xs, ys) -> [k, users]` of the model's batch objective F_c."""
+  signature = ([tf.TensorSpec(s, tf.float32) for s in model.weight_shapes],
+               tf.TensorSpec([None, *feature_shape], tf.float32),
+               tf.TensorSpec([None], tf.float32))
+  batch_loss = tf.function(model.batch_loss, input_signature=signature)
+  return lambda hypotheses, xs, ys: np.array(
+      [[float(batch_loss(list(h), x, y)) for x, y in zip(xs, ys)] for h in hypotheses])
 
 
 def _check(process, data, rounds, clients_per_round, leakage_cap, patience, validation):
@@ -115,8 +122,7 @@ def run_dprivate_clustering(process: DPrivateClusteringProcess, data: SiloData, 
   participations = np.zeros(data.num_silos, np.int64)
   inputs = [SiloInput(x, y, np.float32(0.0), np.array([seed, k], np.int32))
             for k, (x, y) in enumerate(zip(data.x_train, data.y_train))]
-  losses = SiloEvaluator(process.model, data.feature_shape,
-                         values_fn=process.model.per_example_loss)
+  loss_table = _loss_table_fn(process.model, data.feature_shape)
   if validation is not None:
     val_x = [np.concatenate([a, b]) for a, b in zip(validation.x_train, validation.x_test)]
     val_y = [np.concatenate([a, b]) for a, b in zip(validation.y_train, validation.y_test)]
@@ -141,8 +147,7 @@ def run_dprivate_clustering(process: DPrivateClusteringProcess, data: SiloData, 
         stopped_because = "leakage_cap"  # every user would decline from now on
       round_seconds.append(time.perf_counter() - t0)
       if validation is not None:
-        table = _loss_table(losses, state.hypotheses, val_x, val_y)
-        loss = float(np.mean(table.min(axis=0)))
+        loss = float(np.mean(loss_table(state.hypotheses, val_x, val_y).min(axis=0)))
         history.append((r, loss))
         if loss < best_loss:
           best_state, best_loss, best_round = state, loss, r
@@ -158,7 +163,7 @@ def run_dprivate_clustering(process: DPrivateClusteringProcess, data: SiloData, 
   finally:
     runtime.stop_tff_workers()
   hypotheses = tuple(tuple(np.asarray(w) for w in h) for h in best_state.hypotheses)
-  assignments = _loss_table(losses, hypotheses, data.x_train, data.y_train).argmin(axis=0)
+  assignments = loss_table(hypotheses, data.x_train, data.y_train).argmin(axis=0)
   chosen = [hypotheses[j] for j in assignments]
   evaluator = SiloEvaluator(process.model, data.feature_shape)
   train, silo_train = evaluator(chosen, data.x_train, data.y_train)

@@ -92,18 +92,16 @@ class SimulationResult:
 
 
 class SiloEvaluator:
-  """Per-silo means of a per-example quantity (default: the model's metric, else e.g.
-  `model.per_example_loss`), with one traced TF function for all silos."""
+  """Per-silo metric means with one traced TF function for all silos."""
 
-  def __init__(self, model, feature_shape, values_fn=None):
-    values_fn = model.metric_values if values_fn is None else values_fn
+  def __init__(self, model, feature_shape):
     signature = ([tf.TensorSpec(s, tf.float32) for s in model.weight_shapes],
                  tf.TensorSpec([None, *feature_shape], tf.float32),
                  tf.TensorSpec([None], tf.float32))
 
     @tf.function(input_signature=signature)
     def metric_sum(weights, x, y):
-      return tf.reduce_sum(values_fn(weights, x, y))
+      return tf.reduce_sum(model.metric_values(weights, x, y))
 
     self._metric_sum = metric_sum
 

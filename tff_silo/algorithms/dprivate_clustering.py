@@ -3,7 +3,7 @@ learning", Algorithm 1) as a TFF iterative process.
 
 Each round the driver samples U users (`run_dprivate_clustering`). The server
 broadcasts the k hypotheses; each sampled user picks the hypothesis with the lowest
-mean loss on its data, trains it for E local epochs (SGD), sanitizes the update per
+loss on its data (the model's batch objective, e.g. RMSE), trains it for E local epochs (SGD), sanitizes the update per
 layer with the Euclidean Laplace mechanism (Algorithm 2, `sanitize_update`) and
 sends the full sanitized model: no cluster index and no sample count. The server runs
 k-means on the sanitized models, initialized at the current hypotheses, and each
@@ -65,9 +65,8 @@ class DPrivateClusteringProcess(tff.templates.IterativeProcess):
 
 
 def lowest_loss_hypothesis(model, hypotheses, x, y):
-  """Index of the hypothesis with the lowest mean loss on (x, y) (Algorithm 1)."""
-  losses = tf.stack([tf.reduce_mean(model.per_example_loss(list(h), x, y))
-                     for h in hypotheses])
+  """Index of the hypothesis with the lowest loss F_c on (x, y) (Algorithm 1)."""
+  losses = tf.stack([model.batch_loss(list(h), x, y) for h in hypotheses])
   return tf.argmin(losses, output_type=tf.int32)
 
 

@@ -106,6 +106,10 @@ def train_locally(model, config: LocalTrainingConfig, weights, anchor, lam, x, y
     noise_multiplier: float32 scalar z (the silo's own calibration; unused without DP).
     seed: int32[2] stateless seed for this silo and round.
   """
+  if config.private and model.batch_reduction is not None:
+    raise ValueError(f"{model.name} trains an objective that is not a mean over "
+                     "examples; DP-SGD needs per-example losses (train it without "
+                     "l2_norm_clip)")
   weights = [tf.identity(w) for w in weights]
   n = tf.shape(y)[0]
   batch = tf.minimum(tf.constant(config.batch_size), n)
@@ -131,7 +135,7 @@ def train_locally(model, config: LocalTrainingConfig, weights, anchor, lam, x, y
     if not config.private:
       with tf.GradientTape() as tape:
         tape.watch(w)
-        loss = tf.reduce_mean(model.per_example_loss(w, xb, yb))
+        loss = model.batch_loss(w, xb, yb)
       return [g + p for g, p in zip(tape.gradient(loss, w), penalty)]
     per_example = tf.cond(
         tf.size(idx) > 0,

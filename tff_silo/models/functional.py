@@ -33,6 +33,9 @@ class SiloModel:
     per_example_gradients_fn: optional `(weights, x, y) -> per-example gradients`
       (one tensor per weight, leading axis the examples), a faster closed form of
       what DP-SGD otherwise computes with `tf.vectorized_map`.
+    batch_reduction: optional `per-example losses [n] -> objective` replacing the
+      mean (Galli et al.'s RMSE, eq. 10). Such an objective is not a sum over
+      examples, so DP-SGD cannot train it.
   """
 
   name: str
@@ -43,6 +46,7 @@ class SiloModel:
   metric: str
   predict_fn: Callable = lambda outputs: outputs
   per_example_gradients_fn: Optional[Callable] = None
+  batch_reduction: Optional[Callable] = None
 
   def __post_init__(self):
     if self.metric not in METRICS:
@@ -58,6 +62,13 @@ class SiloModel:
   def per_example_loss(self, weights, x, y):
     return self.loss_fn(self.apply_fn(weights, x), y)
 
+  def batch_loss(self, weights, x, y):
+    """The training objective on a batch: the mean per-example loss by default."""
+    losses = self.per_example_loss(weights, x, y)
+    if self.batch_reduction is None:
+      return tf.reduce_mean(losses)
+    return self.batch_reduction(losses)
+
   def metric_values(self, weights, x, y):
     """Per-example squared error (`mse`) or correctness in {0, 1} (`accuracy`)."""
     outputs = self.apply_fn(weights, x)
@@ -68,6 +79,15 @@ class SiloModel:
 
 def squared_loss(outputs, y):
   return 0.5 * tf.square(outputs - y)
+
+
+def squared_error(outputs, y):
+  return tf.square(outputs - y)
+
+
+def root_mean(losses):
+  """sqrt(mean(losses)): with `squared_error`, the RMSE of Galli et al. eq. 10."""
+  return tf.sqrt(tf.reduce_mean(losses) + 1e-12)
 
 
 def hinge_loss(outputs, y):

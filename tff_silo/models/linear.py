@@ -1,6 +1,7 @@
 """Linear models of the paper (thesis app. B.1): regression for School, linear SVMs
 for Vehicle and GLEAM, and logistic regression. Weights (w [d], b []) start at zero,
-as in the paper's code; `bias=False` drops b (Galli et al.'s y = x^T theta)."""
+as in the paper's code; `bias=False` drops b and `objective="rmse"` trains the root
+mean squared error (Galli et al.'s y = x^T theta and eq. 10)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,8 @@ import tensorflow as tf
 from tff_silo.models import functional as F
 
 
-def _linear(name, dim, loss_fn, metric, predict_fn=lambda o: o, bias=True):
+def _linear(name, dim, loss_fn, metric, predict_fn=lambda o: o, bias=True,
+            batch_reduction=None):
   if dim < 1:
     raise ValueError(f"input dimension must be >= 1, got {dim}")
   shapes = ((dim,), ()) if bias else ((dim,),)
@@ -36,10 +38,22 @@ def _linear(name, dim, loss_fn, metric, predict_fn=lambda o: o, bias=True):
   return F.SiloModel(name=name, weight_shapes=shapes, init_fn=init_fn,
                      apply_fn=apply_fn, loss_fn=loss_fn, metric=metric,
                      predict_fn=predict_fn,
-                     per_example_gradients_fn=per_example_gradients_fn)
+                     per_example_gradients_fn=per_example_gradients_fn,
+                     batch_reduction=batch_reduction)
 
 
-def linear_regression(dim: int, *, bias: bool = True) -> F.SiloModel:
+REGRESSION_OBJECTIVES = ("squared", "rmse")
+
+
+def linear_regression(dim: int, *, bias: bool = True,
+                      objective: str = "squared") -> F.SiloModel:
+  """`squared`: mean of 0.5 * err^2 (the thesis); `rmse`: sqrt(mean(err^2)) (Galli
+  et al. eq. 10; trains without DP only)."""
+  if objective not in REGRESSION_OBJECTIVES:
+    raise ValueError(f"objective must be one of {REGRESSION_OBJECTIVES}, got {objective!r}")
+  if objective == "rmse":
+    return _linear("linear_regression_rmse", dim, F.squared_error, "mse", bias=bias,
+                   batch_reduction=F.root_mean)
   return _linear("linear_regression", dim, F.squared_loss, "mse", bias=bias)
 
 

@@ -286,14 +286,15 @@ def _clustering_columns(result, silos):
   from tff_silo.dprivate_simulation import DPrivateResult
   assigned = (result.assignments if isinstance(result, DPrivateResult)
               else result.clusters)
+  if assigned is None:   # not a clustering method
+    return {}
   columns = dict(ari=(float(adjusted_rand_score(silos.groups, assigned))
-                      if assigned is not None and silos.groups is not None else None))
+                      if silos.groups is not None else None))
   if not isinstance(result, DPrivateResult):
     privacy = result.privacy
-    if result.clusters is not None:
-      columns.update(
-          num_selections=privacy.num_selections if privacy else None,
-          selection_epsilon=float(np.max(privacy.selection_epsilon)) if privacy else None)
+    columns.update(
+        num_selections=privacy.num_selections if privacy else None,
+        selection_epsilon=float(np.max(privacy.selection_epsilon)) if privacy else None)
     return columns
   losses = [loss for _, loss in result.history]
   small = sum(w.size for w in result.hypotheses[0]) <= 16

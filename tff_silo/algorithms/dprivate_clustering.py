@@ -29,7 +29,7 @@ import numpy as np
 import tensorflow as tf
 import tensorflow_federated as tff
 
-from tff_silo.algorithms.ifca import initial_cluster_models
+from tff_silo.algorithms.ifca import initial_cluster_models, select_model
 from tff_silo.algorithms.local_training import LocalTrainingConfig, train_locally
 from tff_silo.algorithms.process import silo_input_type, weights_type
 from tff_silo.privacy.d_privacy import sanitize_update
@@ -105,11 +105,7 @@ def build_dprivate_clustering_process(
   w_type = weights_type(model)
   data_type = silo_input_type(feature_shape)
   hyp_type = tff.StructWithPythonType([w_type] * k, tuple)
-  initial = initial_cluster_models(model, k, init_seed, init_std)
-
-  @tff.tensorflow.computation
-  def initial_hypotheses():
-    return tuple(tuple(tf.constant(w) for w in h) for h in initial)
+  initial_hypotheses = initial_cluster_models(model, k, init_seed, init_std)
 
   @tff.federated_computation
   def initialize_fn():
@@ -123,8 +119,7 @@ def build_dprivate_clustering_process(
     hypotheses, round_num = broadcast
     seed = tf.random.experimental.stateless_fold_in(data.seed, round_num)
     j = lowest_loss_hypothesis(model, hypotheses, data.x, data.y)
-    start = [tf.gather(tf.stack([h[i] for h in hypotheses]), j)
-             for i in range(len(model.weight_shapes))]
+    start = select_model(hypotheses, j)
     new = train_locally(model, config, start, start, 0.0, data.x, data.y, 0.0,
                         tf.random.experimental.stateless_fold_in(seed, 0))
     if nu is None:

@@ -116,12 +116,24 @@ class ClusteredProcess(SiloProcess):
 
 
 def initial_cluster_models(model, num_clusters: int, init_seed: int, init_std: float):
-  """Model g: the model's initialization for seed init_seed + g plus N(0, std^2)."""
+  """A TF computation of the G initial models: model g is the model's initialization
+  for seed init_seed + g plus N(0, std^2) noise."""
   rng = np.random.default_rng(init_seed)
-  return tuple(
+  initial = tuple(
       tuple((w + init_std * rng.standard_normal(w.shape)).astype(np.float32)
             for w in model.initial_weights(init_seed + g))
       for g in range(num_clusters))
+
+  @tff.tensorflow.computation
+  def initial_models():
+    return tuple(tuple(tf.constant(w) for w in m) for m in initial)
+
+  return initial_models
+
+
+def select_model(models, index):
+  """Model `index` (an int32 tensor) of a tuple of models, as a list of tensors."""
+  return [tf.gather(tf.stack(layer), index) for layer in zip(*models)]
 
 
 def build_clustered_process(model, feature_shape, config: LocalTrainingConfig, *,
@@ -175,11 +187,8 @@ def build_clustered_process(model, feature_shape, config: LocalTrainingConfig, *
   clusters_type = tff.StructWithPythonType([w_type] * num_clusters, tuple)
   client_state_type = tff.StructWithPythonType(
       [("personal", w_type), ("cluster", tff.TensorType(np.int32))], ClusterClientState)
-  initial = initial_cluster_models(model, num_clusters, init_seed, cluster_init_std)
-
-  @tff.tensorflow.computation
-  def initial_clusters():
-    return tuple(tuple(tf.constant(w) for w in c) for c in initial)
+  initial_clusters = initial_cluster_models(model, num_clusters, init_seed,
+                                            cluster_init_std)
 
   @tff.federated_computation
   def initialize_fn():
@@ -213,8 +222,7 @@ def build_clustered_process(model, feature_shape, config: LocalTrainingConfig, *
 
     selecting = round_num < selection_rounds
     cluster = tf.cond(selecting, select, lambda: client_state.cluster)
-    center = [tf.gather(tf.stack([c[i] for c in clusters]), cluster)
-              for i in range(len(model.weight_shapes))]
+    center = select_model(clusters, cluster)
     personal = list(client_state.personal)
     if after == "fedavg":
       train_center = tf.constant(True)

@@ -17,6 +17,8 @@ Batching (DESIGN.md sec. 6):
   (the last partial batch dropped, as in the paper's code). Accounting it with
   Poisson-sampling RDP is an approximation.
 A silo with n < B uses full batches (q = 1). Steps per epoch: max(1, floor(n / B)).
+`steps` replaces the epoch count by a fixed number of SGD steps (HyperNetFL's K local
+steps, Nemala et al. Algorithm 1, lines 9-11); shuffled epochs follow one another.
 
 Randomness comes from stateless ops keyed by `seed` (int32[2]) and the step index.
 """
@@ -42,6 +44,7 @@ class LocalTrainingConfig:
     epochs: local epochs per call.
     l2_norm_clip: per-example clip C; None trains without DP.
     sampling: `poisson` or `shuffle` (see module docstring).
+    steps: if set, run exactly this many steps per call instead of `epochs` epochs.
   """
 
   learning_rate: float
@@ -49,6 +52,7 @@ class LocalTrainingConfig:
   epochs: int = 1
   l2_norm_clip: float | None = None
   sampling: str = "poisson"
+  steps: int | None = None
 
   def __post_init__(self):
     if not self.learning_rate > 0:
@@ -59,6 +63,8 @@ class LocalTrainingConfig:
       raise ValueError(f"local epochs must be a positive integer, got {self.epochs}")
     if self.l2_norm_clip is not None and not self.l2_norm_clip > 0:
       raise ValueError(f"l2_norm_clip must be positive or None, got {self.l2_norm_clip}")
+    if self.steps is not None and (int(self.steps) != self.steps or self.steps < 1):
+      raise ValueError(f"local steps must be a positive integer or None, got {self.steps}")
     if self.sampling not in SAMPLING_MODES:
       raise ValueError(f"sampling must be one of {SAMPLING_MODES}, got {self.sampling!r}")
 
@@ -95,7 +101,8 @@ def _per_example_gradients(model, weights, x, y):
 
 def train_locally(model, config: LocalTrainingConfig, weights, anchor, lam, x, y,
                   noise_multiplier, seed):
-  """Runs `config.epochs` epochs of (DP-)SGD; returns the new weights (a list).
+  """Runs `config.epochs` epochs (or `config.steps` steps) of (DP-)SGD; returns the
+  new weights (a list).
 
   Args:
     model: a `SiloModel`.
@@ -114,7 +121,8 @@ def train_locally(model, config: LocalTrainingConfig, weights, anchor, lam, x, y
   n = tf.shape(y)[0]
   batch = tf.minimum(tf.constant(config.batch_size), n)
   per_epoch = tf.maximum(1, n // batch)
-  total_steps = per_epoch * config.epochs
+  total_steps = (per_epoch * config.epochs if config.steps is None
+                 else tf.constant(config.steps))
   expected_batch = tf.cast(batch, tf.float32)
   lr = tf.constant(config.learning_rate, tf.float32)
 

@@ -31,6 +31,13 @@ def silo_mask(image_size: int, patch_size: int, probability: float,
   return mask
 
 
+def digits_images():
+  """(x [1797, 8, 8, 1] in [0, 1], y [1797] int): scikit-learn's digits, offline."""
+  digits = load_digits()
+  x = (digits.images.astype(np.float32) / DIGITS_MAX_PIXEL)[..., None]
+  return x, digits.target.astype(np.int64)
+
+
 def load_rotated_masked_digits(*, num_silos: int = 40, mask_probability: float = 0.1,
                                patch_size: int = 2, test_fraction: float = 0.2,
                                seed: int = 0) -> SiloData:
@@ -41,9 +48,8 @@ def load_rotated_masked_digits(*, num_silos: int = 40, mask_probability: float =
     raise ValueError(f"mask_probability must be in [0, 1], got {mask_probability}")
   if patch_size < 1:
     raise ValueError(f"patch_size must be >= 1, got {patch_size}")
-  digits = load_digits()
-  images = digits.images.astype(np.float32) / DIGITS_MAX_PIXEL
-  labels = digits.target.astype(np.float32)
+  images, labels = digits_images()
+  images, labels = images[..., 0], labels.astype(np.float32)
   if num_silos > len(labels) // 2:
     raise ValueError(f"num_silos must be at most {len(labels) // 2}, got {num_silos}")
   rng = np.random.default_rng(seed)

@@ -1,0 +1,129 @@
+"""The HyperNetFL driver: Poisson user sampling, rounds, evaluation, privacy spent.
+
+Every round each user takes part independently with probability q (stateless TF
+uniforms keyed by (seed, round)), as the sampled Gaussian mechanism's accounting
+assumes; a round in which nobody is sampled still runs, so the aggregator adds its
+noise. Each user is evaluated on its own test data with its generated model
+theta_u = h(phi, v_u) (no local fine-tuning, as in pFedHN).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+from typing import Callable, Optional
+
+import numpy as np
+import tensorflow as tf
+
+from hypernet.process import HypernetProcess, UserInput
+from tff_silo import runtime
+from tff_silo.data.silos import SiloData
+from tff_silo.simulation import SiloEvaluator
+
+_SAMPLING_STREAM = 1   # keeps user sampling apart from the users' local seeds
+
+
+@dataclasses.dataclass(frozen=True)
+class HypernetResult:
+  """What one run produced; accuracies are fractions in [0, 1]."""
+
+  rounds: int
+  test_accuracy: float             # pooled over all users' test examples
+  mean_user_accuracy: float        # mean over users of each user's test accuracy
+  user_test_accuracy: np.ndarray
+  train_accuracy: float
+  epsilon: float                   # user-level, at `delta`; inf without noise
+  delta: Optional[float]
+  sigma: float                     # noise std of the phi step (eq. 4)
+  users_per_round: np.ndarray
+  history: tuple                   # ((rounds_done, test_accuracy, mean_user_accuracy), ...)
+  round_seconds: np.ndarray
+  wall_seconds: float
+
+
+def sample_users(num_users: int, sampling_rate: float, seed: int, round_num: int):
+  """Ids of the users sampled in `round_num` (each with probability q)."""
+  key = tf.random.experimental.stateless_fold_in(
+      tf.constant([seed, _SAMPLING_STREAM], tf.int32), round_num)
+  draws = tf.random.stateless_uniform([num_users], seed=key).numpy()
+  return np.flatnonzero(draws < sampling_rate)
+
+
+class _Generator:
+  """theta_u = h(phi, v_u) for every user, one traced function."""
+
+  def __init__(self, hypernetwork):
+    signature = ([tf.TensorSpec(s, tf.float32) for s in hypernetwork.phi_shapes],
+                 tf.TensorSpec([hypernetwork.embedding_dim], tf.float32))
+    self._fn = tf.function(hypernetwork.generate, input_signature=signature)
+
+  def __call__(self, phi, embeddings):
+    phi = [tf.constant(p) for p in phi]
+    return [self._fn(phi, tf.constant(v)) for v in embeddings]
+
+
+def run_hypernet(process: HypernetProcess, data: SiloData, *, rounds: int,
+                 target_delta: Optional[float] = None, seed: int = 0,
+                 eval_every: int = 0,
+                 progress: Optional[Callable[[int, int, float], None]] = None
+                 ) -> HypernetResult:
+  """Trains `process` for `rounds` rounds on `data`'s users and evaluates them.
+
+  Args:
+    process: from `hypernet.build_hypernet_process`, built for `data`'s users.
+    data: one silo per user (`multiclass`), the hypernetwork's N users.
+    rounds: T.
+    target_delta: delta of the reported user-level epsilon; required with noise.
+    seed: seeds user sampling and the users' local batches.
+    eval_every: also evaluate every this many rounds (0: only at the end).
+    progress: called as `progress(rounds_done, rounds, seconds_so_far)` each round.
+  """
+  if int(rounds) != rounds or rounds < 1:
+    raise ValueError(f"rounds must be a positive integer, got {rounds}")
+  if eval_every < 0:
+    raise ValueError(f"eval_every must be >= 0, got {eval_every}")
+  settings, hn = process.settings, process.hypernetwork
+  if data.num_silos != hn.num_users:
+    raise ValueError(f"data has {data.num_silos} users, the process was built for "
+                     f"{hn.num_users}")
+  if settings.private and target_delta is None:
+    raise ValueError("the process adds noise: give target_delta for its epsilon")
+  start = time.perf_counter()
+  epsilon = (settings.epsilon(rounds, target_delta) if target_delta is not None
+             else math.inf)
+  weights = process.user_weights.astype(np.float32)
+  generator, evaluator = _Generator(hn), SiloEvaluator(hn.target, data.feature_shape)
+
+  def evaluate(state):
+    thetas = generator(state.phi, state.embeddings)
+    test, per_user = evaluator(thetas, data.x_test, data.y_test)
+    train, _ = evaluator(thetas, data.x_train, data.y_train)
+    return test, float(per_user.mean()), per_user, train
+
+  try:
+    state = process.initialize()
+    history, round_seconds, users_per_round = [], [], []
+    for r in range(rounds):
+      sampled = sample_users(hn.num_users, settings.sampling_rate, seed, r)
+      inputs = [UserInput(data.x_train[u], data.y_train[u], np.int32(u), weights[u],
+                          np.array([seed, r], np.int32)) for u in sampled]
+      t0 = time.perf_counter()
+      state, metrics = process.next(state, inputs)
+      round_seconds.append(time.perf_counter() - t0)
+      users_per_round.append(len(sampled))
+      if eval_every and (r + 1) % eval_every == 0 and r + 1 != rounds:
+        history.append((r + 1, *evaluate(state)[:2]))
+      if progress is not None:
+        progress(r + 1, rounds, time.perf_counter() - start)
+    test, mean_user, per_user, train = evaluate(state)
+    history.append((rounds, test, mean_user))
+  finally:
+    runtime.stop_tff_workers()
+  return HypernetResult(
+      rounds=rounds, test_accuracy=test, mean_user_accuracy=mean_user,
+      user_test_accuracy=per_user, train_accuracy=train, epsilon=epsilon,
+      delta=target_delta, sigma=float(getattr(process.aggregator, "sigma", math.nan)),
+      users_per_round=np.array(users_per_round), history=tuple(history),
+      round_seconds=np.array(round_seconds), wall_seconds=time.perf_counter() - start)

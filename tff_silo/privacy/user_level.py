@@ -1,0 +1,205 @@
+"""User-level DP weighted mean: UDP-Alg's server step as a `tff.aggregators` factory
+(Nemala, Lai, Phan, CIKM'23, Algorithm 1 lines 12-15, eq. 3, Lemma 3.1, eq. 4; the
+fixed-denominator estimator of McMahan et al., ICLR'18).
+
+Each sampled user's contribution Delta_u (any structure of float32 tensors) is clipped
+to global L2 norm S, weighted by w_u = min(|D_u| / w_hat, 1) (`user_weights`), summed
+and divided by q W, where W is the sum of w_u over all N users:
+
+    f = sum_{u in U_t} w_u clip(Delta_u, S) / (q W)                       (eq. 3)
+
+Adding or removing one user moves f by at most max(w) S / (q W) (Lemma 3.1), so
+Gaussian noise with standard deviation
+
+    sigma = z max(w) S / (q W)                                            (eq. 4)
+
+makes every round a Poisson-sampled Gaussian mechanism with noise multiplier z and
+sampling rate q; `accounting.epsilon_spent(z, q, T, delta)` composes T of them into the
+user-level (epsilon, delta) (Theorem 3.2).
+
+The guarantee assumes what the paper assumes: users are Poisson-sampled with
+probability q (the caller's job), W and max(w) are fixed before training and public,
+and every round adds the noise, also a round in which no user was sampled. Every
+weight is at most 1, so `max_weight=1` (the default) bounds the contribution of any
+user a neighbouring population could add; a smaller `max_weight` (the population's
+own maximum, as in the paper) only holds for neighbours whose weight does not exceed it.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import math
+from typing import Optional, Sequence
+
+import numpy as np
+import tensorflow as tf
+import tensorflow_federated as tff
+
+from tff_silo.privacy import accounting, dp_sgd
+
+
+def _check_weight_cap(weight_cap):
+  if weight_cap is not None and not (weight_cap > 0 and math.isfinite(weight_cap)):
+    raise ValueError(f"weight_cap (w_hat) must be a positive number or None, got "
+                     f"{weight_cap}")
+
+
+def user_weights(num_examples: Sequence[int],
+                 weight_cap: Optional[float] = None) -> np.ndarray:
+  """w_u = min(|D_u| / w_hat, 1) for every user (Algorithm 1, line 3); all 1 when
+  `weight_cap` is None.
+
+  Raises:
+    ValueError: `weight_cap` (w_hat) not positive, or a user with no examples.
+  """
+  _check_weight_cap(weight_cap)
+  sizes = np.asarray(num_examples, dtype=np.float64)
+  if sizes.ndim != 1 or len(sizes) == 0:
+    raise ValueError("num_examples must list the examples of at least one user")
+  empty = np.flatnonzero(sizes < 1)
+  if len(empty):
+    raise ValueError(f"user {int(empty[0])} has no training examples; every user "
+                     "needs at least one")
+  if weight_cap is None:
+    return np.ones_like(sizes)
+  return np.minimum(sizes / weight_cap, 1.0)
+
+
+def noise_stddev(noise_multiplier: float, l2_norm_clip: float, sampling_rate: float,
+                 total_weight: float, max_weight: float = 1.0) -> float:
+  """sigma = z * max(w) * S / (q W) (eq. 4)."""
+  return noise_multiplier * max_weight * l2_norm_clip / (sampling_rate * total_weight)
+
+
+def _check(l2_norm_clip, noise_multiplier, sampling_rate, total_weight, max_weight):
+  if l2_norm_clip is not None and not (l2_norm_clip > 0 and math.isfinite(l2_norm_clip)):
+    raise ValueError(f"l2_norm_clip (S) must be positive or None, got {l2_norm_clip}")
+  if not noise_multiplier >= 0 or not math.isfinite(noise_multiplier):
+    raise ValueError(f"noise_multiplier (z) must be >= 0, got {noise_multiplier}")
+  if noise_multiplier > 0 and l2_norm_clip is None:
+    raise ValueError("noise_multiplier > 0 needs l2_norm_clip: noise is calibrated to "
+                     "the clipped contribution")
+  if not 0.0 < sampling_rate <= 1.0:
+    raise ValueError(f"sampling_rate (q) must be in (0, 1], got {sampling_rate}")
+  if not total_weight > 0 or not math.isfinite(total_weight):
+    raise ValueError(f"total_weight (W) must be positive, got {total_weight}")
+  if not max_weight > 0 or not math.isfinite(max_weight):
+    raise ValueError(f"max_weight must be positive, got {max_weight}")
+
+
+class UserLevelDPMeanFactory(tff.aggregators.WeightedAggregationFactory):
+  """Clipped, weighted, noised mean of user contributions (eq. 3 and 4).
+
+  `l2_norm_clip=None` and `noise_multiplier=0` give the plain estimator
+  sum w_u Delta_u / (q W) (noiseless pFedHN). The noise of round t is drawn with
+  stateless Gaussian ops keyed by (`seed`, t). Measurements: `sigma` (public).
+  """
+
+  def __init__(self, *, l2_norm_clip: Optional[float], noise_multiplier: float,
+               sampling_rate: float, total_weight: float, max_weight: float = 1.0,
+               seed: int = 0):
+    _check(l2_norm_clip, noise_multiplier, sampling_rate, total_weight, max_weight)
+    self.l2_norm_clip = l2_norm_clip
+    self.noise_multiplier = float(noise_multiplier)
+    self.sampling_rate = float(sampling_rate)
+    self.total_weight = float(total_weight)
+    self.max_weight = float(max_weight)
+    self.seed = int(seed)
+
+  @property
+  def sigma(self) -> float:
+    if self.noise_multiplier == 0:
+      return 0.0
+    return noise_stddev(self.noise_multiplier, self.l2_norm_clip, self.sampling_rate,
+                        self.total_weight, self.max_weight)
+
+  def create(self, value_type, weight_type) -> tff.templates.AggregationProcess:
+    if not tff.types.is_structure_of_floats(value_type):
+      raise TypeError(f"values must be a structure of float tensors, got {value_type}")
+    if not (isinstance(weight_type, tff.TensorType) and weight_type.dtype == np.float32
+            and weight_type.shape == ()):
+      raise TypeError(f"weights must be float32 scalars, got {weight_type}")
+    clip, sigma = self.l2_norm_clip, self.sigma
+    normalizer = self.sampling_rate * self.total_weight
+    seed = self.seed
+
+    @tff.tensorflow.computation
+    def initial_round():
+      return tf.constant(0, tf.int32)
+
+    @tff.tensorflow.computation(value_type, weight_type)
+    def weigh(value, weight):
+      tensors = tf.nest.flatten(value)
+      if clip is not None:
+        tensors = [t[0] for t in dp_sgd.clip_per_example([t[None] for t in tensors], clip)]
+      return tf.nest.pack_sequence_as(value, [weight * t for t in tensors])
+
+    @tff.tensorflow.computation(np.int32, value_type)
+    def noised_mean(round_num, total):
+      tensors = tf.nest.flatten(total)
+      if sigma > 0:
+        noise_seed = tf.random.experimental.stateless_fold_in(
+            tf.constant([seed, 0], tf.int32), round_num)
+        noise = dp_sgd.gaussian_noise_like(tensors, sigma, noise_seed)
+        tensors = [t + n for t, n in zip(tensors, noise)]
+      mean = tf.nest.pack_sequence_as(total, [t / normalizer for t in tensors])
+      return mean, round_num + 1, tf.constant(sigma, tf.float32)
+
+    @tff.federated_computation
+    def init_fn():
+      return tff.federated_eval(initial_round, tff.SERVER)
+
+    @tff.federated_computation(init_fn.type_signature.result,
+                               tff.FederatedType(value_type, tff.CLIENTS),
+                               tff.FederatedType(weight_type, tff.CLIENTS))
+    def next_fn(state, value, weight):
+      total = tff.federated_sum(tff.federated_map(weigh, tff.federated_zip((value, weight))))
+      mean, new_state, stddev = tff.federated_map(
+          noised_mean, tff.federated_zip((state, total)))
+      return tff.templates.MeasuredProcessOutput(
+          state=new_state, result=mean,
+          measurements=tff.federated_zip(collections.OrderedDict(sigma=stddev)))
+
+    return tff.templates.AggregationProcess(init_fn, next_fn)
+
+
+@dataclasses.dataclass(frozen=True)
+class UserDPSettings:
+  """User sampling and user-level DP of one training run (Algorithm 1's inputs).
+
+  Attributes:
+    sampling_rate: q, each user's probability of taking part in a round.
+    l2_norm_clip: S, the clip of a user's contribution; None: no clipping.
+    noise_multiplier: z; 0 adds no noise (then there is no DP guarantee).
+    weight_cap: w_hat in w_u = min(|D_u| / w_hat, 1); None gives every user weight 1.
+  """
+
+  sampling_rate: float
+  l2_norm_clip: Optional[float] = None
+  noise_multiplier: float = 0.0
+  weight_cap: Optional[float] = None
+
+  def __post_init__(self):
+    _check(self.l2_norm_clip, self.noise_multiplier, self.sampling_rate, 1.0, 1.0)
+    _check_weight_cap(self.weight_cap)
+
+  @property
+  def private(self) -> bool:
+    return self.noise_multiplier > 0
+
+  def weights(self, num_examples: Sequence[int]) -> np.ndarray:
+    """Every user's w_u (all 1 without `weight_cap`)."""
+    return user_weights(num_examples, self.weight_cap)
+
+  def factory(self, num_examples: Sequence[int], seed: int = 0) -> UserLevelDPMeanFactory:
+    """The aggregator for a population with these per-user example counts."""
+    return UserLevelDPMeanFactory(
+        l2_norm_clip=self.l2_norm_clip, noise_multiplier=self.noise_multiplier,
+        sampling_rate=self.sampling_rate,
+        total_weight=float(self.weights(num_examples).sum()), seed=seed)
+
+  def epsilon(self, rounds: int, target_delta: float) -> float:
+    """User-level epsilon at `target_delta` after `rounds` rounds (inf without noise)."""
+    return accounting.epsilon_spent(self.noise_multiplier, self.sampling_rate, rounds,
+                                    target_delta)

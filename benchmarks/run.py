@@ -22,9 +22,10 @@ import json
 import sys
 import time
 
-from absl import app, flags
+from absl import flags
 
-from benchmarks import configs
+from benchmarks import common, configs
+from benchmarks.common import UsageError
 
 IFCA_ALGORITHMS = {"ifca": "fedavg", "ifca_fedavg": "fedavg", "ifca_local": "local",
                    "ifca_mrmtl": "mrmtl", "ifca_finetune": "finetune"}
@@ -81,18 +82,6 @@ flags.DEFINE_bool("resume", True, "Skip runs whose row (same settings, algorithm
                   "lambda and seed) is already in --output.")
 
 
-class UsageError(ValueError):
-  """A bad flag or input; reported as one line."""
-
-
-def _parse_numbers(values, kind, name):
-  try:
-    return [kind(v) for v in values]
-  except ValueError:
-    raise UsageError(f"--{name} must be a comma-separated list of {kind.__name__}s, "
-                     f"got {','.join(values)}") from None
-
-
 def _settings():
   """Validates the flags and fills the dataset's preset; raises UsageError."""
   if FLAGS.dataset not in DATASETS:
@@ -111,9 +100,9 @@ def _settings():
       lr=FLAGS.lr if FLAGS.lr is not None else preset.lr,
       delta=FLAGS.delta if FLAGS.delta is not None else preset.delta,
       epsilon=FLAGS.epsilon,
-      lams=(_parse_numbers(FLAGS.lam, float, "lam") if FLAGS.lam
+      lams=(common.parse_numbers(FLAGS.lam, float, "lam") if FLAGS.lam
             else [preset.lam]),
-      seeds=_parse_numbers(FLAGS.seeds, int, "seeds"))
+      seeds=common.parse_numbers(FLAGS.seeds, int, "seeds"))
   if s["epsilon"] is not None and not s["epsilon"] > 0:
     raise UsageError(f"--epsilon must be > 0 (or unset for no privacy); got {s['epsilon']}")
   if not 0 < s["delta"] < 1:
@@ -269,16 +258,6 @@ def _run_key(seed, algorithm, lam, s):
       sort_keys=True)
 
 
-def _done_keys(path):
-  import pandas as pd
-  if not (FLAGS.resume and os.path.isfile(path)):
-    return {}
-  old = pd.read_csv(path)
-  if "run_key" not in old.columns:
-    return {}
-  return {key: row for key, row in zip(old.run_key, old.to_dict("records"))}
-
-
 def _clustering_columns(result, silos):
   """ARI against the true clusters (where known), selection and leakage figures."""
   import numpy as np
@@ -338,19 +317,6 @@ def _row(result, seed, algorithm, lam, s, silos):
       finished=time.strftime("%Y-%m-%dT%H:%M:%S"))
 
 
-def _append(path, row):
-  """Appends a row; a file written with other columns is rewritten with their union."""
-  import pandas as pd
-  os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
-  new = pd.DataFrame([row])
-  if os.path.exists(path):
-    old_columns = list(pd.read_csv(path, nrows=0).columns)
-    if old_columns != list(new.columns):
-      pd.concat([pd.read_csv(path), new], ignore_index=True).to_csv(path, index=False)
-      return
-  new.to_csv(path, mode="a", header=not os.path.exists(path), index=False)
-
-
 def _print_table(rows):
   import pandas as pd
   from benchmarks import summarize
@@ -386,7 +352,7 @@ def main(argv):
   runtime.exit_cleanly_on_sigterm()
   rows = []
   runs = list(_runs(s))
-  done = _done_keys(FLAGS.output)
+  done = common.done_rows(FLAGS.output, FLAGS.resume)
   for i, (seed, algorithm, lam) in enumerate(runs, 1):
     key = _run_key(seed, algorithm, lam, s)
     if key in done:
@@ -412,18 +378,14 @@ def main(argv):
     except ValueError as e:  # a budget the selections alone exceed, too many clusters
       raise UsageError(str(e)) from None
     row = _row(result, seed, algorithm, lam, s, silos)
-    _append(FLAGS.output, row)
+    common.append_row(FLAGS.output, row)
     rows.append(row)
   _print_table(rows)
   print(f"rows appended to {FLAGS.output}")
 
 
 def run():
-  try:
-    app.run(main)
-  except UsageError as e:
-    print(f"error: {e}", file=sys.stderr)
-    sys.exit(2)
+  common.run_main(main)
 
 
 if __name__ == "__main__":

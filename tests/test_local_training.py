@@ -111,3 +111,18 @@ def test_cnn_per_example_gradients_run():
   out = train_locally(model, config, w, w, 0.0, x, y, 1.0, tf.constant([0, 1]))
   assert [o.shape for o in out] == [v.shape for v in w]
   assert all(np.all(np.isfinite(o.numpy())) for o in out)
+
+
+def test_fixed_step_count_continues_shuffled_epochs():
+  """`steps` runs exactly that many steps: with n = 8 and B = 4 an epoch is 2 steps."""
+  by_epochs = _run(LocalTrainingConfig(learning_rate=0.1, batch_size=4, epochs=2,
+                                       sampling="shuffle"))
+  by_steps = _run(LocalTrainingConfig(learning_rate=0.1, batch_size=4, steps=4,
+                                      sampling="shuffle"))
+  one_epoch = _run(LocalTrainingConfig(learning_rate=0.1, batch_size=4, steps=2,
+                                       sampling="shuffle"))
+  for a, b in zip(by_epochs, by_steps):
+    np.testing.assert_allclose(a, b, rtol=1e-6)
+  assert not np.allclose(one_epoch[0], by_steps[0])
+  with pytest.raises(ValueError, match="local steps must be a positive integer"):
+    LocalTrainingConfig(learning_rate=0.1, batch_size=4, steps=0)

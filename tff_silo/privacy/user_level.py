@@ -137,14 +137,14 @@ class UserLevelDPMeanFactory(tff.aggregators.WeightedAggregationFactory):
 
     @tff.tensorflow.computation(np.int32, value_type)
     def noised_mean(round_num, total):
-      tensors = tf.nest.flatten(total)
-      if sigma > 0:
+      tensors = [t / normalizer for t in tf.nest.flatten(total)]   # f, eq. 3
+      if sigma > 0:   # N(0, sigma^2 I) on f itself (line 15)
         noise_seed = tf.random.experimental.stateless_fold_in(
             tf.constant([seed, 0], tf.int32), round_num)
         noise = dp_sgd.gaussian_noise_like(tensors, sigma, noise_seed)
         tensors = [t + n for t, n in zip(tensors, noise)]
-      mean = tf.nest.pack_sequence_as(total, [t / normalizer for t in tensors])
-      return mean, round_num + 1, tf.constant(sigma, tf.float32)
+      return (tf.nest.pack_sequence_as(total, tensors), round_num + 1,
+              tf.constant(sigma, tf.float32))
 
     @tff.federated_computation
     def init_fn():

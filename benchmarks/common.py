@@ -1,0 +1,59 @@
+"""Helpers shared by the benchmark binaries: one-line usage errors, list flags, and
+the tidy CSV every binary appends to (one row per run, resumable by `run_key`)."""
+
+from __future__ import annotations
+
+import os
+import sys
+import warnings
+
+from absl import app
+
+
+class UsageError(ValueError):
+  """A bad flag or input; reported as one line."""
+
+
+def parse_numbers(values, kind, name):
+  """`values` (a list flag) as `kind`s; a UsageError naming `--name` otherwise."""
+  try:
+    return [kind(v) for v in values]
+  except ValueError:
+    raise UsageError(f"--{name} must be a comma-separated list of {kind.__name__}s, "
+                     f"got {','.join(values)}") from None
+
+
+def done_rows(path: str, resume: bool) -> dict:
+  """Rows already in `path`, keyed by their `run_key` (empty unless `resume`)."""
+  import pandas as pd
+  if not (resume and os.path.isfile(path)):
+    return {}
+  old = pd.read_csv(path)
+  if "run_key" not in old.columns:
+    return {}
+  return {key: row for key, row in zip(old.run_key, old.to_dict("records"))}
+
+
+def append_row(path: str, row: dict) -> None:
+  """Appends a row; a file written with other columns is rewritten with their union."""
+  import pandas as pd
+  os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+  new = pd.DataFrame([row])
+  if os.path.exists(path):
+    old_columns = list(pd.read_csv(path, nrows=0).columns)
+    if old_columns != list(new.columns):
+      with warnings.catch_warnings():   # all-NA columns of either side are fine here
+        warnings.simplefilter("ignore", FutureWarning)
+        union = pd.concat([pd.read_csv(path), new], ignore_index=True)
+      union.to_csv(path, index=False)
+      return
+  new.to_csv(path, mode="a", header=not os.path.exists(path), index=False)
+
+
+def run_main(main) -> None:
+  """`app.run(main)`, printing a UsageError as `error: ...` and exiting with 2."""
+  try:
+    app.run(main)
+  except UsageError as e:
+    print(f"error: {e}", file=sys.stderr)
+    sys.exit(2)

@@ -1,0 +1,295 @@
+"""HyperNetFL with user-level DP (UDP-Alg, Nemala et al. CIKM'23) against FedAvg.
+
+    python -m benchmarks.hypernet                   # digits: pFedHN vs FedAvg
+    python -m benchmarks.hypernet --algorithm=hypernet --l2_norm_clip=0.05,0.1,0.2 \
+        --noise_multiplier=5,10 --sampling_rate=0.05,0.1,0.2 --delta=1e-5
+
+Users are label-skewed partitions (`--classes_per_user` classes each, unequal sizes)
+of the offline digits, of CIFAR-10 (`--data_dir` holding cifar-10-batches-py) or the
+FEMNIST writers (`--cache_dir` holding TFF's emnist_all.sqlite). `hypernet` runs one
+process per (q, S, z) of the grid; `--noise_multiplier=0` without `--l2_norm_clip` is
+the noiseless pFedHN. `fedavg` trains one global model of the same target CNN on all
+users every round. One CSV row per run (accuracy per user, mean accuracy, user-level
+epsilon at --delta, wall time) is appended to --output; a table of means is printed.
+"""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+import itertools
+import json
+import math
+import sys
+import time
+
+from absl import flags
+
+from benchmarks import common
+from benchmarks.common import UsageError
+
+ALGORITHMS = ("hypernet", "fedavg")
+DATASETS = ("digits", "cifar10", "femnist")
+NUM_CLASSES = {"digits": 10, "cifar10": 10}
+
+FLAGS = flags.FLAGS
+flags.DEFINE_list("algorithm", ["hypernet", "fedavg"], f"Comma-separated, of {ALGORITHMS}.")
+flags.DEFINE_string("dataset", "digits", f"One of {DATASETS}.")
+flags.DEFINE_string("data_dir", None, "cifar10: folder holding cifar-10-batches-py.")
+flags.DEFINE_string("cache_dir", None, "femnist: folder holding emnist_all.sqlite.")
+flags.DEFINE_integer("num_users", 50, "Users N.")
+flags.DEFINE_integer("classes_per_user", 2, "digits/cifar10: classes of each user.")
+flags.DEFINE_list("sampling_rate", ["0.1"], "Comma-separated user sampling rates q.")
+flags.DEFINE_list("l2_norm_clip", [], "Comma-separated clips S of a user's "
+                  "contribution (empty: no clipping).")
+flags.DEFINE_list("noise_multiplier", ["0"], "Comma-separated noise multipliers z "
+                  "(0: no noise).")
+flags.DEFINE_float("weight_cap", None, "w_hat in w_u = min(|D_u| / w_hat, 1); unset: "
+                   "every w_u = 1.")
+flags.DEFINE_float("delta", 1e-5, "delta of the reported user-level epsilon.")
+flags.DEFINE_integer("rounds", 200, "Rounds T.")
+flags.DEFINE_integer("local_steps", 20, "K, local SGD steps per sampled user and round.")
+flags.DEFINE_integer("batch_size", 16, "Local mini-batch size.")
+flags.DEFINE_float("client_lr", 0.05, "eta, the users' SGD step size (FedAvg's too).")
+flags.DEFINE_float("hypernet_lr", 0.1, "lambda, the step size of phi.")
+flags.DEFINE_float("embedding_lr", 0.1, "zeta, the step size of the embeddings.")
+flags.DEFINE_integer("hidden_width", 100, "Width of the hypernetwork's hidden layers.")
+flags.DEFINE_integer("embedding_dim", None, "Embedding size (default 1 + N / 4).")
+flags.DEFINE_list("channels", ["16", "32"], "Target CNN: channels of the two convs.")
+flags.DEFINE_integer("dense", 64, "Target CNN: width of the hidden dense layer.")
+flags.DEFINE_integer("fedavg_local_epochs", 1, "FedAvg: local epochs per round.")
+flags.DEFINE_list("seeds", ["0"], "Comma-separated seeds (partition, init, sampling, noise).")
+flags.DEFINE_integer("eval_every", 0, "Also evaluate every this many rounds (0: end).")
+flags.DEFINE_string("output", "benchmarks/out/hypernet.csv", "CSV rows are appended to.")
+flags.DEFINE_bool("resume", True, "Skip runs whose row is already in --output.")
+FLAG_NAMES = ("algorithm", "dataset", "data_dir", "cache_dir", "num_users",
+              "classes_per_user", "sampling_rate", "l2_norm_clip", "noise_multiplier",
+              "weight_cap", "delta", "rounds", "local_steps", "batch_size", "client_lr",
+              "hypernet_lr", "embedding_lr", "hidden_width", "embedding_dim", "channels",
+              "dense", "fedavg_local_epochs", "seeds", "eval_every")
+
+
+def _settings():
+  """Validates the flags; returns the grid and the parsed lists; raises UsageError."""
+  if FLAGS.dataset not in DATASETS:
+    raise UsageError(f"--dataset must be one of {', '.join(DATASETS)}; got {FLAGS.dataset!r}")
+  unknown = [a for a in FLAGS.algorithm if a not in ALGORITHMS]
+  if unknown or not FLAGS.algorithm:
+    raise UsageError(f"--algorithm must be among {', '.join(ALGORITHMS)}; got "
+                     f"{','.join(FLAGS.algorithm)}")
+  if FLAGS.dataset == "cifar10" and FLAGS.data_dir and not os.path.isdir(FLAGS.data_dir):
+    raise UsageError(f"--data_dir {FLAGS.data_dir} is not a directory")
+  for name in ("num_users", "rounds", "local_steps", "batch_size", "hidden_width",
+               "dense", "fedavg_local_epochs", "classes_per_user"):
+    if FLAGS[name].value < 1:
+      raise UsageError(f"--{name} must be >= 1; got {FLAGS[name].value}")
+  for name in ("client_lr", "hypernet_lr", "embedding_lr"):
+    if not FLAGS[name].value > 0:
+      raise UsageError(f"--{name} must be > 0; got {FLAGS[name].value}")
+  if not 0.0 < FLAGS.delta < 1.0:
+    raise UsageError(f"--delta must be in (0, 1); got {FLAGS.delta}")
+  if FLAGS.eval_every < 0:
+    raise UsageError(f"--eval_every must be >= 0; got {FLAGS.eval_every}")
+  channels = common.parse_numbers(FLAGS.channels, int, "channels")
+  if len(channels) != 2 or min(channels) < 1:
+    raise UsageError(f"--channels must be two positive integers; got {FLAGS.channels}")
+  seeds = common.parse_numbers(FLAGS.seeds, int, "seeds")
+  if not seeds:
+    raise UsageError("--seeds must name at least one seed")
+  rates = common.parse_numbers(FLAGS.sampling_rate, float, "sampling_rate")
+  clips = common.parse_numbers(FLAGS.l2_norm_clip, float, "l2_norm_clip") or [None]
+  noises = common.parse_numbers(FLAGS.noise_multiplier, float, "noise_multiplier")
+  from tff_silo.privacy.user_level import UserDPSettings
+  grid = []
+  for q, clip, z in itertools.product(rates, clips, noises):
+    try:
+      grid.append(UserDPSettings(sampling_rate=q, l2_norm_clip=clip, noise_multiplier=z,
+                                 weight_cap=FLAGS.weight_cap))
+    except ValueError as e:
+      raise UsageError(str(e)) from None
+  return dict(seeds=seeds, grid=grid, channels=tuple(channels))
+
+
+def _users(seed):
+  from tff_silo import data
+  if FLAGS.dataset == "femnist":
+    return data.load_emnist_users(FLAGS.cache_dir, num_users=FLAGS.num_users, seed=seed)
+  if FLAGS.dataset == "cifar10":
+    import numpy as np
+    x_train, y_train, x_test, y_test = data.load_cifar10(FLAGS.data_dir)
+    x, y = np.concatenate([x_train, x_test]), np.concatenate([y_train, y_test])
+  else:
+    x, y = data.digits_images()
+  return data.label_skewed_silos(FLAGS.dataset, x, y, num_classes=NUM_CLASSES[FLAGS.dataset],
+                                 num_users=FLAGS.num_users,
+                                 classes_per_user=FLAGS.classes_per_user, seed=seed)
+
+
+def _target(users, s):
+  from tff_silo.models import small_cnn
+  return small_cnn(users.feature_shape, users.num_classes, channels=s["channels"],
+                   hidden=FLAGS.dense)
+
+
+def _run_hypernet(users, settings, seed, s, progress):
+  import hypernet
+  target = _target(users, s)
+  hn = hypernet.Hypernetwork(
+      target, users.num_silos,
+      FLAGS.embedding_dim or hypernet.default_embedding_dim(users.num_silos),
+      hidden_width=FLAGS.hidden_width)
+  process = hypernet.build_hypernet_process(
+      hn, users.feature_shape, users.train_sizes, settings,
+      client_learning_rate=FLAGS.client_lr, batch_size=FLAGS.batch_size,
+      local_steps=FLAGS.local_steps, hypernet_learning_rate=FLAGS.hypernet_lr,
+      embedding_learning_rate=FLAGS.embedding_lr, init_seed=seed, noise_seed=seed)
+  result = hypernet.run_hypernet(
+      process, users, rounds=FLAGS.rounds,
+      target_delta=FLAGS.delta if settings.private else None, seed=seed,
+      eval_every=FLAGS.eval_every, progress=progress)
+  return dict(test_accuracy=result.test_accuracy,
+              mean_user_accuracy=result.mean_user_accuracy,
+              user_accuracy=json.dumps([round(float(a), 4)
+                                        for a in result.user_test_accuracy]),
+              train_accuracy=result.train_accuracy, epsilon=result.epsilon,
+              sigma=result.sigma,
+              mean_users_per_round=float(result.users_per_round.mean()),
+              hypernet_parameters=hn.num_parameters,
+              history=json.dumps([[r, round(a, 4), round(m, 4)]
+                                  for r, a, m in result.history]),
+              wall_seconds=result.wall_seconds,
+              seconds_per_round_median=float(_median(result.round_seconds)))
+
+
+def _run_fedavg(users, seed, s, progress):
+  from tff_silo import algorithms, simulation
+  process = algorithms.build_fedavg_process(
+      _target(users, s), users.feature_shape, client_learning_rate=FLAGS.client_lr,
+      batch_size=FLAGS.batch_size, local_epochs=FLAGS.fedavg_local_epochs,
+      init_seed=seed)
+  result = simulation.run_simulation(process, users, rounds=FLAGS.rounds, seed=seed,
+                                     eval_every=FLAGS.eval_every, progress=progress)
+  return dict(test_accuracy=result.test_metric,
+              mean_user_accuracy=float(result.silo_test_metric.mean()),
+              user_accuracy=json.dumps([round(float(a), 4)
+                                        for a in result.silo_test_metric]),
+              train_accuracy=result.train_metric, epsilon=math.inf, sigma=0.0,
+              mean_users_per_round=float(users.num_silos),
+              history=json.dumps([[r, round(tr, 4), round(te, 4)]
+                                  for r, tr, te in result.history]),
+              wall_seconds=result.wall_seconds,
+              seconds_per_round_median=float(_median(result.round_seconds)))
+
+
+def _median(values):
+  import numpy as np
+  return np.median(values)
+
+
+def _runs(s):
+  for seed in s["seeds"]:
+    for algorithm in FLAGS.algorithm:
+      for settings in (s["grid"] if algorithm == "hypernet" else [None]):
+        yield seed, algorithm, settings
+
+
+def _privacy_columns(settings):
+  if settings is None:
+    return dict(sampling_rate=None, l2_norm_clip=None, noise_multiplier=None,
+                weight_cap=None)
+  return dict(sampling_rate=settings.sampling_rate, l2_norm_clip=settings.l2_norm_clip,
+              noise_multiplier=settings.noise_multiplier, weight_cap=settings.weight_cap)
+
+
+def _run_key(seed, algorithm, settings, s):
+  hypernet_only = dict(local_steps=FLAGS.local_steps, hypernet_lr=FLAGS.hypernet_lr,
+                       embedding_lr=FLAGS.embedding_lr, hidden_width=FLAGS.hidden_width,
+                       embedding_dim=FLAGS.embedding_dim)
+  return json.dumps(dict(
+      algorithm=algorithm, dataset=FLAGS.dataset, data_dir=FLAGS.data_dir,
+      cache_dir=FLAGS.cache_dir, num_users=FLAGS.num_users,
+      classes_per_user=FLAGS.classes_per_user, seed=seed, rounds=FLAGS.rounds,
+      batch_size=FLAGS.batch_size, client_lr=FLAGS.client_lr,
+      channels=list(s["channels"]), dense=FLAGS.dense,
+      delta=FLAGS.delta if settings is not None and settings.private else None,
+      **(hypernet_only if algorithm == "hypernet" else
+         dict(fedavg_local_epochs=FLAGS.fedavg_local_epochs)),
+      **_privacy_columns(settings)), sort_keys=True)
+
+
+def _row(seed, algorithm, settings, s, users, measured):
+  import tensorflow as tf
+  import tensorflow_federated as tff
+  return dict(
+      algorithm=algorithm, dataset=FLAGS.dataset, seed=seed, num_users=users.num_silos,
+      rounds=FLAGS.rounds, **_privacy_columns(settings),
+      delta=FLAGS.delta if settings is not None and settings.private else None,
+      local_steps=FLAGS.local_steps if algorithm == "hypernet" else None,
+      batch_size=FLAGS.batch_size, client_lr=FLAGS.client_lr,
+      hypernet_lr=FLAGS.hypernet_lr if algorithm == "hypernet" else None,
+      embedding_lr=FLAGS.embedding_lr if algorithm == "hypernet" else None,
+      **measured, tff_version=tff.__version__, tf_version=tf.__version__,
+      run_key=_run_key(seed, algorithm, settings, s),
+      flags=json.dumps({name: FLAGS[name].value for name in FLAG_NAMES}),
+      finished=time.strftime("%Y-%m-%dT%H:%M:%S"))
+
+
+def _print_table(rows):
+  import pandas as pd
+  df = pd.DataFrame(rows)
+  keys = ["algorithm", "sampling_rate", "l2_norm_clip", "noise_multiplier"]
+  table = df.fillna({k: "-" for k in keys[1:]}).groupby(keys, sort=False).agg(
+      seeds=("seed", "nunique"), epsilon=("epsilon", "max"),
+      test_accuracy=("test_accuracy", "mean"),
+      mean_user_accuracy=("mean_user_accuracy", "mean"),
+      wall_seconds=("wall_seconds", "mean")).reset_index()
+  print(f"\n{FLAGS.dataset}: {FLAGS.num_users} users, {FLAGS.rounds} rounds, "
+        f"epsilon at delta={FLAGS.delta}")
+  print(table.to_string(index=False, float_format=lambda v: f"{v:.4f}"))
+
+
+def main(argv):
+  if len(argv) > 1:
+    raise UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
+  s = _settings()
+  from tff_silo import runtime
+  runtime.exit_cleanly_on_sigterm()
+  rows, runs = [], list(_runs(s))
+  done = common.done_rows(FLAGS.output, FLAGS.resume)
+  users_by_seed = {}
+  for i, (seed, algorithm, settings) in enumerate(runs, 1):
+    tag = f"[{i}/{len(runs)}] {algorithm} seed={seed}" + (
+        "" if settings is None else f" q={settings.sampling_rate} "
+        f"S={settings.l2_norm_clip} z={settings.noise_multiplier}")
+    key = _run_key(seed, algorithm, settings, s)
+    if key in done:
+      print(f"{tag}: already in {FLAGS.output}, skipped (--noresume reruns it)",
+            file=sys.stderr)
+      rows.append(done[key])
+      continue
+    step = max(1, FLAGS.rounds // 10)
+
+    def progress(rounds_done, total, seconds, tag=tag):
+      if rounds_done % step == 0 or rounds_done == total:
+        print(f"{tag}: round {rounds_done}/{total} ({seconds:.1f} s)", file=sys.stderr,
+              flush=True)
+
+    try:
+      if seed not in users_by_seed:
+        users_by_seed[seed] = _users(seed)
+      users = users_by_seed[seed]
+      measured = (_run_hypernet(users, settings, seed, s, progress)
+                  if algorithm == "hypernet" else _run_fedavg(users, seed, s, progress))
+    except ValueError as e:   # includes DataError: a bad file or setting, not a bug
+      raise UsageError(str(e)) from None
+    row = _row(seed, algorithm, settings, s, users, measured)
+    common.append_row(FLAGS.output, row)
+    rows.append(row)
+  _print_table(rows)
+  print(f"rows appended to {FLAGS.output}")
+
+
+if __name__ == "__main__":
+  common.run_main(main)

@@ -1,0 +1,89 @@
+"""`python -m benchmarks.hypernet`: bad inputs end in one line; a tiny run writes one
+row per (algorithm, q, S, z) with the accounted user-level epsilon."""
+
+import json
+import math
+import os
+import subprocess
+import sys
+
+import pandas as pd
+import pytest
+from absl import flags
+from absl.testing import flagsaver
+
+from benchmarks import hypernet as bench
+from benchmarks.common import UsageError
+from tff_silo.privacy.user_level import UserDPSettings
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+FLAGS = flags.FLAGS
+
+
+def _run(*args):
+  return subprocess.run([sys.executable, "-m", "benchmarks.hypernet", *args], cwd=ROOT,
+                        capture_output=True, text=True, timeout=600,
+                        env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"})
+
+
+@pytest.fixture(autouse=True)
+def _parsed_flags():
+  if not FLAGS.is_parsed():
+    FLAGS.mark_as_parsed()
+
+
+@pytest.mark.parametrize("overrides, message", [
+    (dict(sampling_rate=["0"]), "sampling_rate (q) must be in (0, 1]"),
+    (dict(sampling_rate=["1.5"]), "sampling_rate (q) must be in (0, 1]"),
+    (dict(l2_norm_clip=["0"]), "l2_norm_clip (S) must be positive"),
+    (dict(l2_norm_clip=["0.1"], noise_multiplier=["-1"]),
+     "noise_multiplier (z) must be >= 0"),
+    (dict(noise_multiplier=["5"]), "needs l2_norm_clip"),
+    (dict(weight_cap=0.0), "weight_cap (w_hat) must be a positive"),
+    (dict(sampling_rate=["a"]), "--sampling_rate must be a comma-separated list"),
+    (dict(algorithm=["sgd"]), "--algorithm must be among"),
+    (dict(dataset="mnist"), "--dataset must be one of"),
+    (dict(rounds=0), "--rounds must be >= 1"),
+    (dict(channels=["4"]), "--channels must be two positive integers"),
+])
+def test_bad_flags_raise_usage_errors(overrides, message):
+  with flagsaver.flagsaver(**overrides):
+    with pytest.raises(UsageError) as error:
+      bench._settings()
+  assert message in str(error.value)
+
+
+def test_bad_input_ends_in_one_line():
+  done = _run("--sampling_rate=1.5")
+  assert done.returncode == 2
+  assert done.stderr.strip() == "error: sampling_rate (q) must be in (0, 1], got 1.5"
+
+
+def test_a_user_without_data_ends_in_one_line():
+  done = _run("--num_users=1000", "--algorithm=hypernet")
+  assert done.returncode == 2
+  lines = done.stderr.strip().splitlines()
+  assert len(lines) == 1 and "use fewer users" in lines[0]
+
+
+def test_tiny_grid_writes_rows_with_the_accounted_epsilon(tmp_path):
+  out = tmp_path / "hn.csv"
+  done = _run("--rounds=2", "--num_users=6", "--sampling_rate=0.5",
+              "--l2_norm_clip=0.1", "--noise_multiplier=0,2", "--channels=4,8",
+              "--dense=8", "--hidden_width=8", "--local_steps=2", f"--output={out}")
+  assert done.returncode == 0, done.stderr[-2000:]
+  rows = pd.read_csv(out)
+  assert list(rows.algorithm) == ["hypernet", "hypernet", "fedavg"]
+  noisy = rows[rows.noise_multiplier == 2].iloc[0]
+  expected = UserDPSettings(sampling_rate=0.5, l2_norm_clip=0.1,
+                            noise_multiplier=2.0).epsilon(2, 1e-5)
+  assert noisy.epsilon == pytest.approx(expected, rel=1e-9)
+  assert noisy.sigma == pytest.approx(2.0 * 0.1 / (0.5 * 6), rel=1e-6)
+  assert math.isinf(rows.epsilon[0]) and math.isinf(rows.epsilon[2])
+  assert len(json.loads(noisy.user_accuracy)) == 6
+  assert "test_accuracy" in done.stdout and "rows appended" in done.stdout
+  again = _run("--rounds=2", "--num_users=6", "--sampling_rate=0.5",
+               "--l2_norm_clip=0.1", "--noise_multiplier=0,2", "--channels=4,8",
+               "--dense=8", "--hidden_width=8", "--local_steps=2", f"--output={out}")
+  assert again.returncode == 0 and "skipped" in again.stderr
+  assert len(pd.read_csv(out)) == 3

@@ -10,7 +10,8 @@ FEMNIST writers (`--cache_dir` holding TFF's emnist_all.sqlite). `hypernet` runs
 process per (q, S, z) of the grid; `--noise_multiplier=0` without `--l2_norm_clip` is
 the noiseless pFedHN. `fedavg` trains one global model of the same target CNN on all
 users every round. One CSV row per run (accuracy per user, mean accuracy, user-level
-epsilon at --delta, wall time) is appended to --output; a table of means is printed.
+epsilon at --delta, wall time; `history` lists [round, pooled test accuracy] every
+--eval_every rounds) is appended to --output; a table of means is printed.
 """
 
 from __future__ import annotations
@@ -64,11 +65,13 @@ flags.DEFINE_list("seeds", ["0"], "Comma-separated seeds (partition, init, sampl
 flags.DEFINE_integer("eval_every", 0, "Also evaluate every this many rounds (0: end).")
 flags.DEFINE_string("output", "benchmarks/out/hypernet.csv", "CSV rows are appended to.")
 flags.DEFINE_bool("resume", True, "Skip runs whose row is already in --output.")
+flags.DEFINE_string("plot", None, "Also write a PNG of mean user accuracy against "
+                    "epsilon for this command's runs here.")
 FLAG_NAMES = ("algorithm", "dataset", "data_dir", "cache_dir", "num_users",
               "classes_per_user", "sampling_rate", "l2_norm_clip", "noise_multiplier",
               "weight_cap", "delta", "rounds", "local_steps", "batch_size", "client_lr",
               "hypernet_lr", "embedding_lr", "hidden_width", "embedding_dim", "channels",
-              "dense", "fedavg_local_epochs", "seeds", "eval_every")
+              "dense", "fedavg_local_epochs", "seeds", "eval_every", "plot")
 
 
 def _settings():
@@ -157,8 +160,7 @@ def _run_hypernet(users, settings, seed, s, progress):
               sigma=result.sigma,
               mean_users_per_round=float(result.users_per_round.mean()),
               hypernet_parameters=hn.num_parameters,
-              history=json.dumps([[r, round(a, 4), round(m, 4)]
-                                  for r, a, m in result.history]),
+              history=json.dumps([[r, round(a, 4)] for r, a, _ in result.history]),
               wall_seconds=result.wall_seconds,
               seconds_per_round_median=float(_median(result.round_seconds)))
 
@@ -177,8 +179,7 @@ def _run_fedavg(users, seed, s, progress):
                                         for a in result.silo_test_metric]),
               train_accuracy=result.train_metric, epsilon=math.inf, sigma=0.0,
               mean_users_per_round=float(users.num_silos),
-              history=json.dumps([[r, round(tr, 4), round(te, 4)]
-                                  for r, tr, te in result.history]),
+              history=json.dumps([[r, round(te, 4)] for r, _, te in result.history]),
               wall_seconds=result.wall_seconds,
               seconds_per_round_median=float(_median(result.round_seconds)))
 
@@ -227,6 +228,7 @@ def _row(seed, algorithm, settings, s, users, measured):
       rounds=FLAGS.rounds, **_privacy_columns(settings),
       delta=FLAGS.delta if settings is not None and settings.private else None,
       local_steps=FLAGS.local_steps if algorithm == "hypernet" else None,
+      local_epochs=FLAGS.fedavg_local_epochs if algorithm == "fedavg" else None,
       batch_size=FLAGS.batch_size, client_lr=FLAGS.client_lr,
       hypernet_lr=FLAGS.hypernet_lr if algorithm == "hypernet" else None,
       embedding_lr=FLAGS.embedding_lr if algorithm == "hypernet" else None,
@@ -248,6 +250,36 @@ def _print_table(rows):
   print(f"\n{FLAGS.dataset}: {FLAGS.num_users} users, {FLAGS.rounds} rounds, "
         f"epsilon at delta={FLAGS.delta}")
   print(table.to_string(index=False, float_format=lambda v: f"{v:.4f}"))
+
+
+def _plot(rows, path):
+  """Mean user accuracy against epsilon: colour S, marker z; non-private runs dashed."""
+  import matplotlib
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt
+  import numpy as np
+  import pandas as pd
+  import seaborn as sns
+  df = pd.DataFrame(rows)
+  private = df[np.isfinite(df.epsilon)]
+  fig, ax = plt.subplots(figsize=(6.5, 4.2))
+  if len(private):
+    sns.scatterplot(data=private.assign(S=private.l2_norm_clip.astype(str),
+                                        z=private.noise_multiplier.astype(str),
+                                        q=private.sampling_rate),
+                    x="epsilon", y="mean_user_accuracy", hue="S", style="z", size="q",
+                    sizes=(30, 120), ax=ax)
+    ax.set_xscale("log")
+  for i, (label, part) in enumerate(df[~np.isfinite(df.epsilon)].groupby(
+      ["algorithm", "sampling_rate", "l2_norm_clip"], dropna=False, sort=False)):
+    ax.axhline(part.mean_user_accuracy.mean(), ls="--", color=f"C{i + 3}",
+               label=f"{label[0]} (no noise, q={label[1]}, S={label[2]})")
+  ax.set_xlabel(f"user-level epsilon at delta={FLAGS.delta:g}")
+  ax.set_ylabel("mean accuracy over users")
+  ax.legend(fontsize=7, loc="best")
+  fig.tight_layout()
+  os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+  fig.savefig(path, dpi=120)
 
 
 def main(argv):
@@ -289,6 +321,9 @@ def main(argv):
     rows.append(row)
   _print_table(rows)
   print(f"rows appended to {FLAGS.output}")
+  if FLAGS.plot:
+    _plot(rows, FLAGS.plot)
+    print(f"plot written to {FLAGS.plot}")
 
 
 if __name__ == "__main__":

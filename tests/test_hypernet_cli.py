@@ -70,8 +70,10 @@ def test_tiny_grid_writes_rows_with_the_accounted_epsilon(tmp_path):
   out = tmp_path / "hn.csv"
   done = _run("--rounds=2", "--num_users=6", "--sampling_rate=0.5",
               "--l2_norm_clip=0.1", "--noise_multiplier=0,2", "--channels=4,8",
-              "--dense=8", "--hidden_width=8", "--local_steps=2", f"--output={out}")
+              "--dense=8", "--hidden_width=8", "--local_steps=2", f"--output={out}",
+              f"--plot={tmp_path / 'grid.png'}")
   assert done.returncode == 0, done.stderr[-2000:]
+  assert (tmp_path / "grid.png").stat().st_size > 0
   rows = pd.read_csv(out)
   assert list(rows.algorithm) == ["hypernet", "hypernet", "fedavg"]
   noisy = rows[rows.noise_multiplier == 2].iloc[0]

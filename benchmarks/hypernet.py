@@ -28,7 +28,7 @@ import time
 
 from absl import flags
 
-from benchmarks import common
+from benchmarks import common, summarize  # noqa: F401  (summarize defines --plot)
 from benchmarks.common import UsageError
 
 ALGORITHMS = ("hypernet", "fedavg")
@@ -65,8 +65,8 @@ flags.DEFINE_list("seeds", ["0"], "Comma-separated seeds (partition, init, sampl
 flags.DEFINE_integer("eval_every", 0, "Also evaluate every this many rounds (0: end).")
 flags.DEFINE_string("output", "benchmarks/out/hypernet.csv", "CSV rows are appended to.")
 flags.DEFINE_bool("resume", True, "Skip runs whose row is already in --output.")
-flags.DEFINE_string("plot", None, "Also write a PNG of mean user accuracy against "
-                    "epsilon for this command's runs here.")
+# --plot (defined by `benchmarks.summarize`, imported above): a PNG of mean user
+# accuracy against epsilon for this command's runs.
 FLAG_NAMES = ("algorithm", "dataset", "data_dir", "cache_dir", "num_users",
               "classes_per_user", "sampling_rate", "l2_norm_clip", "noise_multiplier",
               "weight_cap", "delta", "rounds", "local_steps", "batch_size", "client_lr",

@@ -23,6 +23,19 @@ def parse_numbers(values, kind, name):
                      f"got {','.join(values)}") from None
 
 
+def check_one_of(name, value, allowed) -> None:
+  """UsageError unless flag `--name` is one of `allowed`."""
+  if value not in allowed:
+    raise UsageError(f"--{name} must be one of {', '.join(allowed)}; got {value!r}")
+
+
+def check_among(name, values, allowed) -> None:
+  """UsageError unless list flag `--name` is non-empty and within `allowed`."""
+  if not values or any(v not in allowed for v in values):
+    raise UsageError(f"--{name} must be among {', '.join(allowed)}; got "
+                     f"{','.join(values) or 'nothing'}")
+
+
 def done_rows(path: str, resume: bool) -> dict:
   """Rows already in `path`, keyed by their `run_key` (empty unless `resume`)."""
   import pandas as pd

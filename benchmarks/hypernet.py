@@ -76,12 +76,8 @@ FLAG_NAMES = ("algorithm", "dataset", "data_dir", "cache_dir", "num_users",
 
 def _settings():
   """Validates the flags; returns the grid and the parsed lists; raises UsageError."""
-  if FLAGS.dataset not in DATASETS:
-    raise UsageError(f"--dataset must be one of {', '.join(DATASETS)}; got {FLAGS.dataset!r}")
-  unknown = [a for a in FLAGS.algorithm if a not in ALGORITHMS]
-  if unknown or not FLAGS.algorithm:
-    raise UsageError(f"--algorithm must be among {', '.join(ALGORITHMS)}; got "
-                     f"{','.join(FLAGS.algorithm)}")
+  common.check_one_of("dataset", FLAGS.dataset, DATASETS)
+  common.check_among("algorithm", FLAGS.algorithm, ALGORITHMS)
   if FLAGS.dataset == "cifar10" and FLAGS.data_dir and not os.path.isdir(FLAGS.data_dir):
     raise UsageError(f"--data_dir {FLAGS.data_dir} is not a directory")
   for name in ("num_users", "rounds", "local_steps", "batch_size", "hidden_width",
@@ -152,17 +148,11 @@ def _run_hypernet(users, settings, seed, s, progress):
       process, users, rounds=FLAGS.rounds,
       target_delta=FLAGS.delta if settings.private else None, seed=seed,
       eval_every=FLAGS.eval_every, progress=progress)
-  return dict(test_accuracy=result.test_accuracy,
-              mean_user_accuracy=result.mean_user_accuracy,
-              user_accuracy=json.dumps([round(float(a), 4)
-                                        for a in result.user_test_accuracy]),
-              train_accuracy=result.train_accuracy, epsilon=result.epsilon,
-              sigma=result.sigma,
-              mean_users_per_round=float(result.users_per_round.mean()),
-              hypernet_parameters=hn.num_parameters,
-              history=json.dumps([[r, round(a, 4)] for r, a, _ in result.history]),
-              wall_seconds=result.wall_seconds,
-              seconds_per_round_median=float(_median(result.round_seconds)))
+  return _measured(result, result.test_accuracy, result.user_test_accuracy,
+                   result.train_accuracy, [(r, a) for r, a, _ in result.history],
+                   epsilon=result.epsilon, sigma=result.sigma,
+                   mean_users_per_round=float(result.users_per_round.mean()),
+                   hypernet_parameters=hn.num_parameters)
 
 
 def _run_fedavg(users, seed, s, progress):
@@ -173,20 +163,21 @@ def _run_fedavg(users, seed, s, progress):
       init_seed=seed)
   result = simulation.run_simulation(process, users, rounds=FLAGS.rounds, seed=seed,
                                      eval_every=FLAGS.eval_every, progress=progress)
-  return dict(test_accuracy=result.test_metric,
-              mean_user_accuracy=float(result.silo_test_metric.mean()),
-              user_accuracy=json.dumps([round(float(a), 4)
-                                        for a in result.silo_test_metric]),
-              train_accuracy=result.train_metric, epsilon=math.inf, sigma=0.0,
-              mean_users_per_round=float(users.num_silos),
-              history=json.dumps([[r, round(te, 4)] for r, _, te in result.history]),
-              wall_seconds=result.wall_seconds,
-              seconds_per_round_median=float(_median(result.round_seconds)))
+  return _measured(result, result.test_metric, result.silo_test_metric,
+                   result.train_metric, [(r, te) for r, _, te in result.history],
+                   epsilon=math.inf, sigma=0.0,
+                   mean_users_per_round=float(users.num_silos))
 
 
-def _median(values):
+def _measured(result, test, per_user, train, history, **extra):
+  """A row's measured columns; `history` is (round, pooled test accuracy) pairs."""
   import numpy as np
-  return np.median(values)
+  return dict(test_accuracy=test, mean_user_accuracy=float(np.mean(per_user)),
+              user_accuracy=json.dumps([round(float(a), 4) for a in per_user]),
+              train_accuracy=train, **extra,
+              history=json.dumps([[r, round(a, 4)] for r, a in history]),
+              wall_seconds=result.wall_seconds,
+              seconds_per_round_median=float(np.median(result.round_seconds)))
 
 
 def _runs(s):

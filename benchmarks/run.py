@@ -84,14 +84,9 @@ flags.DEFINE_bool("resume", True, "Skip runs whose row (same settings, algorithm
 
 def _settings():
   """Validates the flags and fills the dataset's preset; raises UsageError."""
-  if FLAGS.dataset not in DATASETS:
-    raise UsageError(f"--dataset must be one of {', '.join(DATASETS)}; got {FLAGS.dataset!r}")
-  unknown = [a for a in FLAGS.algorithm if a not in ALGORITHMS]
-  if unknown or not FLAGS.algorithm:
-    raise UsageError(f"--algorithm must be among {', '.join(ALGORITHMS)}; got "
-                     f"{','.join(FLAGS.algorithm) or 'nothing'}")
-  if FLAGS.sampling not in SAMPLING:
-    raise UsageError(f"--sampling must be one of {', '.join(SAMPLING)}; got {FLAGS.sampling!r}")
+  common.check_one_of("dataset", FLAGS.dataset, DATASETS)
+  common.check_among("algorithm", FLAGS.algorithm, ALGORITHMS)
+  common.check_one_of("sampling", FLAGS.sampling, SAMPLING)
   preset = configs.PRESETS[FLAGS.dataset]
   s = dict(
       rounds=FLAGS.rounds if FLAGS.rounds is not None else preset.rounds,

@@ -20,7 +20,7 @@ import tensorflow as tf
 from hypernet.process import HypernetProcess, UserInput
 from tff_silo import runtime
 from tff_silo.data.silos import SiloData
-from tff_silo.simulation import SiloEvaluator
+from tff_silo.simulation import SiloEvaluator, check_run_length
 
 _SAMPLING_STREAM = 1   # keeps user sampling apart from the users' local seeds
 
@@ -80,10 +80,7 @@ def run_hypernet(process: HypernetProcess, data: SiloData, *, rounds: int,
     eval_every: also evaluate every this many rounds (0: only at the end).
     progress: called as `progress(rounds_done, rounds, seconds_so_far)` each round.
   """
-  if int(rounds) != rounds or rounds < 1:
-    raise ValueError(f"rounds must be a positive integer, got {rounds}")
-  if eval_every < 0:
-    raise ValueError(f"eval_every must be >= 0, got {eval_every}")
+  check_run_length(rounds, eval_every)
   settings, hn = process.settings, process.hypernetwork
   if data.num_silos != hn.num_users:
     raise ValueError(f"data has {data.num_silos} users, the process was built for "
@@ -110,7 +107,7 @@ def run_hypernet(process: HypernetProcess, data: SiloData, *, rounds: int,
       inputs = [UserInput(data.x_train[u], data.y_train[u], np.int32(u), weights[u],
                           np.array([seed, r], np.int32)) for u in sampled]
       t0 = time.perf_counter()
-      state, metrics = process.next(state, inputs)
+      state, _ = process.next(state, inputs)
       round_seconds.append(time.perf_counter() - t0)
       users_per_round.append(len(sampled))
       if eval_every and (r + 1) % eval_every == 0 and r + 1 != rounds:

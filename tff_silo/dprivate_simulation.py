@@ -23,7 +23,7 @@ from tff_silo import runtime
 from tff_silo.algorithms.dprivate_clustering import DPrivateClusteringProcess
 from tff_silo.algorithms.process import SiloInput
 from tff_silo.data.silos import SiloData
-from tff_silo.simulation import SiloEvaluator
+from tff_silo.simulation import SiloEvaluator, check_run_length
 
 _LEAKAGE_SLACK = 1e-9
 
@@ -68,8 +68,7 @@ def _loss_table_fn(model, feature_shape):
 
 
 def _check(process, data, rounds, clients_per_round, leakage_cap, patience, validation):
-  if int(rounds) != rounds or rounds < 1:
-    raise ValueError(f"rounds must be a positive integer, got {rounds}")
+  check_run_length(rounds)
   if process.num_clusters > data.num_silos:
     raise ValueError(f"num_clusters={process.num_clusters} is more than the "
                      f"{data.num_silos} users")

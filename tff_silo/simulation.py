@@ -113,6 +113,14 @@ class SiloEvaluator:
     return float(sums.sum() / sizes.sum()), sums / sizes
 
 
+def check_run_length(rounds, eval_every: int = 0) -> None:
+  """The drivers' shared check: T a positive integer, `eval_every` >= 0."""
+  if int(rounds) != rounds or rounds < 1:
+    raise ValueError(f"rounds must be a positive integer, got {rounds}")
+  if eval_every < 0:
+    raise ValueError(f"eval_every must be >= 0, got {eval_every}")
+
+
 def run_simulation(process: SiloProcess, data: SiloData, *, rounds: int,
                    target_epsilon=None, target_delta=None, seed: int = 0,
                    eval_every: int = 0,
@@ -130,10 +138,7 @@ def run_simulation(process: SiloProcess, data: SiloData, *, rounds: int,
     eval_every: also evaluate every this many rounds (0: only at the end).
     progress: called as `progress(rounds_done, rounds, seconds_so_far)` each round.
   """
-  if int(rounds) != rounds or rounds < 1:
-    raise ValueError(f"rounds must be a positive integer, got {rounds}")
-  if eval_every < 0:
-    raise ValueError(f"eval_every must be >= 0, got {eval_every}")
+  check_run_length(rounds, eval_every)
   if process.num_clusters > data.num_silos:
     raise ValueError(f"num_clusters={process.num_clusters} is more than the "
                      f"{data.num_silos} silos")

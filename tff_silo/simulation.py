@@ -89,6 +89,7 @@ class SimulationResult:
   clusters: Optional[np.ndarray]  # each silo's final cluster (clustered processes)
   round_seconds: np.ndarray
   wall_seconds: float
+  silo_weights: tuple      # each silo's model at the end, as evaluated
 
 
 class SiloEvaluator:
@@ -171,7 +172,7 @@ def run_simulation(process: SiloProcess, data: SiloData, *, rounds: int,
     weights = process.evaluation_weights(state, client_states, rounds_done)
     train, silo_train = evaluator(weights, data.x_train, data.y_train)
     test, silo_test = evaluator(weights, data.x_test, data.y_test)
-    return train, test, silo_train, silo_test
+    return train, test, silo_train, silo_test, weights
 
   try:
     state = process.initialize()
@@ -185,7 +186,7 @@ def run_simulation(process: SiloProcess, data: SiloData, *, rounds: int,
         history.append((r, *evaluate(state, client_states, r)[:2]))
       if progress is not None:
         progress(r, rounds, time.perf_counter() - start)
-    train, test, silo_train, silo_test = evaluate(state, client_states, rounds)
+    train, test, silo_train, silo_test, weights = evaluate(state, client_states, rounds)
     history.append((rounds, train, test))
   finally:
     runtime.stop_tff_workers()
@@ -194,4 +195,5 @@ def run_simulation(process: SiloProcess, data: SiloData, *, rounds: int,
       train_metric=train, test_metric=test, silo_train_metric=silo_train,
       silo_test_metric=silo_test, privacy=privacy, history=tuple(history),
       clusters=process.cluster_assignments(client_states),
-      round_seconds=np.array(round_seconds), wall_seconds=time.perf_counter() - start)
+      round_seconds=np.array(round_seconds), wall_seconds=time.perf_counter() - start,
+      silo_weights=tuple(tuple(np.asarray(w) for w in silo) for silo in weights))

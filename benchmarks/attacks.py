@@ -1,0 +1,442 @@
+r"""Attacks against each defense: gradient inversion and membership inference.
+
+Inversion (issue 5; Galli et al. sec. 5.3): the sigmoid LeNet (weights uniform in
+(-0.5, 0.5)) at initialization; each attacked image is one client's batch of size 1
+and one SGD step; the server inverts the update it receives under each defense:
+
+    python -m benchmarks.attacks --parts=inversion
+
+Defaults: 20 digits images upsampled to 32x32, iDLG and DLG with 300 L-BFGS
+iterations; defenses none, the Euclidean Laplace mechanism per layer for each
+--nu, DP-SGD (clip --clip, each --noise_multiplier) and clipping alone. The attacker
+knows the public clip C and clips its dummy gradient alike (--clip_aware). One CSV row
+per attacked image and setting (MSE, PSNR, SSIM, label, the privacy spent), a grid of
+ground truth vs reconstructions per method and a PSNR/SSIM-vs-noise figure.
+
+Membership inference (thesis sec. 2.5.3): the silo models of local training, FedAvg
+and MR-MTL on the rotated & masked digits silos, non-private and with silo-specific
+DP-SGD at each --mia_epsilon, attacked with tensorflow-privacy's tools:
+
+    python -m benchmarks.attacks --parts=membership
+
+One row per silo and one `silo=all` row per model set (AUC, attacker advantage,
+epsilon spent per silo).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import sys
+import time
+
+from absl import flags
+# TensorFlow is imported before absl's app.run parses flags: imported later, Keras
+# builds its functional models from graph tensors and fails (TF 2.14).
+import tensorflow  # pylint: disable=unused-import
+
+from attacks.defenses import DEFENSES
+from attacks.dlg import METHODS, OPTIMIZERS
+from attacks.membership import ATTACKS as MIA_ATTACKS
+from benchmarks import common, configs
+from benchmarks.common import UsageError
+
+PARTS = ("inversion", "membership")
+DATASETS = ("digits", "cifar10")
+MIA_ALGORITHMS = ("local", "fedavg", "mrmtl")
+NON_PRIVATE = "inf"
+
+flags.DEFINE_list("parts", list(PARTS), f"Comma-separated, of {PARTS}.")
+flags.DEFINE_string("dataset", "digits", f"Inversion images, one of {DATASETS}.")
+flags.DEFINE_string("data_dir", None, "cifar10: folder holding cifar-10-batches-py.")
+flags.DEFINE_integer("image_size", 32, "Images are resized to this square size (digits "
+                     "are 8x8: 8 keeps them as they are).")
+flags.DEFINE_integer("images", 20, "Images attacked (each its own client step).")
+flags.DEFINE_list("method", ["idlg", "dlg"], f"Comma-separated, of {METHODS}.")
+flags.DEFINE_string("optimizer", "lbfgs", f"One of {OPTIMIZERS}.")
+flags.DEFINE_integer("iterations", 300, "Optimizer iterations per attack.")
+flags.DEFINE_float("attack_lr", 0.1, "Adam's step size (L-BFGS has a line search).")
+flags.DEFINE_integer("batch_size", 1, "Examples in the attacked step (dlg only for > 1).")
+flags.DEFINE_list("defense", list(DEFENSES), f"Comma-separated, of {DEFENSES}.")
+flags.DEFINE_list("nu", ["0.001", "0.01", "0.1", "1", "3", "5", "10"],
+                  "laplace: comma-separated noise multipliers nu.")
+flags.DEFINE_list("noise_multiplier", ["0.0001", "0.001", "0.003", "0.01", "0.1", "1"],
+                  "dp_sgd: comma-separated noise multipliers z.")
+flags.DEFINE_float("clip", 1.0, "dp_sgd and clip: the per-example L2 clip C.")
+flags.DEFINE_bool("clip_aware", True, "The attacker clips its dummy gradient to C too.")
+flags.DEFINE_float("client_lr", 0.1, "The client's SGD step size (update = -lr * g).")
+flags.DEFINE_float("delta", 1e-5, "delta of the reported dp_sgd epsilon.")
+flags.DEFINE_integer("seed", 0, "Seeds the model, the images, the dummies and the noise.")
+flags.DEFINE_integer("figure_images", 8, "Images shown in the reconstruction grids.")
+flags.DEFINE_string("output", "benchmarks/out/attacks.csv", "Inversion CSV rows are "
+                    "appended to; reconstructions go to <output>_images/.")
+flags.DEFINE_string("figures", "benchmarks/out", "Folder for attacks_grid_<method>.png "
+                    "and attacks_curves.png.")
+flags.DEFINE_list("mia_algorithm", list(MIA_ALGORITHMS), f"Comma-separated, of "
+                  f"{MIA_ALGORITHMS}.")
+flags.DEFINE_list("mia_epsilon", [NON_PRIVATE, "1"], "Per-silo target epsilons of the "
+                  f"attacked models; {NON_PRIVATE} = non-private.")
+flags.DEFINE_list("mia_attack", ["threshold"], f"Comma-separated, of {MIA_ATTACKS}; the "
+                  "best AUC is reported.")
+flags.DEFINE_integer("mia_rounds", None, "Rounds (default: the digits preset).")
+flags.DEFINE_float("mia_lam", None, "MR-MTL lambda (default: the digits preset).")
+flags.DEFINE_float("mia_test_fraction", 0.5, "Each silo's held-out share (the "
+                   "non-members).")
+flags.DEFINE_string("mia_output", "benchmarks/out/membership.csv", "Membership CSV.")
+flags.DEFINE_bool("resume", True, "Skip runs whose row is already in the CSV.")
+
+FLAGS = flags.FLAGS
+
+
+def _positive(name, value, kind=float):
+  if not value > 0 or (kind is int and int(value) != value):
+    raise UsageError(f"--{name} must be a positive {kind.__name__}; got {value}")
+
+
+def _settings():
+  """The validated flags; a UsageError names the first bad one."""
+  common.check_among("parts", FLAGS.parts, PARTS)
+  common.check_one_of("dataset", FLAGS.dataset, DATASETS)
+  common.check_among("method", FLAGS.method, METHODS)
+  common.check_one_of("optimizer", FLAGS.optimizer, OPTIMIZERS)
+  common.check_among("defense", FLAGS.defense, DEFENSES)
+  common.check_among("mia_algorithm", FLAGS.mia_algorithm, MIA_ALGORITHMS)
+  common.check_among("mia_attack", FLAGS.mia_attack, MIA_ATTACKS)
+  for name in ("image_size", "images", "iterations", "batch_size", "figure_images"):
+    _positive(name, FLAGS[name].value, int)
+  for name in ("attack_lr", "clip", "client_lr"):
+    _positive(name, FLAGS[name].value)
+  if not 0 < FLAGS.delta < 1:
+    raise UsageError(f"--delta must be in (0, 1); got {FLAGS.delta}")
+  if FLAGS.batch_size > 1 and "idlg" in FLAGS.method:
+    raise UsageError("--method=idlg reads one example's label: use --batch_size=1 or "
+                     "--method=dlg")
+  if FLAGS.images % FLAGS.batch_size:
+    raise UsageError(f"--images ({FLAGS.images}) must be a multiple of --batch_size "
+                     f"({FLAGS.batch_size})")
+  nus = common.parse_numbers(FLAGS.nu, float, "nu")
+  zs = common.parse_numbers(FLAGS.noise_multiplier, float, "noise_multiplier")
+  if any(not nu > 0 for nu in nus):
+    raise UsageError(f"--nu must be positive; got {','.join(FLAGS.nu)}")
+  if any(not z > 0 for z in zs):
+    raise UsageError("--noise_multiplier must be positive (clipping alone is "
+                     f"--defense=clip); got {','.join(FLAGS.noise_multiplier)}")
+  epsilons = [math.inf if e == NON_PRIVATE else e
+              for e in common.parse_numbers(FLAGS.mia_epsilon, float, "mia_epsilon")]
+  if not epsilons or any(not e > 0 for e in epsilons):
+    raise UsageError(f"--mia_epsilon must be positive numbers or {NON_PRIVATE}; got "
+                     f"{','.join(FLAGS.mia_epsilon)}")
+  if not 0 < FLAGS.mia_test_fraction < 1:
+    raise UsageError(f"--mia_test_fraction must be in (0, 1); got "
+                     f"{FLAGS.mia_test_fraction}")
+  preset = configs.PRESETS["digits"]
+  rounds = preset.rounds if FLAGS.mia_rounds is None else FLAGS.mia_rounds
+  _positive("mia_rounds", rounds, int)
+  lam = preset.lam if FLAGS.mia_lam is None else FLAGS.mia_lam
+  if lam < 0:
+    raise UsageError(f"--mia_lam must be >= 0; got {lam}")
+  return dict(nus=nus, zs=zs, epsilons=epsilons, rounds=rounds, lam=lam, preset=preset)
+
+
+# --- inversion ----------------------------------------------------------------------
+
+def _images():
+  """The attacked images and labels: a seeded choice from the dataset, resized."""
+  import numpy as np
+  import tensorflow as tf
+  from tff_silo import data
+  if FLAGS.dataset == "digits":
+    x, y = data.digits_images()
+  else:
+    x, y, _, _ = data.load_cifar10(FLAGS.data_dir)
+  num_classes = int(y.max()) + 1
+  if FLAGS.images > len(y):
+    raise UsageError(f"--images must be at most {len(y)} for {FLAGS.dataset}")
+  pick = np.random.default_rng(FLAGS.seed).choice(len(y), FLAGS.images, replace=False)
+  x, y = x[pick], y[pick].astype(np.int64)
+  if x.shape[1:3] != (FLAGS.image_size, FLAGS.image_size):
+    x = tf.clip_by_value(tf.image.resize(x, [FLAGS.image_size] * 2), 0.0, 1.0).numpy()
+  return x.astype(np.float32), y, num_classes
+
+
+def _defenses(s):
+  from attacks.defenses import Defense
+  for name in FLAGS.defense:
+    if name == "none":
+      yield Defense()
+    elif name == "laplace":
+      yield from (Defense("laplace", nu=nu) for nu in s["nus"])
+    elif name == "dp_sgd":
+      yield from (Defense("dp_sgd", l2_norm_clip=FLAGS.clip, noise_multiplier=z)
+                  for z in s["zs"])
+    else:
+      yield Defense("clip", l2_norm_clip=FLAGS.clip)
+
+
+def _attack_key(method, defense, batch):
+  return json.dumps(dict(
+      dataset=FLAGS.dataset, image_size=FLAGS.image_size, images=FLAGS.images,
+      seed=FLAGS.seed, method=method, optimizer=FLAGS.optimizer,
+      iterations=FLAGS.iterations, attack_lr=FLAGS.attack_lr,
+      batch_size=FLAGS.batch_size, batch=batch, defense=defense.name,
+      parameter=defense.parameter, clip_aware=FLAGS.clip_aware,
+      client_lr=FLAGS.client_lr), sort_keys=True)
+
+
+def _image_path(key):
+  folder = os.path.splitext(FLAGS.output)[0] + "_images"
+  return os.path.join(folder, hashlib.sha1(key.encode()).hexdigest()[:16] + ".npy")
+
+
+def _attack_rows(model, x, y, method, defense, batch):
+  """Attacks batch `batch` under `defense`: one row per image of the batch."""
+  import numpy as np
+  from attacks import defenses, dlg, metrics, models
+  lo = batch * FLAGS.batch_size
+  xb, yb = x[lo:lo + FLAGS.batch_size], y[lo:lo + FLAGS.batch_size]
+  start = time.perf_counter()
+  update = defenses.observed_update(model, xb, yb, learning_rate=FLAGS.client_lr,
+                                    defense=defense, seed=(FLAGS.seed, batch))
+  clip = defense.l2_norm_clip if FLAGS.clip_aware else None
+  result = dlg.reconstruct(
+      model, models.gradients_from_update(update, FLAGS.client_lr), method=method,
+      optimizer=FLAGS.optimizer, iterations=FLAGS.iterations, seed=FLAGS.seed,
+      batch_size=FLAGS.batch_size, learning_rate=FLAGS.attack_lr, l2_norm_clip=clip)
+  seconds = time.perf_counter() - start
+  order = metrics.match(xb, result.images)
+  images, labels = result.images[order], result.labels[order]
+  scores = metrics.score(xb, yb, images, labels)
+  key = _attack_key(method, defense, batch)
+  path = _image_path(key)
+  os.makedirs(os.path.dirname(path), exist_ok=True)
+  np.save(path, images)
+  common_columns = dict(
+      dataset=FLAGS.dataset, image_size=FLAGS.image_size, method=method,
+      optimizer=FLAGS.optimizer, iterations=FLAGS.iterations,
+      iterations_run=len(result.loss_curve) - 1, batch_size=FLAGS.batch_size,
+      defense=defense.name, parameter=defense.parameter,
+      l2_norm_clip=defense.l2_norm_clip, noise_multiplier=defense.noise_multiplier,
+      nu=defense.nu, clip_aware=FLAGS.clip_aware, client_lr=FLAGS.client_lr,
+      epsilon=defense.epsilon(FLAGS.delta), delta=FLAGS.delta,
+      leakage=defense.leakage(model), final_matching_loss=float(result.loss_curve[-1]),
+      seconds=seconds, seed=FLAGS.seed, batch=batch, images_file=path, run_key=key)
+  return [dict(image=lo + i, true_label=int(yb[i]), inferred_label=int(labels[i]),
+               label_correct=bool(labels[i] == yb[i]), mse=float(scores.mse[i]),
+               psnr=float(scores.psnr[i]), ssim=float(scores.ssim[i]), **common_columns)
+          for i in range(len(yb))]
+
+
+def _run_inversion(s):
+  import pandas as pd
+  from attacks import models
+  x, y, num_classes = _images()
+  model = models.sigmoid_lenet(x.shape[1:], num_classes, seed=FLAGS.seed)
+  done = common.done_rows(FLAGS.output, FLAGS.resume)
+  runs = [(m, d, b) for m in FLAGS.method for d in _defenses(s)
+          for b in range(FLAGS.images // FLAGS.batch_size)]
+  for k, (method, defense, batch) in enumerate(runs, 1):
+    if _attack_key(method, defense, batch) in done:
+      continue
+    rows = _attack_rows(model, x, y, method, defense, batch)
+    for row in rows:
+      common.append_row(FLAGS.output, row)
+    r = rows[0]
+    print(f"[{k}/{len(runs)}] {method} {defense.name} {defense.parameter:g} batch "
+          f"{batch}: PSNR {r['psnr']:.1f} SSIM {r['ssim']:.3f} label "
+          f"{'ok' if r['label_correct'] else 'wrong'} ({r['seconds']:.1f}s)", flush=True)
+  df = pd.read_csv(FLAGS.output)
+  df = df[df.run_key.isin({_attack_key(*r) for r in runs})]
+  _print_inversion(df)
+  os.makedirs(FLAGS.figures, exist_ok=True)
+  for method in FLAGS.method:
+    _grid(df[df.method == method], x, y, method,
+          os.path.join(FLAGS.figures, f"attacks_grid_{method}.png"))
+  _curves(df, os.path.join(FLAGS.figures, "attacks_curves.png"))
+
+
+def _print_inversion(df):
+  table = (df.groupby(["method", "defense", "parameter"], sort=False)
+           .agg(psnr=("psnr", "median"), ssim=("ssim", "median"),
+                label_accuracy=("label_correct", "mean"), images=("image", "count"),
+                epsilon=("epsilon", "first"), leakage=("leakage", "first"))
+           .reset_index())
+  print("\nmedian over images:")
+  print(table.to_string(index=False, float_format=lambda v: f"{v:.4g}"))
+
+
+def _setting_label(row):
+  name, value = row["defense"], row["parameter"]
+  return {"none": "no defense", "laplace": f"Laplace nu={value:g}",
+          "dp_sgd": f"DP-SGD z={value:g}", "clip": f"clip C={value:g}"}[name]
+
+
+def _grid(df, x, y, method, path):
+  """Ground truth (top row) and each setting's reconstructions of the first images."""
+  import matplotlib
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt
+  import numpy as np
+  shown = min(FLAGS.figure_images, len(y))
+  settings = df.drop_duplicates(["defense", "parameter"])[["defense", "parameter"]]
+  fig, axes = plt.subplots(len(settings) + 1, shown, squeeze=False,
+                           figsize=(1.1 * shown + 1.6, 1.1 * (len(settings) + 1)))
+  rows = [("ground truth", x)] + [
+      (_setting_label(setting), _reconstructions(df, setting, shown))
+      for _, setting in settings.iterrows()]
+  for r, (label, images) in enumerate(rows):
+    for c in range(shown):
+      ax = axes[r, c]
+      if images[c] is not None:
+        image = np.clip(images[c], 0, 1)
+        ax.imshow(image[..., 0] if image.shape[-1] == 1 else image, cmap="gray",
+                  vmin=0, vmax=1)
+      ax.set_xticks([]), ax.set_yticks([])
+      if c == 0:
+        ax.set_ylabel(label, rotation=0, ha="right", va="center", fontsize=8)
+      if r == 0:
+        ax.set_title(f"label {y[c]}", fontsize=8)
+  fig.suptitle(f"{method.upper()} ({FLAGS.optimizer}, {FLAGS.iterations} iterations)")
+  fig.tight_layout()
+  fig.savefig(path, dpi=100)
+  plt.close(fig)
+  print(f"wrote {path}")
+
+
+def _reconstructions(df, setting, shown):
+  import numpy as np
+  rows = df[(df.defense == setting["defense"]) & (df.parameter == setting["parameter"])]
+  images = [None] * shown
+  for _, row in rows[rows.image < shown].iterrows():
+    batch = np.load(row["images_file"])
+    images[int(row["image"])] = batch[int(row["image"]) % len(batch)]
+  return images
+
+
+def _curves(df, path):
+  """Median PSNR and SSIM (interquartile band) against nu and against z."""
+  import matplotlib
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt
+  import seaborn as sns
+  sweeps = [(d, t) for d, t in (("laplace", "Euclidean Laplace nu"),
+                                ("dp_sgd", "DP-SGD noise multiplier z"))
+            if (df.defense == d).any()]
+  if not sweeps:
+    return
+  fig, axes = plt.subplots(2, len(sweeps), squeeze=False, figsize=(5 * len(sweeps), 7))
+  baseline = df[df.defense == "none"].groupby("method")[["psnr", "ssim"]].median()
+  for c, (defense, title) in enumerate(sweeps):
+    for r, metric in enumerate(("psnr", "ssim")):
+      ax = axes[r, c]
+      sns.lineplot(data=df[df.defense == defense], x="parameter", y=metric,
+                   hue="method", estimator="median", errorbar=("pi", 50), marker="o",
+                   ax=ax)
+      for method, value in baseline[metric].items():
+        ax.axhline(value, ls=":", color="gray")
+      ax.set_xscale("log")
+      ax.set_xlabel(title)
+      ax.set_ylabel(metric.upper() + (" (dB)" if metric == "psnr" else ""))
+  fig.suptitle("Reconstruction quality vs noise (median, IQR; dotted: no defense)")
+  fig.tight_layout()
+  fig.savefig(path, dpi=100)
+  plt.close(fig)
+  print(f"wrote {path}")
+
+
+# --- membership inference -----------------------------------------------------------
+
+def _mia_key(algorithm, epsilon, s):
+  return json.dumps(dict(
+      algorithm=algorithm, epsilon=str(epsilon), rounds=s["rounds"],
+      lam=s["lam"] if algorithm == "mrmtl" else None, seed=FLAGS.seed,
+      test_fraction=FLAGS.mia_test_fraction, attacks=sorted(FLAGS.mia_attack)),
+      sort_keys=True)
+
+
+def _mia_rows(algorithm, epsilon, silos, s):
+  import numpy as np
+  from attacks import membership
+  from tff_silo import algorithms, models, simulation
+  preset = s["preset"]
+  private = math.isfinite(epsilon)
+  model = models.model_for(silos)
+  kwargs = dict(client_learning_rate=preset.lr, batch_size=preset.batch_size,
+                l2_norm_clip=preset.clip if private else None, init_seed=FLAGS.seed)
+  build = {"local": algorithms.build_local_process,
+           "fedavg": algorithms.build_fedavg_process,
+           "mrmtl": algorithms.build_mrmtl_process}[algorithm]
+  if algorithm == "mrmtl":
+    kwargs["lam"] = s["lam"]
+  process = build(model, silos.feature_shape, **kwargs)
+  result = simulation.run_simulation(
+      process, silos, rounds=s["rounds"], seed=FLAGS.seed,
+      target_epsilon=epsilon if private else None,
+      target_delta=preset.delta if private else None)
+  table = membership.attack_silo_models(model, result.silo_weights, silos,
+                                        attacks=FLAGS.mia_attack)
+  spent = (result.privacy.epsilon_spent if private
+           else np.full(silos.num_silos, math.inf))
+  key = _mia_key(algorithm, epsilon, s)
+  rows = []
+  for row in table.to_dict("records"):
+    silo = row["silo"]
+    whole = silo == membership.ALL_SILOS
+    rows.append(dict(
+        algorithm=algorithm, target_epsilon=epsilon,
+        epsilon_spent=float(spent.max() if whole else spent[int(silo)]),
+        delta=preset.delta if private else math.nan, rounds=s["rounds"],
+        lam=s["lam"] if algorithm == "mrmtl" else math.nan,
+        train_accuracy=result.train_metric if whole
+        else float(result.silo_train_metric[int(silo)]),
+        test_accuracy=result.test_metric if whole
+        else float(result.silo_test_metric[int(silo)]),
+        seed=FLAGS.seed, run_key=key, **row))
+  return rows
+
+
+def _run_membership(s):
+  import pandas as pd
+  from tff_silo import data
+  silos = data.load_rotated_masked_digits(test_fraction=FLAGS.mia_test_fraction,
+                                          seed=FLAGS.seed)
+  done = common.done_rows(FLAGS.mia_output, FLAGS.resume)
+  runs = [(a, e) for a in FLAGS.mia_algorithm for e in s["epsilons"]]
+  for k, (algorithm, epsilon) in enumerate(runs, 1):
+    if _mia_key(algorithm, epsilon, s) in done:
+      continue
+    start = time.perf_counter()
+    rows = _mia_rows(algorithm, epsilon, silos, s)
+    for row in rows:
+      common.append_row(FLAGS.mia_output, row)
+    print(f"[{k}/{len(runs)}] {algorithm} epsilon={epsilon:g}: AUC {rows[-1]['auc']:.3f} "
+          f"advantage {rows[-1]['advantage']:.3f} "
+          f"({time.perf_counter() - start:.0f}s)", flush=True)
+  df = pd.read_csv(FLAGS.mia_output, dtype={"silo": str})
+  df = df[df.run_key.isin({_mia_key(a, e, s) for a, e in runs})]
+  per_silo = df[df.silo != "all"].groupby("run_key").auc.agg(
+      silo_auc_median="median", silo_auc_max="max")
+  overall = df[df.silo == "all"].set_index("run_key").join(per_silo)
+  print("\nmembership inference (all: silos pooled, each example scored by its "
+        "silo's model):")
+  print(overall[["algorithm", "target_epsilon", "epsilon_spent", "test_accuracy",
+                 "train_accuracy", "auc", "advantage", "silo_auc_median",
+                 "silo_auc_max"]].to_string(index=False, float_format=lambda v: f"{v:.3f}"))
+
+
+def main(argv):
+  if len(argv) > 1:
+    raise UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
+  s = _settings()
+  from tff_silo import runtime
+  runtime.exit_cleanly_on_sigterm()
+  if "inversion" in FLAGS.parts:
+    _run_inversion(s)
+  if "membership" in FLAGS.parts:
+    _run_membership(s)
+  sys.stdout.flush()
+
+
+if __name__ == "__main__":
+  common.run_main(main)

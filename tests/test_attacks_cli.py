@@ -1,0 +1,59 @@
+"""`python -m benchmarks.attacks`: one-line errors, and a tiny run of both parts that
+writes its rows and figures. Run as subprocesses: its flags share names with the
+other benchmark binaries'."""
+
+import os
+import subprocess
+import sys
+
+import pandas as pd
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _run(*args):
+  return subprocess.run([sys.executable, "-m", "benchmarks.attacks", *args], cwd=ROOT,
+                        capture_output=True, text=True, timeout=600,
+                        env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"})
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--iterations=0"], "error: --iterations must be a positive int; got 0"),
+    (["--defense=blur"], "error: --defense must be among none, dp_sgd, clip, laplace; got blur"),
+    (["--method=idlg", "--batch_size=2", "--images=2"],
+     "error: --method=idlg reads one example's label"),
+])
+def test_bad_flags_end_in_one_line(args, message):
+  done = _run(*args)
+  assert done.returncode == 2
+  assert done.stderr.strip().splitlines()[-1].startswith(message)
+  assert "Traceback" not in done.stderr
+
+
+def test_a_tiny_run_writes_rows_figures_and_the_membership_table(tmp_path):
+  out = str(tmp_path)
+  args = ["--image_size=8", "--images=2", "--iterations=20", "--method=idlg",
+          "--defense=none,laplace,dp_sgd", "--nu=1", "--noise_multiplier=0.01",
+          f"--output={out}/attacks.csv", f"--figures={out}", "--mia_rounds=1",
+          "--mia_algorithm=local", "--mia_epsilon=inf,1",
+          f"--mia_output={out}/membership.csv"]
+  done = _run(*args)
+  assert done.returncode == 0, done.stderr[-2000:]
+  rows = pd.read_csv(f"{out}/attacks.csv")
+  assert len(rows) == 2 * 3
+  assert set(rows.defense) == {"none", "laplace", "dp_sgd"}
+  assert rows.label_correct.all()   # iDLG reads the label even under noise here
+  assert rows[rows.defense == "laplace"].leakage.notna().all()
+  assert (rows[rows.defense == "dp_sgd"].epsilon < float("inf")).all()
+  for name in ("attacks_grid_idlg.png", "attacks_curves.png"):
+    assert os.path.getsize(os.path.join(out, name)) > 0
+  mia = pd.read_csv(f"{out}/membership.csv", dtype={"silo": str})
+  assert len(mia) == 2 * 41 and (mia.silo == "all").sum() == 2
+  private = mia[mia.target_epsilon == 1]
+  assert (private.epsilon_spent <= 1.0).all()
+  # A rerun resumes: nothing new is appended.
+  again = _run(*args)
+  assert again.returncode == 0
+  assert len(pd.read_csv(f"{out}/attacks.csv")) == 6
+  assert len(pd.read_csv(f"{out}/membership.csv")) == 82

@@ -1,0 +1,66 @@
+"""Membership inference against silo models (tensorflow-privacy's tools)."""
+
+import numpy as np
+import pytest
+
+from attacks import membership
+from tff_silo import algorithms, models, simulation
+from tff_silo.data import load_rotated_masked_digits, make_silos
+
+
+def _linear_silos(rng, memorized: bool):
+  """Two silos of y = x^T w; with `memorized`, only the training labels follow w
+  (the test labels are shifted), so members have zero loss and non-members do not."""
+  w = np.array([1.0, -2.0], np.float32)
+  parts = ([], [], [], [])
+  for _ in range(2):
+    x_train, x_test = rng.normal(size=(200, 2)), rng.normal(size=(200, 2))
+    shift = rng.uniform(1, 2, 200) if memorized else rng.normal(0, 0.5, 200)
+    y_train = x_train @ w + (0 if memorized else rng.normal(0, 0.5, 200))
+    for part, value in zip(parts, (x_train, y_train, x_test, x_test @ w + shift)):
+      part.append(value)
+  silos = make_silos("linear", "regression", *parts)
+  return silos, [(w, np.zeros([], np.float32))] * 2
+
+
+def test_members_with_zero_loss_are_found_in_every_silo():
+  model = models.linear_regression(2)
+  silos, weights = _linear_silos(np.random.default_rng(0), memorized=True)
+  table = membership.attack_silo_models(model, weights, silos)
+  assert list(table.silo) == ["0", "1", membership.ALL_SILOS]
+  np.testing.assert_allclose(table.auc, 1.0)
+  np.testing.assert_allclose(table.advantage, 1.0)
+  assert list(table.members) == [200, 200, 400]
+
+
+def test_a_model_that_did_not_memorize_leaves_a_coin_flip():
+  model = models.linear_regression(2)
+  silos, weights = _linear_silos(np.random.default_rng(1), memorized=False)
+  overall = membership.attack_silo_models(model, weights, silos).iloc[-1]
+  assert abs(overall.auc - 0.5) < 0.08 and overall.advantage < 0.15
+
+
+def test_silo_models_of_a_simulation_are_attacked_with_logits():
+  silos = load_rotated_masked_digits(num_silos=4, test_fraction=0.5, seed=0)
+  model = models.model_for(silos)
+  process = algorithms.build_local_process(model, silos.feature_shape,
+                                           client_learning_rate=0.3, batch_size=16)
+  result = simulation.run_simulation(process, silos, rounds=2)
+  assert len(result.silo_weights) == 4
+  # The returned weights are the ones the silos were evaluated with.
+  evaluator = simulation.SiloEvaluator(model, silos.feature_shape)
+  _, per_silo = evaluator(result.silo_weights, silos.x_test, silos.y_test)
+  np.testing.assert_allclose(per_silo, result.silo_test_metric)
+  table = membership.attack_silo_models(
+      model, result.silo_weights, silos, attacks=("threshold", "threshold_entropy"))
+  assert len(table) == 5 and table.auc.between(0, 1).all()
+  assert set(table.best_attack) <= {"threshold", "threshold-entropy"}
+
+
+def test_bad_inputs_are_one_line_errors():
+  model = models.linear_regression(2)
+  silos, weights = _linear_silos(np.random.default_rng(0), memorized=True)
+  with pytest.raises(ValueError, match="attacks must be among threshold"):
+    membership.attack_silo_models(model, weights, silos, attacks=("shadow",))
+  with pytest.raises(ValueError, match="silo_weights has 1 models for 2 silos"):
+    membership.attack_silo_models(model, weights[:1], silos)

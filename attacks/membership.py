@@ -12,6 +12,7 @@ attacker advantage max_t |TPR - FPR| (Yeom et al.). 0.5 / 0 is a coin flip.
 from __future__ import annotations
 
 import logging
+import warnings
 
 import numpy as np
 import pandas as pd
@@ -56,24 +57,27 @@ def _attack(member, non_member, attacks):
   data_structures, mia = _mia()
   kind = data_structures.AttackType
   types = [getattr(kind, _ATTACK_TYPES[a]) for a in attacks]
-  if "logits" not in member:   # trained attacks and entropy need logits
-    types = [t for t in types if t == kind.THRESHOLD_ATTACK] or [kind.THRESHOLD_ATTACK]
+  if "logits" not in member and set(attacks) != {"threshold"}:
+    raise ValueError("attacks other than threshold need a multi-class model's logits; "
+                     "this model has one output: use attacks=('threshold',)")
   inputs = data_structures.AttackInputData(
       loss_train=member["loss"], loss_test=non_member["loss"],
       logits_train=member.get("logits"), logits_test=non_member.get("logits"),
       labels_train=member.get("labels"), labels_test=non_member.get("labels"))
   logger = logging.getLogger()
   level = logger.level
-  logger.setLevel(logging.ERROR)   # the tool logs every slice it attacks
+  logger.setLevel(logging.ERROR)   # the tool logs every slice and low AUCs
   try:
-    results = mia.run_attacks(inputs, data_structures.SlicingSpec(entire_dataset=True),
-                              attack_types=types)
+    with warnings.catch_warnings():   # and warns in its epsilon lower bounds
+      warnings.simplefilter("ignore", RuntimeWarning)
+      results = mia.run_attacks(
+          inputs, data_structures.SlicingSpec(entire_dataset=True), attack_types=types)
+      best = results.get_result_with_max_auc()
+      auc, advantage = float(best.get_auc()), float(best.get_attacker_advantage())
   finally:
     logger.setLevel(level)
-  best = results.get_result_with_max_auc()
-  return dict(auc=float(best.get_auc()), advantage=float(best.get_attacker_advantage()),
-              best_attack=best.attack_type.value, members=len(member["loss"]),
-              non_members=len(non_member["loss"]))
+  return dict(auc=auc, advantage=advantage, best_attack=best.attack_type.value,
+              members=len(member["loss"]), non_members=len(non_member["loss"]))
 
 
 def attack_silo_models(model: SiloModel, silo_weights, data: SiloData, *,

@@ -62,5 +62,7 @@ def test_bad_inputs_are_one_line_errors():
   silos, weights = _linear_silos(np.random.default_rng(0), memorized=True)
   with pytest.raises(ValueError, match="attacks must be among threshold"):
     membership.attack_silo_models(model, weights, silos, attacks=("shadow",))
+  with pytest.raises(ValueError, match="other than threshold need a multi-class model.s logits"):
+    membership.attack_silo_models(model, weights, silos, attacks=("threshold_entropy",))
   with pytest.raises(ValueError, match="silo_weights has 1 models for 2 silos"):
     membership.attack_silo_models(model, weights[:1], silos)

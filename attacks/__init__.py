@@ -10,5 +10,7 @@
 * `attacks.membership`: membership inference against trained silo models with
   tensorflow-privacy's tools (AUC and attacker advantage per silo and overall).
 
-`python -m benchmarks.attacks` runs them against each defense.
+`python -m benchmarks.attacks` runs them against each defense. (In an absl binary,
+import TensorFlow before `app.run`: imported later, TF 2.14's Keras cannot build the
+LeNet.)
 """

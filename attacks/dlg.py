@@ -79,7 +79,7 @@ def infer_label(model: tf.keras.Model, gradients) -> int:
   return int(tf.argmin(tf.reduce_sum(kernels[-1], axis=0)))
 
 
-def _check(method, optimizer, iterations, batch_size, learning_rate):
+def _check(method, optimizer, iterations, batch_size, learning_rate, l2_norm_clip):
   if method not in METHODS:
     raise ValueError(f"method must be one of {', '.join(METHODS)}; got {method!r}")
   if optimizer not in OPTIMIZERS:
@@ -94,6 +94,8 @@ def _check(method, optimizer, iterations, batch_size, learning_rate):
                      "method='dlg' for a batch")
   if not learning_rate > 0:
     raise ValueError(f"learning_rate must be positive, got {learning_rate}")
+  if l2_norm_clip is not None and not l2_norm_clip > 0:
+    raise ValueError(f"l2_norm_clip must be positive or None, got {l2_norm_clip}")
 
 
 def reconstruct(model: tf.keras.Model, gradients, *, method: str = "idlg",
@@ -116,9 +118,7 @@ def reconstruct(model: tf.keras.Model, gradients, *, method: str = "idlg",
       attacker clips its dummy examples' gradients alike, so that clipping's
       rescaling alone does not hide the input. None: match the raw gradient.
   """
-  _check(method, optimizer, iterations, batch_size, learning_rate)
-  if l2_norm_clip is not None and not l2_norm_clip > 0:
-    raise ValueError(f"l2_norm_clip must be positive or None, got {l2_norm_clip}")
+  _check(method, optimizer, iterations, batch_size, learning_rate, l2_norm_clip)
   observed = check_gradients(model, gradients)
   objective = _objective(model, method, batch_size, l2_norm_clip)
   label = tf.zeros([batch_size, objective.num_classes])

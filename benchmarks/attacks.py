@@ -298,8 +298,8 @@ def _grid(df, x, y, method, path):
       if r == 0:
         ax.set_title(f"label {y[c]}", fontsize=8)
   fig.suptitle(f"{method.upper()} ({FLAGS.optimizer}, {FLAGS.iterations} iterations)")
-  fig.tight_layout()
-  fig.savefig(path, dpi=100)
+  fig.tight_layout(rect=(0, 0, 1, 1 - 0.4 / fig.get_figheight()))
+  fig.savefig(path, dpi=60)
   plt.close(fig)
   print(f"wrote {path}")
 

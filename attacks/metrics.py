@@ -66,8 +66,10 @@ def match(truth, reconstruction) -> np.ndarray:
 
 @dataclasses.dataclass(frozen=True)
 class Scores:
-  """Per-image scores of a (matched) reconstruction and its label accuracy."""
+  """Per-image scores of a matched reconstruction and its label accuracy; `order`
+  is the matching (`reconstruction[order][i]` was scored against `truth[i]`)."""
 
+  order: np.ndarray
   mse: np.ndarray
   psnr: np.ndarray
   ssim: np.ndarray
@@ -79,6 +81,7 @@ def score(truth, true_labels, reconstruction, labels) -> Scores:
   order = match(truth, reconstruction)
   reconstruction = np.asarray(reconstruction)[order]
   labels = np.asarray(labels)[order]
-  return Scores(mse=mse(truth, reconstruction), psnr=psnr(truth, reconstruction),
+  return Scores(order=order, mse=mse(truth, reconstruction),
+                psnr=psnr(truth, reconstruction),
                 ssim=ssim(truth, reconstruction),
                 label_accuracy=label_accuracy(true_labels, labels))

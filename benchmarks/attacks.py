@@ -32,12 +32,15 @@ import os
 import sys
 import time
 
-from absl import flags
+import numpy as np
+import pandas as pd
 # TensorFlow is imported before absl's app.run parses flags: imported later, Keras
 # builds its functional models from graph tensors and fails (TF 2.14).
-import tensorflow  # pylint: disable=unused-import
+import tensorflow as tf
+from absl import flags
 
-from attacks.defenses import DEFENSES
+from attacks import defenses, dlg, membership, metrics, models
+from attacks.defenses import DEFENSES, Defense
 from attacks.dlg import METHODS, OPTIMIZERS
 from attacks.membership import ATTACKS as MIA_ATTACKS
 from benchmarks import common, configs
@@ -144,8 +147,6 @@ def _settings():
 
 def _images():
   """The attacked images and labels: a seeded choice from the dataset, resized."""
-  import numpy as np
-  import tensorflow as tf
   from tff_silo import data
   if FLAGS.dataset == "digits":
     x, y = data.digits_images()
@@ -162,7 +163,6 @@ def _images():
 
 
 def _defenses(s):
-  from attacks.defenses import Defense
   for name in FLAGS.defense:
     if name == "none":
       yield Defense()
@@ -181,7 +181,8 @@ def _attack_key(method, defense, batch):
       seed=FLAGS.seed, method=method, optimizer=FLAGS.optimizer,
       iterations=FLAGS.iterations, attack_lr=FLAGS.attack_lr,
       batch_size=FLAGS.batch_size, batch=batch, defense=defense.name,
-      parameter=defense.parameter, clip_aware=FLAGS.clip_aware,
+      parameter=defense.parameter, l2_norm_clip=defense.l2_norm_clip,
+      clip_aware=FLAGS.clip_aware,
       client_lr=FLAGS.client_lr), sort_keys=True)
 
 
@@ -192,8 +193,6 @@ def _image_path(key):
 
 def _attack_rows(model, x, y, method, defense, batch):
   """Attacks batch `batch` under `defense`: one row per image of the batch."""
-  import numpy as np
-  from attacks import defenses, dlg, metrics, models
   lo = batch * FLAGS.batch_size
   xb, yb = x[lo:lo + FLAGS.batch_size], y[lo:lo + FLAGS.batch_size]
   start = time.perf_counter()
@@ -205,9 +204,8 @@ def _attack_rows(model, x, y, method, defense, batch):
       optimizer=FLAGS.optimizer, iterations=FLAGS.iterations, seed=FLAGS.seed,
       batch_size=FLAGS.batch_size, learning_rate=FLAGS.attack_lr, l2_norm_clip=clip)
   seconds = time.perf_counter() - start
-  order = metrics.match(xb, result.images)
-  images, labels = result.images[order], result.labels[order]
-  scores = metrics.score(xb, yb, images, labels)
+  scores = metrics.score(xb, yb, result.images, result.labels)
+  images, labels = result.images[scores.order], result.labels[scores.order]
   key = _attack_key(method, defense, batch)
   path = _image_path(key)
   os.makedirs(os.path.dirname(path), exist_ok=True)
@@ -229,8 +227,6 @@ def _attack_rows(model, x, y, method, defense, batch):
 
 
 def _run_inversion(s):
-  import pandas as pd
-  from attacks import models
   x, y, num_classes = _images()
   model = models.sigmoid_lenet(x.shape[1:], num_classes, seed=FLAGS.seed)
   done = common.done_rows(FLAGS.output, FLAGS.resume)
@@ -277,7 +273,6 @@ def _grid(df, x, y, method, path):
   import matplotlib
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt
-  import numpy as np
   shown = min(FLAGS.figure_images, len(y))
   settings = df.drop_duplicates(["defense", "parameter"])[["defense", "parameter"]]
   fig, axes = plt.subplots(len(settings) + 1, shown, squeeze=False,
@@ -305,7 +300,6 @@ def _grid(df, x, y, method, path):
 
 
 def _reconstructions(df, setting, shown):
-  import numpy as np
   rows = df[(df.defense == setting["defense"]) & (df.parameter == setting["parameter"])]
   images = [None] * shown
   for _, row in rows[rows.image < shown].iterrows():
@@ -356,12 +350,11 @@ def _mia_key(algorithm, epsilon, s):
 
 
 def _mia_rows(algorithm, epsilon, silos, s):
-  import numpy as np
-  from attacks import membership
-  from tff_silo import algorithms, models, simulation
+  from tff_silo import algorithms, simulation
+  from tff_silo.models import model_for
   preset = s["preset"]
   private = math.isfinite(epsilon)
-  model = models.model_for(silos)
+  model = model_for(silos)
   kwargs = dict(client_learning_rate=preset.lr, batch_size=preset.batch_size,
                 l2_norm_clip=preset.clip if private else None, init_seed=FLAGS.seed)
   build = {"local": algorithms.build_local_process,
@@ -397,7 +390,6 @@ def _mia_rows(algorithm, epsilon, silos, s):
 
 
 def _run_membership(s):
-  import pandas as pd
   from tff_silo import data
   silos = data.load_rotated_masked_digits(test_fraction=FLAGS.mia_test_fraction,
                                           seed=FLAGS.seed)

@@ -27,6 +27,7 @@ import tensorflow as tf
 import tensorflow_probability as tfp
 
 from attacks import models
+from tff_silo.privacy import dp_sgd
 
 METHODS = ("dlg", "idlg")
 OPTIMIZERS = ("lbfgs", "adam")
@@ -191,13 +192,14 @@ class _Objective:
       with tf.GradientTape() as tape:
         loss = models.cross_entropy(model(x, training=False), probs)
       return tape.gradient(loss, model.trainable_variables)
-    clipped = []
+    per_example = []
     for i in range(self.image_shape[0]):
       with tf.GradientTape() as tape:
         loss = models.cross_entropy(model(x[i:i + 1], training=False), probs[i:i + 1])
-      grads = tape.gradient(loss, model.trainable_variables)
-      clipped.append(tf.clip_by_global_norm(grads, self.l2_norm_clip)[0])
-    return [tf.add_n(g) / len(clipped) for g in zip(*clipped)]
+      per_example.append(tape.gradient(loss, model.trainable_variables))
+    clipped = dp_sgd.clip_per_example([tf.stack(g) for g in zip(*per_example)],
+                                      self.l2_norm_clip)
+    return [tf.reduce_mean(g, axis=0) for g in clipped]
 
   def unpack(self, position, label):
     """(x' [B, H, W, C], label probabilities [B, classes]) from a position."""

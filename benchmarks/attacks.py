@@ -349,7 +349,7 @@ def _mia_key(algorithm, epsilon, s):
       sort_keys=True)
 
 
-def _mia_rows(algorithm, epsilon, silos, s):
+def _mia_rows(algorithm, epsilon, silos, s, progress):
   from tff_silo import algorithms, simulation
   from tff_silo.models import model_for
   preset = s["preset"]
@@ -366,7 +366,7 @@ def _mia_rows(algorithm, epsilon, silos, s):
   result = simulation.run_simulation(
       process, silos, rounds=s["rounds"], seed=FLAGS.seed,
       target_epsilon=epsilon if private else None,
-      target_delta=preset.delta if private else None)
+      target_delta=preset.delta if private else None, progress=progress)
   table = membership.attack_silo_models(model, result.silo_weights, silos,
                                         attacks=FLAGS.mia_attack)
   spent = (result.privacy.epsilon_spent if private
@@ -399,10 +399,12 @@ def _run_membership(s):
     if _mia_key(algorithm, epsilon, s) in done:
       continue
     start = time.perf_counter()
-    rows = _mia_rows(algorithm, epsilon, silos, s)
+    tag = f"[{k}/{len(runs)}] {algorithm} epsilon={epsilon:g}"
+    progress = common.round_progress(tag, s["rounds"])
+    rows = _mia_rows(algorithm, epsilon, silos, s, progress)
     for row in rows:
       common.append_row(FLAGS.mia_output, row)
-    print(f"[{k}/{len(runs)}] {algorithm} epsilon={epsilon:g}: AUC {rows[-1]['auc']:.3f} "
+    print(f"{tag}: AUC {rows[-1]['auc']:.3f} "
           f"advantage {rows[-1]['advantage']:.3f} "
           f"({time.perf_counter() - start:.0f}s)", flush=True)
   df = pd.read_csv(FLAGS.mia_output, dtype={"silo": str})

@@ -36,6 +36,19 @@ def check_among(name, values, allowed) -> None:
                      f"{','.join(values) or 'nothing'}")
 
 
+def round_progress(tag: str, rounds: int):
+  """A `progress(rounds_done, total, seconds)` callback for the simulation drivers:
+  prints `tag` and the round to stderr about every tenth round and at the end."""
+  step = max(1, rounds // 10)
+
+  def progress(rounds_done, total, seconds):
+    if rounds_done % step == 0 or rounds_done == total:
+      print(f"{tag}: round {rounds_done}/{total} ({seconds:.1f} s)", file=sys.stderr,
+            flush=True)
+
+  return progress
+
+
 def done_rows(path: str, resume: bool) -> dict:
   """Rows already in `path`, keyed by their `run_key` (empty unless `resume`)."""
   import pandas as pd

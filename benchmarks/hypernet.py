@@ -292,12 +292,7 @@ def main(argv):
             file=sys.stderr)
       rows.append(done[key])
       continue
-    step = max(1, FLAGS.rounds // 10)
-
-    def progress(rounds_done, total, seconds, tag=tag):
-      if rounds_done % step == 0 or rounds_done == total:
-        print(f"{tag}: round {rounds_done}/{total} ({seconds:.1f} s)", file=sys.stderr,
-              flush=True)
+    progress = common.round_progress(tag, FLAGS.rounds)
 
     try:
       if seed not in users_by_seed:

@@ -360,13 +360,8 @@ def main(argv):
       process = _build(algorithm, lam, seed, silos, s)
     except ValueError as e:  # includes DataError: a bad file or setting, not a bug
       raise UsageError(str(e)) from None
-    step = max(1, s["rounds"] // 10)
     tag = f"[{i}/{len(runs)}] {algorithm} lam={lam} seed={seed}"
-
-    def progress(rounds_done, total, seconds, tag=tag):
-      if rounds_done % step == 0 or rounds_done == total:
-        print(f"{tag}: round {rounds_done}/{total} ({seconds:.1f} s)", file=sys.stderr,
-              flush=True)
+    progress = common.round_progress(tag, s["rounds"])
 
     try:
       result = _simulate(algorithm, process, silos, seed, s, progress)

@@ -46,7 +46,8 @@ class HypernetState(NamedTuple):
 
 class UserInput(NamedTuple):
   """One user's round input: data, id (row of the embedding table), aggregation
-  weight w_u, and the (seed, round) pair its local sampling is keyed by."""
+  weight w_u, and the user's key for the round (`tff_silo.keys`: fold_in(user key,
+  round)) its local sampling is keyed by."""
   x: np.ndarray
   y: np.ndarray
   user_id: np.int32
@@ -156,9 +157,8 @@ def build_hypernet_process(hypernetwork, feature_shape, train_sizes,
   @tff.tensorflow.computation(selected_type, input_type)
   def user_update(selected, data):
     theta, _ = selected
-    seed = tf.random.experimental.stateless_fold_in(data.seed, data.user_id)
     trained = train_locally(target, config, list(theta), list(theta), 0.0, data.x,
-                            data.y, 0.0, seed)
+                            data.y, 0.0, data.seed)
     return tuple(t - s for t, s in zip(trained, theta))
 
   @tff.tensorflow.computation(phi_type, selected_type, theta_type, input_type)

@@ -1,7 +1,7 @@
 """The HyperNetFL driver: Poisson user sampling, rounds, evaluation, privacy spent.
 
 Every round each user takes part independently with probability q (stateless TF
-uniforms keyed by (seed, round)), as the sampled Gaussian mechanism's accounting
+uniforms keyed by derive(root, USER_SAMPLING, round), `tff_silo.keys`), as the sampled Gaussian mechanism's accounting
 assumes; a round in which nobody is sampled still runs, so the aggregator adds its
 noise. Each user is evaluated on its own test data with its generated model
 theta_u = h(phi, v_u) (no local fine-tuning, as in pFedHN).
@@ -18,12 +18,9 @@ import numpy as np
 import tensorflow as tf
 
 from hypernet.process import HypernetProcess, UserInput
-from tff_silo import runtime
+from tff_silo import keys, runtime
 from tff_silo.data.silos import SiloData
 from tff_silo.simulation import SiloEvaluator, check_run_length
-
-_SAMPLING_STREAM = 1   # keeps user sampling apart from the users' local seeds
-
 
 @dataclasses.dataclass(frozen=True)
 class HypernetResult:
@@ -45,8 +42,7 @@ class HypernetResult:
 
 def sample_users(num_users: int, sampling_rate: float, seed: int, round_num: int):
   """Ids of the users sampled in `round_num` (each with probability q)."""
-  key = tf.random.experimental.stateless_fold_in(
-      tf.constant([seed, _SAMPLING_STREAM], tf.int32), round_num)
+  key = keys.derive(keys.root_key(seed), keys.USER_SAMPLING, round_num)
   draws = tf.random.stateless_uniform([num_users], seed=key).numpy()
   return np.flatnonzero(draws < sampling_rate)
 
@@ -99,13 +95,14 @@ def run_hypernet(process: HypernetProcess, data: SiloData, *, rounds: int,
     train, _ = evaluator(thetas, data.x_train, data.y_train)
     return test, float(per_user.mean()), per_user, train
 
+  user_keys = keys.unit_keys(seed, hn.num_users)
   try:
     state = process.initialize()
     history, round_seconds, users_per_round = [], [], []
     for r in range(rounds):
       sampled = sample_users(hn.num_users, settings.sampling_rate, seed, r)
       inputs = [UserInput(data.x_train[u], data.y_train[u], np.int32(u), weights[u],
-                          np.array([seed, r], np.int32)) for u in sampled]
+                          keys.fold_in(user_keys[u], r).numpy()) for u in sampled]
       t0 = time.perf_counter()
       state, _ = process.next(state, inputs)
       round_seconds.append(time.perf_counter() - t0)

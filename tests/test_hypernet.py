@@ -10,6 +10,7 @@ import tensorflow as tf
 
 import hypernet
 from hypernet.process import UserInput
+from tff_silo import keys
 from tff_silo.algorithms.local_training import train_locally
 from tff_silo.data import digits_images, label_skewed_silos
 from tff_silo.models import linear_regression, small_cnn
@@ -76,10 +77,11 @@ def test_one_round_matches_algorithm_1_written_out():
   process = _process(users, settings)
   hn, config = process.hypernetwork, process.config
   state = process.initialize()
-  sampled, seed = [1, 4], np.array([7, 0], np.int32)
+  sampled = [1, 4]
+  user_keys = {u: keys.fold_in(keys.unit_keys(7, 5)[u], 0).numpy() for u in sampled}
   weights = process.user_weights
   inputs = [UserInput(users.x_train[u], users.y_train[u], np.int32(u),
-                      np.float32(weights[u]), seed) for u in sampled]
+                      np.float32(weights[u]), user_keys[u]) for u in sampled]
   new_state, metrics = process.next(state, inputs)
 
   phi = [tf.constant(p) for p in state.phi]
@@ -88,10 +90,9 @@ def test_one_round_matches_algorithm_1_written_out():
   for u in sampled:
     v = tf.constant(state.embeddings[u])
     theta = hn.generate(phi, v)
-    user_seed = tf.random.experimental.stateless_fold_in(seed, u)
     trained = train_locally(hn.target, config, theta, theta, 0.0,
                             tf.constant(users.x_train[u]), tf.constant(users.y_train[u]),
-                            0.0, user_seed)
+                            0.0, user_keys[u])
     delta = [a - b for a, b in zip(trained, theta)]
     phi_part, v_part = hn.vjp(phi, v, delta)
     flat = np.concatenate([g.numpy().ravel() for g in phi_part])

@@ -121,3 +121,16 @@ def test_dp_sgd_noise_statistics():
   again = dp_sgd.privatize(grads, l2_norm_clip=2.0, noise_multiplier=1.5, normalizer=4.0,
                            seed=tf.constant([1, 2]))[0].numpy()
   np.testing.assert_array_equal(out, again)
+
+
+def test_nonfinite_per_example_gradient_contributes_zero_and_is_counted():
+  grads = [tf.constant([[3.0, 4.0], [np.nan, 0.4], [0.3, np.inf]]),
+           tf.constant([1.0, 0.0, 0.0])]
+  assert int(dp_sgd.nonfinite_examples(grads)) == 2
+  clipped = dp_sgd.clip_per_example(grads, 1.0)
+  np.testing.assert_allclose(clipped[0].numpy(), [[3 / np.sqrt(26), 4 / np.sqrt(26)],
+                                                  [0, 0], [0, 0]], rtol=1e-6)
+  np.testing.assert_allclose(clipped[1].numpy(), [1 / np.sqrt(26), 0, 0], rtol=1e-6)
+  out = dp_sgd.privatize(grads, l2_norm_clip=1.0, noise_multiplier=1.0, normalizer=1.0,
+                         seed=tf.constant([3, 4]))
+  assert all(np.all(np.isfinite(o.numpy())) for o in out)

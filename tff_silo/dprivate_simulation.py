@@ -19,7 +19,7 @@ from typing import Callable, Optional
 import numpy as np
 import tensorflow as tf
 
-from tff_silo import runtime
+from tff_silo import keys, runtime
 from tff_silo.algorithms.dprivate_clustering import DPrivateClusteringProcess
 from tff_silo.algorithms.process import SiloInput
 from tff_silo.data.silos import SiloData
@@ -119,8 +119,9 @@ def run_dprivate_clustering(process: DPrivateClusteringProcess, data: SiloData, 
   per_participation = process.leakage_per_participation
   leakage = np.zeros(data.num_silos)
   participations = np.zeros(data.num_silos, np.int64)
-  inputs = [SiloInput(x, y, np.float32(0.0), np.array([seed, k], np.int32))
-            for k, (x, y) in enumerate(zip(data.x_train, data.y_train))]
+  inputs = [SiloInput(x, y, np.float32(0.0), key)
+            for x, y, key in zip(data.x_train, data.y_train,
+                                 keys.unit_keys(seed, data.num_silos))]
   loss_table = _loss_table_fn(process.model, data.feature_shape)
   if validation is not None:
     val_x = [np.concatenate([a, b]) for a, b in zip(validation.x_train, validation.x_test)]

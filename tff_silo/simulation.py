@@ -16,7 +16,7 @@ from typing import Callable, Optional, Sequence, Union
 import numpy as np
 import tensorflow as tf
 
-from tff_silo import runtime
+from tff_silo import keys, runtime
 from tff_silo.algorithms.local_training import sampling_rate, steps_per_epoch
 from tff_silo.algorithms.process import SiloInput, SiloProcess
 from tff_silo.data.silos import SiloData
@@ -163,9 +163,9 @@ def run_simulation(process: SiloProcess, data: SiloData, *, rounds: int,
     noise, select = privacy.noise_multipliers, privacy.selection_epsilon
   else:
     select = np.zeros(data.num_silos)
-  inputs = [SiloInput(x, y, np.float32(z), np.array([seed, k], np.int32), np.float32(s))
-            for k, (x, y, z, s) in enumerate(zip(data.x_train, data.y_train, noise,
-                                                 select))]
+  inputs = [SiloInput(x, y, np.float32(z), key, np.float32(s))
+            for x, y, z, key, s in zip(data.x_train, data.y_train, noise,
+                                       keys.unit_keys(seed, data.num_silos), select)]
   evaluator = SiloEvaluator(process.model, data.feature_shape)
 
   def evaluate(state, client_states, rounds_done):

@@ -29,6 +29,7 @@ import numpy as np
 import tensorflow as tf
 import tensorflow_federated as tff
 
+from tff_silo import keys
 from tff_silo.algorithms.ifca import initial_cluster_models, select_model
 from tff_silo.algorithms.local_training import LocalTrainingConfig, train_locally
 from tff_silo.algorithms.process import silo_input_type, weights_type
@@ -117,16 +118,16 @@ def build_dprivate_clustering_process(
       tff.StructWithPythonType([hyp_type, tff.TensorType(np.int32)], tuple), data_type)
   def client_update(broadcast, data):
     hypotheses, round_num = broadcast
-    seed = tf.random.experimental.stateless_fold_in(data.seed, round_num)
+    key = keys.fold_in(data.seed, round_num)
     j = lowest_loss_hypothesis(model, hypotheses, data.x, data.y)
     start = select_model(hypotheses, j)
     new = train_locally(model, config, start, start, 0.0, data.x, data.y, 0.0,
-                        tf.random.experimental.stateless_fold_in(seed, 0))
+                        key)
     if nu is None:
       return tuple(new)
     delta = [a - b for a, b in zip(new, start)]
     sanitized, _ = sanitize_update(delta, nu,
-                                   tf.random.experimental.stateless_fold_in(seed, 1))
+                                   keys.derive(key, keys.D_PRIVACY, 0))
     return tuple(s + d for s, d in zip(start, sanitized))
 
   @tff.tensorflow.computation(hyp_type, w_type)

@@ -35,6 +35,7 @@ import numpy as np
 import tensorflow as tf
 import tensorflow_federated as tff
 
+from tff_silo import keys
 from tff_silo.algorithms import _common
 from tff_silo.algorithms.local_training import LocalTrainingConfig, train_locally
 from tff_silo.algorithms.process import (
@@ -205,13 +206,13 @@ def build_clustered_process(model, feature_shape, config: LocalTrainingConfig, *
       client_state_type, data_type)
   def client_update(broadcast, client_state, data):
     clusters, round_num = broadcast
-    seed = tf.random.experimental.stateless_fold_in(data.seed, round_num)
+    key = keys.fold_in(data.seed, round_num)
 
     def select():
       scores, sensitivity = selection_scores(model, clusters, data.x, data.y, loss_clip)
       private = lambda: report_noisy_min(
           scores, data.selection_epsilon, sensitivity,
-          tf.random.experimental.stateless_fold_in(seed, 7))
+          keys.derive(key, keys.SELECTION, 0))
       if config.private:  # a DP run never selects exactly
         with tf.control_dependencies([tf.debugging.assert_positive(
             data.selection_epsilon,
@@ -233,8 +234,7 @@ def build_clustered_process(model, feature_shape, config: LocalTrainingConfig, *
     begin = [tf.where(train_center, c, p) for c, p in zip(center, personal)]
     lam_now = tf.where(selecting, 0.0, lam_t)
     new = train_locally(model, config, begin, center, lam_now, data.x, data.y,
-                        data.noise_multiplier,
-                        tf.random.experimental.stateless_fold_in(seed, 0))
+                        data.noise_multiplier, key)
     delta = [a - b for a, b in zip(new, begin)]
     n = tf.cast(tf.shape(data.y)[0], tf.float32)
     member = tf.one_hot(cluster, num_clusters)

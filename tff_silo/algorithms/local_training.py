@@ -20,7 +20,9 @@ A silo with n < B uses full batches (q = 1). Steps per epoch: max(1, floor(n / B
 `steps` replaces the epoch count by a fixed number of SGD steps (HyperNetFL's K local
 steps, Nemala et al. Algorithm 1, lines 9-11); shuffled epochs follow one another.
 
-Randomness comes from stateless ops keyed by `seed` (int32[2]) and the step index.
+Randomness: `key` is the silo's key for the round (`tff_silo.keys`); batches of step
+s of pass p use derive(key, SAMPLING, p, s) (or SHUFFLE and the epoch), and the DP
+noise of that step derive(key, DP_NOISE, p, s): every release has its own 64-bit key.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ import dataclasses
 
 import tensorflow as tf
 
+from tff_silo import keys
 from tff_silo.privacy import dp_sgd
 
 SAMPLING_MODES = ("poisson", "shuffle")
@@ -100,7 +103,7 @@ def _per_example_gradients(model, weights, x, y):
 
 
 def train_locally(model, config: LocalTrainingConfig, weights, anchor, lam, x, y,
-                  noise_multiplier, seed):
+                  noise_multiplier, key, pass_=0):
   """Runs `config.epochs` epochs (or `config.steps` steps) of (DP-)SGD; returns the
   new weights (a list).
 
@@ -111,7 +114,8 @@ def train_locally(model, config: LocalTrainingConfig, weights, anchor, lam, x, y
     lam: float32 scalar, the mean-regularization strength (0 for none).
     x, y: the silo's features `[n, ...]` and labels `[n]`.
     noise_multiplier: float32 scalar z (the silo's own calibration; unused without DP).
-    seed: int32[2] stateless seed for this silo and round.
+    key: int32[2], the silo's key for this round (`tff_silo.keys`).
+    pass_: which of the round's passes over the silo's data this is (Ditto: 0, 1).
   """
   if config.private and model.batch_reduction is not None:
     raise ValueError(f"{model.name} trains an objective that is not a mean over "
@@ -126,15 +130,18 @@ def train_locally(model, config: LocalTrainingConfig, weights, anchor, lam, x, y
   expected_batch = tf.cast(batch, tf.float32)
   lr = tf.constant(config.learning_rate, tf.float32)
 
+  sampling_key = keys.derive(key, keys.SAMPLING, pass_)
+  shuffle_key = keys.derive(key, keys.SHUFFLE, pass_)
+  noise_key = keys.derive(key, keys.DP_NOISE, pass_)
+
   def batch_indices(step):
-    step_seed = tf.random.experimental.stateless_fold_in(seed, step)
     if config.private and config.sampling == "poisson":
-      keep = tf.random.stateless_uniform([n], seed=step_seed) < (
+      keep = tf.random.stateless_uniform([n], seed=keys.fold_in(sampling_key, step)) < (
           expected_batch / tf.cast(n, tf.float32))
       return tf.cast(tf.where(keep)[:, 0], tf.int32)
-    epoch_seed = tf.random.experimental.stateless_fold_in(seed, -1 - step // per_epoch)
+    epoch_key = keys.fold_in(shuffle_key, step // per_epoch)
     start = (step % per_epoch) * batch
-    return _random_permutation(n, epoch_seed)[start:start + batch]
+    return _random_permutation(n, epoch_key)[start:start + batch]
 
   def gradient(w, step):
     idx = batch_indices(step)
@@ -150,11 +157,10 @@ def train_locally(model, config: LocalTrainingConfig, weights, anchor, lam, x, y
         lambda: _per_example_gradients(model, w, xb, yb),
         lambda: [tf.zeros(tf.concat([[0], tf.shape(wi)], 0)) for wi in w])
     per_example = [g + p[None] for g, p in zip(per_example, penalty)]
-    noise_seed = tf.random.experimental.stateless_fold_in(
-        tf.random.experimental.stateless_fold_in(seed, step), 2)
     return dp_sgd.privatize(per_example, l2_norm_clip=config.l2_norm_clip,
                             noise_multiplier=noise_multiplier,
-                            normalizer=expected_batch, seed=noise_seed)
+                            normalizer=expected_batch,
+                            seed=keys.fold_in(noise_key, step))
 
   def body(step, w):
     grads = gradient(w, step)

@@ -27,14 +27,16 @@ import numpy as np
 import tensorflow as tf
 import tensorflow_federated as tff
 
+from tff_silo import keys
 from tff_silo.algorithms.local_training import LocalTrainingConfig, train_locally
 
 START_POINTS = ("personal", "global", "switch")
 
 
 class SiloInput(NamedTuple):
-  """A silo's client data: its training tensors, DP noise multiplier and seed, and
-  the epsilon of each private cluster selection (0: exact selection; IFCA only)."""
+  """A silo's client data: its training tensors, DP noise multiplier and key (the
+  silo's int32[2] key, `tff_silo.keys.unit_key`), and the epsilon of each private
+  cluster selection (0: exact selection; IFCA only)."""
   x: np.ndarray
   y: np.ndarray
   noise_multiplier: np.float32
@@ -185,10 +187,10 @@ def build_silo_process(model, feature_shape, config: LocalTrainingConfig, *,
   def client_update(broadcast, personal_w, data):
     global_w, round_num = broadcast
     global_w, personal_w = list(global_w), list(personal_w)
-    seed = tf.random.experimental.stateless_fold_in(data.seed, round_num)
-    train = lambda w, lam_value, s: train_locally(
+    key = keys.fold_in(data.seed, round_num)
+    train = lambda w, lam_value, pass_: train_locally(
         model, config, w, global_w, lam_value, data.x, data.y,
-        data.noise_multiplier, tf.random.experimental.stateless_fold_in(seed, s))
+        data.noise_multiplier, key, pass_)
     if ditto:
       new_global = train(global_w, 0.0, 0)
       personal = train(personal_w, lam_t, 1)

@@ -3,35 +3,64 @@
 Per-example gradients are clipped to `l2_norm_clip` in global L2 norm over all weight
 tensors, summed, and Gaussian noise N(0, (noise_multiplier * l2_norm_clip)^2 I) is
 added to the sum; the result is divided by the normalizer (the expected batch size
-q * n under Poisson sampling, the batch size under shuffled batches). Noise comes from
-stateless random ops seeded explicitly, so runs are reproducible.
+q * n under Poisson sampling, the batch size otherwise).
+
+Noise comes from stateless random ops keyed by a 64-bit key (`tff_silo.keys`): one key
+per release, never reused. Without a key the noise is drawn from OS entropy; a fixed
+key is for reproducible simulation only. An example whose gradient is not finite
+contributes zero (it would otherwise turn the release into NaN and so reveal that it
+was sampled).
 """
 
 from __future__ import annotations
 
 import tensorflow as tf
 
+from tff_silo import keys
+
 _TINY = 1e-12
 
 
+def _per_example(grads):
+  """(squared global norm, all finite) of each example (leading axis)."""
+  flat = [tf.reshape(g, [tf.shape(g)[0], -1]) for g in grads]
+  finite = tf.reduce_all(tf.stack([tf.reduce_all(tf.math.is_finite(f), axis=1)
+                                   for f in flat]), axis=0)
+  sq = tf.add_n([tf.reduce_sum(tf.square(tf.where(tf.math.is_finite(f), f, 0.0)),
+                               axis=1) for f in flat])
+  return sq, finite
+
+
+def nonfinite_examples(grads):
+  """How many examples (leading axis) have a gradient with a NaN or inf."""
+  _, finite = _per_example(grads)
+  return tf.reduce_sum(tf.cast(tf.logical_not(finite), tf.int32))
+
+
 def clip_per_example(grads, l2_norm_clip):
-  """Scales each example's gradient (leading axis) to global norm <= clip."""
-  sq = [tf.reduce_sum(tf.reshape(tf.square(g), [tf.shape(g)[0], -1]), axis=1)
-        for g in grads]
-  norms = tf.sqrt(tf.add_n(sq))
-  factor = tf.minimum(1.0, l2_norm_clip / (norms + _TINY))
-  return [g * tf.reshape(factor, [-1] + [1] * (len(g.shape) - 1)) for g in grads]
+  """Scales each example's gradient (leading axis) to global norm <= clip; an
+  example with a non-finite gradient is set to zero."""
+  sq, finite = _per_example(grads)
+  factor = tf.where(finite, tf.minimum(1.0, l2_norm_clip / (tf.sqrt(sq) + _TINY)), 0.0)
+  return [tf.where(tf.reshape(finite, [-1] + [1] * (len(g.shape) - 1)), g, 0.0)
+          * tf.reshape(factor, [-1] + [1] * (len(g.shape) - 1)) for g in grads]
 
 
-def gaussian_noise_like(tensors, stddev, seed):
-  """Independent N(0, stddev^2) noise shaped like each tensor; `seed` is int32[2]."""
-  return [tf.random.stateless_normal(tf.shape(t), seed=tf.random.experimental
-                                     .stateless_fold_in(seed, i), stddev=stddev)
-          for i, t in enumerate(tensors)]
+def gaussian_noise_like(tensors, stddev, key=None):
+  """Independent N(0, stddev^2) noise shaped like each tensor, all drawn with one
+  int32[2] `key` (one flat draw, split); OS entropy when `key` is None."""
+  sizes = [tf.size(t) for t in tensors]
+  flat = tf.random.stateless_normal(tf.reshape(tf.add_n(sizes), [1]),
+                                    seed=keys.key_or_fresh(key), stddev=stddev)
+  return [tf.reshape(part, tf.shape(t))
+          for part, t in zip(tf.split(flat, tf.stack(sizes)), tensors)]
 
 
-def privatize(per_example_grads, *, l2_norm_clip, noise_multiplier, normalizer, seed):
-  """Clip, sum, add noise, normalize: the DP-SGD gradient estimate."""
+def privatize(per_example_grads, *, l2_norm_clip, noise_multiplier, normalizer,
+              seed=None):
+  """Clip, sum, add noise, normalize: the DP-SGD gradient estimate. `seed`: the
+  release's int32[2] key (`tff_silo.keys`); None draws from OS entropy (a fixed key
+  is for simulation only)."""
   clipped = clip_per_example(per_example_grads, l2_norm_clip)
   sums = [tf.reduce_sum(g, axis=0) for g in clipped]
   noise = gaussian_noise_like(sums, noise_multiplier * l2_norm_clip, seed)

@@ -36,6 +36,7 @@ import numpy as np
 import tensorflow as tf
 import tensorflow_federated as tff
 
+from tff_silo import keys
 from tff_silo.privacy import accounting, dp_sgd
 
 
@@ -93,19 +94,21 @@ class UserLevelDPMeanFactory(tff.aggregators.WeightedAggregationFactory):
 
   `l2_norm_clip=None` and `noise_multiplier=0` give the plain estimator
   sum w_u Delta_u / (q W) (noiseless pFedHN). The noise of round t is drawn with
-  stateless Gaussian ops keyed by (`seed`, t). Measurements: `sigma` (public).
+  the key derive(root_key(seed), AGGREGATOR_NOISE, t) (`tff_silo.keys`); `seed=None`
+  (a deployment) takes the root from OS entropy, a fixed seed is for simulation only.
+  Measurements: `sigma` (public).
   """
 
   def __init__(self, *, l2_norm_clip: Optional[float], noise_multiplier: float,
                sampling_rate: float, total_weight: float, max_weight: float = 1.0,
-               seed: int = 0):
+               seed: Optional[int] = None):
     _check(l2_norm_clip, noise_multiplier, sampling_rate, total_weight, max_weight)
     self.l2_norm_clip = l2_norm_clip
     self.noise_multiplier = float(noise_multiplier)
     self.sampling_rate = float(sampling_rate)
     self.total_weight = float(total_weight)
     self.max_weight = float(max_weight)
-    self.seed = int(seed)
+    self.seed = None if seed is None else int(seed)
 
   @property
   def sigma(self) -> float:
@@ -122,7 +125,7 @@ class UserLevelDPMeanFactory(tff.aggregators.WeightedAggregationFactory):
       raise TypeError(f"weights must be float32 scalars, got {weight_type}")
     clip, sigma = self.l2_norm_clip, self.sigma
     normalizer = self.sampling_rate * self.total_weight
-    seed = self.seed
+    root = keys.root_key(self.seed)
 
     @tff.tensorflow.computation
     def initial_round():
@@ -139,9 +142,8 @@ class UserLevelDPMeanFactory(tff.aggregators.WeightedAggregationFactory):
     def noised_mean(round_num, total):
       tensors = [t / normalizer for t in tf.nest.flatten(total)]   # f, eq. 3
       if sigma > 0:   # N(0, sigma^2 I) on f itself (line 15)
-        noise_seed = tf.random.experimental.stateless_fold_in(
-            tf.constant([seed, 0], tf.int32), round_num)
-        noise = dp_sgd.gaussian_noise_like(tensors, sigma, noise_seed)
+        noise_key = keys.derive(root, keys.AGGREGATOR_NOISE, round_num)
+        noise = dp_sgd.gaussian_noise_like(tensors, sigma, noise_key)
         tensors = [t + n for t, n in zip(tensors, noise)]
       return (tf.nest.pack_sequence_as(total, tensors), round_num + 1,
               tf.constant(sigma, tf.float32))

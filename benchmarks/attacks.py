@@ -345,13 +345,16 @@ def _mia_key(algorithm, epsilon, s):
   return json.dumps(dict(
       algorithm=algorithm, epsilon=str(epsilon), rounds=s["rounds"],
       lam=s["lam"] if algorithm == "mrmtl" else None, seed=FLAGS.seed,
-      test_fraction=FLAGS.mia_test_fraction, attacks=sorted(FLAGS.mia_attack)),
+      test_fraction=FLAGS.mia_test_fraction, attacks=sorted(FLAGS.mia_attack),
+      protocol="add_remove" if math.isfinite(epsilon) else None,
+      assumed_silo_size=s["preset"].assumed_silo_size if math.isfinite(epsilon) else None),
       sort_keys=True)
 
 
 def _mia_rows(algorithm, epsilon, silos, s, progress):
   from tff_silo import algorithms, simulation
   from tff_silo.models import model_for
+  from tff_silo.privacy import PrivacyProtocol
   preset = s["preset"]
   private = math.isfinite(epsilon)
   model = model_for(silos)
@@ -366,7 +369,9 @@ def _mia_rows(algorithm, epsilon, silos, s, progress):
   result = simulation.run_simulation(
       process, silos, rounds=s["rounds"], seed=FLAGS.seed,
       target_epsilon=epsilon if private else None,
-      target_delta=preset.delta if private else None, progress=progress)
+      target_delta=preset.delta if private else None, progress=progress,
+      protocol=PrivacyProtocol(assumed_silo_size=preset.assumed_silo_size)
+      if private else None)
   table = membership.attack_silo_models(model, result.silo_weights, silos,
                                         attacks=FLAGS.mia_attack)
   spent = (result.privacy.epsilon_spent if private
@@ -381,8 +386,9 @@ def _mia_rows(algorithm, epsilon, silos, s, progress):
         epsilon_spent=float(spent.max() if whole else spent[int(silo)]),
         delta=preset.delta if private else math.nan, rounds=s["rounds"],
         lam=s["lam"] if algorithm == "mrmtl" else math.nan,
-        train_accuracy=result.train_metric if whole
-        else float(result.silo_train_metric[int(silo)]),
+        # Un-noised accuracy on the members: outside the DP guarantee.
+        **{"train_accuracy_outside_guarantee" if private else "train_accuracy":
+           result.train_metric if whole else float(result.silo_train_metric[int(silo)])},
         test_accuracy=result.test_metric if whole
         else float(result.silo_test_metric[int(silo)]),
         seed=FLAGS.seed, run_key=key, **row))
@@ -414,9 +420,11 @@ def _run_membership(s):
   overall = df[df.silo == "all"].set_index("run_key").join(per_silo)
   print("\nmembership inference (all: silos pooled, each example scored by its "
         "silo's model):")
-  print(overall[["algorithm", "target_epsilon", "epsilon_spent", "test_accuracy",
-                 "train_accuracy", "auc", "advantage", "silo_auc_median",
-                 "silo_auc_max"]].to_string(index=False, float_format=lambda v: f"{v:.3f}"))
+  columns = ["algorithm", "target_epsilon", "epsilon_spent", "test_accuracy",
+             "train_accuracy", "train_accuracy_outside_guarantee", "auc", "advantage",
+             "silo_auc_median", "silo_auc_max"]
+  print(overall[[c for c in columns if c in overall.columns]].to_string(
+      index=False, float_format=lambda v: f"{v:.3f}"))
 
 
 def main(argv):

@@ -10,6 +10,16 @@
 Appends one CSV row per (algorithm, lambda, seed) to --output and prints a table of
 means over seeds. Unset --epsilon trains without privacy. `dprivate_clustering`
 (Galli et al.) protects updates with d-privacy (--nu) instead and reports leakage.
+
+Under DP a row's epsilon holds for the protocol the row records (`protocol`,
+`neighbouring`, `sampling`, `public_silo_sizes`, `assumed_silo_size`; see
+`tff_silo.privacy.protocol`): by default add/remove-one with Poisson sampling and
+private silo sizes (every silo samples with the preset's public size and the server
+mean is unweighted); `--protocol=paper` runs the paper's protocol (n_k-weighted mean,
+q_k = B / n_k), whose epsilon assumes the sizes are public. Figures computed on
+training data without noise are not written under DP unless
+--outside_guarantee_metrics (then under names that say so); shuffled batches get no
+epsilon (only `epsilon_if_poisson_max`).
 """
 
 from __future__ import annotations
@@ -32,7 +42,11 @@ IFCA_ALGORITHMS = {"ifca": "fedavg", "ifca_fedavg": "fedavg", "ifca_local": "loc
 ALGORITHMS = ("local", "fedavg", "finetune", "mrmtl", "ditto", *IFCA_ALGORITHMS,
               "dprivate_clustering")
 DATASETS = tuple(configs.PRESETS)
-SAMPLING = ("poisson", "shuffle")
+SAMPLING = ("poisson", "without_replacement", "shuffle")
+TABULAR = ("school", "vehicle", "gleam")
+STANDARDIZE = ("none", "public", "dp", "silo")
+NEIGHBOURING = ("add_remove", "replace_one")
+PROTOCOLS = ("custom", "paper")
 LAMBDA_ALGORITHMS = ("mrmtl", "ditto", "ifca_mrmtl")
 CLUSTER_FLAGS = ("num_clusters", "selection_fraction", "selection_budget_share")
 DPRIVATE_FLAGS = ("num_clusters", "nu", "clients_per_round", "leakage_cap", "patience",
@@ -55,8 +69,33 @@ flags.DEFINE_float("lr", None, "Client learning rate (default: preset).")
 flags.DEFINE_integer("batch_size", None, "Local batch size B (default: preset).")
 flags.DEFINE_float("clip", None, "Per-example L2 clip under DP (default: preset).")
 flags.DEFINE_integer("local_epochs", 1, "Local epochs per round.")
-flags.DEFINE_string("sampling", "poisson", f"DP batch sampling, one of {SAMPLING}; "
-                    "'shuffle' is accounted as if Poisson (an approximation).")
+flags.DEFINE_string("sampling", None, f"DP batch sampling, one of {SAMPLING} (default: "
+                    "poisson under add_remove, without_replacement under replace_one); "
+                    "'shuffle' has no epsilon bound.")
+flags.DEFINE_string("neighbouring", "add_remove", f"DP neighbouring relation, one of "
+                    f"{NEIGHBOURING}.")
+flags.DEFINE_bool("public_silo_sizes", False, "add_remove: declare the silos' sizes "
+                  "public (they set q_k = B / n_k and weigh the server mean).")
+flags.DEFINE_integer("assumed_silo_size", None, "add_remove with private sizes: the "
+                     "public size m every silo samples with (default: the preset's).")
+flags.DEFINE_string("protocol", "custom", f"One of {PROTOCOLS}: 'paper' runs the "
+                    "paper's protocol (add_remove accounting, public sizes setting q_k "
+                    "and weighing the mean; Poisson batches, or --sampling=shuffle as "
+                    "its code) and labels the rows so; 'custom' follows the flags above.")
+flags.DEFINE_string("standardize", None, "Feature standardization of the tabular "
+                    "datasets (school, vehicle, gleam): none, public (documented ranges; "
+                    "school only), dp (each silo's DP estimate, charged to its ledger) or "
+                    "silo (each silo's exact statistics, outside the DP guarantee). "
+                    "Default: silo without DP and under --protocol=paper; otherwise "
+                    "public where the dataset has documented ranges, else none.")
+flags.DEFINE_float("standardize_clip", None, "--standardize=dp: L2 clip R of a feature "
+                   "vector (required).")
+flags.DEFINE_float("standardize_budget_share", 0.05, "--standardize=dp: the share of "
+                   "each silo's epsilon its statistics spend on their own.")
+flags.DEFINE_string("ledger_csv", None, "Under DP, append every silo's epsilon after "
+                    "every round to this CSV.")
+flags.DEFINE_bool("outside_guarantee_metrics", False, "Under DP, also write the "
+                  "un-noised training metric (as train_metric_outside_guarantee).")
 flags.DEFINE_float("finetune_fraction", 0.5, "Fraction of rounds finetune runs FedAvg.")
 flags.DEFINE_bool("unweighted", False, "Average updates unweighted instead of by n_k.")
 flags.DEFINE_list("seeds", ["0"], "Comma-separated seeds (data split, sampling, noise).")
@@ -86,7 +125,8 @@ def _settings():
   """Validates the flags and fills the dataset's preset; raises UsageError."""
   common.check_one_of("dataset", FLAGS.dataset, DATASETS)
   common.check_among("algorithm", FLAGS.algorithm, ALGORITHMS)
-  common.check_one_of("sampling", FLAGS.sampling, SAMPLING)
+  common.check_one_of("neighbouring", FLAGS.neighbouring, NEIGHBOURING)
+  common.check_one_of("protocol", FLAGS.protocol, PROTOCOLS)
   preset = configs.PRESETS[FLAGS.dataset]
   s = dict(
       rounds=FLAGS.rounds if FLAGS.rounds is not None else preset.rounds,
@@ -118,6 +158,7 @@ def _settings():
     raise UsageError("--seeds must name at least one seed")
   s["num_clusters"] = (FLAGS.num_clusters if FLAGS.num_clusters is not None
                        else preset.num_clusters)
+  _privacy_settings(s, preset)
   _check_clustering(s)
   if preset.needs_data_dir:
     if not FLAGS.data_dir:
@@ -125,6 +166,68 @@ def _settings():
     if not os.path.isdir(FLAGS.data_dir):
       raise UsageError(f"--data_dir {FLAGS.data_dir} is not a directory")
   return s
+
+
+def _privacy_settings(s, preset):
+  """Fills the protocol, sampling and public size; raises UsageError."""
+  from tff_silo.privacy import protocol as protocol_lib
+  if FLAGS.protocol == "paper":
+    if FLAGS.neighbouring != "add_remove" or FLAGS.sampling not in (None, "poisson",
+                                                                    "shuffle"):
+      raise UsageError("--protocol=paper is add_remove with poisson (or, as the paper's "
+                       "code runs, shuffle) sampling; drop --neighbouring or use "
+                       "--protocol=custom")
+    protocol, sampling = protocol_lib.PAPER, FLAGS.sampling or "poisson"
+  else:
+    sampling = FLAGS.sampling or protocol_lib.SAMPLING_FOR[FLAGS.neighbouring][0]
+    common.check_one_of("sampling", sampling, SAMPLING)
+    public = FLAGS.public_silo_sizes or FLAGS.neighbouring == "replace_one"
+    size = (FLAGS.assumed_silo_size if FLAGS.assumed_silo_size is not None
+            else None if public else preset.assumed_silo_size)
+    if s["epsilon"] is not None and not public and size is None:
+      raise UsageError(f"--dataset={FLAGS.dataset} has no preset public silo size: "
+                       "give --assumed_silo_size or --public_silo_sizes")
+    try:
+      protocol = protocol_lib.PrivacyProtocol(FLAGS.neighbouring, FLAGS.public_silo_sizes,
+                                              size)
+    except ValueError as e:
+      raise UsageError(str(e)) from None
+  if s["epsilon"] is not None:
+    try:
+      protocol.check_sampling(sampling)
+    except ValueError as e:
+      raise UsageError(f"--sampling: {e}") from None
+  s["protocol"], s["sampling"] = protocol, sampling
+  _standardize_settings(s)
+
+
+def _standardize_settings(s):
+  """Fills s['standardize']; raises UsageError."""
+  mode = FLAGS.standardize
+  if mode is not None:
+    common.check_one_of("standardize", mode, STANDARDIZE)
+  if FLAGS.dataset not in TABULAR:
+    if mode not in (None, "none"):
+      raise UsageError(f"--standardize applies to {', '.join(TABULAR)}; "
+                       f"{FLAGS.dataset} comes in a fixed scale")
+    s["standardize"] = None
+    return
+  if mode is None:
+    mode = ("silo" if s["epsilon"] is None or FLAGS.protocol == "paper"
+            else "public" if FLAGS.dataset == "school" else "none")
+  if mode == "public" and FLAGS.dataset != "school":
+    raise UsageError(f"--standardize=public needs documented feature ranges, which "
+                     f"{FLAGS.dataset} lacks: use none, dp or silo")
+  if mode == "dp":
+    if s["epsilon"] is None:
+      raise UsageError("--standardize=dp needs --epsilon (it spends a share of it)")
+    if FLAGS.standardize_clip is None or not FLAGS.standardize_clip > 0:
+      raise UsageError("--standardize=dp needs --standardize_clip > 0 (the L2 clip of "
+                       "a feature vector)")
+    if not 0 < FLAGS.standardize_budget_share < 1:
+      raise UsageError(f"--standardize_budget_share must be in (0, 1); got "
+                       f"{FLAGS.standardize_budget_share}")
+  s["standardize"] = mode
 
 
 def _check_clustering(s):
@@ -161,15 +264,36 @@ def _check_clustering(s):
     raise UsageError(f"--kmeans_iterations must be >= 1; got {FLAGS.kmeans_iterations}")
 
 
-def _load(seed):
+def _load(seed, s):
+  """(silos, per-silo preprocessing DpEvents or None)."""
   from tff_silo import data
   name = FLAGS.dataset
-  if name == "school":
-    return data.load_school(FLAGS.data_dir, seed=seed)
-  if name == "vehicle":
-    return data.load_vehicle(FLAGS.data_dir, seed=seed)
-  if name == "gleam":
-    return data.load_gleam(FLAGS.data_dir, seed=seed)
+  if name in TABULAR:
+    loader = {"school": data.load_school, "vehicle": data.load_vehicle,
+              "gleam": data.load_gleam}[name]
+    mode = s["standardize"]
+    silos = loader(FLAGS.data_dir, seed=seed,
+                   standardize="none" if mode == "dp" else mode)
+    if mode != "dp":
+      return silos, None
+    return _dp_standardized(silos, seed, s)
+  return _generated(seed), None
+
+
+def _dp_standardized(silos, seed, s):
+  from tff_silo.data import preprocessing
+  neighbouring = s["protocol"].neighbouring
+  z = preprocessing.dp_noise_multiplier(s["epsilon"], s["delta"],
+                                        FLAGS.standardize_budget_share, neighbouring)
+  standardized = preprocessing.standardize_silos(
+      silos, "dp", clip=FLAGS.standardize_clip, noise_multipliers=[z] * silos.num_silos,
+      seed=seed)
+  return standardized, [preprocessing.dp_event(z, neighbouring)] * silos.num_silos
+
+
+def _generated(seed):
+  from tff_silo import data
+  name = FLAGS.dataset
   if name == "digits":
     return data.load_rotated_masked_digits(mask_probability=FLAGS.mask_probability,
                                            seed=seed)
@@ -201,7 +325,7 @@ def _build(algorithm, lam, seed, silos, s):
   common = dict(client_learning_rate=s["lr"], batch_size=s["batch_size"],
                 local_epochs=FLAGS.local_epochs,
                 l2_norm_clip=s["clip"] if s["epsilon"] is not None else None,
-                sampling=FLAGS.sampling,
+                sampling=s["sampling"],
                 aggregator=tff.aggregators.UnweightedMeanFactory() if FLAGS.unweighted
                 else None)
   if algorithm in IFCA_ALGORITHMS:
@@ -246,7 +370,12 @@ def _run_key(seed, algorithm, lam, s):
       dataset=FLAGS.dataset, data_dir=FLAGS.data_dir, algorithm=algorithm, lam=lam,
       seed=seed, rounds=s["rounds"], epsilon=s["epsilon"], delta=s["delta"], lr=s["lr"],
       batch_size=s["batch_size"], clip=s["clip"], local_epochs=FLAGS.local_epochs,
-      sampling=FLAGS.sampling, unweighted=FLAGS.unweighted,
+      sampling=s["sampling"], unweighted=FLAGS.unweighted,
+      **_protocol_columns(s, private=s["epsilon"] is not None),
+      standardize=s["standardize"],
+      standardize_clip=FLAGS.standardize_clip if s["standardize"] == "dp" else None,
+      standardize_budget_share=(FLAGS.standardize_budget_share
+                                if s["standardize"] == "dp" else None),
       finetune_fraction=(FLAGS.finetune_fraction
                          if algorithm in ("finetune", "ifca_finetune") else None),
       mask_probability=FLAGS.mask_probability if FLAGS.dataset == "digits" else None),
@@ -262,8 +391,13 @@ def _clustering_columns(result, silos):
               else result.clusters)
   if assigned is None:   # not a clustering method
     return {}
-  columns = dict(ari=(float(adjusted_rand_score(silos.groups, assigned))
-                      if silos.groups is not None else None))
+  ari = (float(adjusted_rand_score(silos.groups, assigned))
+         if silos.groups is not None else None)
+  # d-private clustering's final assignment is each user's lowest-loss hypothesis on
+  # its training data, never released: under sanitization that figure is outside
+  # the guarantee. IFCA's assignments under DP are its private selections.
+  outside = isinstance(result, DPrivateResult) and FLAGS.nu is not None
+  columns = {"ari_outside_guarantee" if outside else "ari": ari}
   if not isinstance(result, DPrivateResult):
     privacy = result.privacy
     columns.update(
@@ -284,6 +418,51 @@ def _clustering_columns(result, silos):
   return columns
 
 
+def _protocol_columns(s, private=True):
+  """What a DP row's guarantee is about (None for non-private runs)."""
+  if not private:
+    return dict(protocol=None, neighbouring=None, public_silo_sizes=None,
+                assumed_silo_size=None)
+  protocol = s["protocol"]
+  return dict(protocol=protocol.name, neighbouring=protocol.neighbouring,
+              public_silo_sizes=protocol.sizes_public,
+              assumed_silo_size=protocol.assumed_silo_size)
+
+
+def _server_weights(s, privacy):
+  """What weighs the server mean: n_k, the same public size for all, or nothing."""
+  if FLAGS.unweighted:
+    return "unweighted"
+  if privacy is not None and not s["protocol"].sizes_public:
+    return "equal (sizes private)"
+  return "n_k"
+
+
+def _privacy_columns(result):
+  """The ledgers' epsilon (a bound only for sampling with an accounting)."""
+  import numpy as np
+  privacy = getattr(result, "privacy", None)
+  if privacy is None:
+    return dict(epsilon_spent_max=None, epsilon_spent_mean=None,
+                epsilon_if_poisson_max=None, noise_multiplier_mean=0.0)
+  spent = privacy.epsilon_spent
+  bound = privacy.bounded
+  return dict(epsilon_spent_max=float(np.max(spent)) if bound else None,
+              epsilon_spent_mean=float(np.mean(spent)) if bound else None,
+              epsilon_if_poisson_max=None if bound else float(np.max(spent)),
+              noise_multiplier_mean=float(np.mean(privacy.noise_multipliers)),
+              stopped_because=privacy.stopped_because, rounds_run=result.rounds)
+
+
+def _train_columns(result, private):
+  """The training metric: un-noised, so outside the guarantee under DP."""
+  if not private:
+    return dict(train_metric=result.train_metric)
+  if FLAGS.outside_guarantee_metrics:
+    return dict(train_metric=None, train_metric_outside_guarantee=result.train_metric)
+  return dict(train_metric=None)
+
+
 def _row(result, seed, algorithm, lam, s, silos):
   import numpy as np
   import tensorflow as tf
@@ -294,12 +473,15 @@ def _row(result, seed, algorithm, lam, s, silos):
       epsilon=s["epsilon"], delta=s["delta"] if privacy is not None else None,
       lam=lam, lr=s["lr"], batch_size=s["batch_size"],
       clip=s["clip"] if privacy is not None else None, local_epochs=FLAGS.local_epochs,
-      sampling=FLAGS.sampling if privacy is not None else None,
-      weighted=not FLAGS.unweighted, num_silos=silos.num_silos, metric=result.metric,
-      train_metric=result.train_metric, test_metric=result.test_metric,
-      epsilon_spent_max=float(np.max(privacy.epsilon_spent)) if privacy else None,
-      epsilon_spent_mean=float(np.mean(privacy.epsilon_spent)) if privacy else None,
-      noise_multiplier_mean=float(np.mean(privacy.noise_multipliers)) if privacy else 0.0,
+      sampling=s["sampling"] if privacy is not None else None,
+      **_protocol_columns(s, private=privacy is not None),
+      standardize=s["standardize"],
+      standardize_inside_guarantee=(s["standardize"] != "silo"
+                                    if privacy is not None and s["standardize"] else None),
+      weighted=not FLAGS.unweighted, server_weights=_server_weights(s, privacy),
+      num_silos=silos.num_silos, metric=result.metric,
+      **_train_columns(result, privacy is not None), test_metric=result.test_metric,
+      **_privacy_columns(result),
       **_algorithm_flags(algorithm, s), **_clustering_columns(result, silos),
       wall_seconds=result.wall_seconds,
       seconds_per_round_median=float(np.median(result.round_seconds)),
@@ -307,7 +489,9 @@ def _row(result, seed, algorithm, lam, s, silos):
       run_key=_run_key(seed, algorithm, lam, s),
       flags=json.dumps({k: FLAGS[k].value for k in (
           "algorithm", "dataset", "data_dir", "rounds", "epsilon", "delta", "lam", "lr",
-          "batch_size", "clip", "local_epochs", "sampling", "finetune_fraction",
+          "batch_size", "clip", "local_epochs", "sampling", "neighbouring",
+          "public_silo_sizes", "assumed_silo_size", "protocol", "standardize",
+          "standardize_clip", "standardize_budget_share", "finetune_fraction",
           "unweighted", "seeds", "mask_probability", *CLUSTER_FLAGS, *DPRIVATE_FLAGS)}),
       finished=time.strftime("%Y-%m-%dT%H:%M:%S"))
 
@@ -322,7 +506,7 @@ def _print_table(rows):
                                              float_format=lambda v: f"{v:.4f}"))
 
 
-def _simulate(algorithm, process, silos, seed, s, progress):
+def _simulate(algorithm, process, silos, seed, s, progress, preprocessing_events=None):
   from tff_silo import data, dprivate_simulation, simulation
   if algorithm == "dprivate_clustering":
     validation = (data.two_cluster_linear_silos(num_users=VALIDATION_USERS,
@@ -336,7 +520,9 @@ def _simulate(algorithm, process, silos, seed, s, progress):
   return simulation.run_simulation(
       process, silos, rounds=s["rounds"], target_epsilon=s["epsilon"],
       target_delta=s["delta"] if s["epsilon"] is not None else None, seed=seed,
-      eval_every=FLAGS.eval_every, progress=progress)
+      eval_every=FLAGS.eval_every, progress=progress,
+      protocol=s["protocol"] if s["epsilon"] is not None else None,
+      ledger_csv=FLAGS.ledger_csv, preprocessing_events=preprocessing_events)
 
 
 def main(argv):
@@ -356,7 +542,7 @@ def main(argv):
       rows.append(done[key])
       continue
     try:
-      silos = _load(seed)
+      silos, preprocessing_events = _load(seed, s)
       process = _build(algorithm, lam, seed, silos, s)
     except ValueError as e:  # includes DataError: a bad file or setting, not a bug
       raise UsageError(str(e)) from None
@@ -364,7 +550,8 @@ def main(argv):
     progress = common.round_progress(tag, s["rounds"])
 
     try:
-      result = _simulate(algorithm, process, silos, seed, s, progress)
+      result = _simulate(algorithm, process, silos, seed, s, progress,
+                         preprocessing_events)
     except ValueError as e:  # a budget the selections alone exceed, too many clusters
       raise UsageError(str(e)) from None
     row = _row(result, seed, algorithm, lam, s, silos)

@@ -15,24 +15,33 @@ FLAGS = flags.FLAGS
 flags.DEFINE_string("plot", None, "Write a PNG plot of the test metric here.")
 
 GROUP = ["dataset", "algorithm", "lam", "epsilon"]
+# Every privacy setting: rows differing in any of them are never averaged together.
+PRIVACY_GROUP = ["delta", "clip", "sampling", "protocol", "neighbouring",
+                 "public_silo_sizes", "assumed_silo_size", "standardize", "weighted"]
 # Settings of the clustering algorithms, grouped by where a CSV has them.
 CLUSTER_GROUP = ["num_clusters", "selection_fraction", "nu", "patience"]
 # Clustering figures, averaged (leakage: the largest) where a CSV has them.
-CLUSTER_STATS = {"ari_mean": ("ari", "mean"), "leakage_max": ("leakage_max", "max"),
+CLUSTER_STATS = {"ari_mean": ("ari", "mean"),
+                 "ari_outside_guarantee_mean": ("ari_outside_guarantee", "mean"), "leakage_max": ("leakage_max", "max"),
                  "validation_loss": ("validation_loss", "mean")}
 
 
 def summary_table(df):
   """Mean and std over seeds of the test/train metric, the privacy spent and, for
-  clustering runs, the cluster quality and the d-privacy leakage."""
-  group = GROUP + [c for c in CLUSTER_GROUP if c in df.columns]
-  df = df.assign(**{c: df[c].fillna("none" if c == "epsilon" else "-")
-                    for c in group if c in ("epsilon", *CLUSTER_GROUP)})
+  clustering runs, the cluster quality and the d-privacy leakage; rows are grouped
+  by every privacy setting the CSV records."""
+  group = GROUP + [c for c in PRIVACY_GROUP + CLUSTER_GROUP if c in df.columns]
+  df = df.assign(**{c: df[c].astype(object).where(df[c].notna(),
+                                                  "none" if c == "epsilon" else "-")
+                    for c in group if c != "dataset" and c != "algorithm"})
+  if "epsilon_if_poisson_max" not in df.columns:
+    df = df.assign(epsilon_if_poisson_max=float("nan"))
   stats = {name: spec for name, spec in CLUSTER_STATS.items() if spec[0] in df.columns}
   table = df.groupby(group, sort=False).agg(
       seeds=("seed", "nunique"), test_mean=("test_metric", "mean"),
       test_std=("test_metric", "std"), train_mean=("train_metric", "mean"),
       eps_spent_max=("epsilon_spent_max", "max"),
+      eps_if_poisson_max=("epsilon_if_poisson_max", "max"),
       noise_mult_mean=("noise_multiplier_mean", "mean"), **stats,
       seconds=("wall_seconds", "median"))
   return table.reset_index()

@@ -7,6 +7,7 @@ import tensorflow_federated as tff
 
 from tff_silo import algorithms, data, models, runtime
 from tff_silo.algorithms.process import SiloInput
+from tff_silo.privacy import PAPER, PrivacyProtocol
 from tff_silo.simulation import calibrate_silos, run_simulation
 
 SILOS = data.heterogeneous_linear_silos(num_silos=4, num_examples=40, dim=3, tau=1.0,
@@ -102,8 +103,11 @@ def test_ditto_accounts_twice_the_epochs():
   ditto = algorithms.build_ditto_process(MODEL, SILOS.feature_shape, lam=1.0, **dp)
   mrmtl = algorithms.build_mrmtl_process(MODEL, SILOS.feature_shape, lam=1.0, **dp)
   assert ditto.epochs_per_round == 2 * mrmtl.epochs_per_round
-  r_ditto = run_simulation(ditto, SILOS, rounds=2, target_epsilon=2.0, target_delta=1e-4)
-  r_mrmtl = run_simulation(mrmtl, SILOS, rounds=2, target_epsilon=2.0, target_delta=1e-4)
+  private_sizes = PrivacyProtocol(assumed_silo_size=30)
+  r_ditto = run_simulation(ditto, SILOS, rounds=2, target_epsilon=2.0, target_delta=1e-4,
+                           protocol=private_sizes)
+  r_mrmtl = run_simulation(mrmtl, SILOS, rounds=2, target_epsilon=2.0, target_delta=1e-4,
+                           protocol=private_sizes)
   assert np.all(r_ditto.privacy.steps == 2 * r_mrmtl.privacy.steps)
   assert np.all(r_ditto.privacy.noise_multipliers > r_mrmtl.privacy.noise_multipliers)
   assert np.all(r_ditto.privacy.epsilon_spent <= 2.0)
@@ -114,7 +118,7 @@ def test_silo_specific_privacy_targets():
                                            l2_norm_clip=1.0, **COMMON)
   targets = np.array([0.5, 1.0, 4.0, 8.0])
   result = run_simulation(process, SILOS, rounds=3, target_epsilon=targets,
-                          target_delta=1e-4, seed=1)
+                          target_delta=1e-4, seed=1, protocol=PAPER)
   assert np.all(result.privacy.epsilon_spent <= targets)
   assert np.all(result.privacy.epsilon_spent > 0.99 * targets)
   assert np.all(np.diff(result.privacy.noise_multipliers) < 0)  # more budget, less noise
@@ -143,7 +147,13 @@ def test_simulation_argument_errors():
     algorithms.build_mrmtl_process(MODEL, SILOS.feature_shape, lam=-1.0, **COMMON)
   with pytest.raises(ValueError, match="target_epsilon"):
     calibrate_silos([10, 20], batch_size=4, epochs_per_round=1, rounds=2,
-                    target_epsilon=[1.0, 2.0, 3.0], target_delta=1e-5)
+                    target_epsilon=[1.0, 2.0, 3.0], target_delta=1e-5, protocol=PAPER)
+  with pytest.raises(ValueError, match="assumed_silo_size"):
+    run_simulation(dp, SILOS, rounds=2, target_epsilon=1.0, target_delta=1e-5)
+  with pytest.raises(ValueError, match="sampling='poisson' has no accounting under "
+                     "replace_one"):
+    run_simulation(dp, SILOS, rounds=2, target_epsilon=1.0, target_delta=1e-5,
+                   protocol=PrivacyProtocol("replace_one"))
 
 
 def test_no_worker_left_after_a_run():
@@ -159,5 +169,6 @@ def test_digits_cnn_round():
   process = algorithms.build_mrmtl_process(model, digits.feature_shape, lam=0.1,
                                            client_learning_rate=0.1, batch_size=16,
                                            l2_norm_clip=1.0)
-  result = run_simulation(process, digits, rounds=1, target_epsilon=5.0, target_delta=1e-3)
+  result = run_simulation(process, digits, rounds=1, target_epsilon=5.0, target_delta=1e-3,
+                          protocol=PrivacyProtocol(assumed_silo_size=36))
   assert result.metric == "accuracy" and 0.0 <= result.test_metric <= 1.0

@@ -13,7 +13,7 @@ from tff_silo.algorithms.dprivate_clustering import build_dprivate_clustering_pr
 from tff_silo.algorithms.local_training import LocalTrainingConfig
 from tff_silo.algorithms.process import SiloInput
 from tff_silo.dprivate_simulation import run_dprivate_clustering
-from tff_silo.privacy import accounting
+from tff_silo.privacy import PAPER, PrivacyProtocol, accounting
 from tff_silo.simulation import calibrate_silos, run_simulation
 
 # Two well-separated linear clusters, 8 users with 40 examples each.
@@ -123,13 +123,13 @@ def test_selection_scores_and_sensitivity():
 
 def test_selection_budget_is_composed_with_dp_sgd():
   plain = calibrate_silos([40, 80], batch_size=10, epochs_per_round=1, rounds=20,
-                          target_epsilon=3.0, target_delta=1e-4)
+                          target_epsilon=3.0, target_delta=1e-4, protocol=PAPER)
   every = calibrate_silos([40, 80], batch_size=10, epochs_per_round=1, rounds=20,
                           target_epsilon=3.0, target_delta=1e-4, num_selections=20,
-                          selection_budget_share=0.03)
+                          selection_budget_share=0.03, protocol=PAPER)
   few = calibrate_silos([40, 80], batch_size=10, epochs_per_round=1, rounds=20,
                         target_epsilon=3.0, target_delta=1e-4, num_selections=2,
-                        selection_budget_share=0.03)
+                        selection_budget_share=0.03, protocol=PAPER)
   np.testing.assert_allclose(every.selection_epsilon, [0.09, 0.09])
   assert np.all(every.epsilon_spent <= 3.0) and np.all(few.epsilon_spent <= 3.0)
   assert np.all(every.noise_multipliers > few.noise_multipliers)
@@ -151,7 +151,8 @@ def test_preconditioned_methods_train_personal_models_within_clusters():
         l2_norm_clip=1.0)
     assert process.num_selections(4) == 1
     results[after] = run_simulation(process, digits, rounds=4, target_epsilon=4.0,
-                                    target_delta=1e-3)
+                                    target_delta=1e-3,
+                                    protocol=PrivacyProtocol(assumed_silo_size=36))
     privacy = results[after].privacy
     assert privacy.num_selections == 1 and np.all(privacy.epsilon_spent <= 4.0)
   # Rounds 2-4 keep the clusters chosen in round 1.

@@ -51,7 +51,8 @@ def test_root_key_holds_the_seed_and_draws_entropy_without_one():
 def test_school_sized_run_has_no_two_equal_keys():
   """Every key of a School-sized run: 139 silos x 200 rounds, Ditto's two passes of
   Poisson sampling and noise keys per step, shuffle keys per epoch, one IFCA
-  selection per round, the per-layer d-privacy keys, and the server's noise keys."""
+  selection per round, the per-layer d-privacy keys, each silo's standardization key,
+  and the server's noise keys."""
   sizes = np.random.default_rng(0).integers(18, 200, SCHOOL_SILOS)
   root = keys.root_key(0)
   units = np.stack(keys.unit_keys(0, SCHOOL_SILOS))
@@ -71,6 +72,9 @@ def test_school_sized_run_has_no_two_equal_keys():
         everything += [layers, _expand(layers, [2] * len(layers))]
       else:
         everything.append(_expand(stream, [1] * len(stream)))
+  before = _fold(units, np.full(len(units), -1))   # DP standardization, round -1
+  by_purpose = _fold(before, np.full(len(units), keys.STANDARDIZE))
+  everything += [before, by_purpose, _fold(by_purpose, np.zeros(len(units)))]
   server = _fold(root[None], [keys.AGGREGATOR_NOISE])
   everything += [server, _expand(server, [SCHOOL_ROUNDS])]
   sampling = _fold(root[None], [keys.USER_SAMPLING])

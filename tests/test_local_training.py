@@ -126,3 +126,33 @@ def test_fixed_step_count_continues_shuffled_epochs():
   assert not np.allclose(one_epoch[0], by_steps[0])
   with pytest.raises(ValueError, match="local steps must be a positive integer"):
     LocalTrainingConfig(learning_rate=0.1, batch_size=4, steps=0)
+
+
+def _bias_only_run(sampling, size=0.0, batch_size=4, n=10, key=(0, 0)):
+  """x = 0, y = 1 from bias 0: every example's gradient is (0, b - 1), clipped to
+  0.5 while b < 0.5, so each sampled example moves b by lr * 0.5 / normalizer."""
+  model = models.linear_regression(1)
+  config = LocalTrainingConfig(learning_rate=0.1, batch_size=batch_size,
+                               l2_norm_clip=0.5, sampling=sampling)
+  zero = [tf.zeros([1]), tf.constant(0.0)]
+  out = train_locally(model, config, zero, zero, tf.constant(0.0),
+                      tf.zeros([n, 1]), tf.ones([n]), tf.constant(0.0),
+                      tf.constant(key, tf.int32), 0, tf.constant(size, tf.float32))
+  return float(out[1])
+
+
+def test_sampling_without_replacement_takes_exactly_b_examples_per_step():
+  # n = 10, B = 4: 2 steps of exactly 4 examples, each step 0.1 * 0.5 * 4 / 4.
+  for key in ((0, 0), (5, 9)):
+    assert _bias_only_run("without_replacement", key=key) == pytest.approx(0.1)
+
+
+def test_poisson_sampling_follows_the_public_size():
+  # m = 40, B = 4: 10 steps at rate 0.1 on 10 examples, normalizer 4; the sampled
+  # counts are random, so b is a multiple of 0.1 * 0.5 / 4 = 0.0125 that varies.
+  runs = [_bias_only_run("poisson", size=40.0, key=(k, 0)) for k in range(8)]
+  assert all(abs(r / 0.0125 - round(r / 0.0125)) < 1e-4 for r in runs)
+  assert len({round(r / 0.0125) for r in runs}) > 1
+  # 100 Bernoulli(0.1) draws x 0.0125: mean 0.125, sd 0.0375 per run, 0.013 for the
+  # mean of 8; 0.055 is 4 sd.
+  assert abs(np.mean(runs) - 0.125) < 0.055

@@ -12,7 +12,7 @@ The tree of a run (`purpose` one of the constants below, each use its own):
 
     root     = root_key(seed)                      seed None: OS entropy
     unit     = derive(root, UNIT, k)               silo or user k
-    round    = fold_in(unit, t)
+    round    = fold_in(unit, t)                    t = -1: before training
     stream   = derive(round, purpose, pass_)       pass 0, 1 (Ditto's two epochs)
     step key = fold_in(stream, step)               one release, one sample draw
 

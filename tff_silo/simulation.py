@@ -1,10 +1,15 @@
 """The simulation driver: runs a `SiloProcess` for T rounds over every silo.
 
 It calibrates each silo's DP-SGD noise to the silo's own (epsilon_k, delta_k)
-(silo-specific example-level DP), keeps the client states keyed by silo index,
-evaluates every silo's personalized model (the test metric averaged over silos
-weighted by test counts, thesis app. B.4), records the privacy spent per silo, and
-stops TFF's worker process when done.
+(silo-specific example-level DP) under a `PrivacyProtocol` (neighbouring relation,
+what is public), keeps the client states keyed by silo index, charges every round's
+queries to each silo's `PrivacyLedger` (the only source of the epsilon reported; a
+round that would exceed a silo's budget is not run), evaluates every silo's
+personalized model (the test metric averaged over silos weighted by test counts,
+thesis app. B.4), and stops TFF's worker process when done.
+
+Figures computed on the silos' training data (`train_metric`, `silo_train_metric`)
+are not noised: they are outside the DP guarantee and for inspection only.
 """
 
 from __future__ import annotations
@@ -13,6 +18,7 @@ import dataclasses
 import time
 from typing import Callable, Optional, Sequence, Union
 
+import dp_accounting
 import numpy as np
 import tensorflow as tf
 
@@ -20,7 +26,8 @@ from tff_silo import keys, runtime
 from tff_silo.algorithms.local_training import sampling_rate, steps_per_epoch
 from tff_silo.algorithms.process import SiloInput, SiloProcess
 from tff_silo.data.silos import SiloData
-from tff_silo.privacy import accounting
+from tff_silo.privacy import accounting, ledger as ledger_lib
+from tff_silo.privacy.protocol import PrivacyProtocol
 
 Number = Union[float, int]
 
@@ -28,15 +35,36 @@ Number = Union[float, int]
 @dataclasses.dataclass(frozen=True)
 class SiloPrivacy:
   """Per-silo DP-SGD and selection settings and the privacy they spend, composed
-  (arrays over silos)."""
+  (arrays over silos). After a run `epsilon_spent` is the ledgers' figure."""
 
   noise_multipliers: np.ndarray
   sampling_rates: np.ndarray
-  steps: np.ndarray
+  steps: np.ndarray               # DP-SGD steps of the whole run
   target_delta: np.ndarray
   epsilon_spent: np.ndarray
   selection_epsilon: np.ndarray   # per selection (0: no private selection)
   num_selections: int
+  sizes: np.ndarray = None        # the public size each silo samples with
+  protocol: PrivacyProtocol = PrivacyProtocol()
+  sampling: str = "poisson"
+  preprocessing: tuple = ()       # per silo: the DpEvents spent before training
+  stopped_because: str = "rounds"
+
+  @property
+  def bounded(self) -> bool:
+    """Whether `epsilon_spent` is a DP bound (not for shuffled batches)."""
+    return self.sampling != "shuffle"
+
+  def round_event(self, silo: int, epochs_steps: int, selecting: bool):
+    """The queries silo `silo` makes in one round: `epochs_steps` DP-SGD steps and a
+    selection when `selecting`."""
+    events = [accounting.dp_sgd_event(
+        float(self.noise_multipliers[silo]), float(self.sampling_rates[silo]),
+        epochs_steps, neighbouring=self.protocol.neighbouring,
+        dataset_size=int(self.sizes[silo]))]
+    if selecting:
+      events.append(accounting.selection_event(float(self.selection_epsilon[silo]), 1))
+    return dp_accounting.ComposedDpEvent(events)
 
 
 def _per_silo(value, num_silos: int, name: str) -> np.ndarray:
@@ -50,27 +78,42 @@ def _per_silo(value, num_silos: int, name: str) -> np.ndarray:
 
 def calibrate_silos(train_sizes: Sequence[int], *, batch_size: int, epochs_per_round: int,
                     rounds: int, target_epsilon, target_delta,
-                    num_selections: int = 0,
-                    selection_budget_share: float = 0.0) -> SiloPrivacy:
-  """Silo k's noise multiplier for its own (epsilon_k, delta_k), q_k = B / n_k and
-  T * epochs * max(1, floor(n_k / B)) steps; epsilon spent is recomputed from it.
+                    num_selections: int = 0, selection_budget_share: float = 0.0,
+                    protocol: Optional[PrivacyProtocol] = None,
+                    sampling: str = "poisson",
+                    preprocessing_events: Optional[Sequence] = None) -> SiloPrivacy:
+  """Silo k's noise multiplier for its own (epsilon_k, delta_k), its sampling rate
+  min(B, m_k) / m_k and T * epochs * max(1, floor(m_k / B)) steps, where m_k is the
+  size the protocol makes public (n_k, or the assumed size for every silo); epsilon
+  spent is recomputed from it.
 
   With `num_selections` private cluster selections of epsilon
-  share * epsilon_k each, DP-SGD gets what the selections leave (RDP composition)."""
+  share * epsilon_k each, and `preprocessing_events` (one Gaussian `DpEvent` or None
+  per silo, e.g. DP standardization), DP-SGD gets what they leave (RDP composition)."""
+  protocol = PrivacyProtocol() if protocol is None else protocol
+  protocol.check_sampling(sampling)
+  sizes = protocol.silo_sizes(train_sizes)
   k = len(train_sizes)
   eps = _per_silo(target_epsilon, k, "target_epsilon")
   delta = _per_silo(target_delta, k, "target_delta")
   select = eps * selection_budget_share if num_selections else np.zeros(k)
-  rates = np.array([sampling_rate(n, batch_size) for n in train_sizes])
-  steps = np.array([steps_per_epoch(n, batch_size) * epochs_per_round * rounds
-                    for n in train_sizes])
-  options = [dict(selection_epsilon=float(s), num_selections=num_selections)
-             if num_selections else {} for s in select]
+  rates = np.array([sampling_rate(int(n), batch_size) for n in sizes])
+  steps = np.array([steps_per_epoch(int(n), batch_size) * epochs_per_round * rounds
+                    for n in sizes])
+  extra = ([()] * k if preprocessing_events is None
+           else [() if e is None else (e,) for e in preprocessing_events])
+  if len(extra) != k:
+    raise ValueError(f"preprocessing_events must have one entry per silo ({k})")
+  options = [dict(selection_epsilon=float(s) if num_selections else None,
+                  num_selections=num_selections, neighbouring=protocol.neighbouring,
+                  dataset_size=int(n), extra_events=e)
+             for s, n, e in zip(select, sizes, extra)]
   z = np.array([accounting.calibrate_noise_multiplier(e, d, q, int(s), **o)
                 for e, d, q, s, o in zip(eps, delta, rates, steps, options)])
   spent = np.array([accounting.epsilon_spent(zi, q, int(s), d, **o)
                     for zi, q, s, d, o in zip(z, rates, steps, delta, options)])
-  return SiloPrivacy(z, rates, steps, delta, spent, select, num_selections)
+  return SiloPrivacy(z, rates, steps, delta, spent, select, num_selections, sizes,
+                     protocol, sampling, tuple(extra))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -122,11 +165,26 @@ def check_run_length(rounds, eval_every: int = 0) -> None:
     raise ValueError(f"eval_every must be >= 0, got {eval_every}")
 
 
+def _write_ledger_rows(path, rounds_done, ledgers):
+  """Appends each silo's epsilon after `rounds_done` rounds to a CSV."""
+  import csv
+  import os
+  new = not os.path.exists(path)
+  with open(path, "a", newline="") as f:
+    writer = csv.writer(f)
+    if new:
+      writer.writerow(["round", "silo", "epsilon", "target_delta"])
+    for k, ledger in enumerate(ledgers):
+      writer.writerow([rounds_done, k, ledger.epsilon(), ledger.target_delta])
+
+
 def run_simulation(process: SiloProcess, data: SiloData, *, rounds: int,
-                   target_epsilon=None, target_delta=None, seed: int = 0,
+                   target_epsilon=None, target_delta=None, seed: Optional[int] = 0,
                    eval_every: int = 0,
-                   progress: Optional[Callable[[int, int, float], None]] = None
-                   ) -> SimulationResult:
+                   progress: Optional[Callable[[int, int, float], None]] = None,
+                   protocol: Optional[PrivacyProtocol] = None,
+                   ledger_csv: Optional[str] = None,
+                   preprocessing_events: Optional[Sequence] = None) -> SimulationResult:
   """Runs `process` for `rounds` rounds on all silos and evaluates them.
 
   Args:
@@ -135,9 +193,16 @@ def run_simulation(process: SiloProcess, data: SiloData, *, rounds: int,
     rounds: T, the number of rounds.
     target_epsilon, target_delta: a scalar or one value per silo; required exactly
       when the process trains with DP (its config has `l2_norm_clip`).
-    seed: seeds the silos' sampling and noise (per silo, round and step).
+    seed: the root of every silo's keys (`tff_silo.keys`); None draws it from OS
+      entropy (a deployment), a fixed seed is for reproducible simulation.
     eval_every: also evaluate every this many rounds (0: only at the end).
     progress: called as `progress(rounds_done, rounds, seconds_so_far)` each round.
+    protocol: the `PrivacyProtocol` under DP (default: add/remove-one, sizes private,
+      which needs `assumed_silo_size`).
+    ledger_csv: under DP, append every silo's epsilon after every round here.
+    preprocessing_events: under DP, per silo the `DpEvent` (or None) its data was
+      already queried for (DP standardization: `tff_silo.data.preprocessing`);
+      charged to its ledger first and composed in its calibration.
   """
   check_run_length(rounds, eval_every)
   if process.num_clusters > data.num_silos:
@@ -147,25 +212,39 @@ def run_simulation(process: SiloProcess, data: SiloData, *, rounds: int,
   if private and (target_epsilon is None or target_delta is None):
     raise ValueError("the process trains with DP (l2_norm_clip is set): give "
                      "target_epsilon and target_delta")
+  if not private and preprocessing_events is not None:
+    raise ValueError("preprocessing_events are accounted only under DP")
   if not private and target_epsilon is not None:
     raise ValueError("target_epsilon was given but the process has no l2_norm_clip; "
                      "build it with l2_norm_clip to train with DP")
   start = time.perf_counter()
-  privacy = None
+  privacy, ledgers = None, []
   noise = np.zeros(data.num_silos)
+  sizes = np.asarray(data.train_sizes)
   if private:
     privacy = calibrate_silos(
         data.train_sizes, batch_size=process.config.batch_size,
         epochs_per_round=process.epochs_per_round, rounds=rounds,
         target_epsilon=target_epsilon, target_delta=target_delta,
         num_selections=process.num_selections(rounds),
-        selection_budget_share=process.selection_budget_share)
-    noise, select = privacy.noise_multipliers, privacy.selection_epsilon
+        selection_budget_share=process.selection_budget_share, protocol=protocol,
+        sampling=process.config.sampling, preprocessing_events=preprocessing_events)
+    noise, select, sizes = (privacy.noise_multipliers, privacy.selection_epsilon,
+                            privacy.sizes)
+    ledgers = [ledger_lib.PrivacyLedger(float(d), neighbouring=privacy.protocol.neighbouring,
+                                        budget=float(e))
+               for d, e in zip(privacy.target_delta,
+                               _per_silo(target_epsilon, data.num_silos, "target_epsilon"))]
+    round_steps = privacy.steps // rounds
+    for ledger, events in zip(ledgers, privacy.preprocessing):
+      for event in events:
+        ledger.charge(event, "preprocessing")
   else:
     select = np.zeros(data.num_silos)
-  inputs = [SiloInput(x, y, np.float32(z), key, np.float32(s))
-            for x, y, z, key, s in zip(data.x_train, data.y_train, noise,
-                                       keys.unit_keys(seed, data.num_silos), select)]
+  inputs = [SiloInput(x, y, np.float32(z), key, np.float32(s), np.float32(m))
+            for x, y, z, key, s, m in zip(data.x_train, data.y_train, noise,
+                                          keys.unit_keys(seed, data.num_silos), select,
+                                          sizes)]
   evaluator = SiloEvaluator(process.model, data.feature_shape)
 
   def evaluate(state, client_states, rounds_done):
@@ -178,20 +257,37 @@ def run_simulation(process: SiloProcess, data: SiloData, *, rounds: int,
     state = process.initialize()
     client_states = process.initial_client_states(state, data.num_silos)
     history, round_seconds = [], []
+    stopped_because, rounds_done = "rounds", 0
     for r in range(1, rounds + 1):
+      if private:
+        events = [privacy.round_event(k, int(round_steps[k]),
+                                      r <= process.num_selections(rounds))
+                  for k in range(data.num_silos)]
+        if ledger_lib.over_budget(ledgers, events):
+          stopped_because = "budget"
+          break
+        for ledger, event in zip(ledgers, events):
+          ledger.charge(event, "round")
       t0 = time.perf_counter()
       state, client_states, _ = process.next(state, client_states, inputs)
       round_seconds.append(time.perf_counter() - t0)
+      rounds_done = r
+      if ledger_csv is not None and private:
+        _write_ledger_rows(ledger_csv, r, ledgers)
       if eval_every and r % eval_every == 0 and r != rounds:
         history.append((r, *evaluate(state, client_states, r)[:2]))
       if progress is not None:
         progress(r, rounds, time.perf_counter() - start)
-    train, test, silo_train, silo_test, weights = evaluate(state, client_states, rounds)
-    history.append((rounds, train, test))
+    train, test, silo_train, silo_test, weights = evaluate(state, client_states,
+                                                          rounds_done)
+    history.append((rounds_done, train, test))
   finally:
     runtime.stop_tff_workers()
+  if private:
+    privacy = dataclasses.replace(privacy, epsilon_spent=ledger_lib.epsilons(ledgers),
+                                  stopped_because=stopped_because)
   return SimulationResult(
-      algorithm=process.name, rounds=rounds, metric=process.model.metric,
+      algorithm=process.name, rounds=rounds_done, metric=process.model.metric,
       train_metric=train, test_metric=test, silo_train_metric=silo_train,
       silo_test_metric=silo_test, privacy=privacy, history=tuple(history),
       clusters=process.cluster_assignments(client_states),

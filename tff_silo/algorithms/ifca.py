@@ -3,11 +3,12 @@
 IFCA (Ghosh et al. 2020; thesis app. B.3): the server holds G cluster models; in a
 selection round every silo scores each cluster model on its training data, selects
 one, trains it with (DP-)SGD and returns the update with its cluster index; the
-server averages each cluster's updates (weighted by n_k). Under silo-specific
+server averages each cluster's updates (weighted by the silos' public sizes). Under silo-specific
 example-level DP the selection is a query of the silo's data: it is made with the
-exponential mechanism (`report_noisy_min`) on the error rate, sensitivity 1 / (n - 1)
+exponential mechanism (`report_noisy_min`) on the error rate, sensitivity 1 / (m - 1)
 (thesis eq. B.1), or for regression on the mean loss clipped to `loss_clip`,
-sensitivity loss_clip / (n - 1); its cost (epsilon_select = share * epsilon per
+sensitivity loss_clip / (m - 1), with both means taken over the silo's public size
+m (its n when sizes are public: `tff_silo.privacy.protocol`); its cost (epsilon_select = share * epsilon per
 selection) is composed with DP-SGD's in the driver's calibration.
 
 Selection runs in the first `selection_rounds` rounds; afterwards each silo keeps its
@@ -39,7 +40,8 @@ from tff_silo import keys
 from tff_silo.algorithms import _common
 from tff_silo.algorithms.local_training import LocalTrainingConfig, train_locally
 from tff_silo.algorithms.process import (
-    SiloProcess, check_lambda, create_aggregator, silo_input_type, weights_type)
+    SiloProcess, check_lambda, create_aggregator, public_size, silo_input_type,
+    weights_type)
 from tff_silo.privacy.selection import report_noisy_min
 
 AFTER_SELECTION = ("fedavg", "local", "mrmtl", "finetune")
@@ -70,20 +72,21 @@ def selection_rounds(total_rounds: int, selection_fraction: float) -> int:
   return max(1, math.ceil(selection_fraction * total_rounds - 1e-9))
 
 
-def selection_scores(model, clusters, x, y, loss_clip: float):
-  """(scores [G], sensitivity): error rates with sensitivity 1 / (n - 1) for
-  classification, else mean losses clipped to `loss_clip`, sensitivity
-  loss_clip / (n - 1) (thesis eq. B.1)."""
+def selection_scores(model, clusters, x, y, loss_clip: float, size=None):
+  """(scores [G], sensitivity): error counts over `size` m (default n) with
+  sensitivity 1 / (m - 1) for classification, else per-example losses clipped to
+  `loss_clip` summed over m, sensitivity loss_clip / (m - 1) (thesis eq. B.1). With
+  a public m the sensitivity does not depend on the silo's true size."""
+  m = tf.cast(tf.shape(y)[0], tf.float32) if size is None else size
   scores = []
   for w in clusters:
     if model.metric == "accuracy":
-      scores.append(1.0 - tf.reduce_mean(model.metric_values(list(w), x, y)))
+      errors = 1.0 - model.metric_values(list(w), x, y)
     else:
-      scores.append(tf.reduce_mean(tf.minimum(model.per_example_loss(list(w), x, y),
-                                              loss_clip)))
+      errors = tf.minimum(model.per_example_loss(list(w), x, y), loss_clip)
+    scores.append(tf.reduce_sum(errors) / m)
   bound = 1.0 if model.metric == "accuracy" else loss_clip
-  n = tf.cast(tf.shape(y)[0], tf.float32)
-  return tf.stack(scores), bound / tf.maximum(n - 1.0, 1.0)
+  return tf.stack(scores), bound / tf.maximum(m - 1.0, 1.0)
 
 
 class ClusteredProcess(SiloProcess):
@@ -209,7 +212,8 @@ def build_clustered_process(model, feature_shape, config: LocalTrainingConfig, *
     key = keys.fold_in(data.seed, round_num)
 
     def select():
-      scores, sensitivity = selection_scores(model, clusters, data.x, data.y, loss_clip)
+      scores, sensitivity = selection_scores(model, clusters, data.x, data.y, loss_clip,
+                                             public_size(data))
       private = lambda: report_noisy_min(
           scores, data.selection_epsilon, sensitivity,
           keys.derive(key, keys.SELECTION, 0))
@@ -234,9 +238,9 @@ def build_clustered_process(model, feature_shape, config: LocalTrainingConfig, *
     begin = [tf.where(train_center, c, p) for c, p in zip(center, personal)]
     lam_now = tf.where(selecting, 0.0, lam_t)
     new = train_locally(model, config, begin, center, lam_now, data.x, data.y,
-                        data.noise_multiplier, key)
+                        data.noise_multiplier, key, 0, data.size)
     delta = [a - b for a, b in zip(new, begin)]
-    n = tf.cast(tf.shape(data.y)[0], tf.float32)
+    n = public_size(data)
     member = tf.one_hot(cluster, num_clusters)
     deltas = tuple(tuple(tf.where(tf.equal(cluster, g), d, tf.zeros_like(d))
                          for d in delta) for g in range(num_clusters))

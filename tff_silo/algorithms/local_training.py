@@ -9,14 +9,18 @@ One call runs `epochs` local epochs of (DP-)SGD on a silo's tensors, starting fr
 gradient lam * (w - anchor) is added to every per-example gradient before clipping,
 as in the paper's code, so the whole step is one DP-SGD step on the silo's data.
 
-Batching (DESIGN.md sec. 6):
-- `poisson` (default under DP, matches the RDP accounting): every step includes each
-  example independently with probability q = B / n. The noisy gradient sum is
-  divided by the expected batch size q * n = B.
+Batching under DP (DESIGN.md sec. 6), with m the silo's *public size* (`size`: its n
+when sizes are public, else a size assumed for every silo; 0 means n):
+- `poisson` (add/remove-one; the default): every step includes each example
+  independently with probability q = min(B, m) / m; the noisy gradient sum is divided
+  by the expected batch size q m = min(B, m); max(1, floor(m / B)) steps per epoch.
+  Nothing here depends on the silo's true n.
+- `without_replacement` (replace-one; n is public): every step draws min(B, n) of the
+  n examples uniformly without replacement; max(1, floor(n / B)) steps per epoch.
 - `shuffle`: each epoch is a random permutation cut into floor(n / B) batches of B
-  (the last partial batch dropped, as in the paper's code). Accounting it with
-  Poisson-sampling RDP is an approximation.
-A silo with n < B uses full batches (q = 1). Steps per epoch: max(1, floor(n / B)).
+  (the last partial batch dropped, as in the paper's code). No RDP bound holds for
+  it; rows report none (what Poisson accounting would say is shown apart).
+Without DP the batches are shuffled as in `shuffle`.
 `steps` replaces the epoch count by a fixed number of SGD steps (HyperNetFL's K local
 steps, Nemala et al. Algorithm 1, lines 9-11); shuffled epochs follow one another.
 
@@ -34,7 +38,7 @@ import tensorflow as tf
 from tff_silo import keys
 from tff_silo.privacy import dp_sgd
 
-SAMPLING_MODES = ("poisson", "shuffle")
+SAMPLING_MODES = ("poisson", "without_replacement", "shuffle")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -103,7 +107,7 @@ def _per_example_gradients(model, weights, x, y):
 
 
 def train_locally(model, config: LocalTrainingConfig, weights, anchor, lam, x, y,
-                  noise_multiplier, key, pass_=0):
+                  noise_multiplier, key, pass_=0, size=0.0):
   """Runs `config.epochs` epochs (or `config.steps` steps) of (DP-)SGD; returns the
   new weights (a list).
 
@@ -116,6 +120,7 @@ def train_locally(model, config: LocalTrainingConfig, weights, anchor, lam, x, y
     noise_multiplier: float32 scalar z (the silo's own calibration; unused without DP).
     key: int32[2], the silo's key for this round (`tff_silo.keys`).
     pass_: which of the round's passes over the silo's data this is (Ditto: 0, 1).
+    size: float32 scalar m, the silo's public size for Poisson sampling (0: n).
   """
   if config.private and model.batch_reduction is not None:
     raise ValueError(f"{model.name} trains an objective that is not a mean over "
@@ -123,8 +128,16 @@ def train_locally(model, config: LocalTrainingConfig, weights, anchor, lam, x, y
                      "l2_norm_clip)")
   weights = [tf.identity(w) for w in weights]
   n = tf.shape(y)[0]
-  batch = tf.minimum(tf.constant(config.batch_size), n)
-  per_epoch = tf.maximum(1, n // batch)
+  poisson = config.private and config.sampling == "poisson"
+  without_replacement = config.private and config.sampling == "without_replacement"
+  if poisson:   # everything from the public size m
+    m = tf.cast(tf.where(size > 0, size, tf.cast(n, tf.float32)), tf.int32)
+    batch = tf.minimum(tf.constant(config.batch_size), m)
+    per_epoch = tf.maximum(1, m // batch)
+    rate = tf.cast(batch, tf.float32) / tf.cast(m, tf.float32)
+  else:
+    batch = tf.minimum(tf.constant(config.batch_size), n)
+    per_epoch = tf.maximum(1, n // batch)
   total_steps = (per_epoch * config.epochs if config.steps is None
                  else tf.constant(config.steps))
   expected_batch = tf.cast(batch, tf.float32)
@@ -135,10 +148,11 @@ def train_locally(model, config: LocalTrainingConfig, weights, anchor, lam, x, y
   noise_key = keys.derive(key, keys.DP_NOISE, pass_)
 
   def batch_indices(step):
-    if config.private and config.sampling == "poisson":
-      keep = tf.random.stateless_uniform([n], seed=keys.fold_in(sampling_key, step)) < (
-          expected_batch / tf.cast(n, tf.float32))
+    if poisson:
+      keep = tf.random.stateless_uniform([n], seed=keys.fold_in(sampling_key, step)) < rate
       return tf.cast(tf.where(keep)[:, 0], tf.int32)
+    if without_replacement:
+      return _random_permutation(n, keys.fold_in(sampling_key, step))[:batch]
     epoch_key = keys.fold_in(shuffle_key, step // per_epoch)
     start = (step % per_epoch) * batch
     return _random_permutation(n, epoch_key)[start:start + batch]

@@ -12,9 +12,11 @@ tensors plus its own DP noise multiplier and seed (`SiloInput`).
 
 Every round (thesis app. C.1, Algorithm 1): the server broadcasts w_bar; each silo
 picks its start point (its w_k, or w_bar), runs `train_locally` regularized towards
-w_bar, and returns delta = w_new - w_start with weight n_k; the aggregator (weighted
-mean by default, any `tff.aggregators` factory) averages the deltas and the server
-adds the result to w_bar. The methods differ only in the start point, lambda, and
+w_bar, and returns delta = w_new - w_start with the weight of its public size m_k
+(n_k when sizes are public, the same for every silo otherwise: see
+`tff_silo.privacy.protocol`); the aggregator (weighted mean by default, any
+`tff.aggregators` factory) averages the deltas and the server adds the result to
+w_bar. The methods differ only in the start point, lambda, and
 which model is evaluated; Ditto also trains w_bar's copy for one more epoch.
 """
 
@@ -35,13 +37,16 @@ START_POINTS = ("personal", "global", "switch")
 
 class SiloInput(NamedTuple):
   """A silo's client data: its training tensors, DP noise multiplier and key (the
-  silo's int32[2] key, `tff_silo.keys.unit_key`), and the epsilon of each private
-  cluster selection (0: exact selection; IFCA only)."""
+  silo's int32[2] key, `tff_silo.keys.unit_key`), the epsilon of each private
+  cluster selection (0: exact selection; IFCA only), and the silo's public size: what
+  its Poisson sampling and its weight in the server mean use (0: its n; see
+  `tff_silo.privacy.protocol`)."""
   x: np.ndarray
   y: np.ndarray
   noise_multiplier: np.float32
   seed: np.ndarray  # int32[2]
   selection_epsilon: np.float32 = np.float32(0.0)
+  size: np.float32 = np.float32(0.0)
 
 
 class ServerState(NamedTuple):
@@ -115,7 +120,13 @@ def silo_input_type(feature_shape) -> tff.Type:
        ("y", tff.TensorType(np.float32, [None])),
        ("noise_multiplier", tff.TensorType(np.float32)),
        ("seed", tff.TensorType(np.int32, [2])),
-       ("selection_epsilon", tff.TensorType(np.float32))], SiloInput)
+       ("selection_epsilon", tff.TensorType(np.float32)),
+       ("size", tff.TensorType(np.float32))], SiloInput)
+
+
+def public_size(data):
+  """The silo's public size m (`SiloInput.size`), or its n when that is 0."""
+  return tf.where(data.size > 0, data.size, tf.cast(tf.shape(data.y)[0], tf.float32))
 
 
 def check_lambda(lam: float) -> float:
@@ -156,7 +167,7 @@ def build_silo_process(model, feature_shape, config: LocalTrainingConfig, *,
     global_update_rounds: the server stops updating w_bar after this many rounds.
     personal_from_round: see `SiloProcess`.
     aggregator: a `tff.aggregators` weighted or unweighted factory; default
-      `tff.aggregators.MeanFactory()` (weights n_k).
+      `tff.aggregators.MeanFactory()` (weights: the silos' public sizes).
     init_seed: seed of the initial weights.
   """
   lam = check_lambda(lam)
@@ -190,7 +201,7 @@ def build_silo_process(model, feature_shape, config: LocalTrainingConfig, *,
     key = keys.fold_in(data.seed, round_num)
     train = lambda w, lam_value, pass_: train_locally(
         model, config, w, global_w, lam_value, data.x, data.y,
-        data.noise_multiplier, key, pass_)
+        data.noise_multiplier, key, pass_, data.size)
     if ditto:
       new_global = train(global_w, 0.0, 0)
       personal = train(personal_w, lam_t, 1)
@@ -205,8 +216,7 @@ def build_silo_process(model, feature_shape, config: LocalTrainingConfig, *,
         begin = [tf.where(use_global, g, p) for g, p in zip(global_w, personal_w)]
       personal = train(begin, lam_t, 0)
       delta = [a - b for a, b in zip(personal, begin)]
-    weight = tf.cast(tf.shape(data.y)[0], tf.float32)
-    return ClientOutput(tuple(personal), tuple(delta), weight)
+    return ClientOutput(tuple(personal), tuple(delta), public_size(data))
 
   @tff.tensorflow.computation(w_type, np.int32, w_type)
   def server_update(global_w, round_num, mean_delta):

@@ -6,7 +6,10 @@
   paper's `vehicle.mat` (X, Y as (23, 1) cells) or the LEAF-style training JSON.
 - GLEAM: 38 wearers, 180 features, labels +-1; 75/25 split. `gleam.mat` holds X, Y as
   (1, 38) cells.
-Features are standardized with each silo's own training statistics.
+Features are standardized with each silo's own training statistics by default, as
+the paper does (`standardize='silo'`, outside a DP guarantee: see
+`tff_silo.data.preprocessing`); `standardize='none'` leaves them as read, 'public' maps
+School's documented feature ranges to [0, 1].
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ import numpy as np
 import scipy.io
 
 from tff_silo.data.silos import DataError, SiloData, make_silos, split_silo, standardize
+from tff_silo.data.preprocessing import PublicRanges
 
 SCHOOL_FILE = "school.mat"
 VEHICLE_MAT_FILE = "vehicle.mat"
@@ -29,6 +33,19 @@ VEHICLE_TEST_FRACTION = 0.25
 GLEAM_TEST_FRACTION = 0.25
 # School exam scores lie in [1, 70]; the paper's code maps them to [0, 1].
 SCHOOL_SCORE_MIN, SCHOOL_SCORE_MAX = 1.0, 70.0
+# School's 28 features: binary indicators (exam year, school gender and denomination,
+# student gender, VR band, ethnic group), the school's percentages of pupils with
+# free school meals and in VR band 1 (columns 3 and 4, in [0, 100]), and a constant 1.
+SCHOOL_PERCENT_COLUMNS = (3, 4)
+SCHOOL_NUM_FEATURES = 28
+LOADER_STANDARDIZE = ("none", "public", "silo")
+
+
+def school_public_ranges() -> PublicRanges:
+  """School's documented feature ranges (no data needed)."""
+  high = np.ones(SCHOOL_NUM_FEATURES)
+  high[list(SCHOOL_PERCENT_COLUMNS)] = 100.0
+  return PublicRanges(np.zeros(SCHOOL_NUM_FEATURES), high)
 
 
 def _require_file(path: str) -> str:
@@ -66,7 +83,14 @@ def _load_mat_cells(path: str, expect_axis: int, expect_count=None):
   return [x.astype(np.float64) for x in xs], [y.reshape(-1).astype(np.float64) for y in ys]
 
 
-def _split_all(name, task, xs, ys, test_fraction, seed, *, transform_y=None):
+def _split_all(name, task, xs, ys, test_fraction, seed, *, transform_y=None,
+               standardize_mode="silo", public_ranges=None):
+  if standardize_mode not in LOADER_STANDARDIZE:
+    raise ValueError(f"standardize must be one of {LOADER_STANDARDIZE} when loading "
+                     f"(dp: tff_silo.data.standardize_silos after loading), got {standardize_mode!r}")
+  if standardize_mode == "public" and public_ranges is None:
+    raise ValueError(f"{name} has no documented feature ranges: standardize must be "
+                     "none, dp or silo")
   rng = np.random.default_rng(seed)
   dims = {x.shape[1] for x in xs}
   if len(dims) > 1:
@@ -78,7 +102,10 @@ def _split_all(name, task, xs, ys, test_fraction, seed, *, transform_y=None):
     if not (np.all(np.isfinite(x)) and np.all(np.isfinite(y))):
       raise DataError(f"{name}: silo {i} contains NaN or infinite values")
     x_tr, y_tr, x_te, y_te = split_silo(x, y, test_fraction, rng)
-    x_tr, x_te = standardize(x_tr, x_te)
+    if standardize_mode == "silo":
+      x_tr, x_te = standardize(x_tr, x_te)
+    elif standardize_mode == "public":
+      x_tr, x_te = public_ranges.apply(x_tr), public_ranges.apply(x_te)
     if transform_y is not None:
       y_tr, y_te = transform_y(y_tr), transform_y(y_te)
     for part, value in zip(parts, (x_tr, y_tr, x_te, y_te)):
@@ -94,20 +121,25 @@ def _check_pm1(name, ys):
 
 
 def load_school(data_dir: str, *, seed: int = 0,
-                test_fraction: float = SCHOOL_TEST_FRACTION) -> SiloData:
+                test_fraction: float = SCHOOL_TEST_FRACTION,
+                standardize: str = "silo") -> SiloData:
   """School (`school.mat`: X, Y as (1, 139) cells); regression on scaled scores."""
   xs, ys = _load_mat_cells(os.path.join(data_dir, SCHOOL_FILE), expect_axis=1)
   scale = lambda y: (y - SCHOOL_SCORE_MIN) / (SCHOOL_SCORE_MAX - SCHOOL_SCORE_MIN)
+  ranges = school_public_ranges() if xs[0].shape[1] == SCHOOL_NUM_FEATURES else None
   return _split_all("school", "regression", xs, ys, test_fraction, seed,
-                    transform_y=scale)
+                    transform_y=scale, standardize_mode=standardize,
+                    public_ranges=ranges)
 
 
 def load_gleam(data_dir: str, *, seed: int = 0,
-               test_fraction: float = GLEAM_TEST_FRACTION) -> SiloData:
+               test_fraction: float = GLEAM_TEST_FRACTION,
+               standardize: str = "silo") -> SiloData:
   """GLEAM (`gleam.mat`: X, Y as (1, 38) cells); binary +-1 labels."""
   xs, ys = _load_mat_cells(os.path.join(data_dir, GLEAM_FILE), expect_axis=1)
   _check_pm1("gleam", ys)
-  return _split_all("gleam", "binary_pm1", xs, ys, test_fraction, seed)
+  return _split_all("gleam", "binary_pm1", xs, ys, test_fraction, seed,
+                    standardize_mode=standardize)
 
 
 def _load_vehicle_json(path: str):
@@ -135,7 +167,8 @@ def _load_vehicle_json(path: str):
 
 
 def load_vehicle(data_dir: str, *, seed: int = 0,
-                 test_fraction: float = VEHICLE_TEST_FRACTION) -> SiloData:
+                 test_fraction: float = VEHICLE_TEST_FRACTION,
+                 standardize: str = "silo") -> SiloData:
   """Vehicle from `vehicle.mat` if present, else the LEAF-style training JSON."""
   mat_path = os.path.join(data_dir, VEHICLE_MAT_FILE)
   json_path = os.path.join(data_dir, VEHICLE_JSON_FILE)
@@ -146,4 +179,5 @@ def load_vehicle(data_dir: str, *, seed: int = 0,
   else:
     raise DataError(f"data file not found: neither {mat_path} nor {json_path}")
   _check_pm1("vehicle", ys)
-  return _split_all("vehicle", "binary_pm1", xs, ys, test_fraction, seed)
+  return _split_all("vehicle", "binary_pm1", xs, ys, test_fraction, seed,
+                    standardize_mode=standardize)

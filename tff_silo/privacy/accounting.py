@@ -11,8 +11,21 @@ is exactly the RDP of a Gaussian mechanism with noise multiplier 2 / eps
 (alpha / (2 z^2)), so a selection is described as that `GaussianDpEvent` and composed
 with the DP-SGD event.
 
+Neighbouring relations (`NEIGHBOURING`, DESIGN.md sec. 6):
+- `add_remove` (add or remove one example) with Poisson sampling at rate q: the
+  Poisson-subsampled Gaussian, noise multiplier z (a clipped sum moves by C).
+- `replace_one` (replace one example; the silo's size n is public) with B of the n
+  examples sampled without replacement each step (Wang, Balle, Kasiviswanathan 2019,
+  Thm. 27, `SampledWithoutReplacementDpEvent`): replacing an example moves a clipped
+  sum by up to 2C, so noise of standard deviation z C is a Gaussian mechanism with
+  multiplier z / 2 relative to the sensitivity.
+
+Other queries (standardization statistics) come as `extra_events`: Gaussian
+mechanisms composed with the rest.
+
 `calibrate_noise_multiplier` brackets and bisects the noise multiplier and returns the
-upper end of the bracket, so the epsilon it implies never exceeds the target.
+upper end of the bracket, rounded up to the next float32 (the processes run in
+float32), so the epsilon it implies never exceeds the target.
 """
 
 from __future__ import annotations
@@ -35,6 +48,23 @@ RDP_ORDERS = (1.25, 1.5, 1.75) + tuple(float(a) for a in range(2, 65)) + (
 CALIBRATION_RELATIVE_TOLERANCE = 1e-4
 _MAX_NOISE_MULTIPLIER = 1e7
 
+NEIGHBOURING = ("add_remove", "replace_one")
+# Replacing one example moves a sum of vectors clipped to C by up to 2C.
+REPLACE_ONE_SENSITIVITY_FACTOR = 2.0
+
+
+def check_neighbouring(neighbouring: str) -> str:
+  if neighbouring not in NEIGHBOURING:
+    raise ValueError(f"neighbouring must be one of {NEIGHBOURING}, got {neighbouring!r}")
+  return neighbouring
+
+
+def neighbouring_relation(neighbouring: str) -> dp_accounting.NeighboringRelation:
+  """dp_accounting's relation for `add_remove` or `replace_one`."""
+  check_neighbouring(neighbouring)
+  return (dp_accounting.NeighboringRelation.ADD_OR_REMOVE_ONE
+          if neighbouring == "add_remove" else dp_accounting.NeighboringRelation.REPLACE_ONE)
+
 
 def _check_common(sampling_rate, steps, target_delta, selection_epsilon, num_selections):
   if not 0.0 < sampling_rate <= 1.0:
@@ -50,12 +80,24 @@ def _check_common(sampling_rate, steps, target_delta, selection_epsilon, num_sel
                      f"got {selection_epsilon}")
 
 
-def dp_sgd_event(noise_multiplier: float, sampling_rate: float,
-                 steps: int) -> dp_accounting.DpEvent:
-  """`steps` Poisson-subsampled Gaussian mechanisms (one DP-SGD run)."""
-  return dp_accounting.SelfComposedDpEvent(
-      dp_accounting.PoissonSampledDpEvent(
-          sampling_rate, dp_accounting.GaussianDpEvent(noise_multiplier)), int(steps))
+def dp_sgd_event(noise_multiplier: float, sampling_rate: float, steps: int, *,
+                 neighbouring: str = "add_remove",
+                 dataset_size: Optional[int] = None) -> dp_accounting.DpEvent:
+  """`steps` DP-SGD steps with noise std z C: Poisson-subsampled Gaussians at rate q
+  (`add_remove`), or round(q n) of the `dataset_size` n examples sampled without
+  replacement, multiplier z / 2 (`replace_one`)."""
+  check_neighbouring(neighbouring)
+  if neighbouring == "add_remove":
+    step = dp_accounting.PoissonSampledDpEvent(
+        sampling_rate, dp_accounting.GaussianDpEvent(noise_multiplier))
+  else:
+    if dataset_size is None or int(dataset_size) != dataset_size or dataset_size < 1:
+      raise ValueError("replace_one accounting needs the (public) dataset_size, got "
+                       f"{dataset_size}")
+    step = dp_accounting.SampledWithoutReplacementDpEvent(
+        int(dataset_size), int(round(sampling_rate * dataset_size)),
+        dp_accounting.GaussianDpEvent(noise_multiplier / REPLACE_ONE_SENSITIVITY_FACTOR))
+  return dp_accounting.SelfComposedDpEvent(step, int(steps))
 
 
 def selection_event(selection_epsilon: float, num_selections: int) -> dp_accounting.DpEvent:
@@ -68,11 +110,22 @@ def selection_event(selection_epsilon: float, num_selections: int) -> dp_account
       dp_accounting.GaussianDpEvent(2.0 / selection_epsilon), int(num_selections))
 
 
+def _check_extra(extra_events):
+  for event in extra_events:
+    if not isinstance(event, dp_accounting.GaussianDpEvent):
+      raise TypeError(f"extra_events must be GaussianDpEvents, got {event}")
+
+
 def silo_event(noise_multiplier: float, sampling_rate: float, steps: int, *,
-               selection_epsilon: Optional[float] = None,
-               num_selections: int = 0) -> dp_accounting.DpEvent:
-  """Everything one silo's data is queried for: DP-SGD plus private selections."""
-  events = [dp_sgd_event(noise_multiplier, sampling_rate, steps)]
+               selection_epsilon: Optional[float] = None, num_selections: int = 0,
+               neighbouring: str = "add_remove", dataset_size: Optional[int] = None,
+               extra_events: tuple = ()) -> dp_accounting.DpEvent:
+  """Everything one silo's data is queried for: DP-SGD (when it runs steps), private
+  selections and `extra_events` (Gaussian mechanisms, e.g. standardization)."""
+  events = list(extra_events)
+  if steps > 0:
+    events.append(dp_sgd_event(noise_multiplier, sampling_rate, steps,
+                               neighbouring=neighbouring, dataset_size=dataset_size))
   if num_selections > 0:
     events.append(selection_event(selection_epsilon, num_selections))
   return dp_accounting.ComposedDpEvent(events)
@@ -80,49 +133,63 @@ def silo_event(noise_multiplier: float, sampling_rate: float, steps: int, *,
 
 @functools.lru_cache(maxsize=65536)
 def _epsilon(noise_multiplier, sampling_rate, steps, target_delta, selection_epsilon,
-             num_selections) -> float:
-  accountant = dp_accounting.rdp.RdpAccountant(list(RDP_ORDERS))
+             num_selections, neighbouring="add_remove", dataset_size=None,
+             extra_events=()) -> float:
+  accountant = dp_accounting.rdp.RdpAccountant(list(RDP_ORDERS),
+                                               neighbouring_relation(neighbouring))
   accountant.compose(silo_event(noise_multiplier, sampling_rate, steps,
                                 selection_epsilon=selection_epsilon,
-                                num_selections=num_selections))
+                                num_selections=num_selections, neighbouring=neighbouring,
+                                dataset_size=dataset_size, extra_events=extra_events))
   return float(accountant.get_epsilon(target_delta))
 
 
 def epsilon_spent(noise_multiplier: float, sampling_rate: float, steps: int,
                   target_delta: float, *, selection_epsilon: Optional[float] = None,
-                  num_selections: int = 0) -> float:
-  """Epsilon at `target_delta` of DP-SGD (and selections); inf without noise."""
+                  num_selections: int = 0, neighbouring: str = "add_remove",
+                  dataset_size: Optional[int] = None, extra_events: tuple = ()) -> float:
+  """Epsilon at `target_delta` of DP-SGD, selections and `extra_events`; inf when
+  DP-SGD runs steps without noise; 0 when nothing is queried."""
   _check_common(sampling_rate, steps, target_delta, selection_epsilon, num_selections)
+  _check_extra(extra_events)
   if noise_multiplier < 0:
     raise ValueError(f"noise_multiplier must be >= 0, got {noise_multiplier}")
   if noise_multiplier == 0 and steps > 0:
     return math.inf
   return _epsilon(float(noise_multiplier), float(sampling_rate), int(steps),
-                  float(target_delta), selection_epsilon, int(num_selections))
+                  float(target_delta), selection_epsilon, int(num_selections),
+                  check_neighbouring(neighbouring), dataset_size, tuple(extra_events))
 
 
 def calibrate_noise_multiplier(target_epsilon: float, target_delta: float,
                                sampling_rate: float, steps: int, *,
                                selection_epsilon: Optional[float] = None,
-                               num_selections: int = 0) -> float:
-  """The smallest noise multiplier (to a relative tolerance) whose epsilon at
-  `target_delta` is at most `target_epsilon`; never overshoots the target.
+                               num_selections: int = 0,
+                               neighbouring: str = "add_remove",
+                               dataset_size: Optional[int] = None,
+                               extra_events: tuple = ()) -> float:
+  """The smallest noise multiplier (to a relative tolerance, rounded up to a float32)
+  whose epsilon at `target_delta`, with the selections and `extra_events` composed,
+  is at most `target_epsilon`; never overshoots the target.
 
   Raises:
-    ValueError: bad arguments, or a target the selections alone already exceed.
+    ValueError: bad arguments, or a target the other queries alone already exceed.
   """
   _check_common(sampling_rate, steps, target_delta, selection_epsilon, num_selections)
+  _check_extra(extra_events)
   if not target_epsilon > 0 or not math.isfinite(target_epsilon):
     raise ValueError(f"target_epsilon must be a positive finite number, got {target_epsilon}")
   args = (float(sampling_rate), int(steps), float(target_delta),
           None if selection_epsilon is None else float(selection_epsilon),
-          int(num_selections))
-  if num_selections > 0:
+          int(num_selections), check_neighbouring(neighbouring), dataset_size,
+          tuple(extra_events))
+  if num_selections > 0 or extra_events:
     floor = _epsilon(_MAX_NOISE_MULTIPLIER, *args)
     if floor > target_epsilon:
       raise ValueError(
-          f"target_epsilon={target_epsilon} cannot be met: {num_selections} selections "
-          f"with selection_epsilon={selection_epsilon} alone spend {floor:.4g}")
+          f"target_epsilon={target_epsilon} cannot be met: the queries besides DP-SGD "
+          f"({num_selections} selections, {len(extra_events)} other) alone spend "
+          f"{floor:.4g}")
   if steps == 0:
     return 0.0
   return _calibrate(float(target_epsilon), *args)
@@ -132,7 +199,8 @@ _INTEGER_ORDERS = np.array([a for a in RDP_ORDERS if a == int(a)])
 
 
 def _search_epsilon(noise_multiplier, sampling_rate, steps, target_delta,
-                    selection_epsilon, num_selections) -> float:
+                    selection_epsilon, num_selections, neighbouring="add_remove",
+                    dataset_size=None, extra_events=()) -> float:
   """Epsilon from the integer orders only, in closed form (vectorized numpy).
 
   For integer alpha the Poisson-subsampled Gaussian has RDP
@@ -140,7 +208,12 @@ def _search_epsilon(noise_multiplier, sampling_rate, steps, target_delta,
   (Mironov, Talwar, Zhang 2019). Fewer orders can only give a larger epsilon than
   `_epsilon`, so a noise multiplier found with this function also meets the target
   under `dp_accounting`; it is only used to search, `_epsilon` has the last word.
+  `replace_one` has no closed form here and searches on `_epsilon` itself.
   """
+  if neighbouring != "add_remove":
+    return _epsilon(noise_multiplier, sampling_rate, steps, target_delta,
+                    selection_epsilon, num_selections, neighbouring, dataset_size,
+                    extra_events)
   q, z = sampling_rate, noise_multiplier
   alphas = _INTEGER_ORDERS
   k = np.arange(int(alphas.max()) + 1)
@@ -156,6 +229,8 @@ def _search_epsilon(noise_multiplier, sampling_rate, steps, target_delta,
     rdp = steps * scipy.special.logsumexp(terms, axis=1) / (alphas - 1.0)
   if num_selections > 0:
     rdp = rdp + num_selections * alphas * selection_epsilon ** 2 / 8.0
+  for event in extra_events:   # Gaussian: alpha / (2 z^2)
+    rdp = rdp + alphas / (2.0 * event.noise_multiplier ** 2)
   eps, _ = dp_accounting.rdp.rdp_privacy_accountant.compute_epsilon(
       alphas, rdp, target_delta)
   return float(eps)
@@ -188,8 +263,17 @@ def _calibrate(target_epsilon, *args) -> float:
     if exact_gap(lo) > 0:
       z = scipy.optimize.brentq(exact_gap, lo, z, rtol=rtol)
       z_gap = exact_gap(z)
-  # The root is moved up until dp_accounting confirms epsilon <= target.
+  # The root is moved up until dp_accounting confirms epsilon <= target, then to
+  # the float32 the processes will use (rounded up: more noise, less epsilon).
   while z_gap > 0:
     z *= 1.0 + rtol
     z_gap = exact_gap(z)
-  return z
+  return float32_at_least(z)
+
+
+def float32_at_least(value: float) -> float:
+  """The smallest float32 >= `value`, as a Python float."""
+  rounded = np.float32(value)
+  if float(rounded) < value:
+    rounded = np.nextafter(rounded, np.float32(np.inf))
+  return float(rounded)

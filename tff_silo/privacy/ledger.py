@@ -1,0 +1,110 @@
+"""One privacy ledger per protected unit (a silo, a user, a node).
+
+Every query of a unit's private data is charged to its ledger as a `dp_accounting`
+`DpEvent` (DP-SGD steps, cluster selections, standardization statistics, a private
+metric) or, for d-privacy, as an explicit leakage (Galli et al., Theorem 1: leakages
+add up). The ledger composes the events with the RDP accountant under its
+neighbouring relation, reports epsilon at its delta at any time, and answers whether
+a further charge would exceed its budget. Run drivers take their `epsilon_spent`
+columns from the ledgers and nowhere else.
+
+Composition is exact RDP addition: the RDP curve of each distinct event is computed
+once (`dp_accounting`, cached) and added `count` times, which gives the same curve as
+one `RdpAccountant` composing every event of the run.
+"""
+
+from __future__ import annotations
+
+import collections
+import functools
+from typing import Optional
+
+import dp_accounting
+import numpy as np
+
+from tff_silo.privacy import accounting
+
+
+@functools.lru_cache(maxsize=4096)
+def _rdp_curve(event: dp_accounting.DpEvent, neighbouring: str) -> np.ndarray:
+  accountant = dp_accounting.rdp.RdpAccountant(
+      list(accounting.RDP_ORDERS), accounting.neighbouring_relation(neighbouring))
+  if not accountant.supports(event):
+    raise ValueError(f"{event} cannot be accounted under the {neighbouring} "
+                     "neighbouring relation")
+  accountant.compose(event)
+  return accountant._rdp.copy()   # pylint: disable=protected-access
+
+
+class PrivacyLedger:
+  """The privacy account of one protected unit.
+
+  Args:
+    target_delta: the delta epsilon is reported at.
+    neighbouring: `add_remove` or `replace_one` (see `accounting.NEIGHBOURING`).
+    budget: epsilon at `target_delta` the unit allows (None: no limit).
+  """
+
+  def __init__(self, target_delta: float, *, neighbouring: str = "add_remove",
+               budget: Optional[float] = None):
+    accounting.check_neighbouring(neighbouring)
+    if not 0.0 < target_delta < 1.0:
+      raise ValueError(f"target_delta must be in (0, 1), got {target_delta}")
+    if budget is not None and not budget > 0:
+      raise ValueError(f"budget must be a positive epsilon or None, got {budget}")
+    self.target_delta = float(target_delta)
+    self.neighbouring = neighbouring
+    self.budget = budget
+    self._rdp = np.zeros(len(accounting.RDP_ORDERS))
+    self.leakage = 0.0
+    self.charges = collections.Counter()   # label -> number of charges
+
+  def _curve(self, event, count):
+    if isinstance(event, dp_accounting.ComposedDpEvent):   # lists are not hashable
+      return sum((self._curve(e, count) for e in event.events),
+                 np.zeros(len(accounting.RDP_ORDERS)))
+    return count * _rdp_curve(event, self.neighbouring)
+
+  def charge(self, event: dp_accounting.DpEvent, label: str, count: int = 1) -> None:
+    """Composes `count` runs of `event` (a query labelled `label`)."""
+    if int(count) != count or count < 0:
+      raise ValueError(f"count must be a non-negative integer, got {count}")
+    if count:
+      self._rdp = self._rdp + self._curve(event, count)
+      self.charges[label] += int(count)
+
+  def charge_leakage(self, amount: float, label: str) -> None:
+    """Adds a d-privacy leakage (epsilon times distance; not an (epsilon, delta))."""
+    if not amount >= 0:
+      raise ValueError(f"leakage must be >= 0, got {amount}")
+    self.leakage += float(amount)
+    self.charges[label] += 1
+
+  def _epsilon_of(self, rdp) -> float:
+    if not np.any(rdp):
+      return 0.0
+    eps, _ = dp_accounting.rdp.rdp_privacy_accountant.compute_epsilon(
+        accounting.RDP_ORDERS, rdp, self.target_delta)
+    return float(eps)
+
+  def epsilon(self) -> float:
+    """Epsilon at `target_delta` of everything charged so far."""
+    return self._epsilon_of(self._rdp)
+
+  def would_exceed(self, event: dp_accounting.DpEvent, count: int = 1) -> bool:
+    """Whether charging `event` `count` times would take epsilon above the budget."""
+    if self.budget is None:
+      return False
+    return self._epsilon_of(self._rdp + self._curve(event, count)) > self.budget
+
+
+def epsilons(ledgers) -> np.ndarray:
+  """Each ledger's epsilon (an array)."""
+  return np.array([ledger.epsilon() for ledger in ledgers])
+
+
+def over_budget(ledgers, events) -> list:
+  """Indices of the units whose next `events` (one per ledger) would exceed their
+  budget."""
+  return [i for i, (ledger, event) in enumerate(zip(ledgers, events))
+          if event is not None and ledger.would_exceed(event)]

@@ -20,6 +20,7 @@ import tensorflow as tf
 from hypernet.process import HypernetProcess, UserInput
 from tff_silo import keys, runtime
 from tff_silo.data.silos import SiloData
+from tff_silo.privacy.ledger import PrivacyLedger
 from tff_silo.simulation import SiloEvaluator, check_run_length
 
 @dataclasses.dataclass(frozen=True)
@@ -84,8 +85,9 @@ def run_hypernet(process: HypernetProcess, data: SiloData, *, rounds: int,
   if settings.private and target_delta is None:
     raise ValueError("the process adds noise: give target_delta for its epsilon")
   start = time.perf_counter()
-  epsilon = (settings.epsilon(rounds, target_delta) if target_delta is not None
-             else math.inf)
+  # Users are Poisson-sampled alike, so one ledger is every user's (user-level) account.
+  ledger = (PrivacyLedger(target_delta) if settings.private and target_delta is not None
+            else None)
   weights = process.user_weights.astype(np.float32)
   generator, evaluator = _Generator(hn), SiloEvaluator(hn.target, data.feature_shape)
 
@@ -106,6 +108,8 @@ def run_hypernet(process: HypernetProcess, data: SiloData, *, rounds: int,
       t0 = time.perf_counter()
       state, _ = process.next(state, inputs)
       round_seconds.append(time.perf_counter() - t0)
+      if ledger is not None:   # noise is added every round, sampled or not
+        ledger.charge(settings.round_event(), "user_level_round")
       users_per_round.append(len(sampled))
       if eval_every and (r + 1) % eval_every == 0 and r + 1 != rounds:
         history.append((r + 1, *evaluate(state)[:2]))
@@ -117,7 +121,8 @@ def run_hypernet(process: HypernetProcess, data: SiloData, *, rounds: int,
     runtime.stop_tff_workers()
   return HypernetResult(
       rounds=rounds, test_accuracy=test, mean_user_accuracy=mean_user,
-      user_test_accuracy=per_user, train_accuracy=train, epsilon=epsilon,
+      user_test_accuracy=per_user, train_accuracy=train,
+      epsilon=ledger.epsilon() if ledger is not None else math.inf,
       delta=target_delta, sigma=float(getattr(process.aggregator, "sigma", math.nan)),
       users_per_round=np.array(users_per_round), history=tuple(history),
       round_seconds=np.array(round_seconds), wall_seconds=time.perf_counter() - start)

@@ -10,6 +10,7 @@ from hypothesis import given, settings, strategies as st
 
 from tff_silo import algorithms, data, models
 from tff_silo.privacy import PAPER, PrivacyLedger, PrivacyProtocol, accounting
+from tff_silo.privacy.ledger import over_budget
 from tff_silo.simulation import run_simulation
 
 ORDERS = list(accounting.RDP_ORDERS)
@@ -68,6 +69,15 @@ def test_ledger_budget_and_leakage():
   ledger.charge_leakage(0.4, "d_privacy")
   assert ledger.leakage == pytest.approx(0.8) and ledger.charges["d_privacy"] == 2
   assert PrivacyLedger(1e-5).epsilon() == 0.0
+  fresh = [PrivacyLedger(1e-5, budget=1.0), PrivacyLedger(1e-5, budget=1.0)]
+  assert over_budget(fresh, [strong, dp_accounting.GaussianDpEvent(0.5)]) == [1]
+  assert over_budget(fresh, [None, strong]) == []
+  leakage_only = PrivacyLedger(None)
+  leakage_only.charge_leakage(0.4, "d_privacy")
+  assert leakage_only.epsilon() == 0.0 and leakage_only.leakage == 0.4
+  leakage_only.charge(strong, "q")
+  with pytest.raises(ValueError, match="no target_delta"):
+    leakage_only.epsilon()
 
 
 @settings(max_examples=25, deadline=None)

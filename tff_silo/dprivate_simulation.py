@@ -23,6 +23,7 @@ from tff_silo import keys, runtime
 from tff_silo.algorithms.dprivate_clustering import DPrivateClusteringProcess
 from tff_silo.algorithms.process import SiloInput
 from tff_silo.data.silos import SiloData
+from tff_silo.privacy.ledger import PrivacyLedger, leakages
 from tff_silo.simulation import SiloEvaluator, check_run_length
 
 _LEAKAGE_SLACK = 1e-9
@@ -117,7 +118,7 @@ def run_dprivate_clustering(process: DPrivateClusteringProcess, data: SiloData, 
   start = time.perf_counter()
   rng = np.random.default_rng([seed, 2])
   per_participation = process.leakage_per_participation
-  leakage = np.zeros(data.num_silos)
+  ledgers = [PrivacyLedger(None) for _ in range(data.num_silos)]   # leakage only
   participations = np.zeros(data.num_silos, np.int64)
   inputs = [SiloInput(x, y, np.float32(0.0), key)
             for x, y, key in zip(data.x_train, data.y_train,
@@ -134,16 +135,18 @@ def run_dprivate_clustering(process: DPrivateClusteringProcess, data: SiloData, 
     for r in range(1, rounds + 1):
       t0 = time.perf_counter()
       sampled = rng.choice(data.num_silos, clients_per_round, replace=False)
+      leakage = leakages(ledgers)
       if leakage_cap is not None:
         fits = leakage[sampled] + per_participation <= leakage_cap + _LEAKAGE_SLACK
         declined += int(np.sum(~fits))
         sampled = sampled[fits]
       if len(sampled):
         state, _ = process.next(state, [inputs[k] for k in sampled])
-        leakage[sampled] += per_participation
+        for k in sampled:
+          ledgers[k].charge_leakage(per_participation, "d_privacy")
         participations[sampled] += 1
       if leakage_cap is not None and np.all(
-          leakage + per_participation > leakage_cap + _LEAKAGE_SLACK):
+          leakages(ledgers) + per_participation > leakage_cap + _LEAKAGE_SLACK):
         stopped_because = "leakage_cap"  # every user would decline from now on
       round_seconds.append(time.perf_counter() - t0)
       if validation is not None:
@@ -172,7 +175,8 @@ def run_dprivate_clustering(process: DPrivateClusteringProcess, data: SiloData, 
       algorithm=process.name, rounds_run=len(round_seconds), best_round=best_round,
       metric=process.model.metric, train_metric=train, test_metric=test,
       silo_train_metric=silo_train, silo_test_metric=silo_test, hypotheses=hypotheses,
-      assignments=assignments, participations=participations, leakage=leakage,
+      assignments=assignments, participations=participations,
+      leakage=leakages(ledgers),
       layer_leakage=process.layer_leakage, leakage_per_participation=per_participation,
       declined=declined, history=tuple(history), stopped_because=stopped_because,
       round_seconds=np.array(round_seconds), wall_seconds=time.perf_counter() - start)

@@ -14,7 +14,9 @@ are not noised: they are outside the DP guarantee and for inspection only.
 
 from __future__ import annotations
 
+import csv
 import dataclasses
+import os
 import time
 from typing import Callable, Optional, Sequence, Union
 
@@ -167,8 +169,6 @@ def check_run_length(rounds, eval_every: int = 0) -> None:
 
 def _write_ledger_rows(path, rounds_done, ledgers):
   """Appends each silo's epsilon after `rounds_done` rounds to a CSV."""
-  import csv
-  import os
   new = not os.path.exists(path)
   with open(path, "a", newline="") as f:
     writer = csv.writer(f)
@@ -231,10 +231,10 @@ def run_simulation(process: SiloProcess, data: SiloData, *, rounds: int,
         sampling=process.config.sampling, preprocessing_events=preprocessing_events)
     noise, select, sizes = (privacy.noise_multipliers, privacy.selection_epsilon,
                             privacy.sizes)
-    ledgers = [ledger_lib.PrivacyLedger(float(d), neighbouring=privacy.protocol.neighbouring,
-                                        budget=float(e))
-               for d, e in zip(privacy.target_delta,
-                               _per_silo(target_epsilon, data.num_silos, "target_epsilon"))]
+    budgets = _per_silo(target_epsilon, data.num_silos, "target_epsilon")
+    ledgers = [ledger_lib.PrivacyLedger(float(d), budget=float(e),
+                                        neighbouring=privacy.protocol.neighbouring)
+               for d, e in zip(privacy.target_delta, budgets)]
     round_steps = privacy.steps // rounds
     for ledger, events in zip(ledgers, privacy.preprocessing):
       for event in events:
@@ -267,7 +267,7 @@ def run_simulation(process: SiloProcess, data: SiloData, *, rounds: int,
           stopped_because = "budget"
           break
         for ledger, event in zip(ledgers, events):
-          ledger.charge(event, "round")
+          ledger.charge(event, "training_round")
       t0 = time.perf_counter()
       state, client_states, _ = process.next(state, client_states, inputs)
       round_seconds.append(time.perf_counter() - t0)

@@ -164,7 +164,7 @@ def build_clustered_process(model, feature_shape, config: LocalTrainingConfig, *
     cluster_init_std: cluster g starts at the model's initialization for seed
       init_seed + g plus N(0, std^2) noise, so zero-initialized models differ.
     aggregator: a weighted `tff.aggregators` factory, one instance per cluster;
-      default `MeanFactory` (weights n_k; non-members weigh 0).
+      default `MeanFactory` (weights: the public sizes; non-members weigh 0).
   """
   if int(num_clusters) != num_clusters or num_clusters < 1:
     raise ValueError(f"num_clusters (G) must be a positive integer, got {num_clusters}")

@@ -47,10 +47,11 @@ class LocalTrainingConfig:
 
   Attributes:
     learning_rate: SGD step size (no momentum, thesis app. B.4).
-    batch_size: B; the sampling rate of silo k is min(B, n_k) / n_k.
+    batch_size: B; the sampling rate of silo k is min(B, m_k) / m_k (m_k its
+      public size, its n_k unless sizes are private).
     epochs: local epochs per call.
     l2_norm_clip: per-example clip C; None trains without DP.
-    sampling: `poisson` or `shuffle` (see module docstring).
+    sampling: `poisson`, `without_replacement` or `shuffle` (module docstring).
     steps: if set, run exactly this many steps per call instead of `epochs` epochs.
   """
 

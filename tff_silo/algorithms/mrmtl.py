@@ -7,8 +7,9 @@ approaches FedAvg.
 
 Privacy: each silo runs DP-SGD with its own noise multiplier (silo-specific
 example-level DP, thesis Def. 1.3.1); w_bar is post-processing of DP outputs, so the
-regularization costs no privacy beyond local training. Weighting by n_k assumes the
-replacement notion of neighbouring datasets (thesis app. C.1).
+regularization costs no privacy beyond local training. The server mean is weighted by
+each silo's public size (`tff_silo.privacy.protocol`): n_k under replace-one or with
+sizes declared public, equal weights when sizes are private (add/remove-one).
 """
 
 from __future__ import annotations

@@ -1,9 +1,9 @@
 """Privacy accounting for silo-specific example-level DP (thesis Def. 1.3.1).
 
 Every silo runs DP-SGD on its own examples: `steps` applications of the Gaussian
-mechanism (noise multiplier z, clip C) to Poisson-subsampled batches with sampling
-rate q = B / n_k. Its Renyi-DP is composed with `dp_accounting`'s RDP accountant and
-converted to (epsilon, delta).
+mechanism (noise multiplier z, clip C) to subsampled batches with sampling rate
+q = B / m_k (m_k the silo's public size, `tff_silo.privacy.protocol`). Its Renyi-DP
+is composed with `dp_accounting`'s RDP accountant and converted to (epsilon, delta).
 
 Private selections (IFCA's exponential mechanism, thesis sec. 1.2) are
 (eps^2 / 8)-zCDP, i.e. (alpha, alpha * eps^2 / 8)-RDP for every order alpha. That curve

@@ -40,7 +40,8 @@ class PrivacyLedger:
   """The privacy account of one protected unit.
 
   Args:
-    target_delta: the delta epsilon is reported at.
+    target_delta: the delta epsilon is reported at; None for a ledger of d-privacy
+      leakage only.
     neighbouring: `add_remove` or `replace_one` (see `accounting.NEIGHBOURING`).
     budget: epsilon at `target_delta` the unit allows (None: no limit).
   """
@@ -48,11 +49,11 @@ class PrivacyLedger:
   def __init__(self, target_delta: float, *, neighbouring: str = "add_remove",
                budget: Optional[float] = None):
     accounting.check_neighbouring(neighbouring)
-    if not 0.0 < target_delta < 1.0:
+    if target_delta is not None and not 0.0 < target_delta < 1.0:
       raise ValueError(f"target_delta must be in (0, 1), got {target_delta}")
     if budget is not None and not budget > 0:
       raise ValueError(f"budget must be a positive epsilon or None, got {budget}")
-    self.target_delta = float(target_delta)
+    self.target_delta = None if target_delta is None else float(target_delta)
     self.neighbouring = neighbouring
     self.budget = budget
     self._rdp = np.zeros(len(accounting.RDP_ORDERS))
@@ -83,6 +84,8 @@ class PrivacyLedger:
   def _epsilon_of(self, rdp) -> float:
     if not np.any(rdp):
       return 0.0
+    if self.target_delta is None:
+      raise ValueError("this ledger has no target_delta: it accounts d-privacy leakage")
     eps, _ = dp_accounting.rdp.rdp_privacy_accountant.compute_epsilon(
         accounting.RDP_ORDERS, rdp, self.target_delta)
     return float(eps)
@@ -101,6 +104,11 @@ class PrivacyLedger:
 def epsilons(ledgers) -> np.ndarray:
   """Each ledger's epsilon (an array)."""
   return np.array([ledger.epsilon() for ledger in ledgers])
+
+
+def leakages(ledgers) -> np.ndarray:
+  """Each ledger's composed d-privacy leakage (an array)."""
+  return np.array([ledger.leakage for ledger in ledgers])
 
 
 def over_budget(ledgers, events) -> list:

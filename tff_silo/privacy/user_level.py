@@ -194,12 +194,18 @@ class UserDPSettings:
     """Every user's w_u (all 1 without `weight_cap`)."""
     return user_weights(num_examples, self.weight_cap)
 
-  def factory(self, num_examples: Sequence[int], seed: int = 0) -> UserLevelDPMeanFactory:
-    """The aggregator for a population with these per-user example counts."""
+  def factory(self, num_examples: Sequence[int],
+              seed: Optional[int] = None) -> UserLevelDPMeanFactory:
+    """The aggregator for a population with these per-user example counts; `seed`
+    None draws the noise from OS entropy, a fixed seed is for simulation only."""
     return UserLevelDPMeanFactory(
         l2_norm_clip=self.l2_norm_clip, noise_multiplier=self.noise_multiplier,
         sampling_rate=self.sampling_rate,
         total_weight=float(self.weights(num_examples).sum()), seed=seed)
+
+  def round_event(self):
+    """One round's `DpEvent`: the Poisson-sampled Gaussian mechanism (q, z)."""
+    return accounting.dp_sgd_event(self.noise_multiplier, self.sampling_rate, 1)
 
   def epsilon(self, rounds: int, target_delta: float) -> float:
     """User-level epsilon at `target_delta` after `rounds` rounds (inf without noise)."""

@@ -467,6 +467,7 @@ def _row(result, seed, algorithm, lam, s, silos):
   import numpy as np
   import tensorflow as tf
   import tensorflow_federated as tff
+  from tff_silo.data import preprocessing
   privacy = getattr(result, "privacy", None)
   return dict(
       algorithm=algorithm, dataset=FLAGS.dataset, seed=seed, rounds=s["rounds"],
@@ -476,7 +477,7 @@ def _row(result, seed, algorithm, lam, s, silos):
       sampling=s["sampling"] if privacy is not None else None,
       **_protocol_columns(s, private=privacy is not None),
       standardize=s["standardize"],
-      standardize_inside_guarantee=(s["standardize"] != "silo"
+      standardize_inside_guarantee=(preprocessing.inside_guarantee(s["standardize"])
                                     if privacy is not None and s["standardize"] else None),
       weighted=not FLAGS.unweighted, server_weights=_server_weights(s, privacy),
       num_silos=silos.num_silos, metric=result.metric,

@@ -117,7 +117,7 @@ def standardize_silos(silos: SiloData, mode: str, *,
 
   Args:
     public_ranges: for `public`.
-    clip, noise_multipliers: for `dp`: R and each silo's z (`dp_noise_multipliers`).
+    clip, noise_multipliers: for `dp`: R and each silo's z (`dp_noise_multiplier`).
     seed: the run's seed: silo k's noise uses derive(unit_key(k), -1, STANDARDIZE, 0).
   """
   check_mode(mode)

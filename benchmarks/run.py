@@ -36,6 +36,7 @@ from absl import flags
 
 from benchmarks import common, configs
 from benchmarks.common import UsageError
+from tff_silo.privacy.accounting import NEIGHBOURING   # no TensorFlow: dp_accounting
 
 IFCA_ALGORITHMS = {"ifca": "fedavg", "ifca_fedavg": "fedavg", "ifca_local": "local",
                    "ifca_mrmtl": "mrmtl", "ifca_finetune": "finetune"}
@@ -45,7 +46,6 @@ DATASETS = tuple(configs.PRESETS)
 SAMPLING = ("poisson", "without_replacement", "shuffle")
 TABULAR = ("school", "vehicle", "gleam")
 STANDARDIZE = ("none", "public", "dp", "silo")
-NEIGHBOURING = ("add_remove", "replace_one")
 PROTOCOLS = ("custom", "paper")
 LAMBDA_ALGORITHMS = ("mrmtl", "ditto", "ifca_mrmtl")
 CLUSTER_FLAGS = ("num_clusters", "selection_fraction", "selection_budget_share")

@@ -3,6 +3,7 @@ the tidy CSV every binary appends to (one row per run, resumable by `run_key`)."
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 import warnings
@@ -34,6 +35,63 @@ def check_among(name, values, allowed) -> None:
   if not values or any(v not in allowed for v in values):
     raise UsageError(f"--{name} must be among {', '.join(allowed)}; got "
                      f"{','.join(values) or 'nothing'}")
+
+
+BACKENDS = ("auto", "tff", "vectorized")
+DEVICES = ("auto", "cpu", "gpu")
+# What tff_silo.vectorized runs; everything else runs on TFF's runtime.
+VECTORIZED_ALGORITHMS = ("local", "fedavg", "finetune", "mrmtl", "ditto")
+
+
+def check_backend(backend: str, device: str, algorithms) -> None:
+  """UsageError for an unknown --backend / --device, or a combination that cannot
+  run: the vectorized backend for an algorithm it lacks, a device for TFF's runtime
+  (CPU only)."""
+  check_one_of("backend", backend, BACKENDS)
+  check_one_of("device", device, DEVICES)
+  if backend == "vectorized":
+    missing = [a for a in algorithms if a not in VECTORIZED_ALGORITHMS]
+    if missing:
+      raise UsageError(f"--backend=vectorized runs {', '.join(VECTORIZED_ALGORITHMS)}; "
+                       f"{', '.join(missing)} run on --backend=tff (or auto)")
+  if backend == "tff" and device == "gpu":
+    raise UsageError("--device=gpu needs the vectorized backend: TFF's runtime (the "
+                     "PyPI worker_binary) runs on the CPU only")
+  if device == "gpu" and not _gpus():
+    raise UsageError("--device=gpu: TensorFlow sees no GPU (on a CUDA machine install "
+                     "with `uv sync --extra gpu`)")
+
+
+def _gpus() -> list:
+  import tensorflow as tf
+  return tf.config.list_physical_devices("GPU")
+
+
+def backend_for(backend: str, algorithm: str) -> str:
+  """The backend a run of `algorithm` uses: `auto` picks the vectorized one where
+  it exists (the same numbers, much faster)."""
+  if backend != "auto":
+    return backend
+  return "vectorized" if algorithm in VECTORIZED_ALGORITHMS else "tff"
+
+
+def device_scope(device: str, backend: str):
+  """(context manager placing TensorFlow's ops, label for the row) for --device.
+  TFF's runtime runs in its CPU-only worker whatever the scope says."""
+  import tensorflow as tf
+  if backend == "tff":
+    return contextlib.nullcontext(), "cpu (tff worker)"
+  if device == "cpu" or not _gpus():
+    return tf.device("/CPU:0"), "cpu"
+  return tf.device("/GPU:0"), "gpu"
+
+
+def peak_memory_mb() -> float:
+  """Peak resident memory of this process or of any child it waited for (TFF's
+  worker is one), in MB (Linux reports ru_maxrss in KB)."""
+  import resource
+  return max(resource.getrusage(who).ru_maxrss
+             for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN)) / 1024.0
 
 
 def round_progress(tag: str, rounds: int):

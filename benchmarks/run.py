@@ -116,6 +116,12 @@ flags.DEFINE_float("leakage_cap", None, "dprivate_clustering: a user declines a 
 flags.DEFINE_integer("patience", None, "dprivate_clustering on two_cluster: stop after "
                      "this many rounds without validation improvement.")
 flags.DEFINE_integer("kmeans_iterations", 10, "dprivate_clustering: Lloyd iterations.")
+flags.DEFINE_string("backend", "auto", f"One of {common.BACKENDS}: 'tff' runs TFF's "
+                    "runtime (the reference), 'vectorized' every silo's round as one "
+                    "TensorFlow program (the same numbers; local, fedavg, finetune, "
+                    "mrmtl, ditto); 'auto' the vectorized one where it exists.")
+flags.DEFINE_string("device", "auto", f"One of {common.DEVICES}: where the vectorized "
+                    "backend runs ('auto': a GPU if TensorFlow sees one).")
 flags.DEFINE_string("output", "benchmarks/out/run.csv", "CSV file rows are appended to.")
 flags.DEFINE_bool("resume", True, "Skip runs whose row (same settings, algorithm, "
                   "lambda and seed) is already in --output.")
@@ -127,6 +133,7 @@ def _settings():
   common.check_among("algorithm", FLAGS.algorithm, ALGORITHMS)
   common.check_one_of("neighbouring", FLAGS.neighbouring, NEIGHBOURING)
   common.check_one_of("protocol", FLAGS.protocol, PROTOCOLS)
+  common.check_backend(FLAGS.backend, FLAGS.device, FLAGS.algorithm)
   preset = configs.PRESETS[FLAGS.dataset]
   s = dict(
       rounds=FLAGS.rounds if FLAGS.rounds is not None else preset.rounds,
@@ -463,7 +470,7 @@ def _train_columns(result, private):
   return dict(train_metric=None)
 
 
-def _row(result, seed, algorithm, lam, s, silos):
+def _row(result, seed, algorithm, lam, s, silos, backend, device):
   import numpy as np
   import tensorflow as tf
   import tensorflow_federated as tff
@@ -484,8 +491,9 @@ def _row(result, seed, algorithm, lam, s, silos):
       **_train_columns(result, privacy is not None), test_metric=result.test_metric,
       **_privacy_columns(result),
       **_algorithm_flags(algorithm, s), **_clustering_columns(result, silos),
-      wall_seconds=result.wall_seconds,
+      backend=backend, device=device, wall_seconds=result.wall_seconds,
       seconds_per_round_median=float(np.median(result.round_seconds)),
+      peak_memory_mb=common.peak_memory_mb(),
       tff_version=tff.__version__, tf_version=tf.__version__,
       run_key=_run_key(seed, algorithm, lam, s),
       flags=json.dumps({k: FLAGS[k].value for k in (
@@ -493,7 +501,8 @@ def _row(result, seed, algorithm, lam, s, silos):
           "batch_size", "clip", "local_epochs", "sampling", "neighbouring",
           "public_silo_sizes", "assumed_silo_size", "protocol", "standardize",
           "standardize_clip", "standardize_budget_share", "finetune_fraction",
-          "unweighted", "seeds", "mask_probability", *CLUSTER_FLAGS, *DPRIVATE_FLAGS)}),
+          "unweighted", "seeds", "mask_probability", "backend", "device",
+          *CLUSTER_FLAGS, *DPRIVATE_FLAGS)}),
       finished=time.strftime("%Y-%m-%dT%H:%M:%S"))
 
 
@@ -507,7 +516,8 @@ def _print_table(rows):
                                              float_format=lambda v: f"{v:.4f}"))
 
 
-def _simulate(algorithm, process, silos, seed, s, progress, preprocessing_events=None):
+def _simulate(algorithm, process, silos, seed, s, progress, preprocessing_events,
+              backend):
   from tff_silo import data, dprivate_simulation, simulation
   if algorithm == "dprivate_clustering":
     validation = (data.two_cluster_linear_silos(num_users=VALIDATION_USERS,
@@ -523,7 +533,8 @@ def _simulate(algorithm, process, silos, seed, s, progress, preprocessing_events
       target_delta=s["delta"] if s["epsilon"] is not None else None, seed=seed,
       eval_every=FLAGS.eval_every, progress=progress,
       protocol=s["protocol"] if s["epsilon"] is not None else None,
-      ledger_csv=FLAGS.ledger_csv, preprocessing_events=preprocessing_events)
+      ledger_csv=FLAGS.ledger_csv, preprocessing_events=preprocessing_events,
+      backend=backend)
 
 
 def main(argv):
@@ -550,12 +561,15 @@ def main(argv):
     tag = f"[{i}/{len(runs)}] {algorithm} lam={lam} seed={seed}"
     progress = common.round_progress(tag, s["rounds"])
 
+    backend = common.backend_for(FLAGS.backend, algorithm)
+    scope, device = common.device_scope(FLAGS.device, backend)
     try:
-      result = _simulate(algorithm, process, silos, seed, s, progress,
-                         preprocessing_events)
+      with scope:
+        result = _simulate(algorithm, process, silos, seed, s, progress,
+                           preprocessing_events, backend)
     except ValueError as e:  # a budget the selections alone exceed, too many clusters
       raise UsageError(str(e)) from None
-    row = _row(result, seed, algorithm, lam, s, silos)
+    row = _row(result, seed, algorithm, lam, s, silos, backend, device)
     common.append_row(FLAGS.output, row)
     rows.append(row)
   _print_table(rows)

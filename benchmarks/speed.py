@@ -1,16 +1,24 @@
-"""Speed of the School MR-MTL DP run (thesis app. B.4 settings: 200 rounds, B = 32,
-clip 1, lr 0.01, epsilon = 6, delta = 1e-3, lambda = 1, one seed).
+"""Speed of the two backends side by side (TFF's runtime vs `tff_silo.vectorized`).
 
-End to end: each repeat runs `python -m benchmarks.run` for that configuration in a
-fresh process (imports, data loading, per-silo calibration, tracing, 200 rounds,
-evaluation, worker shutdown) and times it from outside. Steady state: the median
-seconds per round that the run itself records. Reports medians over repeats.
+Parts (--parts, all by default), every figure a median over --repeats with the
+backends alternating within each repeat, so drift of the machine hits both alike:
+- `school`: the School MR-MTL DP run (thesis app. B.4: 200 rounds, B = 32, clip 1,
+  lr 0.01, epsilon 6, delta 1e-3, lambda 1, seed 0) as `python -m benchmarks.run` in
+  a fresh process, timed from outside (imports, data, calibration, tracing, rounds,
+  evaluation, shutdown); also its steady-state seconds per round and peak memory.
+- `digits`: rounds of the README's main job (digits CNN silos, MR-MTL, no DP),
+  steady-state seconds per round, in a fresh process per run.
+- `sweep`: --sweep_runs School runs (epsilons x seeds) in one fresh process on the
+  vectorized backend, against one fresh single run of it.
+- on a machine where TensorFlow sees a GPU, `digits` also runs the vectorized
+  backend with --device=gpu.
 
     python -m benchmarks.speed --data_dir=../shared/data --repeats=3
 """
 
 from __future__ import annotations
 
+import json
 import os
 import statistics
 import subprocess
@@ -18,48 +26,182 @@ import sys
 import tempfile
 import time
 
-from absl import app, flags
+from absl import flags
+
+from benchmarks import common
+from benchmarks.common import UsageError
+
+PARTS = ("school", "digits", "sweep")
+SWEEP_EPSILONS = (1.0, 2.0, 4.0, 8.0)
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string("data_dir", None, "Folder with school.mat.")
-flags.DEFINE_integer("repeats", 3, "Fresh-process runs to take the median of.")
-flags.DEFINE_integer("rounds", 200, "Rounds per run.")
+flags.DEFINE_list("parts", list(PARTS), f"Comma-separated parts, of {PARTS}.")
+flags.DEFINE_integer("repeats", 3, "Fresh-process runs per backend to take medians of.")
+flags.DEFINE_integer("rounds", 200, "Rounds of a School run.")
+flags.DEFINE_integer("digits_rounds", 20, "Rounds of a digits run.")
+flags.DEFINE_integer("sweep_runs", 20, "School runs in the one-process sweep.")
 flags.DEFINE_string("output", "benchmarks/out/speed.csv", "CSV file rows are appended to.")
+flags.DEFINE_bool("sweep_child", False, "Internal: run the sweep in this process and "
+                  "print its timings as JSON.")
+
+
+def _school_args(rounds):
+  return ["--dataset=school", f"--data_dir={FLAGS.data_dir}", "--algorithm=mrmtl",
+          "--lam=1", "--epsilon=6", "--delta=1e-3", f"--rounds={rounds}", "--seeds=0"]
+
+
+def _fresh_run(args, backend, device="auto"):
+  """Runs benchmarks.run in a fresh process; (seconds from outside, its row)."""
+  import pandas as pd
+  with tempfile.TemporaryDirectory() as tmp:
+    csv = os.path.join(tmp, "row.csv")
+    cmd = [sys.executable, "-m", "benchmarks.run", *args, f"--backend={backend}",
+           f"--device={device}", f"--output={csv}"]
+    start = time.perf_counter()
+    done = subprocess.run(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                          text=True, check=False)
+    seconds = time.perf_counter() - start
+    if done.returncode:
+      raise RuntimeError(f"{' '.join(cmd)} failed: {done.stderr.strip()[-500:]}")
+    return seconds, pd.read_csv(csv).iloc[0]
+
+
+def _sweep_in_process():
+  """The sweep, run here: every (epsilon, seed) School MR-MTL run on the vectorized
+  backend, one after another, as a harness does."""
+  start = time.perf_counter()
+  from tff_silo import algorithms, data, models
+  from tff_silo.privacy import PrivacyProtocol
+  from tff_silo.simulation import run_simulation
+  runs = [(e, seed) for seed in range(FLAGS.sweep_runs) for e in SWEEP_EPSILONS]
+  runs = runs[:FLAGS.sweep_runs]
+  metrics = []
+  for epsilon, seed in runs:
+    silos = data.load_school(FLAGS.data_dir, seed=seed, standardize="public")
+    model = models.model_for(silos)
+    process = algorithms.build_mrmtl_process(
+        model, silos.feature_shape, client_learning_rate=0.01, batch_size=32, lam=1.0,
+        l2_norm_clip=1.0)
+    result = run_simulation(process, silos, rounds=FLAGS.rounds, target_epsilon=epsilon,
+                            target_delta=1e-3, seed=seed, backend="vectorized",
+                            protocol=PrivacyProtocol(assumed_silo_size=88))
+    metrics.append(result.test_metric)
+  print(json.dumps(dict(runs=len(runs), seconds=time.perf_counter() - start,
+                        peak_memory_mb=common.peak_memory_mb(),
+                        test_metric_median=statistics.median(metrics))))
+
+
+def _sweep():
+  start = time.perf_counter()
+  done = subprocess.run([sys.executable, "-m", "benchmarks.speed", "--sweep_child",
+                         f"--data_dir={FLAGS.data_dir}", f"--rounds={FLAGS.rounds}",
+                         f"--sweep_runs={FLAGS.sweep_runs}"],
+                        capture_output=True, text=True, check=False)
+  if done.returncode:
+    raise RuntimeError(f"the sweep failed: {done.stderr.strip()[-500:]}")
+  result = json.loads(done.stdout.strip().splitlines()[-1])
+  return time.perf_counter() - start, result
+
+
+def _gpu_present() -> bool:
+  import tensorflow as tf
+  return bool(tf.config.list_physical_devices("GPU"))
+
+
+def _median_rows(rows, part, backend, device):
+  chosen = [r for r in rows if r["part"] == part and r["backend"] == backend
+            and r["device"] == device]
+  if not chosen:
+    return None
+  keys = [k for k, v in chosen[0].items() if isinstance(v, float)]
+  return {k: statistics.median(r[k] for r in chosen) for k in keys}
+
+
+def _report(rows):
+  print("\nmedians (ratio = tff / vectorized, side by side):")
+  for part, seconds in (("school", "end_to_end_seconds"),
+                        ("school", "seconds_per_round_median"),
+                        ("digits", "seconds_per_round_median")):
+    tff = _median_rows(rows, part, "tff", "cpu")
+    vec = _median_rows(rows, part, "vectorized", "cpu")
+    if tff and vec:
+      print(f"  {part} {seconds}: tff {tff[seconds]:.4f}, vectorized "
+            f"{vec[seconds]:.4f}, ratio {tff[seconds] / vec[seconds]:.1f}x; peak memory "
+            f"tff {tff['peak_memory_mb']:.0f} MB, vectorized {vec['peak_memory_mb']:.0f} MB")
+  gpu = _median_rows(rows, "digits", "vectorized", "gpu")
+  cpu = _median_rows(rows, "digits", "vectorized", "cpu")
+  if gpu and cpu:
+    print(f"  digits vectorized round: cpu {cpu['seconds_per_round_median']:.4f} s, gpu "
+          f"{gpu['seconds_per_round_median']:.4f} s")
+  sweep = [r for r in rows if r["part"] == "sweep"]
+  single = _median_rows(rows, "school", "vectorized", "cpu")
+  for r in sweep:
+    line = (f"  sweep of {r['runs']} runs in one process: {r['end_to_end_seconds']:.1f} s, "
+            f"peak {r['peak_memory_mb']:.0f} MB")
+    if single:
+      line += (f"; {r['end_to_end_seconds'] / single['end_to_end_seconds']:.2f}x one fresh "
+               f"vectorized run ({single['end_to_end_seconds']:.1f} s)")
+    print(line)
 
 
 def main(argv):
-  del argv
+  if len(argv) > 1:
+    raise UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
+  common.check_among("parts", FLAGS.parts, PARTS)
+  for name in ("repeats", "rounds", "digits_rounds", "sweep_runs"):
+    if FLAGS[name].value < 1:
+      raise UsageError(f"--{name} must be >= 1; got {FLAGS[name].value}")
+  needs_school = {"school", "sweep"} & set(FLAGS.parts) or FLAGS.sweep_child
+  if needs_school and not (FLAGS.data_dir and os.path.isfile(
+      os.path.join(FLAGS.data_dir, "school.mat"))):
+    raise UsageError(f"--data_dir must be a folder with school.mat; got {FLAGS.data_dir}")
+  if FLAGS.sweep_child:
+    _sweep_in_process()
+    return
   import pandas as pd
-  if not FLAGS.data_dir or not os.path.isfile(os.path.join(FLAGS.data_dir, "school.mat")):
-    print(f"error: --data_dir must be a folder with school.mat; got {FLAGS.data_dir}",
-          file=sys.stderr)
-    sys.exit(2)
+  backends = [("tff", "cpu"), ("vectorized", "cpu")]
+  digits_backends = backends + ([("vectorized", "gpu")] if _gpu_present() else [])
+  stamp = dict(cpus=os.cpu_count(), finished=None)
   rows = []
+
+  def record(part, backend, device, seconds, run, repeat):
+    row = dict(part=part, backend=backend, device=device, repeat=repeat,
+               end_to_end_seconds=seconds, in_process_seconds=float(run.wall_seconds),
+               seconds_per_round_median=float(run.seconds_per_round_median),
+               peak_memory_mb=float(run.peak_memory_mb), test_metric=float(run.test_metric),
+               rounds=int(run.rounds), **stamp)
+    row["finished"] = time.strftime("%Y-%m-%dT%H:%M:%S")
+    rows.append(row)
+    print(f"{part} {backend}/{device} repeat {repeat}: {seconds:.1f} s end to end, "
+          f"{row['seconds_per_round_median']:.4f} s/round, "
+          f"{row['peak_memory_mb']:.0f} MB, metric {row['test_metric']:.4f}", flush=True)
+
   for repeat in range(FLAGS.repeats):
-    with tempfile.TemporaryDirectory() as tmp:
-      csv = os.path.join(tmp, "row.csv")
-      cmd = [sys.executable, "-m", "benchmarks.run", "--dataset=school",
-             f"--data_dir={FLAGS.data_dir}", "--algorithm=mrmtl", "--lam=1",
-             "--epsilon=6", "--delta=1e-3", f"--rounds={FLAGS.rounds}", "--seeds=0",
-             f"--output={csv}"]
-      start = time.perf_counter()
-      subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-      end_to_end = time.perf_counter() - start
-      run = pd.read_csv(csv).iloc[0]
-    rows.append(dict(repeat=repeat, rounds=FLAGS.rounds, end_to_end_seconds=end_to_end,
-                     in_process_seconds=run.wall_seconds,
-                     seconds_per_round_median=run.seconds_per_round_median,
-                     test_metric=run.test_metric, epsilon_spent_max=run.epsilon_spent_max,
-                     cpus=os.cpu_count(), finished=time.strftime("%Y-%m-%dT%H:%M:%S")))
-    print(f"repeat {repeat}: end to end {end_to_end:.1f} s, "
-          f"{run.seconds_per_round_median:.4f} s/round", flush=True)
+    order = backends if repeat % 2 == 0 else backends[::-1]
+    if "school" in FLAGS.parts:
+      for backend, device in order:
+        record("school", backend, device,
+               *_fresh_run(_school_args(FLAGS.rounds), backend, device), repeat)
+    if "digits" in FLAGS.parts:
+      for backend, device in (digits_backends if repeat % 2 == 0
+                              else digits_backends[::-1]):
+        record("digits", backend, device,
+               *_fresh_run(["--algorithm=mrmtl", f"--rounds={FLAGS.digits_rounds}"],
+                           backend, device), repeat)
+  if "sweep" in FLAGS.parts:
+    seconds, result = _sweep()
+    rows.append(dict(part="sweep", backend="vectorized", device="cpu", repeat=0,
+                     end_to_end_seconds=seconds, peak_memory_mb=result["peak_memory_mb"],
+                     test_metric=result["test_metric_median"], rounds=FLAGS.rounds,
+                     runs=result["runs"], **dict(stamp, finished=time.strftime(
+                         "%Y-%m-%dT%H:%M:%S"))))
   df = pd.DataFrame(rows)
   os.makedirs(os.path.dirname(FLAGS.output) or ".", exist_ok=True)
   df.to_csv(FLAGS.output, mode="a", header=not os.path.exists(FLAGS.output), index=False)
-  print(f"median end to end: {statistics.median(df.end_to_end_seconds):.1f} s; "
-        f"median steady-state round: {statistics.median(df.seconds_per_round_median):.4f} s "
-        f"({FLAGS.repeats} repeats, {FLAGS.rounds} rounds)")
+  _report(rows)
+  print(f"rows appended to {FLAGS.output}")
 
 
 if __name__ == "__main__":
-  app.run(main)
+  common.run_main(main)

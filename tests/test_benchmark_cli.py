@@ -40,6 +40,11 @@ def _run(*flags, timeout=600):
      "--protocol=paper is add_remove"),
     (["--epsilon=1", "--public_silo_sizes", "--assumed_silo_size=20"],
      "assumed_silo_size is for add_remove with private silo sizes"),
+    (["--backend=vectorized", "--algorithm=mrmtl,ifca"],
+     "ifca run on --backend=tff (or auto)"),
+    (["--backend=jax"], "--backend must be one of"),
+    (["--device=tpu"], "--device must be one of"),
+    (["--backend=tff", "--device=gpu"], "--device=gpu needs the vectorized backend"),
 ])
 def test_bad_flags_end_in_one_line(flags, message):
   proc = _run(*flags, timeout=120)
@@ -47,6 +52,16 @@ def test_bad_flags_end_in_one_line(flags, message):
   lines = [l for l in proc.stderr.splitlines() if l.strip()]
   assert len(lines) == 1 and message in lines[0], proc.stderr
   assert "Traceback" not in proc.stderr
+
+
+def test_gpu_without_one_ends_in_one_line():
+  import tensorflow as tf
+  if tf.config.list_physical_devices("GPU"):
+    pytest.skip("this machine has a GPU")
+  proc = _run("--device=gpu", timeout=120)
+  assert proc.returncode != 0 and "Traceback" not in proc.stderr
+  lines = [l for l in proc.stderr.splitlines() if l.strip()]
+  assert len(lines) == 1 and "TensorFlow sees no GPU" in lines[0], proc.stderr
 
 
 def test_data_dir_without_the_file(tmp_path):
@@ -75,6 +90,9 @@ def test_tiny_run_writes_a_row_and_exits(tmp_path):
   assert (rows.assumed_silo_size == 150).all() and not rows.public_silo_sizes.any()
   assert rows.train_metric.isna().all()
   assert "train_metric_outside_guarantee" not in rows.columns
+  # auto picks the vectorized backend for these; the row says where it ran
+  assert (rows.backend == "vectorized").all() and rows.device.isin(["cpu", "gpu"]).all()
+  assert (rows.peak_memory_mb > 0).all()
 
 
 def test_paper_and_shuffled_rows_say_what_their_epsilon_is(tmp_path):
@@ -119,7 +137,7 @@ def test_sigterm_stops_the_worker(tmp_path):
   import time
   proc = subprocess.Popen(
       [sys.executable, "-m", "benchmarks.run", "--dataset=synthetic", "--algorithm=local",
-       "--rounds=3000", f"--output={tmp_path / 'rows.csv'}"],
+       "--rounds=3000", "--backend=tff", f"--output={tmp_path / 'rows.csv'}"],
       cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
       env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"})
   deadline = time.monotonic() + 300

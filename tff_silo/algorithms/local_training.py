@@ -90,8 +90,25 @@ def sampling_rate(num_examples: int, batch_size: int) -> float:
   return min(batch_size, num_examples) / num_examples
 
 
-def _random_permutation(n, seed):
-  return tf.argsort(tf.random.stateless_uniform([n], seed=seed))
+def random_permutation(values):
+  """The permutation that sorts `values` (uniforms; the last axis), ties in index
+  order: row-wise the same for a silo alone and padded with larger values."""
+  return tf.argsort(values, axis=-1, stable=True)
+
+
+def batch_plan(config: LocalTrainingConfig, n, size):
+  """(batch size, steps per epoch, steps per call, Poisson rate) of a silo with n
+  examples and public size `size` (0: n), elementwise over int32 `n` and float32
+  `size` (scalars, or one per silo in the vectorized backend)."""
+  if config.private and config.sampling == "poisson":   # everything from the public m
+    m = tf.cast(tf.where(size > 0, size, tf.cast(n, tf.float32)), tf.int32)
+  else:
+    m = n
+  batch = tf.minimum(tf.constant(config.batch_size), m)
+  per_epoch = tf.maximum(1, m // batch)
+  total = (per_epoch * config.epochs if config.steps is None
+           else tf.fill(tf.shape(n), tf.constant(config.steps)))
+  return batch, per_epoch, total, tf.cast(batch, tf.float32) / tf.cast(m, tf.float32)
 
 
 def _per_example_gradients(model, weights, x, y):
@@ -105,6 +122,46 @@ def _per_example_gradients(model, weights, x, y):
       loss = model.per_example_loss(weights, xi[None], yi[None])[0]
     return tape.gradient(loss, weights)
   return tf.vectorized_map(one, (x, y))
+
+
+def step_gradient(model, config: LocalTrainingConfig, weights, anchor, lam, xb, yb,
+                  noise, normalizer, mask=None):
+  """The gradient of one step on a batch, both backends' one definition.
+
+  Without DP: the gradient of the batch objective plus lam * (w - anchor). Under DP:
+  the penalty's gradient is added to every per-example gradient, which is clipped;
+  the sum plus `noise` (N(0, (z C)^2) shaped like the weights, drawn by the caller
+  with the step's key) is divided by `normalizer` (the expected batch size).
+  `mask` ([b] floats in {0, 1}) marks the batch's real examples when it is padded.
+  """
+  weights = list(weights)
+  penalty = [lam * (w - a) for w, a in zip(weights, anchor)]
+  if not config.private:
+    with tf.GradientTape() as tape:
+      tape.watch(weights)
+      if mask is None:
+        loss = model.batch_loss(weights, xb, yb)
+      else:
+        loss = (tf.reduce_sum(mask * model.per_example_loss(weights, xb, yb))
+                / tf.reduce_sum(mask))
+    return [g + p for g, p in zip(tape.gradient(loss, weights), penalty)]
+  if mask is None:   # a Poisson batch may be empty
+    per_example = tf.cond(
+        tf.size(yb) > 0,
+        lambda: _per_example_gradients(model, weights, xb, yb),
+        lambda: [tf.zeros(tf.concat([[0], tf.shape(w)], 0)) for w in weights])
+  else:
+    per_example = _per_example_gradients(model, weights, xb, yb)
+  per_example = [g + p[None] for g, p in zip(per_example, penalty)]
+  sums = dp_sgd.clipped_sum(per_example, config.l2_norm_clip, mask)
+  return [(s + z) / normalizer for s, z in zip(sums, noise)]
+
+
+def check_trainable(model, config: LocalTrainingConfig) -> None:
+  if config.private and model.batch_reduction is not None:
+    raise ValueError(f"{model.name} trains an objective that is not a mean over "
+                     "examples; DP-SGD needs per-example losses (train it without "
+                     "l2_norm_clip)")
 
 
 def train_locally(model, config: LocalTrainingConfig, weights, anchor, lam, x, y,
@@ -123,24 +180,12 @@ def train_locally(model, config: LocalTrainingConfig, weights, anchor, lam, x, y
     pass_: which of the round's passes over the silo's data this is (Ditto: 0, 1).
     size: float32 scalar m, the silo's public size for Poisson sampling (0: n).
   """
-  if config.private and model.batch_reduction is not None:
-    raise ValueError(f"{model.name} trains an objective that is not a mean over "
-                     "examples; DP-SGD needs per-example losses (train it without "
-                     "l2_norm_clip)")
+  check_trainable(model, config)
   weights = [tf.identity(w) for w in weights]
   n = tf.shape(y)[0]
+  batch, per_epoch, total_steps, rate = batch_plan(config, n, size)
   poisson = config.private and config.sampling == "poisson"
   without_replacement = config.private and config.sampling == "without_replacement"
-  if poisson:   # everything from the public size m
-    m = tf.cast(tf.where(size > 0, size, tf.cast(n, tf.float32)), tf.int32)
-    batch = tf.minimum(tf.constant(config.batch_size), m)
-    per_epoch = tf.maximum(1, m // batch)
-    rate = tf.cast(batch, tf.float32) / tf.cast(m, tf.float32)
-  else:
-    batch = tf.minimum(tf.constant(config.batch_size), n)
-    per_epoch = tf.maximum(1, n // batch)
-  total_steps = (per_epoch * config.epochs if config.steps is None
-                 else tf.constant(config.steps))
   expected_batch = tf.cast(batch, tf.float32)
   lr = tf.constant(config.learning_rate, tf.float32)
 
@@ -153,32 +198,19 @@ def train_locally(model, config: LocalTrainingConfig, weights, anchor, lam, x, y
       keep = tf.random.stateless_uniform([n], seed=keys.fold_in(sampling_key, step)) < rate
       return tf.cast(tf.where(keep)[:, 0], tf.int32)
     if without_replacement:
-      return _random_permutation(n, keys.fold_in(sampling_key, step))[:batch]
-    epoch_key = keys.fold_in(shuffle_key, step // per_epoch)
+      return random_permutation(tf.random.stateless_uniform(
+          [n], seed=keys.fold_in(sampling_key, step)))[:batch]
     start = (step % per_epoch) * batch
-    return _random_permutation(n, epoch_key)[start:start + batch]
-
-  def gradient(w, step):
-    idx = batch_indices(step)
-    xb, yb = tf.gather(x, idx), tf.gather(y, idx)
-    penalty = [lam * (wi - ai) for wi, ai in zip(w, anchor)]
-    if not config.private:
-      with tf.GradientTape() as tape:
-        tape.watch(w)
-        loss = model.batch_loss(w, xb, yb)
-      return [g + p for g, p in zip(tape.gradient(loss, w), penalty)]
-    per_example = tf.cond(
-        tf.size(idx) > 0,
-        lambda: _per_example_gradients(model, w, xb, yb),
-        lambda: [tf.zeros(tf.concat([[0], tf.shape(wi)], 0)) for wi in w])
-    per_example = [g + p[None] for g, p in zip(per_example, penalty)]
-    return dp_sgd.privatize(per_example, l2_norm_clip=config.l2_norm_clip,
-                            noise_multiplier=noise_multiplier,
-                            normalizer=expected_batch,
-                            seed=keys.fold_in(noise_key, step))
+    return random_permutation(tf.random.stateless_uniform(
+        [n], seed=keys.fold_in(shuffle_key, step // per_epoch)))[start:start + batch]
 
   def body(step, w):
-    grads = gradient(w, step)
+    idx = batch_indices(step)
+    noise = (dp_sgd.gaussian_noise_like(w, noise_multiplier * config.l2_norm_clip,
+                                        keys.fold_in(noise_key, step))
+             if config.private else None)
+    grads = step_gradient(model, config, w, anchor, lam, tf.gather(x, idx),
+                          tf.gather(y, idx), noise, expected_batch)
     return step + 1, [wi - lr * gi for wi, gi in zip(w, grads)]
 
   _, weights = tf.while_loop(lambda step, _: step < total_steps, body,

@@ -23,6 +23,7 @@ which model is evaluated; Ditto also trains w_bar's copy for one more epoch.
 from __future__ import annotations
 
 import collections
+import dataclasses
 from typing import NamedTuple, Optional
 
 import numpy as np
@@ -61,6 +62,50 @@ class ClientOutput(NamedTuple):
   weight: np.float32
 
 
+@dataclasses.dataclass(frozen=True)
+class RoundSpec:
+  """What a silo and the server do in one round of the MR-MTL family, whatever runs
+  it (`client_round`, `server_step`; the TFF process and `tff_silo.vectorized`).
+
+  Attributes: see `build_silo_process`.
+  """
+
+  lam: float = 0.0
+  start: str = "personal"
+  switch_round: Optional[int] = None
+  ditto: bool = False
+  global_update_rounds: Optional[int] = None
+
+
+def client_round(spec: RoundSpec, global_w, personal_w, round_num, train):
+  """(personal weights, delta) of a silo's round: `train(start, lam, pass_)` runs its
+  local training regularized towards `global_w`. Tensors may carry a leading silo
+  axis (the vectorized backend) or not (one TFF client)."""
+  global_w, personal_w = list(global_w), list(personal_w)
+  if spec.ditto:
+    new_global = train(global_w, 0.0, 0)
+    personal = train(personal_w, np.float32(spec.lam), 1)
+    return personal, [a - b for a, b in zip(new_global, global_w)]
+  if spec.start == "personal":
+    begin = personal_w
+  elif spec.start == "global":
+    begin = global_w
+  else:
+    use_global = round_num <= spec.switch_round
+    begin = [tf.where(use_global, g, p) for g, p in zip(global_w, personal_w)]
+  personal = train(begin, np.float32(spec.lam), 0)
+  return personal, [a - b for a, b in zip(personal, begin)]
+
+
+def server_step(spec: RoundSpec, global_w, round_num, mean_delta):
+  """(new global weights, round + 1): w_bar += mean delta, until
+  `global_update_rounds`."""
+  apply = tf.constant(True) if spec.global_update_rounds is None else (
+      round_num < spec.global_update_rounds)
+  scale = tf.cast(apply, tf.float32)
+  return tuple(g + scale * d for g, d in zip(global_w, mean_delta)), round_num + 1
+
+
 class SiloProcess(tff.templates.IterativeProcess):
   """An `IterativeProcess` with stateful clients and what the driver needs to know.
 
@@ -72,7 +117,15 @@ class SiloProcess(tff.templates.IterativeProcess):
       accounting uses it: Ditto queries twice as many as MR-MTL).
     personal_from_round: rounds completed after which a silo's personalized model is
       its client state; before that (or when None) it is the global model.
+    round_spec: the `RoundSpec` of the MR-MTL family (None for other processes).
+    initial_weights: the global model's initial weights (numpy).
+    aggregation: `weighted_mean` or `unweighted_mean` when the aggregator is TFF's
+      plain mean (what `tff_silo.vectorized` computes natively), else None.
   """
+
+  round_spec: Optional[RoundSpec] = None
+  initial_weights: Optional[tuple] = None
+  aggregation: Optional[str] = None
 
   selection_budget_share = 0.0  # epsilon share of one private selection (IFCA)
   num_clusters = 1
@@ -85,6 +138,10 @@ class SiloProcess(tff.templates.IterativeProcess):
     self.config = config
     self.epochs_per_round = epochs_per_round
     self.personal_from_round = personal_from_round
+
+  def prepare(self, inputs: list) -> list:
+    """The client data `next` takes: the list of `SiloInput`s itself."""
+    return inputs
 
   def uses_client_state(self, rounds_done: int) -> bool:
     return self.personal_from_round is not None and rounds_done > self.personal_from_round
@@ -136,6 +193,21 @@ def check_lambda(lam: float) -> float:
   return float(lam)
 
 
+def plain_mean(aggregator) -> Optional[str]:
+  """`weighted_mean` / `unweighted_mean` for None or TFF's mean factories with plain
+  sums inside; None for any other factory."""
+  if aggregator is None:
+    return "weighted_mean"
+  sums = lambda *fs: all(type(f) is tff.aggregators.SumFactory for f in fs)
+  if type(aggregator) is tff.aggregators.MeanFactory and sums(
+      aggregator._value_sum_factory, aggregator._weight_sum_factory):
+    return "weighted_mean"
+  if type(aggregator) is tff.aggregators.UnweightedMeanFactory and sums(
+      aggregator._value_sum_factory, aggregator._count_sum_factory):
+    return "unweighted_mean"
+  return None
+
+
 def create_aggregator(aggregator, w_type):
   """(aggregation process, weighted?) for a factory; default weighted `MeanFactory`."""
   aggregator = tff.aggregators.MeanFactory() if aggregator is None else aggregator
@@ -175,6 +247,7 @@ def build_silo_process(model, feature_shape, config: LocalTrainingConfig, *,
     raise ValueError(f"start must be one of {START_POINTS}, got {start!r}")
   if start == "switch" and switch_round is None:
     raise ValueError("start='switch' needs switch_round")
+  spec = RoundSpec(lam, start, switch_round, ditto, global_update_rounds)
   w_type = weights_type(model)
   data_type = silo_input_type(feature_shape)
   agg_process, weighted = create_aggregator(aggregator, w_type)
@@ -191,39 +264,20 @@ def build_silo_process(model, feature_shape, config: LocalTrainingConfig, *,
         round_num=tff.federated_value(np.int32(0), tff.SERVER),
         aggregator=agg_process.initialize()))
 
-  lam_t = np.float32(lam)
-
   @tff.tensorflow.computation(
       tff.StructWithPythonType([w_type, tff.TensorType(np.int32)], tuple), w_type, data_type)
   def client_update(broadcast, personal_w, data):
     global_w, round_num = broadcast
-    global_w, personal_w = list(global_w), list(personal_w)
     key = keys.fold_in(data.seed, round_num)
     train = lambda w, lam_value, pass_: train_locally(
-        model, config, w, global_w, lam_value, data.x, data.y,
+        model, config, w, list(global_w), lam_value, data.x, data.y,
         data.noise_multiplier, key, pass_, data.size)
-    if ditto:
-      new_global = train(global_w, 0.0, 0)
-      personal = train(personal_w, lam_t, 1)
-      delta = [a - b for a, b in zip(new_global, global_w)]
-    else:
-      if start == "personal":
-        begin = personal_w
-      elif start == "global":
-        begin = global_w
-      else:
-        use_global = round_num <= switch_round
-        begin = [tf.where(use_global, g, p) for g, p in zip(global_w, personal_w)]
-      personal = train(begin, lam_t, 0)
-      delta = [a - b for a, b in zip(personal, begin)]
+    personal, delta = client_round(spec, global_w, personal_w, round_num, train)
     return ClientOutput(tuple(personal), tuple(delta), public_size(data))
 
   @tff.tensorflow.computation(w_type, np.int32, w_type)
   def server_update(global_w, round_num, mean_delta):
-    apply = tf.constant(True) if global_update_rounds is None else (
-        round_num < global_update_rounds)
-    scale = tf.cast(apply, tf.float32)
-    return (tuple(g + scale * d for g, d in zip(global_w, mean_delta)), round_num + 1)
+    return server_step(spec, global_w, round_num, mean_delta)
 
   state_type = initialize_fn.type_signature.result
 
@@ -244,6 +298,9 @@ def build_silo_process(model, feature_shape, config: LocalTrainingConfig, *,
     metrics = tff.federated_zip(collections.OrderedDict(aggregator=agg.measurements))
     return new_state, outputs.personal, metrics
 
-  return SiloProcess(initialize_fn, next_fn, name=name, model=model, config=config,
-                     epochs_per_round=config.epochs * (2 if ditto else 1),
-                     personal_from_round=personal_from_round)
+  process = SiloProcess(initialize_fn, next_fn, name=name, model=model, config=config,
+                        epochs_per_round=config.epochs * (2 if ditto else 1),
+                        personal_from_round=personal_from_round)
+  process.round_spec, process.initial_weights = spec, initial
+  process.aggregation = plain_mean(aggregator)
+  return process

@@ -56,12 +56,20 @@ def gaussian_noise_like(tensors, stddev, key=None):
           for part, t in zip(tf.split(flat, tf.stack(sizes)), tensors)]
 
 
+def clipped_sum(per_example_grads, l2_norm_clip, mask=None):
+  """The sum over examples of the clipped gradients; `mask` ([b] in {0, 1}) keeps
+  only the batch's real examples when it is padded."""
+  clipped = clip_per_example(per_example_grads, l2_norm_clip)
+  if mask is not None:
+    clipped = [g * tf.reshape(mask, [-1] + [1] * (len(g.shape) - 1)) for g in clipped]
+  return [tf.reduce_sum(g, axis=0) for g in clipped]
+
+
 def privatize(per_example_grads, *, l2_norm_clip, noise_multiplier, normalizer,
               seed=None):
   """Clip, sum, add noise, normalize: the DP-SGD gradient estimate. `seed`: the
   release's int32[2] key (`tff_silo.keys`); None draws from OS entropy (a fixed key
   is for simulation only)."""
-  clipped = clip_per_example(per_example_grads, l2_norm_clip)
-  sums = [tf.reduce_sum(g, axis=0) for g in clipped]
+  sums = clipped_sum(per_example_grads, l2_norm_clip)
   noise = gaussian_noise_like(sums, noise_multiplier * l2_norm_clip, seed)
   return [(s + z) / normalizer for s, z in zip(sums, noise)]

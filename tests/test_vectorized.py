@@ -1,0 +1,146 @@
+"""The vectorized backend against TF's own random ops and against the TFF backend."""
+
+import numpy as np
+import pytest
+import tensorflow as tf
+import tensorflow_federated as tff
+
+from tff_silo import algorithms, batched_random, data, keys, models
+from tff_silo.privacy import PrivacyProtocol
+from tff_silo.simulation import run_simulation
+from tff_silo.vectorized import VectorizedProcess
+
+RNG = np.random.default_rng(0)
+KEYS = RNG.integers(-2 ** 31, 2 ** 31, size=(7, 2)).astype(np.int32)
+KEYS[0], KEYS[1] = (0, 0), (-1, 5)   # zero and sign-extended seed words
+
+
+@pytest.mark.parametrize("n", [1, 2, 5, 8, 13])
+def test_uniform_and_normal_rows_are_tfs_stateless_draws(n):
+  uniform = batched_random.uniform(KEYS, n).numpy()
+  normal = batched_random.normal(KEYS, n).numpy()
+  for k, key in enumerate(KEYS):
+    np.testing.assert_array_equal(uniform[k], tf.random.stateless_uniform([n], seed=key))
+    np.testing.assert_allclose(normal[k], tf.random.stateless_normal([n], seed=key),
+                               rtol=0, atol=2e-6)
+
+
+def test_fold_in_matches_the_key_tree():
+  data_ = np.array([0, 1, -1, 2 ** 31 - 1, 7, 123456, -2 ** 31], np.int64)
+  batched = batched_random.fold_in(KEYS, data_).numpy()
+  for k, key in enumerate(KEYS):
+    np.testing.assert_array_equal(batched[k], keys.fold_in(key, data_[k]))
+  path = batched_random.derive(KEYS, keys.SAMPLING, 1).numpy()
+  np.testing.assert_array_equal(path[3], keys.derive(KEYS[3], keys.SAMPLING, 1))
+
+
+def test_a_short_draw_is_a_prefix_of_a_long_one():
+  np.testing.assert_array_equal(batched_random.uniform(KEYS, 5),
+                                batched_random.uniform(KEYS, 37)[:, :5])
+
+
+SIZES = (30, 40, 17, 25)   # uneven, so padding and per-silo step counts matter
+_BASE = data.heterogeneous_linear_silos(num_silos=4, num_examples=40, dim=3, tau=1.0,
+                                        seed=0)
+SILOS = data.make_silos("uneven", "regression",
+                        [x[:n] for x, n in zip(_BASE.x_train, SIZES)],
+                        [y[:n] for y, n in zip(_BASE.y_train, SIZES)],
+                        _BASE.x_test, _BASE.y_test)
+MODEL = models.linear_regression(3)
+
+# (process options, run options): DP under each protocol and sampling, and no DP.
+PUBLIC = PrivacyProtocol(public_silo_sizes=True)
+SETTINGS = {
+    "poisson_public_sizes": (dict(l2_norm_clip=0.5),
+                             dict(target_epsilon=5.0, target_delta=1e-3, protocol=PUBLIC)),
+    "poisson_assumed_size": (dict(l2_norm_clip=0.5),
+                             dict(target_epsilon=5.0, target_delta=1e-3,
+                                  protocol=PrivacyProtocol(assumed_silo_size=24))),
+    "replace_one": (dict(l2_norm_clip=0.5, sampling="without_replacement"),
+                    dict(target_epsilon=5.0, target_delta=1e-3,
+                         protocol=PrivacyProtocol("replace_one"))),
+    "no_dp": ({}, {}),
+}
+ALGORITHMS = {
+    "local": {}, "fedavg": {}, "mrmtl": dict(lam=0.5), "ditto": dict(lam=0.5),
+    "finetune": dict(total_rounds=3, fedavg_fraction=0.4),
+}
+
+
+def _both(process, silos, **run):
+  run = dict(dict(rounds=3, seed=1), **run)
+  return (run_simulation(process, silos, backend="tff", **run),
+          run_simulation(process, silos, backend="vectorized", **run))
+
+
+def _assert_same(reference, vectorized, atol=1e-6):
+  assert reference.rounds == vectorized.rounds
+  for ref, vec in zip(reference.silo_weights, vectorized.silo_weights):
+    for a, b in zip(ref, vec):
+      np.testing.assert_allclose(b, a, rtol=1e-5, atol=atol)
+  np.testing.assert_allclose(vectorized.silo_test_metric, reference.silo_test_metric,
+                             rtol=1e-5, atol=atol)
+  if reference.privacy is not None:
+    np.testing.assert_array_equal(vectorized.privacy.epsilon_spent,
+                                  reference.privacy.epsilon_spent)
+    np.testing.assert_array_equal(vectorized.privacy.noise_multipliers,
+                                  reference.privacy.noise_multipliers)
+
+
+def _process(name, **options):
+  return getattr(algorithms, f"build_{name}_process")(
+      MODEL, SILOS.feature_shape, client_learning_rate=0.1, batch_size=8,
+      **ALGORITHMS[name], **options)
+
+
+# Every algorithm under DP with the default protocol, and MR-MTL in every setting.
+CASES = sorted({(name, "poisson_assumed_size") for name in ALGORITHMS}
+               | {("mrmtl", setting) for setting in SETTINGS} | {("ditto", "no_dp")})
+
+
+@pytest.mark.parametrize("name, setting", CASES)
+def test_vectorized_backend_computes_what_the_tff_process_computes(name, setting):
+  options, run = SETTINGS[setting]
+  _assert_same(*_both(_process(name, **options), SILOS, **run))
+
+
+def test_the_parity_check_can_fail():
+  """Another seed moves the weights by far more than the parity tolerance."""
+  options, run = SETTINGS["poisson_assumed_size"]
+  process = _process("mrmtl", **options)
+  one, other = (run_simulation(process, SILOS, backend="vectorized", rounds=3, seed=s,
+                               **run) for s in (1, 2))
+  assert max(np.abs(a - b).max() for a, b in zip(one.silo_weights[1],
+                                                  other.silo_weights[1])) > 1e-3
+
+
+def test_unweighted_mean_and_a_cnn_without_closed_form_gradients():
+  images = data.load_rotated_masked_digits(num_silos=4, seed=0)
+  small = data.make_silos("digits", images.task, [x[:12] for x in images.x_train],
+                          [y[:12] for y in images.y_train],
+                          [x[:6] for x in images.x_test], [y[:6] for y in images.y_test],
+                          num_classes=images.num_classes)
+  cnn = models.small_cnn(small.feature_shape, small.num_classes, channels=(2, 3))
+  process = algorithms.build_mrmtl_process(
+      cnn, small.feature_shape, client_learning_rate=0.1, batch_size=4, lam=0.3,
+      l2_norm_clip=1.0, aggregator=tff.aggregators.UnweightedMeanFactory())
+  _assert_same(*_both(process, small, rounds=2, target_epsilon=8.0, target_delta=1e-3,
+                      protocol=PUBLIC), atol=1e-5)
+
+
+@pytest.mark.parametrize("make, message", [
+    (lambda: algorithms.build_ifca_process(MODEL, SILOS.feature_shape, total_rounds=3,
+                                           client_learning_rate=0.1, batch_size=8,
+                                           num_clusters=2),
+     "ifca runs on backend=tff"),
+    (lambda: algorithms.build_mrmtl_process(
+        MODEL, SILOS.feature_shape, client_learning_rate=0.1, batch_size=8,
+        aggregator=tff.aggregators.robust.clipping_factory(
+            1.0, tff.aggregators.MeanFactory())),
+     "other tff.aggregators factories run on backend=tff"),
+])
+def test_what_the_vectorized_backend_cannot_run_is_a_one_line_error(make, message):
+  with pytest.raises(ValueError, match=message):
+    VectorizedProcess(make())
+  with pytest.raises(ValueError, match="backend must be one of"):
+    run_simulation(make(), SILOS, rounds=1, backend="gpu")

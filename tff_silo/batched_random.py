@@ -1,0 +1,124 @@
+"""TensorFlow's stateless random draws for a batch of keys in one op graph.
+
+`tf.random.stateless_*` take one seed per op and `tf.vectorized_map` cannot vectorize
+them over seeds, so a backend that trains every silo at once could not draw each
+silo's own samples and noise. This module recomputes the same numbers for K keys at
+once: Philox-4x32-10 (Salmon et al., SC'11) written with uint32/uint64 tensor ops,
+TF's seed scrambling (`GenerateKey` in tensorflow/core/kernels/stateless_random_ops.cc)
+and its float conversions. Row k of each function equals the TF op with key k
+(tests/test_batched_random.py): uniform bits exactly, normals to float32 rounding.
+
+- `fold_in(keys, data)`     == `tff_silo.keys.fold_in(keys[k], data[k])`
+- `uniform(keys, n)`        == `tf.random.stateless_uniform([n], seed=keys[k])`
+- `normal(keys, n)`         == `tf.random.stateless_normal([n], seed=keys[k])`
+
+A draw of n values is a prefix of a draw of N > n values with the same key (Philox
+runs a counter), which is how padded silos draw exactly what they would alone.
+"""
+
+from __future__ import annotations
+
+import math
+
+import tensorflow as tf
+
+from tff_silo import keys as keys_lib
+
+_M0, _M1 = 0xD2511F53, 0xCD9E8D57          # Philox-4x32 multipliers
+_W0, _W1 = 0x9E3779B9, 0xBB67AE85          # key schedule (golden ratio, sqrt(3) - 1)
+_SEED_KEY = (0x3EC8F720, 0x02461E29)       # TF's key for scrambling a seed
+_MASK32 = 0xFFFF_FFFF
+
+
+def _mulhilo(a, b):
+  product = tf.cast(a, tf.uint64) * tf.constant(b, tf.uint64)
+  return (tf.cast(tf.bitwise.right_shift(product, tf.constant(32, tf.uint64)), tf.uint32),
+          tf.cast(product, tf.uint32))   # the cast keeps the low 32 bits
+
+
+def philox(key0, key1, c0, c1, c2, c3):
+  """Philox-4x32-10 of uint32 tensors (broadcast together); returns 4 uint32 tensors."""
+  xor = tf.bitwise.bitwise_xor
+  for i in range(10):
+    if i:
+      key0 = key0 + tf.constant(_W0, tf.uint32)
+      key1 = key1 + tf.constant(_W1, tf.uint32)
+    hi0, lo0 = _mulhilo(c0, _M0)
+    hi1, lo1 = _mulhilo(c2, _M1)
+    c0, c1, c2, c3 = xor(xor(hi1, c1), key0), lo1, xor(xor(hi0, c3), key1), lo0
+  return c0, c1, c2, c3
+
+
+def _words(keys):
+  """int32[K, 2] keys -> the two uint32 words of each."""
+  words = tf.bitcast(tf.convert_to_tensor(keys, tf.int32), tf.uint32)
+  return words[:, 0], words[:, 1]
+
+
+def _int64_words(values):
+  """Low and high uint32 words of int64 values."""
+  words = tf.bitcast(tf.cast(values, tf.int64), tf.uint32)   # [..., 2], little-endian
+  return words[..., 0], words[..., 1]
+
+
+def fold_in(keys, data):
+  """Each key's child for `data` (a scalar or one integer per key); int32[K, 2]."""
+  k0, k1 = _words(keys)
+  d0, d1 = _int64_words(tf.broadcast_to(tf.cast(data, tf.int64), tf.shape(k0)))
+  domain = tf.fill(tf.shape(k0), tf.constant(keys_lib._DOMAIN, tf.uint32))
+  out = philox(k0, k1, d0, d1, domain, tf.zeros_like(k0))
+  return tf.bitcast(tf.stack(out[:2], axis=1), tf.int32)
+
+
+def derive(keys, *path):
+  """`fold_in` along `path`, as `tff_silo.keys.derive`."""
+  for data in path:
+    keys = fold_in(keys, data)
+  return keys
+
+
+def _key_counter(keys):
+  """TF's scrambling of an int32[2] seed into a Philox key and counter: the seed's
+  words, sign-extended to 64 bits, are the counter of one Philox block under a
+  fixed key, whose output is the key (words 0, 1) and the counter's high half."""
+  s0, s1 = _words(keys)
+  ext = lambda w: tf.where(tf.bitcast(w, tf.int32) < 0, tf.constant(_MASK32, tf.uint32),
+                           tf.constant(0, tf.uint32))
+  fixed0 = tf.fill(tf.shape(s0), tf.constant(_SEED_KEY[0], tf.uint32))
+  fixed1 = tf.fill(tf.shape(s0), tf.constant(_SEED_KEY[1], tf.uint32))
+  return philox(fixed0, fixed1, s0, ext(s0), s1, ext(s1))
+
+
+def random_bits(keys, n):
+  """uint32[K, n]: the bits TF's stateless ops draw for a shape of n elements."""
+  key0, key1, high0, high1 = _key_counter(keys)
+  blocks = (n + 3) // 4
+  block = tf.range(blocks, dtype=tf.int64)
+  b0, b1 = _int64_words(block)
+  col = lambda t: t[:, None]
+  out = philox(col(key0), col(key1), b0[None], b1[None], col(high0), col(high1))
+  bits = tf.reshape(tf.stack(out, axis=2), [tf.shape(key0)[0], blocks * 4])
+  return bits[:, :n]
+
+
+def _unit_float(bits):
+  """TF's uint32 -> float32 in [0, 1): 23 random mantissa bits under exponent 0."""
+  mantissa = tf.bitwise.bitwise_or(tf.bitwise.bitwise_and(bits, 0x7FFFFF), 0x3F800000)
+  return tf.bitcast(mantissa, tf.float32) - 1.0
+
+
+def uniform(keys, n):
+  """float32[K, n] in [0, 1), row k equal to stateless_uniform([n], seed=keys[k])."""
+  return _unit_float(random_bits(keys, n))
+
+
+def normal(keys, n):
+  """float32[K, n] standard normals, row k equal (to rounding) to
+  stateless_normal([n], seed=keys[k]): Box-Muller on consecutive pairs of words."""
+  bits = random_bits(keys, n + (n % 2))
+  pairs = tf.reshape(bits, [tf.shape(bits)[0], -1, 2])
+  u1 = tf.maximum(_unit_float(pairs[..., 0]), 1.0e-7)
+  v1 = 2.0 * math.pi * _unit_float(pairs[..., 1])
+  radius = tf.sqrt(-2.0 * tf.math.log(u1))
+  out = tf.stack([tf.sin(v1) * radius, tf.cos(v1) * radius], axis=2)
+  return tf.reshape(out, [tf.shape(bits)[0], -1])[:, :n]

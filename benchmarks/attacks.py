@@ -88,6 +88,8 @@ flags.DEFINE_float("mia_lam", None, "MR-MTL lambda (default: the digits preset).
 flags.DEFINE_float("mia_test_fraction", 0.5, "Each silo's held-out share (the "
                    "non-members).")
 flags.DEFINE_string("mia_output", "benchmarks/out/membership.csv", "Membership CSV.")
+flags.DEFINE_string("mia_backend", "vectorized", "Backend training the membership "
+                    "targets: vectorized (one TF program for all silos) or tff.")
 flags.DEFINE_bool("resume", True, "Skip runs whose row is already in the CSV.")
 
 FLAGS = flags.FLAGS
@@ -107,6 +109,7 @@ def _settings():
   common.check_among("defense", FLAGS.defense, DEFENSES)
   common.check_among("mia_algorithm", FLAGS.mia_algorithm, MIA_ALGORITHMS)
   common.check_among("mia_attack", FLAGS.mia_attack, MIA_ATTACKS)
+  common.check_one_of("mia_backend", FLAGS.mia_backend, ("tff", "vectorized"))
   for name in ("image_size", "images", "iterations", "batch_size", "figure_images"):
     _positive(name, FLAGS[name].value, int)
   for name in ("attack_lr", "clip", "client_lr"):
@@ -371,7 +374,7 @@ def _mia_rows(algorithm, epsilon, silos, s, progress):
       target_epsilon=epsilon if private else None,
       target_delta=preset.delta if private else None, progress=progress,
       protocol=PrivacyProtocol(assumed_silo_size=preset.assumed_silo_size)
-      if private else None)
+      if private else None, backend=FLAGS.mia_backend)
   table = membership.attack_silo_models(model, result.silo_weights, silos,
                                         attacks=FLAGS.mia_attack)
   spent = (result.privacy.epsilon_spent if private
@@ -391,7 +394,7 @@ def _mia_rows(algorithm, epsilon, silos, s, progress):
            result.train_metric if whole else float(result.silo_train_metric[int(silo)])},
         test_accuracy=result.test_metric if whole
         else float(result.silo_test_metric[int(silo)]),
-        seed=FLAGS.seed, run_key=key, **row))
+        seed=FLAGS.seed, backend=FLAGS.mia_backend, run_key=key, **row))
   return rows
 
 

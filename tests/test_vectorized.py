@@ -1,5 +1,7 @@
 """The vectorized backend against TF's own random ops and against the TFF backend."""
 
+import dataclasses
+
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -114,18 +116,33 @@ def test_the_parity_check_can_fail():
                                                   other.silo_weights[1])) > 1e-3
 
 
-def test_unweighted_mean_and_a_cnn_without_closed_form_gradients():
+@pytest.mark.parametrize("stacked", [True, False])
+def test_unweighted_mean_and_a_cnn_without_closed_form_gradients(stacked):
   images = data.load_rotated_masked_digits(num_silos=4, seed=0)
   small = data.make_silos("digits", images.task, [x[:12] for x in images.x_train],
                           [y[:12] for y in images.y_train],
                           [x[:6] for x in images.x_test], [y[:6] for y in images.y_test],
                           num_classes=images.num_classes)
   cnn = models.small_cnn(small.feature_shape, small.num_classes, channels=(2, 3))
+  if not stacked:   # tf.vectorized_map over silos of the per-silo step
+    cnn = dataclasses.replace(cnn, stacked_apply_fn=None)
   process = algorithms.build_mrmtl_process(
       cnn, small.feature_shape, client_learning_rate=0.1, batch_size=4, lam=0.3,
       l2_norm_clip=1.0, aggregator=tff.aggregators.UnweightedMeanFactory())
   _assert_same(*_both(process, small, rounds=2, target_epsilon=8.0, target_delta=1e-3,
                       protocol=PUBLIC), atol=1e-5)
+
+
+@pytest.mark.parametrize("hidden, shape", [(None, (8, 8, 1)), (12, (28, 28, 3))])
+def test_stacked_cnn_applies_each_models_own_weights(hidden, shape):
+  cnn = models.small_cnn(shape, 5, channels=(3, 4), hidden=hidden)
+  stacked = [np.stack([w + 0.1 * k for k in range(3)])
+             for w in cnn.initial_weights(0)]
+  x = RNG.normal(size=(3, 4, *shape)).astype(np.float32)
+  outputs = cnn.stacked_apply_fn([tf.constant(w) for w in stacked], x).numpy()
+  for k in range(3):
+    np.testing.assert_allclose(outputs[k], cnn.apply_fn([w[k] for w in stacked], x[k]),
+                               rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.parametrize("make, message", [

@@ -25,6 +25,7 @@ aggregators run on the TFF backend; `VectorizedProcess` says so in one line.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import NamedTuple
 
 import numpy as np
@@ -113,6 +114,31 @@ def _batches(config, plan, n, num_rows, sampling_keys, shuffle_keys, step):
           tf.cast(slots < batch[:, None], tf.float32))
 
 
+def _stacked_gradients(model, config, weights, anchor, lam, xb, yb, noise, normalizer,
+                       mask):
+  """`local_training.step_gradient` of every silo through the model's
+  `stacked_apply_fn`. Under DP each example gets its own copy of its silo's weights,
+  so the gradient with respect to the copies is the per-example gradient."""
+  penalty = [lam * (w - a) for w, a in zip(weights, anchor)]
+  if not config.private:
+    with tf.GradientTape() as tape:
+      tape.watch(weights)
+      losses = model.loss_fn(model.stacked_apply_fn(weights, xb), yb)
+      loss = tf.reduce_sum(lt.masked_mean(losses, mask))
+    return [g + p for g, p in zip(tape.gradient(loss, weights), penalty)]
+  num_silos, width = tf.shape(yb)[0], tf.shape(yb)[1]
+  copies = [tf.repeat(w, width, axis=0) for w in weights]   # [K * b, ...]
+  flat = lambda t: tf.reshape(t, tf.concat([[num_silos * width, 1], tf.shape(t)[2:]], 0))
+  with tf.GradientTape() as tape:
+    tape.watch(copies)
+    loss = tf.reduce_sum(model.loss_fn(model.stacked_apply_fn(copies, flat(xb)),
+                                       flat(yb)))
+  per_example = [tf.reshape(g, tf.concat([[num_silos, width], tf.shape(g)[1:]], 0))
+                 for g in tape.gradient(loss, copies)]
+  return lt.dp_gradient(config, per_example, penalty, noise, normalizer, mask,
+                        batch_dims=2)
+
+
 def train_silos(model, config, weights, anchor, lam, silos: StackedSilos, round_keys,
                 pass_):
   """`train_locally` for every silo at once: weights and anchor [K, ...]; returns the
@@ -139,11 +165,15 @@ def train_silos(model, config, weights, anchor, lam, silos: StackedSilos, round_
                          step)
     xb = tf.gather(silos.x, idx, batch_dims=1)
     yb = tf.gather(silos.y, idx, batch_dims=1)
-    if config.private:
+    step_noise = noise(step) if config.private else None
+    if model.stacked_apply_fn is not None:
+      grads = _stacked_gradients(model, config, w, anchor, lam, xb, yb, step_noise,
+                                 normalizer, mask)
+    elif config.private:
       grads = tf.vectorized_map(
           lambda a: lt.step_gradient(model, config, a[0], a[1], lam, a[2], a[3], a[4],
                                      a[5], a[6]),
-          (w, anchor, xb, yb, noise(step), normalizer, mask))
+          (w, anchor, xb, yb, step_noise, normalizer, mask))
     else:
       grads = tf.vectorized_map(
           lambda a: lt.step_gradient(model, config, a[0], a[1], lam, a[2], a[3], None,
@@ -162,14 +192,13 @@ _ROUND_FUNCTIONS = {}   # one traced round per algorithm definition, for all run
 
 
 def _definition(process) -> tuple:
-  """What a round's program depends on besides its tensors. Models are identified by
-  name, shapes, metric and their functions' code (a fresh `linear_regression(d)`
-  per run is the same model)."""
+  """What a round's program depends on besides its tensors. A model is identified by
+  its fields, functions by their code (a fresh `linear_regression(d)` per run is
+  the same model)."""
   model = process.model
-  code = tuple(getattr(f, "__code__", f) for f in (
-      model.apply_fn, model.loss_fn, model.predict_fn, model.per_example_gradients_fn))
-  return (model.name, tuple(map(tuple, model.weight_shapes)), model.metric, code,
-          process.config, process.round_spec, process.aggregation)
+  fields = tuple(getattr(value, "__code__", value)
+                 for value in (getattr(model, f.name) for f in dataclasses.fields(model)))
+  return (fields, process.config, process.round_spec, process.aggregation)
 
 
 def _round_function(process):

@@ -124,15 +124,36 @@ def _per_example_gradients(model, weights, x, y):
   return tf.vectorized_map(one, (x, y))
 
 
+def masked_mean(losses, mask=None, axis=-1):
+  """The mean of per-example losses over `axis`, over the real examples only when
+  the batch is padded (`mask` in {0, 1})."""
+  if mask is None:
+    return tf.reduce_mean(losses, axis=axis)
+  return tf.reduce_sum(mask * losses, axis=axis) / tf.reduce_sum(mask, axis=axis)
+
+
+def dp_gradient(config: LocalTrainingConfig, per_example, penalty, noise, normalizer,
+                mask=None, batch_dims=1):
+  """DP-SGD's gradient from per-example gradients of the loss (first `batch_dims`
+  axes the examples; 2 for [silos, examples]): the penalty's gradient is added to
+  each, they are clipped and summed, `noise` (N(0, (z C)^2), drawn by the caller with
+  the step's key) is added and the sum divided by `normalizer` (the expected batch
+  size, one per silo when batch_dims = 2)."""
+  per_example = [g + tf.expand_dims(p, batch_dims - 1)
+                 for g, p in zip(per_example, penalty)]
+  sums = dp_sgd.clipped_sum(per_example, config.l2_norm_clip, mask, batch_dims)
+  scale = lambda s: (normalizer if batch_dims == 1
+                     else tf.reshape(normalizer, [-1] + [1] * (len(s.shape) - 1)))
+  return [(s + z) / scale(s) for s, z in zip(sums, noise)]
+
+
 def step_gradient(model, config: LocalTrainingConfig, weights, anchor, lam, xb, yb,
                   noise, normalizer, mask=None):
   """The gradient of one step on a batch, both backends' one definition.
 
   Without DP: the gradient of the batch objective plus lam * (w - anchor). Under DP:
-  the penalty's gradient is added to every per-example gradient, which is clipped;
-  the sum plus `noise` (N(0, (z C)^2) shaped like the weights, drawn by the caller
-  with the step's key) is divided by `normalizer` (the expected batch size).
-  `mask` ([b] floats in {0, 1}) marks the batch's real examples when it is padded.
+  `dp_gradient` of the per-example gradients. `mask` ([b] floats in {0, 1}) marks
+  the batch's real examples when it is padded.
   """
   weights = list(weights)
   penalty = [lam * (w - a) for w, a in zip(weights, anchor)]
@@ -142,8 +163,7 @@ def step_gradient(model, config: LocalTrainingConfig, weights, anchor, lam, xb, 
       if mask is None:
         loss = model.batch_loss(weights, xb, yb)
       else:
-        loss = (tf.reduce_sum(mask * model.per_example_loss(weights, xb, yb))
-                / tf.reduce_sum(mask))
+        loss = masked_mean(model.per_example_loss(weights, xb, yb), mask)
     return [g + p for g, p in zip(tape.gradient(loss, weights), penalty)]
   if mask is None:   # a Poisson batch may be empty
     per_example = tf.cond(
@@ -152,9 +172,7 @@ def step_gradient(model, config: LocalTrainingConfig, weights, anchor, lam, xb, 
         lambda: [tf.zeros(tf.concat([[0], tf.shape(w)], 0)) for w in weights])
   else:
     per_example = _per_example_gradients(model, weights, xb, yb)
-  per_example = [g + p[None] for g, p in zip(per_example, penalty)]
-  sums = dp_sgd.clipped_sum(per_example, config.l2_norm_clip, mask)
-  return [(s + z) / normalizer for s, z in zip(sums, noise)]
+  return dp_gradient(config, per_example, penalty, noise, normalizer, mask)
 
 
 def check_trainable(model, config: LocalTrainingConfig) -> None:

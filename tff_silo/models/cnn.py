@@ -73,6 +73,39 @@ def small_cnn(input_shape, num_classes: int, *, channels=(32, 64),
       y = tf.nn.relu(tf.matmul(y, dense_weights[i]) + dense_weights[i + 1])
     return tf.matmul(y, dense_weights[-2]) + dense_weights[-1]
 
+  def stacked_apply_fn(weights, x):
+    """S models at once: each convolution is one grouped convolution over the S
+    models' channels, the dense layers batched matmuls."""
+    k1, b1, k2, b2, *dense_weights = weights
+    y = _stacked_pool(tf.nn.relu(_stacked_conv(x, k1, padding) + b1[:, None, None, None]))
+    y = _stacked_pool(tf.nn.relu(_stacked_conv(y, k2, padding) + b2[:, None, None, None]))
+    y = tf.reshape(y, [tf.shape(y)[0], tf.shape(y)[1], flat])
+    for i in range(0, len(dense_weights) - 2, 2):
+      y = tf.nn.relu(tf.matmul(y, dense_weights[i]) + dense_weights[i + 1][:, None])
+    return tf.matmul(y, dense_weights[-2]) + dense_weights[-1][:, None]
+
   return F.SiloModel(name="small_cnn" if hidden is None else "lenet", weight_shapes=shapes, init_fn=init_fn,
                      apply_fn=apply_fn, loss_fn=F.softmax_cross_entropy,
-                     metric="accuracy", predict_fn=F.argmax_prediction)
+                     metric="accuracy", predict_fn=F.argmax_prediction,
+                     stacked_apply_fn=stacked_apply_fn)
+
+
+def _stacked_conv(x, kernels, padding):
+  """x [S, b, H, W, C] convolved with kernels [S, k, k, C, C'] model by model, as
+  one convolution with S groups: [S, b, H', W', C']."""
+  s, b, h, w, c = (tf.shape(x)[i] for i in range(5))
+  c_out = tf.shape(kernels)[-1]
+  grouped = tf.reshape(tf.transpose(x, [1, 2, 3, 0, 4]), [b, h, w, s * c])
+  kernel = tf.reshape(tf.transpose(kernels, [1, 2, 3, 0, 4]),
+                      [KERNEL, KERNEL, c, s * c_out])
+  y = tf.nn.conv2d(grouped, kernel, 1, padding)
+  shape = tf.shape(y)
+  return tf.transpose(tf.reshape(y, [b, shape[1], shape[2], s, c_out]), [3, 0, 1, 2, 4])
+
+
+def _stacked_pool(y):
+  """2x2 max-pooling of [S, b, H, W, C]."""
+  shape = tf.shape(y)
+  pooled = tf.nn.max_pool2d(tf.reshape(y, tf.concat([[-1], shape[2:]], 0)), POOL, POOL,
+                            "VALID")
+  return tf.reshape(pooled, tf.concat([shape[:2], tf.shape(pooled)[1:]], 0))

@@ -36,6 +36,10 @@ class SiloModel:
     batch_reduction: optional `per-example losses [n] -> objective` replacing the
       mean (Galli et al.'s RMSE, eq. 10). Such an objective is not a sum over
       examples, so DP-SGD cannot train it.
+    stacked_apply_fn: optional `(weights [S, ...], x [S, b, ...]) -> outputs [S, b,
+      ...]`: S models (silos, or one copy per example) applied at once, equal to
+      `apply_fn` on each; the vectorized backend uses it where `tf.vectorized_map`
+      over per-silo weights would be slow (convolutions).
   """
 
   name: str
@@ -47,6 +51,7 @@ class SiloModel:
   predict_fn: Callable = lambda outputs: outputs
   per_example_gradients_fn: Optional[Callable] = None
   batch_reduction: Optional[Callable] = None
+  stacked_apply_fn: Optional[Callable] = None
 
   def __post_init__(self):
     if self.metric not in METRICS:

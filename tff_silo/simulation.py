@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import csv
 import dataclasses
+import functools
 import os
 import time
 from typing import Callable, Optional, Sequence, Union
@@ -60,14 +61,20 @@ class SiloPrivacy:
 
   def round_event(self, silo: int, epochs_steps: int, selecting: bool):
     """The queries silo `silo` makes in one round: `epochs_steps` DP-SGD steps and a
-    selection when `selecting`."""
-    events = [accounting.dp_sgd_event(
+    selection when `selecting` (one object for silos with equal settings)."""
+    return _round_event(
         float(self.noise_multipliers[silo]), float(self.sampling_rates[silo]),
-        epochs_steps, neighbouring=self.protocol.neighbouring,
-        dataset_size=int(self.sizes[silo]))]
-    if selecting:
-      events.append(accounting.selection_event(float(self.selection_epsilon[silo]), 1))
-    return dp_accounting.ComposedDpEvent(events)
+        int(epochs_steps), self.protocol.neighbouring, int(self.sizes[silo]),
+        float(self.selection_epsilon[silo]) if selecting else None)
+
+
+@functools.lru_cache(maxsize=4096)
+def _round_event(noise_multiplier, rate, steps, neighbouring, size, selection_epsilon):
+  events = [accounting.dp_sgd_event(noise_multiplier, rate, steps,
+                                    neighbouring=neighbouring, dataset_size=size)]
+  if selection_epsilon is not None:
+    events.append(accounting.selection_event(selection_epsilon, 1))
+  return dp_accounting.ComposedDpEvent(events)
 
 
 def _per_silo(value, num_silos: int, name: str) -> np.ndarray:
@@ -277,8 +284,7 @@ def run_simulation(process: SiloProcess, data: SiloData, *, rounds: int,
         if ledger_lib.over_budget(ledgers, events):
           stopped_because = "budget"
           break
-        for ledger, event in zip(ledgers, events):
-          ledger.charge(event, "training_round")
+        ledger_lib.charge_all(ledgers, events, "training_round")
       t0 = time.perf_counter()
       state, client_states, _ = process.next(state, client_states, inputs)
       round_seconds.append(time.perf_counter() - t0)

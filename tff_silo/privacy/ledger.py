@@ -80,8 +80,11 @@ class PrivacyLedger:
     if int(count) != count or count < 0:
       raise ValueError(f"count must be a non-negative integer, got {count}")
     if count:
-      self._rdp = self._rdp + self._curve(event, count)
-      self.charges[label] += int(count)
+      self._add(self._curve(event, count), label, int(count))
+
+  def _add(self, curve, label, count=1):
+    self._rdp = self._rdp + curve
+    self.charges[label] += count
 
   def charge_leakage(self, amount: float, label: str) -> None:
     """Adds a d-privacy leakage (epsilon times distance; not an (epsilon, delta))."""
@@ -118,8 +121,28 @@ def leakages(ledgers) -> np.ndarray:
   return np.array([ledger.leakage for ledger in ledgers])
 
 
+def _curves(ledgers, events) -> list:
+  """Each event's RDP curve under its ledger's relation, computed once per distinct
+  event object (units with the same settings share one)."""
+  cache, curves = {}, []
+  for ledger, event in zip(ledgers, events):
+    key = (id(event), ledger.neighbouring)
+    if event is not None and key not in cache:
+      cache[key] = ledger._curve(event, 1)   # pylint: disable=protected-access
+    curves.append(None if event is None else cache[key])
+  return curves
+
+
 def over_budget(ledgers, events) -> list:
-  """Indices of the units whose next `events` (one per ledger) would exceed their
-  budget."""
-  return [i for i, (ledger, event) in enumerate(zip(ledgers, events))
-          if event is not None and ledger.would_exceed(event)]
+  """Indices of the units whose next `events` (one per ledger, or None) would
+  exceed their budget."""
+  return [i for i, (ledger, curve) in enumerate(zip(ledgers, _curves(ledgers, events)))
+          if curve is not None and ledger.budget is not None
+          and ledger._epsilon_of(ledger._rdp + curve) > ledger.budget]  # pylint: disable=protected-access
+
+
+def charge_all(ledgers, events, label: str) -> None:
+  """Charges each ledger its event (None: nothing), sharing equal events' curves."""
+  for ledger, curve in zip(ledgers, _curves(ledgers, events)):
+    if curve is not None:
+      ledger._add(curve, label)   # pylint: disable=protected-access

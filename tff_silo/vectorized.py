@@ -18,9 +18,15 @@ permutations sort them last) and padded batch slots carry mask 0, so they add
 nothing to a clipped sum. A step's batch is as wide as the largest batch of the step
 across silos, so the work is about what the silos would do alone.
 
+Gradients: a model with `stacked_apply_fn` (the CNN: grouped convolutions) is run for
+all silos at once, under DP with one copy of its silo's weights per example (memory:
+silos x batch width x parameters floats per step, ~55 MB for the digits CNN; nothing
+chunks larger models yet); other models map `step_gradient` over silos.
+
 Supported: the `SiloProcess`es of local, FedAvg, finetune, MR-MTL and Ditto with the
-weighted or unweighted mean (`process.plain_mean`). Other processes and other
-aggregators run on the TFF backend; `VectorizedProcess` says so in one line.
+weighted or unweighted mean (`process.plain_mean`). Other processes (IFCA, d-private
+clustering, the hypernetwork) and other aggregators run on the TFF backend;
+`VectorizedProcess` says so in one line.
 """
 
 from __future__ import annotations

@@ -319,12 +319,12 @@ def _model(silos, algorithm):
 
 
 def _build(algorithm, lam, seed, silos, s):
-  import tensorflow_federated as tff
+  """The run's process (IFCA, d-private clustering: TFF) or, for the MR-MTL family,
+  its TF-only definition, which `run_simulation` runs on either backend."""
   from tff_silo import algorithms
-  from tff_silo.algorithms import dprivate_clustering, ifca
   model = _model(silos, algorithm)
   if algorithm == "dprivate_clustering":
-    return dprivate_clustering.build_dprivate_clustering_process(
+    return algorithms.build_dprivate_clustering_process(
         model, silos.feature_shape, client_learning_rate=s["lr"],
         batch_size=s["batch_size"], num_clusters=s["num_clusters"], nu=FLAGS.nu,
         local_epochs=FLAGS.local_epochs, kmeans_iterations=FLAGS.kmeans_iterations,
@@ -333,25 +333,20 @@ def _build(algorithm, lam, seed, silos, s):
                 local_epochs=FLAGS.local_epochs,
                 l2_norm_clip=s["clip"] if s["epsilon"] is not None else None,
                 sampling=s["sampling"],
-                aggregator=tff.aggregators.UnweightedMeanFactory() if FLAGS.unweighted
-                else None)
+                aggregator="unweighted_mean" if FLAGS.unweighted else None)
   if algorithm in IFCA_ALGORITHMS:
-    return ifca.build_ifca_process(
+    return algorithms.build_ifca_process(
         model, silos.feature_shape, total_rounds=s["rounds"],
         num_clusters=s["num_clusters"], selection_fraction=FLAGS.selection_fraction,
         after=IFCA_ALGORITHMS[algorithm], lam=lam,
         finetune_fraction=FLAGS.finetune_fraction,
         selection_budget_share=FLAGS.selection_budget_share, init_seed=seed,
         **common)
-  build = {"local": algorithms.build_local_process,
-           "fedavg": algorithms.build_fedavg_process,
-           "mrmtl": algorithms.build_mrmtl_process,
-           "ditto": algorithms.build_ditto_process,
-           "finetune": algorithms.build_finetune_process}[algorithm]
   if algorithm in LAMBDA_ALGORITHMS:
     common["lam"] = lam
   if algorithm == "finetune":
     common.update(total_rounds=s["rounds"], fedavg_fraction=FLAGS.finetune_fraction)
+  build = getattr(algorithms, f"{algorithm}_algorithm")
   return build(model, silos.feature_shape, **common)
 
 
@@ -389,13 +384,12 @@ def _run_key(seed, algorithm, lam, s):
       sort_keys=True)
 
 
-def _clustering_columns(result, silos):
+def _clustering_columns(result, silos, algorithm):
   """ARI against the true clusters (where known), selection and leakage figures."""
   import numpy as np
   from sklearn.metrics import adjusted_rand_score
-  from tff_silo.dprivate_simulation import DPrivateResult
-  assigned = (result.assignments if isinstance(result, DPrivateResult)
-              else result.clusters)
+  dprivate = algorithm == "dprivate_clustering"
+  assigned = result.assignments if dprivate else result.clusters
   if assigned is None:   # not a clustering method
     return {}
   ari = (float(adjusted_rand_score(silos.groups, assigned))
@@ -403,9 +397,9 @@ def _clustering_columns(result, silos):
   # d-private clustering's final assignment is each user's lowest-loss hypothesis on
   # its training data, never released: under sanitization that figure is outside
   # the guarantee. IFCA's assignments under DP are its private selections.
-  outside = isinstance(result, DPrivateResult) and FLAGS.nu is not None
+  outside = dprivate and FLAGS.nu is not None
   columns = {"ari_outside_guarantee" if outside else "ari": ari}
-  if not isinstance(result, DPrivateResult):
+  if not dprivate:
     privacy = result.privacy
     columns.update(
         num_selections=privacy.num_selections if privacy else None,
@@ -471,9 +465,9 @@ def _train_columns(result, private):
 
 
 def _row(result, seed, algorithm, lam, s, silos, backend, device):
+  from importlib import metadata
   import numpy as np
   import tensorflow as tf
-  import tensorflow_federated as tff
   from tff_silo.data import preprocessing
   privacy = getattr(result, "privacy", None)
   return dict(
@@ -490,11 +484,11 @@ def _row(result, seed, algorithm, lam, s, silos, backend, device):
       num_silos=silos.num_silos, metric=result.metric,
       **_train_columns(result, privacy is not None), test_metric=result.test_metric,
       **_privacy_columns(result),
-      **_algorithm_flags(algorithm, s), **_clustering_columns(result, silos),
+      **_algorithm_flags(algorithm, s), **_clustering_columns(result, silos, algorithm),
       backend=backend, device=device, wall_seconds=result.wall_seconds,
       seconds_per_round_median=float(np.median(result.round_seconds)),
       peak_memory_mb=common.peak_memory_mb(),
-      tff_version=tff.__version__, tf_version=tf.__version__,
+      tff_version=metadata.version("tensorflow-federated"), tf_version=tf.__version__,
       run_key=_run_key(seed, algorithm, lam, s),
       flags=json.dumps({k: FLAGS[k].value for k in (
           "algorithm", "dataset", "data_dir", "rounds", "epsilon", "delta", "lam", "lr",
@@ -518,8 +512,9 @@ def _print_table(rows):
 
 def _simulate(algorithm, process, silos, seed, s, progress, preprocessing_events,
               backend):
-  from tff_silo import data, dprivate_simulation, simulation
+  from tff_silo import data, simulation
   if algorithm == "dprivate_clustering":
+    from tff_silo import dprivate_simulation
     validation = (data.two_cluster_linear_silos(num_users=VALIDATION_USERS,
                                                 seed=[seed, 1])
                   if FLAGS.dataset == "two_cluster" else None)

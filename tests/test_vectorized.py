@@ -1,6 +1,9 @@
 """The vectorized backend against TF's own random ops and against the TFF backend."""
 
 import dataclasses
+import os
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -161,3 +164,39 @@ def test_what_the_vectorized_backend_cannot_run_is_a_one_line_error(make, messag
     VectorizedProcess(make())
   with pytest.raises(ValueError, match="backend must be one of"):
     run_simulation(make(), SILOS, rounds=1, backend="gpu")
+
+
+_WITHOUT_TFF = """
+import sys
+class NoTff:
+  def find_spec(self, name, path=None, target=None):
+    if name.split(".")[0] == "tensorflow_federated":
+      raise ImportError("tensorflow_federated imported by a vectorized run")
+sys.meta_path.insert(0, NoTff())
+sys.argv = ["run", "--dataset=synthetic", "--algorithm=mrmtl,ditto", "--rounds=1",
+            "--epsilon=2", "--backend=vectorized", "--output=" + sys.argv[1]]
+from benchmarks import run
+run.run()
+"""
+
+
+def test_a_vectorized_run_never_imports_tff(tmp_path):
+  root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  done = subprocess.run([sys.executable, "-c", _WITHOUT_TFF, str(tmp_path / "rows.csv")],
+                        cwd=root, capture_output=True, text=True, timeout=300,
+                        env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"})
+  assert done.returncode == 0, done.stderr[-2000:]
+  assert (tmp_path / "rows.csv").exists()
+
+
+def test_an_algorithm_definition_runs_on_both_backends():
+  definition = algorithms.mrmtl_algorithm(MODEL, SILOS.feature_shape, lam=0.5,
+                                          client_learning_rate=0.1, batch_size=8)
+  process = algorithms.build_mrmtl_process(MODEL, SILOS.feature_shape, lam=0.5,
+                                           client_learning_rate=0.1, batch_size=8)
+  assert process.algorithm == definition
+  _assert_same(run_simulation(process, SILOS, rounds=2, seed=3),
+               run_simulation(definition, SILOS, rounds=2, seed=3, backend="vectorized"))
+  with pytest.raises(ValueError, match="aggregator must be one of"):
+    algorithms.mrmtl_algorithm(MODEL, SILOS.feature_shape, client_learning_rate=0.1,
+                               batch_size=8, aggregator="median")

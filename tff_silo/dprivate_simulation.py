@@ -21,7 +21,7 @@ import tensorflow as tf
 
 from tff_silo import keys, runtime
 from tff_silo.algorithms.dprivate_clustering import DPrivateClusteringProcess
-from tff_silo.algorithms.process import SiloInput
+from tff_silo.algorithms.rounds import SiloInput
 from tff_silo.data.silos import SiloData
 from tff_silo.privacy.ledger import PrivacyLedger, leakages
 from tff_silo.simulation import SiloEvaluator, check_run_length

@@ -27,7 +27,7 @@ import tensorflow as tf
 
 from tff_silo import keys, runtime
 from tff_silo.algorithms.local_training import sampling_rate, steps_per_epoch
-from tff_silo.algorithms.process import SiloInput, SiloProcess
+from tff_silo.algorithms.rounds import SiloAlgorithm, SiloInput
 from tff_silo.data.silos import SiloData
 from tff_silo.privacy import accounting, ledger as ledger_lib
 from tff_silo.privacy.protocol import PrivacyProtocol
@@ -186,7 +186,7 @@ def _write_ledger_rows(path, rounds_done, ledgers):
       writer.writerow([rounds_done, k, ledger.epsilon(), ledger.target_delta])
 
 
-def run_simulation(process: SiloProcess, data: SiloData, *, rounds: int,
+def run_simulation(process, data: SiloData, *, rounds: int,
                    target_epsilon=None, target_delta=None, seed: Optional[int] = 0,
                    eval_every: int = 0,
                    progress: Optional[Callable[[int, int, float], None]] = None,
@@ -197,7 +197,9 @@ def run_simulation(process: SiloProcess, data: SiloData, *, rounds: int,
   """Runs `process` for `rounds` rounds on all silos and evaluates them.
 
   Args:
-    process: a `SiloProcess` (from `tff_silo.algorithms`).
+    process: a `SiloProcess` (`tff_silo.algorithms.build_<name>_process`) or a
+      `SiloAlgorithm` (`<name>_algorithm`: TF only; the TFF process is built when
+      `backend="tff"`).
     data: the silos; its feature shape must match the process's.
     rounds: T, the number of rounds.
     target_epsilon, target_delta: a scalar or one value per silo; required exactly
@@ -222,6 +224,9 @@ def run_simulation(process: SiloProcess, data: SiloData, *, rounds: int,
   if backend == "vectorized":
     from tff_silo import vectorized  # pylint: disable=g-import-not-at-top
     process = vectorized.VectorizedProcess(process)
+  elif isinstance(process, SiloAlgorithm):
+    from tff_silo.algorithms import process as tff_process  # pylint: disable=g-import-not-at-top
+    process = tff_process.process_for(process)
   if process.num_clusters > data.num_silos:
     raise ValueError(f"num_clusters={process.num_clusters} is more than the "
                      f"{data.num_silos} silos")

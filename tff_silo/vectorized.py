@@ -6,7 +6,7 @@ are stacked along a leading silo axis (padded to the largest silo, with each sil
 n_k, public size, noise multiplier and key kept apart) and a round of the MR-MTL
 family is one `tf.function` on whatever device TensorFlow has. It computes what the
 TFF process computes, from the same definitions: the round's logic
-(`process.client_round`, `process.server_step`), the batch plan and the step's
+(`rounds.client_round`, `rounds.server_step`), the batch plan and the step's
 gradient (`local_training.batch_plan`, `step_gradient`, vectorized over silos with
 `tf.vectorized_map`), and the same random numbers: `tff_silo.batched_random` draws
 row k exactly as TF's stateless ops draw with silo k's key, and a padded silo's
@@ -23,10 +23,11 @@ all silos at once, under DP with one copy of its silo's weights per example (mem
 silos x batch width x parameters floats per step, ~55 MB for the digits CNN; nothing
 chunks larger models yet); other models map `step_gradient` over silos.
 
-Supported: the `SiloProcess`es of local, FedAvg, finetune, MR-MTL and Ditto with the
-weighted or unweighted mean (`process.plain_mean`). Other processes (IFCA, d-private
-clustering, the hypernetwork) and other aggregators run on the TFF backend;
-`VectorizedProcess` says so in one line.
+Supported: local, FedAvg, finetune, MR-MTL and Ditto (`SiloAlgorithm`s, or the
+`SiloProcess`es built from them) with the weighted or unweighted mean
+(`rounds.plain_mean`). Other processes (IFCA, d-private clustering, the
+hypernetwork) and other aggregators run on the TFF backend; `VectorizedProcess` says
+so in one line.
 """
 
 from __future__ import annotations
@@ -40,7 +41,7 @@ import tensorflow as tf
 from tff_silo import batched_random as br
 from tff_silo import keys
 from tff_silo.algorithms import local_training as lt
-from tff_silo.algorithms.process import SiloProcess, client_round, server_step
+from tff_silo.algorithms.rounds import SiloAlgorithm, client_round, server_step
 
 class StackedSilos(NamedTuple):
   """Every silo's `SiloInput`, stacked: x [K, N, ...] and y [K, N] zero-padded to
@@ -73,18 +74,24 @@ def stack_silos(inputs) -> StackedSilos:
       key=tf.constant(np.stack([i.seed for i in inputs]), tf.int32))
 
 
+def definition(process) -> SiloAlgorithm | None:
+  """The `SiloAlgorithm` a process or definition runs (None outside the family)."""
+  return process if isinstance(process, SiloAlgorithm) else getattr(
+      process, "algorithm", None)
+
+
 def unsupported_reason(process) -> str | None:
-  """Why `process` cannot run on the vectorized backend, or None if it can."""
-  if not isinstance(process, SiloProcess) or process.round_spec is None:
+  """Why `process` (a `SiloProcess` or `SiloAlgorithm`) cannot run on the vectorized
+  backend, or None if it can."""
+  algorithm = definition(process)
+  if algorithm is None:
     return (f"the vectorized backend runs local, fedavg, finetune, mrmtl and ditto; "
             f"{getattr(process, 'name', type(process).__name__)} runs on backend=tff")
-  if process.aggregation is None:
+  if algorithm.aggregation is None:
     return ("the vectorized backend computes the weighted and unweighted mean only; "
             "other tff.aggregators factories run on backend=tff")
-  if process.config.private and process.model.batch_reduction is not None:
-    return f"{process.model.name} cannot train with DP-SGD (its loss is not a mean)"
-  if process.model.batch_reduction is not None:
-    return (f"{process.model.name}'s objective is not a mean over examples; "
+  if algorithm.model.batch_reduction is not None:
+    return (f"{algorithm.model.name}'s objective is not a mean over examples; "
             "it runs on backend=tff")
   return None
 
@@ -197,24 +204,24 @@ def train_silos(model, config, weights, anchor, lam, silos: StackedSilos, round_
 _ROUND_FUNCTIONS = {}   # one traced round per algorithm definition, for all runs
 
 
-def _definition(process) -> tuple:
+def _definition(algorithm: SiloAlgorithm) -> tuple:
   """What a round's program depends on besides its tensors. A model is identified by
   its fields, functions by their code (a fresh `linear_regression(d)` per run is
   the same model)."""
-  model = process.model
+  model = algorithm.model
   fields = tuple(getattr(value, "__code__", value)
                  for value in (getattr(model, f.name) for f in dataclasses.fields(model)))
-  return (fields, process.config, process.round_spec, process.aggregation)
+  return (fields, algorithm.config, algorithm.round_spec, algorithm.aggregation)
 
 
-def _round_function(process):
-  """The traced round of `process`, shared by every run of the same definition: a
+def _round_function(algorithm: SiloAlgorithm):
+  """The traced round of `algorithm`, shared by every run of the same definition: a
   sweep over seeds and epsilons traces it once (n, sizes, noise multipliers and
   keys are tensors, so only new shapes retrace)."""
-  key = _definition(process)
+  key = _definition(algorithm)
   if key not in _ROUND_FUNCTIONS:
-    model, config = process.model, process.config
-    spec, aggregation = process.round_spec, process.aggregation
+    model, config = algorithm.model, algorithm.config
+    spec, aggregation = algorithm.round_spec, algorithm.aggregation
 
     def round_fn(global_w, round_num, personal_w, silos: StackedSilos):
       num_silos = tf.shape(silos.n)[0]
@@ -238,32 +245,33 @@ def _round_function(process):
 
 
 class VectorizedProcess:
-  """A `SiloProcess` run with all silos in one TF program per round.
+  """A `SiloProcess` or `SiloAlgorithm` run with all silos in one TF program per
+  round.
 
   The driver (`tff_silo.simulation.run_simulation(backend="vectorized")`) uses it as
-  it uses the process: `prepare` stacks the silos once, `initialize` / `next` run
+  it uses a process: `prepare` stacks the silos once, `initialize` / `next` run
   rounds with client states stacked on a leading silo axis.
   """
 
-  def __init__(self, process: SiloProcess):
+  def __init__(self, process):
     reason = unsupported_reason(process)
     if reason is not None:
       raise ValueError(reason)
-    self.process = process
-    self.name, self.model, self.config = process.name, process.model, process.config
-    self.epochs_per_round = process.epochs_per_round
-    self.num_clusters = process.num_clusters
-    self.selection_budget_share = process.selection_budget_share
-    self._round = _round_function(process)
+    self.algorithm = algorithm = definition(process)
+    self.name, self.model, self.config = algorithm.name, algorithm.model, algorithm.config
+    self.epochs_per_round = algorithm.epochs_per_round
+    self.num_clusters = algorithm.num_clusters
+    self.selection_budget_share = algorithm.selection_budget_share
+    self._round = _round_function(algorithm)
 
   def num_selections(self, rounds: int) -> int:
-    return self.process.num_selections(rounds)
+    return self.algorithm.num_selections(rounds)
 
   def prepare(self, inputs) -> StackedSilos:
     return stack_silos(inputs)
 
   def initialize(self) -> VectorizedState:
-    return VectorizedState(tuple(tf.constant(w) for w in self.process.initial_weights),
+    return VectorizedState(tuple(tf.constant(w) for w in self.algorithm.initial_weights),
                            tf.constant(0, tf.int32))
 
   def initial_client_states(self, state, num_silos: int) -> tuple:
@@ -277,7 +285,7 @@ class VectorizedProcess:
 
   def evaluation_weights(self, state, client_states, rounds_done: int) -> list:
     num_silos = int(client_states[0].shape[0])
-    if self.process.uses_client_state(rounds_done):
+    if self.algorithm.uses_client_state(rounds_done):
       return [tuple(w[k].numpy() for w in client_states) for k in range(num_silos)]
     return [tuple(w.numpy() for w in state.global_weights)] * num_silos
 

@@ -1,22 +1,38 @@
-"""Algorithms as TFF iterative processes with stateful clients.
+"""Algorithms: definitions of the MR-MTL family and TFF iterative processes.
 
-Every `build_<name>_process(model, feature_shape, *, client_learning_rate, batch_size,
-..., aggregator=None)` returns a `SiloProcess` (`tff_silo.simulation` runs it); they
-differ only in what the shared local-training routine is given and what is kept (see
-`process`; IFCA and its preconditioned variants keep G cluster models, see `ifca`).
-`build_dprivate_clustering_process` (Galli et al.) samples users and sends sanitized
-models instead; `tff_silo.dprivate_simulation` runs it.
+`<name>_algorithm(model, feature_shape, *, client_learning_rate, batch_size, ...,
+aggregator=None)` for local, fedavg, finetune, mrmtl and ditto returns a TF-only
+`SiloAlgorithm` (`rounds`); `build_<name>_process(...)` the TFF `SiloProcess` running
+it (`process`); `tff_silo.simulation.run_simulation` runs either, on TFF's runtime or
+the vectorized backend. IFCA and its preconditioned variants keep G cluster models
+(`build_ifca_process`, see `ifca`); `build_dprivate_clustering_process` (Galli et
+al.) samples users and sends sanitized models (`tff_silo.dprivate_simulation`).
+
+Names load on first use (PEP 562), so a run that needs no TFF process never
+imports TensorFlow Federated.
 """
 
-from tff_silo.algorithms.ditto import build_ditto_process
-from tff_silo.algorithms.dprivate_clustering import build_dprivate_clustering_process
-from tff_silo.algorithms.fedavg import build_fedavg_process
-from tff_silo.algorithms.finetune import build_finetune_process
-from tff_silo.algorithms.ifca import build_ifca_process
-from tff_silo.algorithms.local import build_local_process
-from tff_silo.algorithms.local_training import LocalTrainingConfig, train_locally
-from tff_silo.algorithms.mrmtl import build_mrmtl_process
-from tff_silo.algorithms.process import ServerState, SiloInput, SiloProcess
+import importlib
+
+_WHERE = {
+    "local_algorithm": "local", "build_local_process": "local",
+    "fedavg_algorithm": "fedavg", "build_fedavg_process": "fedavg",
+    "finetune_algorithm": "finetune", "build_finetune_process": "finetune",
+    "mrmtl_algorithm": "mrmtl", "build_mrmtl_process": "mrmtl",
+    "ditto_algorithm": "ditto", "build_ditto_process": "ditto",
+    "build_ifca_process": "ifca",
+    "build_dprivate_clustering_process": "dprivate_clustering",
+    "LocalTrainingConfig": "local_training", "train_locally": "local_training",
+    "SiloAlgorithm": "rounds", "SiloInput": "rounds",
+    "ServerState": "process", "SiloProcess": "process",
+}
 
 ALGORITHMS = ("local", "fedavg", "finetune", "mrmtl", "ditto", "ifca",
               "dprivate_clustering")
+__all__ = sorted(_WHERE) + ["ALGORITHMS"]
+
+
+def __getattr__(name):
+  if name not in _WHERE:
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+  return getattr(importlib.import_module(f"{__name__}.{_WHERE[name]}"), name)

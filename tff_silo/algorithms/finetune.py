@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Optional
 
 from tff_silo.algorithms import _common
-from tff_silo.algorithms.process import SiloProcess, build_silo_process
+from tff_silo.algorithms.rounds import SiloAlgorithm, silo_algorithm
 
 DEFAULT_FEDAVG_FRACTION = 0.5
 
@@ -23,18 +23,21 @@ def fedavg_rounds(total_rounds: int, fedavg_fraction: float) -> int:
   return int(total_rounds * fedavg_fraction)
 
 
-def build_finetune_process(model, feature_shape, *, total_rounds: int,
-                           client_learning_rate: float, batch_size: int,
-                           fedavg_fraction: float = DEFAULT_FEDAVG_FRACTION,
-                           local_epochs: int = 1, l2_norm_clip: Optional[float] = None,
-                           sampling: str = "poisson", aggregator=None,
-                           init_seed: int = 0) -> SiloProcess:
+def finetune_algorithm(model, feature_shape, *, total_rounds: int,
+                       client_learning_rate: float, batch_size: int,
+                       fedavg_fraction: float = DEFAULT_FEDAVG_FRACTION,
+                       local_epochs: int = 1, l2_norm_clip: Optional[float] = None,
+                       sampling: str = "poisson", aggregator=None,
+                       init_seed: int = 0) -> SiloAlgorithm:
   """Rounds 0 .. R-1 are FedAvg (R = floor(fraction * total)); from round R on, silos
   start from the global model once and then keep training their own copy."""
   switch = fedavg_rounds(total_rounds, fedavg_fraction)
   config = _common.make_config(client_learning_rate, batch_size, local_epochs,
                                l2_norm_clip, sampling)
-  return build_silo_process(model, feature_shape, config, name="finetune", lam=0.0,
-                            start="switch", switch_round=switch,
-                            global_update_rounds=switch, personal_from_round=switch,
-                            aggregator=aggregator, init_seed=init_seed)
+  return silo_algorithm(model, feature_shape, config, name="finetune", lam=0.0,
+                        start="switch", switch_round=switch,
+                        global_update_rounds=switch, personal_from_round=switch,
+                        aggregator=aggregator, init_seed=init_seed)
+
+
+build_finetune_process = _common.tff_process_of(finetune_algorithm)

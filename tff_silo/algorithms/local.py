@@ -9,14 +9,17 @@ from __future__ import annotations
 from typing import Optional
 
 from tff_silo.algorithms import _common
-from tff_silo.algorithms.process import SiloProcess, build_silo_process
+from tff_silo.algorithms.rounds import SiloAlgorithm, silo_algorithm
 
 
-def build_local_process(model, feature_shape, *, client_learning_rate: float,
-                        batch_size: int, local_epochs: int = 1,
-                        l2_norm_clip: Optional[float] = None, sampling: str = "poisson",
-                        aggregator=None, init_seed: int = 0) -> SiloProcess:
+def local_algorithm(model, feature_shape, *, client_learning_rate: float,
+                    batch_size: int, local_epochs: int = 1,
+                    l2_norm_clip: Optional[float] = None, sampling: str = "poisson",
+                    aggregator=None, init_seed: int = 0) -> SiloAlgorithm:
   config = _common.make_config(client_learning_rate, batch_size, local_epochs,
                                l2_norm_clip, sampling)
-  return build_silo_process(model, feature_shape, config, name="local", lam=0.0,
-                            start="personal", aggregator=aggregator, init_seed=init_seed)
+  return silo_algorithm(model, feature_shape, config, name="local", lam=0.0,
+                        start="personal", aggregator=aggregator, init_seed=init_seed)
+
+
+build_local_process = _common.tff_process_of(local_algorithm)

@@ -23,7 +23,6 @@ which model is evaluated; Ditto also trains w_bar's copy for one more epoch.
 from __future__ import annotations
 
 import collections
-import dataclasses
 from typing import NamedTuple, Optional
 
 import numpy as np
@@ -32,22 +31,9 @@ import tensorflow_federated as tff
 
 from tff_silo import keys
 from tff_silo.algorithms.local_training import LocalTrainingConfig, train_locally
-
-START_POINTS = ("personal", "global", "switch")
-
-
-class SiloInput(NamedTuple):
-  """A silo's client data: its training tensors, DP noise multiplier and key (the
-  silo's int32[2] key, `tff_silo.keys.unit_key`), the epsilon of each private
-  cluster selection (0: exact selection; IFCA only), and the silo's public size: what
-  its Poisson sampling and its weight in the server mean use (0: its n; see
-  `tff_silo.privacy.protocol`)."""
-  x: np.ndarray
-  y: np.ndarray
-  noise_multiplier: np.float32
-  seed: np.ndarray  # int32[2]
-  selection_epsilon: np.float32 = np.float32(0.0)
-  size: np.float32 = np.float32(0.0)
+from tff_silo.algorithms.rounds import (  # pylint: disable=unused-import
+    START_POINTS, RoundSpec, SiloAlgorithm, SiloInput, check_lambda, client_round,
+    plain_mean, public_size, server_step, silo_algorithm)
 
 
 class ServerState(NamedTuple):
@@ -62,50 +48,6 @@ class ClientOutput(NamedTuple):
   weight: np.float32
 
 
-@dataclasses.dataclass(frozen=True)
-class RoundSpec:
-  """What a silo and the server do in one round of the MR-MTL family, whatever runs
-  it (`client_round`, `server_step`; the TFF process and `tff_silo.vectorized`).
-
-  Attributes: see `build_silo_process`.
-  """
-
-  lam: float = 0.0
-  start: str = "personal"
-  switch_round: Optional[int] = None
-  ditto: bool = False
-  global_update_rounds: Optional[int] = None
-
-
-def client_round(spec: RoundSpec, global_w, personal_w, round_num, train):
-  """(personal weights, delta) of a silo's round: `train(start, lam, pass_)` runs its
-  local training regularized towards `global_w`. Tensors may carry a leading silo
-  axis (the vectorized backend) or not (one TFF client)."""
-  global_w, personal_w = list(global_w), list(personal_w)
-  if spec.ditto:
-    new_global = train(global_w, 0.0, 0)
-    personal = train(personal_w, np.float32(spec.lam), 1)
-    return personal, [a - b for a, b in zip(new_global, global_w)]
-  if spec.start == "personal":
-    begin = personal_w
-  elif spec.start == "global":
-    begin = global_w
-  else:
-    use_global = round_num <= spec.switch_round
-    begin = [tf.where(use_global, g, p) for g, p in zip(global_w, personal_w)]
-  personal = train(begin, np.float32(spec.lam), 0)
-  return personal, [a - b for a, b in zip(personal, begin)]
-
-
-def server_step(spec: RoundSpec, global_w, round_num, mean_delta):
-  """(new global weights, round + 1): w_bar += mean delta, until
-  `global_update_rounds`."""
-  apply = tf.constant(True) if spec.global_update_rounds is None else (
-      round_num < spec.global_update_rounds)
-  scale = tf.cast(apply, tf.float32)
-  return tuple(g + scale * d for g, d in zip(global_w, mean_delta)), round_num + 1
-
-
 class SiloProcess(tff.templates.IterativeProcess):
   """An `IterativeProcess` with stateful clients and what the driver needs to know.
 
@@ -117,15 +59,11 @@ class SiloProcess(tff.templates.IterativeProcess):
       accounting uses it: Ditto queries twice as many as MR-MTL).
     personal_from_round: rounds completed after which a silo's personalized model is
       its client state; before that (or when None) it is the global model.
-    round_spec: the `RoundSpec` of the MR-MTL family (None for other processes).
-    initial_weights: the global model's initial weights (numpy).
-    aggregation: `weighted_mean` or `unweighted_mean` when the aggregator is TFF's
-      plain mean (what `tff_silo.vectorized` computes natively), else None.
+    algorithm: the `SiloAlgorithm` it runs (None for processes outside the MR-MTL
+      family: IFCA, d-private clustering).
   """
 
-  round_spec: Optional[RoundSpec] = None
-  initial_weights: Optional[tuple] = None
-  aggregation: Optional[str] = None
+  algorithm: Optional[SiloAlgorithm] = None
 
   selection_budget_share = 0.0  # epsilon share of one private selection (IFCA)
   num_clusters = 1
@@ -181,36 +119,13 @@ def silo_input_type(feature_shape) -> tff.Type:
        ("size", tff.TensorType(np.float32))], SiloInput)
 
 
-def public_size(data):
-  """The silo's public size m (`SiloInput.size`), or its n when that is 0."""
-  return tf.where(data.size > 0, data.size, tf.cast(tf.shape(data.y)[0], tf.float32))
-
-
-def check_lambda(lam: float) -> float:
-  if not (lam >= 0 and np.isfinite(lam)):
-    raise ValueError(f"lam (the mean-regularization strength) must be a finite "
-                     f"number >= 0, got {lam}")
-  return float(lam)
-
-
-def plain_mean(aggregator) -> Optional[str]:
-  """`weighted_mean` / `unweighted_mean` for None or TFF's mean factories with plain
-  sums inside; None for any other factory."""
-  if aggregator is None:
-    return "weighted_mean"
-  sums = lambda *fs: all(type(f) is tff.aggregators.SumFactory for f in fs)
-  if type(aggregator) is tff.aggregators.MeanFactory and sums(
-      aggregator._value_sum_factory, aggregator._weight_sum_factory):
-    return "weighted_mean"
-  if type(aggregator) is tff.aggregators.UnweightedMeanFactory and sums(
-      aggregator._value_sum_factory, aggregator._count_sum_factory):
-    return "unweighted_mean"
-  return None
-
-
 def create_aggregator(aggregator, w_type):
-  """(aggregation process, weighted?) for a factory; default weighted `MeanFactory`."""
-  aggregator = tff.aggregators.MeanFactory() if aggregator is None else aggregator
+  """(aggregation process, weighted?) for a factory or name; default (None, "mean")
+  the weighted `MeanFactory`."""
+  if aggregator is None or aggregator == "mean":
+    aggregator = tff.aggregators.MeanFactory()
+  elif aggregator == "unweighted_mean":
+    aggregator = tff.aggregators.UnweightedMeanFactory()
   if isinstance(aggregator, tff.aggregators.WeightedAggregationFactory):
     return aggregator.create(w_type, tff.TensorType(np.float32)), True
   if isinstance(aggregator, tff.aggregators.UnweightedAggregationFactory):
@@ -219,39 +134,21 @@ def create_aggregator(aggregator, w_type):
                   f"UnweightedAggregationFactory, got {type(aggregator).__name__}")
 
 
-def build_silo_process(model, feature_shape, config: LocalTrainingConfig, *,
-                       name: str, lam: float = 0.0, start: str = "personal",
-                       switch_round: Optional[int] = None, ditto: bool = False,
-                       global_update_rounds: Optional[int] = None,
-                       personal_from_round: Optional[int] = 0,
-                       aggregator=None, init_seed: int = 0) -> SiloProcess:
-  """Builds the process; the public `build_<algo>_process` functions call this.
+def build_silo_process(model, feature_shape, config: LocalTrainingConfig,
+                       **kwargs) -> SiloProcess:
+  """The TFF process of `silo_algorithm(model, feature_shape, config, **kwargs)`."""
+  return process_for(silo_algorithm(model, feature_shape, config, **kwargs))
 
-  Args:
-    model, feature_shape: the `SiloModel` and the silo features' shape.
-    config: local training settings (DP when `config.l2_norm_clip` is set).
-    name: algorithm name.
-    lam: mean-regularization strength towards the broadcast global model.
-    start: `personal` (continue w_k), `global` (restart from w_bar each round), or
-      `switch` (w_bar while round <= switch_round, then w_k: local finetuning).
-    ditto: also train a copy of w_bar without regularization (Ditto's global solver),
-      whose delta is the one aggregated.
-    global_update_rounds: the server stops updating w_bar after this many rounds.
-    personal_from_round: see `SiloProcess`.
-    aggregator: a `tff.aggregators` weighted or unweighted factory; default
-      `tff.aggregators.MeanFactory()` (weights: the silos' public sizes).
-    init_seed: seed of the initial weights.
-  """
-  lam = check_lambda(lam)
-  if start not in START_POINTS:
-    raise ValueError(f"start must be one of {START_POINTS}, got {start!r}")
-  if start == "switch" and switch_round is None:
-    raise ValueError("start='switch' needs switch_round")
-  spec = RoundSpec(lam, start, switch_round, ditto, global_update_rounds)
+
+def process_for(algorithm: SiloAlgorithm) -> SiloProcess:
+  """The TFF `IterativeProcess` running `algorithm` (the reference runtime): every
+  round (Algorithm 1) the server broadcasts w_bar, each silo runs `client_round`,
+  the aggregator averages the deltas and the server applies `server_step`."""
+  model, config, spec = algorithm.model, algorithm.config, algorithm.round_spec
   w_type = weights_type(model)
-  data_type = silo_input_type(feature_shape)
-  agg_process, weighted = create_aggregator(aggregator, w_type)
-  initial = model.initial_weights(init_seed)
+  data_type = silo_input_type(algorithm.feature_shape)
+  agg_process, weighted = create_aggregator(algorithm.aggregator, w_type)
+  initial = algorithm.initial_weights
 
   @tff.tensorflow.computation
   def initial_weights():
@@ -298,9 +195,8 @@ def build_silo_process(model, feature_shape, config: LocalTrainingConfig, *,
     metrics = tff.federated_zip(collections.OrderedDict(aggregator=agg.measurements))
     return new_state, outputs.personal, metrics
 
-  process = SiloProcess(initialize_fn, next_fn, name=name, model=model, config=config,
-                        epochs_per_round=config.epochs * (2 if ditto else 1),
-                        personal_from_round=personal_from_round)
-  process.round_spec, process.initial_weights = spec, initial
-  process.aggregation = plain_mean(aggregator)
+  process = SiloProcess(initialize_fn, next_fn, name=algorithm.name, model=model,
+                        config=config, epochs_per_round=algorithm.epochs_per_round,
+                        personal_from_round=algorithm.personal_from_round)
+  process.algorithm = algorithm
   return process

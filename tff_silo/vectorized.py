@@ -43,6 +43,7 @@ from tff_silo import keys
 from tff_silo.algorithms import local_training as lt
 from tff_silo.algorithms.rounds import SiloAlgorithm, client_round, server_step
 
+
 class StackedSilos(NamedTuple):
   """Every silo's `SiloInput`, stacked: x [K, N, ...] and y [K, N] zero-padded to
   the largest n, and per silo its n, public size, noise multiplier and key."""

@@ -40,8 +40,8 @@ from tff_silo import keys
 from tff_silo.algorithms import _common
 from tff_silo.algorithms.local_training import LocalTrainingConfig, train_locally
 from tff_silo.algorithms.process import (
-    SiloProcess, check_lambda, create_aggregator, public_size, silo_input_type,
-    weights_type)
+    SiloProcess, create_aggregator, silo_input_type, weights_type)
+from tff_silo.algorithms.rounds import check_lambda, public_size
 from tff_silo.privacy.selection import report_noisy_min
 
 AFTER_SELECTION = ("fedavg", "local", "mrmtl", "finetune")

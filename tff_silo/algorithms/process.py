@@ -31,9 +31,8 @@ import tensorflow_federated as tff
 
 from tff_silo import keys
 from tff_silo.algorithms.local_training import LocalTrainingConfig, train_locally
-from tff_silo.algorithms.rounds import (  # pylint: disable=unused-import
-    START_POINTS, RoundSpec, SiloAlgorithm, SiloInput, check_lambda, client_round,
-    plain_mean, public_size, server_step, silo_algorithm)
+from tff_silo.algorithms.rounds import (
+    SiloAlgorithm, SiloInput, client_round, public_size, server_step, silo_algorithm)
 
 
 class ServerState(NamedTuple):

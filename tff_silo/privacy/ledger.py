@@ -106,9 +106,10 @@ class PrivacyLedger:
 
   def would_exceed(self, event: dp_accounting.DpEvent, count: int = 1) -> bool:
     """Whether charging `event` `count` times would take epsilon above the budget."""
-    if self.budget is None:
-      return False
-    return self._epsilon_of(self._rdp + self._curve(event, count)) > self.budget
+    return self.budget is not None and self._exceeds_with(self._curve(event, count))
+
+  def _exceeds_with(self, curve) -> bool:
+    return self.budget is not None and self._epsilon_of(self._rdp + curve) > self.budget
 
 
 def epsilons(ledgers) -> np.ndarray:
@@ -137,8 +138,7 @@ def over_budget(ledgers, events) -> list:
   """Indices of the units whose next `events` (one per ledger, or None) would
   exceed their budget."""
   return [i for i, (ledger, curve) in enumerate(zip(ledgers, _curves(ledgers, events)))
-          if curve is not None and ledger.budget is not None
-          and ledger._epsilon_of(ledger._rdp + curve) > ledger.budget]  # pylint: disable=protected-access
+          if curve is not None and ledger._exceeds_with(curve)]  # pylint: disable=protected-access
 
 
 def charge_all(ledgers, events, label: str) -> None:

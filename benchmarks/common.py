@@ -40,7 +40,8 @@ def check_among(name, values, allowed) -> None:
 BACKENDS = ("auto", "tff", "vectorized")
 DEVICES = ("auto", "cpu", "gpu")
 # What tff_silo.vectorized runs; everything else runs on TFF's runtime.
-VECTORIZED_ALGORITHMS = ("local", "fedavg", "finetune", "mrmtl", "ditto")
+VECTORIZED_ALGORITHMS = ("local", "fedavg", "finetune", "mrmtl", "ditto", "ifca",
+                         "ifca_fedavg", "ifca_local", "ifca_mrmtl", "ifca_finetune")
 
 
 def check_backend(backend: str, device: str, algorithms) -> None:

@@ -118,8 +118,8 @@ flags.DEFINE_integer("patience", None, "dprivate_clustering on two_cluster: stop
 flags.DEFINE_integer("kmeans_iterations", 10, "dprivate_clustering: Lloyd iterations.")
 flags.DEFINE_string("backend", "auto", f"One of {common.BACKENDS}: 'tff' runs TFF's "
                     "runtime (the reference), 'vectorized' every silo's round as one "
-                    "TensorFlow program (the same numbers; local, fedavg, finetune, "
-                    "mrmtl, ditto); 'auto' the vectorized one where it exists.")
+                    "TensorFlow program (the same numbers; every algorithm but "
+                    "dprivate_clustering); 'auto' the vectorized one where it exists.")
 flags.DEFINE_string("device", "auto", f"One of {common.DEVICES}: where the vectorized "
                     "backend runs ('auto': a GPU if TensorFlow sees one).")
 flags.DEFINE_string("output", "benchmarks/out/run.csv", "CSV file rows are appended to.")
@@ -319,8 +319,8 @@ def _model(silos, algorithm):
 
 
 def _build(algorithm, lam, seed, silos, s):
-  """The run's process (IFCA, d-private clustering: TFF) or, for the MR-MTL family,
-  its TF-only definition, which `run_simulation` runs on either backend."""
+  """The run's process (d-private clustering: TFF) or, for the MR-MTL family and
+  IFCA, its TF-only definition, which `run_simulation` runs on either backend."""
   from tff_silo import algorithms
   model = _model(silos, algorithm)
   if algorithm == "dprivate_clustering":
@@ -335,7 +335,7 @@ def _build(algorithm, lam, seed, silos, s):
                 sampling=s["sampling"],
                 aggregator="unweighted_mean" if FLAGS.unweighted else None)
   if algorithm in IFCA_ALGORITHMS:
-    return algorithms.build_ifca_process(
+    return algorithms.ifca_algorithm(
         model, silos.feature_shape, total_rounds=s["rounds"],
         num_clusters=s["num_clusters"], selection_fraction=FLAGS.selection_fraction,
         after=IFCA_ALGORITHMS[algorithm], lam=lam,

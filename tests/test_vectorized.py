@@ -13,7 +13,7 @@ import tensorflow_federated as tff
 from tff_silo import algorithms, batched_random, data, keys, models
 from tff_silo.privacy import PrivacyProtocol
 from tff_silo.simulation import run_simulation
-from tff_silo.vectorized import VectorizedProcess
+from tff_silo.vectorized import for_process
 
 RNG = np.random.default_rng(0)
 KEYS = RNG.integers(-2 ** 31, 2 ** 31, size=(7, 2)).astype(np.int32)
@@ -22,10 +22,14 @@ KEYS[0], KEYS[1] = (0, 0), (-1, 5)   # zero and sign-extended seed words
 
 @pytest.mark.parametrize("n", [1, 2, 5, 8, 13])
 def test_uniform_and_normal_rows_are_tfs_stateless_draws(n):
+  """float32 and float64 uniforms bit for bit, normals to rounding."""
   uniform = batched_random.uniform(KEYS, n).numpy()
+  uniform64 = batched_random.uniform64(KEYS, n).numpy()
   normal = batched_random.normal(KEYS, n).numpy()
   for k, key in enumerate(KEYS):
     np.testing.assert_array_equal(uniform[k], tf.random.stateless_uniform([n], seed=key))
+    np.testing.assert_array_equal(
+        uniform64[k], tf.random.stateless_uniform([n], seed=key, dtype=tf.float64))
     np.testing.assert_allclose(normal[k], tf.random.stateless_normal([n], seed=key),
                                rtol=0, atol=2e-6)
 
@@ -148,11 +152,67 @@ def test_stacked_cnn_applies_each_models_own_weights(hidden, shape):
                                rtol=1e-5, atol=1e-5)
 
 
+# IFCA: (algorithm options, run options). Selection in every round with a share
+# large enough that the private choices vary between silos and seeds; and the
+# preconditioned methods after half the rounds.
+IFCA_CASES = {
+    "fedavg_dp_selection": (
+        dict(after="fedavg", num_clusters=3, selection_fraction=1.0, l2_norm_clip=0.5,
+             selection_budget_share=0.15),
+        dict(target_epsilon=4.0, target_delta=1e-3, protocol=PUBLIC)),
+    "mrmtl_dp": (dict(after="mrmtl", lam=0.5, selection_fraction=0.5, l2_norm_clip=0.5),
+                 SETTINGS["poisson_assumed_size"][1]),
+    "finetune_no_dp": (dict(after="finetune", selection_fraction=0.3), {}),
+}
+
+
+@pytest.mark.parametrize("case", sorted(IFCA_CASES))
+def test_vectorized_ifca_computes_what_the_tff_process_computes(case):
+  options, run = IFCA_CASES[case]
+  definition = algorithms.ifca_algorithm(
+      MODEL, SILOS.feature_shape, client_learning_rate=0.1, batch_size=8,
+      total_rounds=4, **dict(dict(num_clusters=2), **options))
+  reference, vectorized = _both(definition, SILOS, rounds=4, **run)
+  np.testing.assert_array_equal(vectorized.clusters, reference.clusters)
+  _assert_same(reference, vectorized)
+
+
+def test_vectorized_private_selection_draws_the_tff_noise():
+  """Over seeds, the private choices vary and both backends make the same ones."""
+  options, run = IFCA_CASES["fedavg_dp_selection"]
+  definition = algorithms.ifca_algorithm(
+      MODEL, SILOS.feature_shape, client_learning_rate=0.1, batch_size=8,
+      total_rounds=1, **options)
+  choices = {backend: np.array([run_simulation(definition, SILOS, rounds=1, seed=seed,
+                                               backend=backend, **run).clusters
+                                for seed in range(3)])
+             for backend in ("tff", "vectorized")}
+  np.testing.assert_array_equal(choices["vectorized"], choices["tff"])
+  assert len(np.unique(choices["tff"])) == 3
+
+
+def test_vectorized_ifca_on_a_cnn():
+  images = data.load_rotated_masked_digits(num_silos=4, seed=0)
+  small = data.make_silos("digits", images.task, [x[:12] for x in images.x_train],
+                          [y[:12] for y in images.y_train],
+                          [x[:6] for x in images.x_test], [y[:6] for y in images.y_test],
+                          num_classes=images.num_classes)
+  cnn = models.small_cnn(small.feature_shape, small.num_classes, channels=(2, 3))
+  definition = algorithms.ifca_algorithm(
+      cnn, small.feature_shape, client_learning_rate=0.1, batch_size=4, total_rounds=2,
+      num_clusters=2, selection_fraction=0.5, after="mrmtl", lam=0.3, l2_norm_clip=1.0,
+      selection_budget_share=0.3)
+  reference, vectorized = _both(definition, small, rounds=2, target_epsilon=8.0,
+                                target_delta=1e-3, protocol=PUBLIC)
+  np.testing.assert_array_equal(vectorized.clusters, reference.clusters)
+  _assert_same(reference, vectorized, atol=1e-5)
+
+
 @pytest.mark.parametrize("make, message", [
-    (lambda: algorithms.build_ifca_process(MODEL, SILOS.feature_shape, total_rounds=3,
-                                           client_learning_rate=0.1, batch_size=8,
-                                           num_clusters=2),
-     "ifca runs on backend=tff"),
+    (lambda: algorithms.build_dprivate_clustering_process(
+        MODEL, SILOS.feature_shape, client_learning_rate=0.1, batch_size=8,
+        num_clusters=2, nu=None),
+     "dprivate_clustering runs on backend=tff"),
     (lambda: algorithms.build_mrmtl_process(
         MODEL, SILOS.feature_shape, client_learning_rate=0.1, batch_size=8,
         aggregator=tff.aggregators.robust.clipping_factory(
@@ -161,7 +221,7 @@ def test_stacked_cnn_applies_each_models_own_weights(hidden, shape):
 ])
 def test_what_the_vectorized_backend_cannot_run_is_a_one_line_error(make, message):
   with pytest.raises(ValueError, match=message):
-    VectorizedProcess(make())
+    for_process(make())
   with pytest.raises(ValueError, match="backend must be one of"):
     run_simulation(make(), SILOS, rounds=1, backend="gpu")
 
@@ -173,7 +233,7 @@ class NoTff:
     if name.split(".")[0] == "tensorflow_federated":
       raise ImportError("tensorflow_federated imported by a vectorized run")
 sys.meta_path.insert(0, NoTff())
-sys.argv = ["run", "--dataset=synthetic", "--algorithm=mrmtl,ditto", "--rounds=1",
+sys.argv = ["run", "--dataset=synthetic", "--algorithm=mrmtl,ditto,ifca_mrmtl", "--rounds=1",
             "--epsilon=2", "--backend=vectorized", "--output=" + sys.argv[1]]
 from benchmarks import run
 run.run()

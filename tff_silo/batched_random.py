@@ -11,6 +11,8 @@ and its float conversions. Row k of each function equals the TF op with key k
 - `fold_in(keys, data)`     == `tff_silo.keys.fold_in(keys[k], data[k])`
 - `uniform(keys, n)`        == `tf.random.stateless_uniform([n], seed=keys[k])`
 - `normal(keys, n)`         == `tf.random.stateless_normal([n], seed=keys[k])`
+- `uniform64(keys, n)`      == `tf.random.stateless_uniform([n], seed=keys[k],
+                                                              dtype=tf.float64)`
 
 A draw of n values is a prefix of a draw of N > n values with the same key (Philox
 runs a counter), which is how padded silos draw exactly what they would alone.
@@ -110,6 +112,19 @@ def _unit_float(bits):
 def uniform(keys, n):
   """float32[K, n] in [0, 1), row k equal to stateless_uniform([n], seed=keys[k])."""
   return _unit_float(random_bits(keys, n))
+
+
+def uniform64(keys, n):
+  """float64[K, n] in [0, 1), row k equal to stateless_uniform([n], seed=keys[k],
+  dtype=tf.float64): TF's `Uint64ToDouble` on consecutive pairs of words (the low
+  20 bits of the first and all of the second as the mantissa under exponent 0)."""
+  bits = tf.cast(tf.reshape(random_bits(keys, 2 * n), [tf.shape(keys)[0], n, 2]),
+                 tf.uint64)
+  high = tf.bitwise.bitwise_and(bits[..., 0], tf.constant(0xFFFFF, tf.uint64))
+  mantissa = tf.bitwise.bitwise_or(
+      tf.bitwise.left_shift(high, tf.constant(32, tf.uint64)), bits[..., 1])
+  one = tf.constant(1023 << 52, tf.uint64)
+  return tf.bitcast(tf.bitwise.bitwise_or(mantissa, one), tf.float64) - 1.0
 
 
 def normal(keys, n):

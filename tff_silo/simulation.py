@@ -27,6 +27,7 @@ import tensorflow as tf
 
 from tff_silo import keys, runtime
 from tff_silo.algorithms.local_training import sampling_rate, steps_per_epoch
+from tff_silo.algorithms.ifca import ClusteredAlgorithm
 from tff_silo.algorithms.rounds import SiloAlgorithm, SiloInput
 from tff_silo.data.silos import SiloData
 from tff_silo.privacy import accounting, ledger as ledger_lib
@@ -198,8 +199,8 @@ def run_simulation(process, data: SiloData, *, rounds: int,
 
   Args:
     process: a `SiloProcess` (`tff_silo.algorithms.build_<name>_process`) or a
-      `SiloAlgorithm` (`<name>_algorithm`: TF only; the TFF process is built when
-      `backend="tff"`).
+      definition (`<name>_algorithm`: a `SiloAlgorithm` or, for IFCA, a
+      `ClusteredAlgorithm`; TF only, the TFF process is built when `backend="tff"`).
     data: the silos; its feature shape must match the process's.
     rounds: T, the number of rounds.
     target_epsilon, target_delta: a scalar or one value per silo; required exactly
@@ -223,8 +224,8 @@ def run_simulation(process, data: SiloData, *, rounds: int,
     raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
   if backend == "vectorized":
     from tff_silo import vectorized  # pylint: disable=g-import-not-at-top
-    process = vectorized.VectorizedProcess(process)
-  elif isinstance(process, SiloAlgorithm):
+    process = vectorized.for_process(process)
+  elif isinstance(process, (SiloAlgorithm, ClusteredAlgorithm)):
     from tff_silo.algorithms import process as tff_process  # pylint: disable=g-import-not-at-top
     process = tff_process.process_for(process)
   if process.num_clusters > data.num_silos:

@@ -23,11 +23,13 @@ all silos at once, under DP with one copy of its silo's weights per example (mem
 silos x batch width x parameters floats per step, ~55 MB for the digits CNN; nothing
 chunks larger models yet); other models map `step_gradient` over silos.
 
-Supported: local, FedAvg, finetune, MR-MTL and Ditto (`SiloAlgorithm`s, or the
-`SiloProcess`es built from them) with the weighted or unweighted mean
-(`rounds.plain_mean`). Other processes (IFCA, d-private clustering, the
-hypernetwork) and other aggregators run on the TFF backend; `VectorizedProcess` says
-so in one line.
+Supported: local, FedAvg, finetune, MR-MTL and Ditto (`SiloAlgorithm`s) with the
+weighted or unweighted mean (`rounds.plain_mean`), and IFCA with its preconditioned
+methods (`ifca.ClusteredAlgorithm`s: cluster scores of all silos in one
+`vectorized_map`, the Gumbel noise of report-noisy-min from `batched_random.uniform64`)
+with the weighted mean; or the TFF processes built from either. d-private
+clustering, the hypernetwork and other aggregators run on the TFF backend;
+`for_process` says so in one line.
 """
 
 from __future__ import annotations
@@ -40,19 +42,28 @@ import tensorflow as tf
 
 from tff_silo import batched_random as br
 from tff_silo import keys
+from tff_silo.algorithms import ifca
 from tff_silo.algorithms import local_training as lt
 from tff_silo.algorithms.rounds import SiloAlgorithm, client_round, server_step
+from tff_silo.privacy.selection import gumbel_of
 
 
 class StackedSilos(NamedTuple):
   """Every silo's `SiloInput`, stacked: x [K, N, ...] and y [K, N] zero-padded to
-  the largest n, and per silo its n, public size, noise multiplier and key."""
+  the largest n, and per silo its n, public size, noise multiplier, key and
+  selection epsilon."""
   x: tf.Tensor
   y: tf.Tensor
   n: tf.Tensor                 # int32 [K]
   size: tf.Tensor              # float32 [K]
   noise_multiplier: tf.Tensor  # float32 [K]
   key: tf.Tensor               # int32 [K, 2]
+  selection_epsilon: tf.Tensor  # float32 [K]
+
+  @property
+  def public_size(self):
+    """Each silo's public size m_k (`rounds.public_size` of every silo)."""
+    return tf.where(self.size > 0, self.size, tf.cast(self.n, tf.float32))
 
 
 class VectorizedState(NamedTuple):
@@ -72,22 +83,26 @@ def stack_silos(inputs) -> StackedSilos:
       n=tf.constant(sizes, tf.int32),
       size=tf.constant([i.size for i in inputs], tf.float32),
       noise_multiplier=tf.constant([i.noise_multiplier for i in inputs], tf.float32),
-      key=tf.constant(np.stack([i.seed for i in inputs]), tf.int32))
+      key=tf.constant(np.stack([i.seed for i in inputs]), tf.int32),
+      selection_epsilon=tf.constant([i.selection_epsilon for i in inputs], tf.float32))
 
 
-def definition(process) -> SiloAlgorithm | None:
-  """The `SiloAlgorithm` a process or definition runs (None outside the family)."""
-  return process if isinstance(process, SiloAlgorithm) else getattr(
-      process, "algorithm", None)
+def definition(process):
+  """The `SiloAlgorithm` or `ifca.ClusteredAlgorithm` a process or definition runs
+  (None for d-private clustering and the hypernetwork)."""
+  if isinstance(process, (SiloAlgorithm, ifca.ClusteredAlgorithm)):
+    return process
+  return getattr(process, "algorithm", None)
 
 
 def unsupported_reason(process) -> str | None:
-  """Why `process` (a `SiloProcess` or `SiloAlgorithm`) cannot run on the vectorized
+  """Why `process` (a process or a definition) cannot run on the vectorized
   backend, or None if it can."""
   algorithm = definition(process)
   if algorithm is None:
-    return (f"the vectorized backend runs local, fedavg, finetune, mrmtl and ditto; "
-            f"{getattr(process, 'name', type(process).__name__)} runs on backend=tff")
+    return (f"the vectorized backend runs local, fedavg, finetune, mrmtl, ditto and "
+            f"the ifca methods; {getattr(process, 'name', type(process).__name__)} "
+            "runs on backend=tff")
   if algorithm.aggregation is None:
     return ("the vectorized backend computes the weighted and unweighted mean only; "
             "other tff.aggregators factories run on backend=tff")
@@ -205,49 +220,101 @@ def train_silos(model, config, weights, anchor, lam, silos: StackedSilos, round_
 _ROUND_FUNCTIONS = {}   # one traced round per algorithm definition, for all runs
 
 
-def _definition(algorithm: SiloAlgorithm) -> tuple:
+def _definition(algorithm) -> tuple:
   """What a round's program depends on besides its tensors. A model is identified by
   its fields, functions by their code (a fresh `linear_regression(d)` per run is
   the same model)."""
   model = algorithm.model
   fields = tuple(getattr(value, "__code__", value)
                  for value in (getattr(model, f.name) for f in dataclasses.fields(model)))
-  return (fields, algorithm.config, algorithm.round_spec, algorithm.aggregation)
+  spec = (algorithm.round_spec if isinstance(algorithm, SiloAlgorithm)
+          else algorithm.cluster_spec)
+  return (fields, algorithm.config, spec, algorithm.aggregation)
 
 
-def _round_function(algorithm: SiloAlgorithm):
+def _family_round(algorithm: SiloAlgorithm):
+  """A round of the MR-MTL family (`rounds.client_round`, `rounds.server_step`)."""
+  model, config = algorithm.model, algorithm.config
+  spec, aggregation = algorithm.round_spec, algorithm.aggregation
+
+  def round_fn(global_w, round_num, personal_w, silos: StackedSilos):
+    num_silos = tf.shape(silos.n)[0]
+    global_b = [tf.broadcast_to(g[None], tf.concat([[num_silos], tf.shape(g)], 0))
+                for g in global_w]
+    round_keys = br.fold_in(silos.key, round_num)
+    train = lambda w, lam, pass_: train_silos(model, config, w, global_b, lam, silos,
+                                              round_keys, pass_)
+    personal, delta = client_round(spec, global_b, personal_w, round_num, train)
+    if aggregation == "weighted_mean":   # public sizes, as the TFF process weighs
+      weight = silos.public_size
+    else:
+      weight = tf.ones_like(silos.size)
+    mean = [tf.reduce_sum(_rows(weight, d) * d, axis=0) / tf.reduce_sum(weight)
+            for d in delta]
+    new_global, new_round = server_step(spec, global_w, round_num, mean)
+    return new_global, new_round, tuple(personal)
+
+  return round_fn
+
+
+def _cluster_round(algorithm: ifca.ClusteredAlgorithm):
+  """A round of IFCA or an IFCA-preconditioned method (`ifca.cluster_client_round`,
+  `ifca.choose`, `ifca.cluster_server_step`); each cluster's delta is the mean of
+  its members' deltas weighted by their public sizes."""
+  model, config, spec = algorithm.model, algorithm.config, algorithm.cluster_spec
+  num_clusters = algorithm.num_clusters
+
+  def round_fn(clusters, round_num, personal_w, cluster, silos: StackedSilos):
+    round_keys = br.fold_in(silos.key, round_num)
+    size = silos.public_size
+
+    def select():
+      mask = tf.cast(tf.range(tf.shape(silos.y)[1])[None] < silos.n[:, None],
+                     tf.float32)
+      scores, sensitivity = tf.vectorized_map(
+          lambda a: ifca.selection_scores(model, clusters, a[0], a[1], spec.loss_clip,
+                                          a[2], a[3]),
+          (silos.x, silos.y, size, mask))
+      noise = gumbel_of(br.uniform64(br.derive(round_keys, keys.SELECTION, 0),
+                                     num_clusters))
+      return ifca.choose(config.private, scores, silos.selection_epsilon, sensitivity,
+                         noise)
+
+    train = lambda begin, anchor, lam: train_silos(model, config, begin, anchor, lam,
+                                                   silos, round_keys, 0)
+    personal, cluster, delta = ifca.cluster_client_round(
+        spec, clusters, personal_w, cluster, round_num, select, train)
+    member = tf.one_hot(cluster, num_clusters)   # [K, G]
+    mean_deltas = []
+    for g in range(num_clusters):
+      weight, inside = size * member[:, g], tf.equal(cluster, g)
+      mean_deltas.append(tuple(
+          tf.math.divide_no_nan(
+              tf.reduce_sum(_rows(weight, d) * tf.where(_rows(inside, d), d, 0.0), 0),
+              tf.reduce_sum(weight))
+          for d in delta))
+    new_clusters = ifca.cluster_server_step(clusters, mean_deltas,
+                                            tf.reduce_sum(member, axis=0))
+    return new_clusters, round_num + 1, tuple(personal), cluster
+
+  return round_fn
+
+
+def _round_function(algorithm):
   """The traced round of `algorithm`, shared by every run of the same definition: a
   sweep over seeds and epsilons traces it once (n, sizes, noise multipliers and
   keys are tensors, so only new shapes retrace)."""
   key = _definition(algorithm)
   if key not in _ROUND_FUNCTIONS:
-    model, config = algorithm.model, algorithm.config
-    spec, aggregation = algorithm.round_spec, algorithm.aggregation
-
-    def round_fn(global_w, round_num, personal_w, silos: StackedSilos):
-      num_silos = tf.shape(silos.n)[0]
-      global_b = [tf.broadcast_to(g[None], tf.concat([[num_silos], tf.shape(g)], 0))
-                  for g in global_w]
-      round_keys = br.fold_in(silos.key, round_num)
-      train = lambda w, lam, pass_: train_silos(model, config, w, global_b, lam, silos,
-                                                round_keys, pass_)
-      personal, delta = client_round(spec, global_b, personal_w, round_num, train)
-      if aggregation == "weighted_mean":   # public sizes, as the TFF process weighs
-        weight = tf.where(silos.size > 0, silos.size, tf.cast(silos.n, tf.float32))
-      else:
-        weight = tf.ones_like(silos.size)
-      mean = [tf.reduce_sum(_rows(weight, d) * d, axis=0) / tf.reduce_sum(weight)
-              for d in delta]
-      new_global, new_round = server_step(spec, global_w, round_num, mean)
-      return new_global, new_round, tuple(personal)
-
-    _ROUND_FUNCTIONS[key] = tf.function(round_fn, autograph=False, reduce_retracing=True)
+    make = _family_round if isinstance(algorithm, SiloAlgorithm) else _cluster_round
+    _ROUND_FUNCTIONS[key] = tf.function(make(algorithm), autograph=False,
+                                        reduce_retracing=True)
   return _ROUND_FUNCTIONS[key]
 
 
 class VectorizedProcess:
-  """A `SiloProcess` or `SiloAlgorithm` run with all silos in one TF program per
-  round.
+  """A process or definition of the MR-MTL family run with all silos in one TF
+  program per round (`for_process` picks this or `VectorizedClusteredProcess`).
 
   The driver (`tff_silo.simulation.run_simulation(backend="vectorized")`) uses it as
   it uses a process: `prepare` stacks the silos once, `initialize` / `next` run
@@ -276,8 +343,7 @@ class VectorizedProcess:
                            tf.constant(0, tf.int32))
 
   def initial_client_states(self, state, num_silos: int) -> tuple:
-    return tuple(tf.tile(w[None], [num_silos] + [1] * len(w.shape))
-                 for w in state.global_weights)
+    return _tiled(state.global_weights, num_silos)
 
   def next(self, state: VectorizedState, client_states, silos: StackedSilos):
     new_global, new_round, personal = self._round(
@@ -287,9 +353,66 @@ class VectorizedProcess:
   def evaluation_weights(self, state, client_states, rounds_done: int) -> list:
     num_silos = int(client_states[0].shape[0])
     if self.algorithm.uses_client_state(rounds_done):
-      return [tuple(w[k].numpy() for w in client_states) for k in range(num_silos)]
+      return _unstacked(client_states)
     return [tuple(w.numpy() for w in state.global_weights)] * num_silos
 
   def cluster_assignments(self, client_states):
     del client_states
     return None
+
+
+class ClusteredState(NamedTuple):
+  cluster_weights: tuple   # G models
+  round_num: tf.Tensor
+
+
+class ClusteredClients(NamedTuple):
+  personal: tuple          # [K, ...] each
+  cluster: tf.Tensor       # int32 [K]
+
+
+class VectorizedClusteredProcess(VectorizedProcess):
+  """An `ifca.ClusteredAlgorithm` (or its TFF process) with all silos in one TF
+  program per round."""
+
+  def initialize(self) -> ClusteredState:
+    return ClusteredState(
+        tuple(tuple(tf.constant(w) for w in model) for model in self.algorithm.initial_weights),
+        tf.constant(0, tf.int32))
+
+  def initial_client_states(self, state, num_silos: int) -> ClusteredClients:
+    return ClusteredClients(_tiled(state.cluster_weights[0], num_silos),
+                            tf.zeros([num_silos], tf.int32))
+
+  def next(self, state: ClusteredState, client_states, silos: StackedSilos):
+    clusters, new_round, personal, cluster = self._round(
+        state.cluster_weights, state.round_num, client_states.personal,
+        client_states.cluster, silos)
+    return (ClusteredState(tuple(tuple(c) for c in clusters), new_round),
+            ClusteredClients(personal, cluster), {})
+
+  def evaluation_weights(self, state, client_states, rounds_done: int) -> list:
+    if self.algorithm.uses_client_state(rounds_done):
+      return _unstacked(client_states.personal)
+    models = [tuple(w.numpy() for w in model) for model in state.cluster_weights]
+    return [models[g] for g in self.cluster_assignments(client_states)]
+
+  def cluster_assignments(self, client_states):
+    return client_states.cluster.numpy()
+
+
+def for_process(process) -> VectorizedProcess:
+  """The vectorized runner of a process or definition (a one-line `ValueError` for
+  what it cannot run: `unsupported_reason`)."""
+  if isinstance(definition(process), ifca.ClusteredAlgorithm):
+    return VectorizedClusteredProcess(process)
+  return VectorizedProcess(process)
+
+
+def _tiled(weights, num_silos: int) -> tuple:
+  return tuple(tf.tile(w[None], [num_silos] + [1] * len(w.shape)) for w in weights)
+
+
+def _unstacked(stacked) -> list:
+  arrays = [w.numpy() for w in stacked]
+  return [tuple(a[k] for a in arrays) for k in range(arrays[0].shape[0])]

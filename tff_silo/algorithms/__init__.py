@@ -5,8 +5,9 @@ aggregator=None)` for local, fedavg, finetune, mrmtl and ditto returns a TF-only
 `SiloAlgorithm` (`rounds`); `build_<name>_process(...)` the TFF `SiloProcess` running
 it (`process`); `tff_silo.simulation.run_simulation` runs either, on TFF's runtime or
 the vectorized backend. IFCA and its preconditioned variants keep G cluster models
-(`build_ifca_process`, see `ifca`); `build_dprivate_clustering_process` (Galli et
-al.) samples users and sends sanitized models (`tff_silo.dprivate_simulation`).
+(`ifca_algorithm`, `build_ifca_process`: `ifca`; both backends too);
+`build_dprivate_clustering_process` (Galli et al.) samples users and sends sanitized
+models (`tff_silo.dprivate_simulation`).
 
 Names load on first use (PEP 562), so a run that needs no TFF process never
 imports TensorFlow Federated.
@@ -20,7 +21,7 @@ _WHERE = {
     "finetune_algorithm": "finetune", "build_finetune_process": "finetune",
     "mrmtl_algorithm": "mrmtl", "build_mrmtl_process": "mrmtl",
     "ditto_algorithm": "ditto", "build_ditto_process": "ditto",
-    "build_ifca_process": "ifca",
+    "ifca_algorithm": "ifca", "build_ifca_process": "ifca",
     "build_dprivate_clustering_process": "dprivate_clustering",
     "LocalTrainingConfig": "local_training", "train_locally": "local_training",
     "SiloAlgorithm": "rounds", "SiloInput": "rounds",

@@ -30,7 +30,8 @@ import tensorflow as tf
 import tensorflow_federated as tff
 
 from tff_silo import keys
-from tff_silo.algorithms.ifca import initial_cluster_models, select_model
+from tff_silo.algorithms.clustered_process import initial_cluster_models
+from tff_silo.algorithms.ifca import select_model
 from tff_silo.algorithms.local_training import LocalTrainingConfig, train_locally
 from tff_silo.algorithms.process import silo_input_type, weights_type
 from tff_silo.privacy.d_privacy import sanitize_update

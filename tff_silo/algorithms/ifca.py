@@ -1,15 +1,16 @@
-"""IFCA with private cluster selection and the IFCA-preconditioned methods.
+"""IFCA with private cluster selection and the IFCA-preconditioned methods (TF only).
 
 IFCA (Ghosh et al. 2020; thesis app. B.3): the server holds G cluster models; in a
 selection round every silo scores each cluster model on its training data, selects
 one, trains it with (DP-)SGD and returns the update with its cluster index; the
-server averages each cluster's updates (weighted by the silos' public sizes). Under silo-specific
-example-level DP the selection is a query of the silo's data: it is made with the
-exponential mechanism (`report_noisy_min`) on the error rate, sensitivity 1 / (m - 1)
-(thesis eq. B.1), or for regression on the mean loss clipped to `loss_clip`,
-sensitivity loss_clip / (m - 1), with both means taken over the silo's public size
-m (its n when sizes are public: `tff_silo.privacy.protocol`); its cost (epsilon_select = share * epsilon per
-selection) is composed with DP-SGD's in the driver's calibration.
+server averages each cluster's updates (weighted by the silos' public sizes). Under
+silo-specific example-level DP the selection is a query of the silo's data: it is made
+with the exponential mechanism (`report_noisy_min`) on the error rate, sensitivity
+1 / (m - 1) (thesis eq. B.1), or for regression on the mean loss clipped to
+`loss_clip`, sensitivity loss_clip / (m - 1), with both means taken over the silo's
+public size m (its n when sizes are public: `tff_silo.privacy.protocol`); its cost
+(epsilon_select = share * epsilon per selection) is composed with DP-SGD's in the
+driver's calibration.
 
 Selection runs in the first `selection_rounds` rounds; afterwards each silo keeps its
 last cluster and the method named by `after` runs within the clusters (thesis app.
@@ -23,26 +24,26 @@ C.2, Algorithm 2):
 Updates are w_new - w_start as in MR-MTL's Algorithm 1 (the centroid stays the
 weighted mean of its members' models either way).
 
-Client state: the silo's personalized weights and its cluster index.
+As for the MR-MTL family (`rounds`), a `ClusteredAlgorithm` is the definition and
+`cluster_client_round`, `select_cluster` and `cluster_server_step` what a silo and the
+server compute; `clustered_process.process_for_clusters` builds the TFF process (the
+reference) and `tff_silo.vectorized` runs all silos as one TF program. Client state:
+the silo's personalized weights and its cluster index.
 """
 
 from __future__ import annotations
 
-import collections
+import dataclasses
 import math
-from typing import NamedTuple, Optional
+from typing import Optional
 
 import numpy as np
 import tensorflow as tf
-import tensorflow_federated as tff
 
-from tff_silo import keys
 from tff_silo.algorithms import _common
-from tff_silo.algorithms.local_training import LocalTrainingConfig, train_locally
-from tff_silo.algorithms.process import (
-    SiloProcess, create_aggregator, silo_input_type, weights_type)
-from tff_silo.algorithms.rounds import check_lambda, public_size
-from tff_silo.privacy.selection import report_noisy_min
+from tff_silo.algorithms.local_training import LocalTrainingConfig, check_trainable
+from tff_silo.algorithms.rounds import check_lambda, plain_mean
+from tff_silo.privacy.selection import noisy_argmin
 
 AFTER_SELECTION = ("fedavg", "local", "mrmtl", "finetune")
 DEFAULT_NUM_CLUSTERS = 4
@@ -50,17 +51,6 @@ DEFAULT_SELECTION_FRACTION = 0.1
 DEFAULT_SELECTION_BUDGET_SHARE = 0.03
 DEFAULT_LOSS_CLIP = 1.0
 DEFAULT_CLUSTER_INIT_STD = 0.01
-
-
-class ClusterServerState(NamedTuple):
-  cluster_weights: tuple   # G models, each a tuple of tensors
-  round_num: np.int32
-  aggregator: tuple        # one aggregator state per cluster
-
-
-class ClusterClientState(NamedTuple):
-  personal: tuple
-  cluster: np.int32
 
 
 def selection_rounds(total_rounds: int, selection_fraction: float) -> int:
@@ -72,11 +62,12 @@ def selection_rounds(total_rounds: int, selection_fraction: float) -> int:
   return max(1, math.ceil(selection_fraction * total_rounds - 1e-9))
 
 
-def selection_scores(model, clusters, x, y, loss_clip: float, size=None):
+def selection_scores(model, clusters, x, y, loss_clip: float, size=None, mask=None):
   """(scores [G], sensitivity): error counts over `size` m (default n) with
   sensitivity 1 / (m - 1) for classification, else per-example losses clipped to
   `loss_clip` summed over m, sensitivity loss_clip / (m - 1) (thesis eq. B.1). With
-  a public m the sensitivity does not depend on the silo's true size."""
+  a public m the sensitivity does not depend on the silo's true size. `mask` ([n]
+  in {0, 1}) marks the real rows of a padded silo."""
   m = tf.cast(tf.shape(y)[0], tf.float32) if size is None else size
   scores = []
   for w in clusters:
@@ -84,74 +75,148 @@ def selection_scores(model, clusters, x, y, loss_clip: float, size=None):
       errors = 1.0 - model.metric_values(list(w), x, y)
     else:
       errors = tf.minimum(model.per_example_loss(list(w), x, y), loss_clip)
+    if mask is not None:
+      errors = errors * mask
     scores.append(tf.reduce_sum(errors) / m)
   bound = 1.0 if model.metric == "accuracy" else loss_clip
   return tf.stack(scores), bound / tf.maximum(m - 1.0, 1.0)
 
 
-class ClusteredProcess(SiloProcess):
-  """A `SiloProcess` over G cluster models (see module docstring).
-
-  Extra attributes: num_clusters, selection_rounds, selection_budget_share.
-  """
-
-  def __init__(self, initialize_fn, next_fn, *, num_clusters, selection_rounds,
-               selection_budget_share, evaluate_personal_from, **kwargs):
-    super().__init__(initialize_fn, next_fn, **kwargs)
-    self.num_clusters = num_clusters
-    self.selection_rounds = selection_rounds
-    self.selection_budget_share = selection_budget_share
-    self._evaluate_personal_from = evaluate_personal_from
-
-  def num_selections(self, rounds: int) -> int:
-    return min(rounds, self.selection_rounds)
-
-  def initial_client_states(self, state, num_silos: int) -> list:
-    return [ClusterClientState(state.cluster_weights[0], np.int32(0))] * num_silos
-
-  def evaluation_weights(self, state, client_states, rounds_done: int) -> list:
-    if (self._evaluate_personal_from is not None
-        and rounds_done > self._evaluate_personal_from):
-      return [c.personal for c in client_states]
-    return [state.cluster_weights[int(c.cluster)] for c in client_states]
-
-  def cluster_assignments(self, client_states):
-    return np.array([int(c.cluster) for c in client_states])
+def choose(private: bool, scores, selection_epsilon, sensitivity, gumbel):
+  """The selected cluster from `scores` ([..., G]): report-noisy-min with the given
+  standard Gumbel noise where selection_epsilon > 0, the exact argmin where it is 0
+  (never under DP: `private` asserts every epsilon is positive)."""
+  eps = tf.convert_to_tensor(selection_epsilon, tf.float32)
+  if private:
+    with tf.control_dependencies([tf.debugging.assert_positive(
+        eps, message="DP training needs a positive selection_epsilon")]):
+      eps = tf.identity(eps)
+  expand = lambda t: tf.expand_dims(t, -1)
+  noisy = noisy_argmin(scores, expand(tf.where(eps > 0, eps, 1.0)), expand(sensitivity),
+                       gumbel)
+  if private:
+    return noisy
+  return tf.where(eps > 0, noisy, tf.argmin(scores, axis=-1, output_type=tf.int32))
 
 
-def initial_cluster_models(model, num_clusters: int, init_seed: int, init_std: float):
-  """A TF computation of the G initial models: model g is the model's initialization
-  for seed init_seed + g plus N(0, std^2) noise."""
+def select_model(models, index):
+  """Model `index` (an int32 tensor, or one per silo) of a tuple of models, as a list
+  of tensors."""
+  return [tf.gather(tf.stack(layer), index) for layer in zip(*models)]
+
+
+@dataclasses.dataclass(frozen=True)
+class ClusterSpec:
+  """What a silo and the server do in one round of a clustered method (see
+  `clustered_algorithm` for the attributes)."""
+
+  num_clusters: int
+  selection_rounds: int
+  after: str = "fedavg"
+  lam: float = 0.0
+  switch_round: Optional[int] = None
+  loss_clip: float = DEFAULT_LOSS_CLIP
+
+  @property
+  def personal_from_round(self) -> Optional[int]:
+    """Rounds completed after which silos are evaluated with their own model."""
+    return {"fedavg": None, "local": self.selection_rounds,
+            "mrmtl": self.selection_rounds,
+            "finetune": None if self.switch_round is None else self.switch_round + 1
+            }[self.after]
+
+
+def cluster_client_round(spec: ClusterSpec, clusters, personal_w, cluster, round_num,
+                         select, train):
+  """(personal weights, cluster, delta) of a silo's round. `select()` returns the
+  privately selected cluster; `train(begin, anchor, lam)` runs local training from
+  `begin` regularized towards `anchor`. Tensors may carry a leading silo axis (the
+  vectorized backend; `cluster` then [K]) or not (one TFF client)."""
+  selecting = round_num < spec.selection_rounds
+  cluster = tf.cond(selecting, select, lambda: tf.identity(cluster))
+  center = select_model(clusters, cluster)
+  if spec.after == "fedavg":
+    train_center = tf.constant(True)
+  elif spec.after == "finetune":
+    train_center = round_num <= spec.switch_round
+  else:
+    train_center = selecting
+  begin = [tf.where(train_center, c, p) for c, p in zip(center, personal_w)]
+  lam = tf.where(selecting, 0.0, np.float32(spec.lam))
+  new = train(begin, center, lam)
+  return new, cluster, [a - b for a, b in zip(new, begin)]
+
+
+def cluster_server_step(clusters, mean_deltas, counts):
+  """New cluster models: each moves by its members' mean delta; a cluster without
+  members (count 0) keeps its model."""
+  return tuple(tuple(tf.where(counts[g] > 0.0, w + d, w) for w, d in zip(c, md))
+               for g, (c, md) in enumerate(zip(clusters, mean_deltas)))
+
+
+def initial_cluster_weights(model, num_clusters: int, init_seed: int,
+                            init_std: float) -> tuple:
+  """The G initial models (numpy): model g is the model's initialization for seed
+  init_seed + g plus N(0, std^2) noise."""
   rng = np.random.default_rng(init_seed)
-  initial = tuple(
+  return tuple(
       tuple((w + init_std * rng.standard_normal(w.shape)).astype(np.float32)
             for w in model.initial_weights(init_seed + g))
       for g in range(num_clusters))
 
-  @tff.tensorflow.computation
-  def initial_models():
-    return tuple(tuple(tf.constant(w) for w in m) for m in initial)
 
-  return initial_models
+@dataclasses.dataclass(frozen=True)
+class ClusteredAlgorithm:
+  """IFCA or an IFCA-preconditioned method as data (see `clustered_algorithm`)."""
+
+  name: str
+  model: object
+  feature_shape: tuple
+  config: LocalTrainingConfig
+  cluster_spec: ClusterSpec
+  selection_budget_share: float = DEFAULT_SELECTION_BUDGET_SHARE
+  cluster_init_std: float = DEFAULT_CLUSTER_INIT_STD
+  aggregator: object = None
+  init_seed: int = 0
+
+  @property
+  def num_clusters(self) -> int:
+    return self.cluster_spec.num_clusters
+
+  @property
+  def epochs_per_round(self) -> int:
+    return self.config.epochs
+
+  @property
+  def aggregation(self) -> Optional[str]:
+    return plain_mean(self.aggregator)
+
+  @property
+  def initial_weights(self) -> tuple:
+    """The G cluster models' initial weights."""
+    return initial_cluster_weights(self.model, self.num_clusters, self.init_seed,
+                                   self.cluster_init_std)
+
+  def num_selections(self, rounds: int) -> int:
+    return min(rounds, self.cluster_spec.selection_rounds)
+
+  def uses_client_state(self, rounds_done: int) -> bool:
+    start = self.cluster_spec.personal_from_round
+    return start is not None and rounds_done > start
 
 
-def select_model(models, index):
-  """Model `index` (an int32 tensor) of a tuple of models, as a list of tensors."""
-  return [tf.gather(tf.stack(layer), index) for layer in zip(*models)]
-
-
-def build_clustered_process(model, feature_shape, config: LocalTrainingConfig, *,
-                            name: str, num_clusters: int, selection_rounds: int,
-                            after: str = "fedavg", lam: float = 0.0,
-                            switch_round: Optional[int] = None,
-                            selection_budget_share: float = DEFAULT_SELECTION_BUDGET_SHARE,
-                            loss_clip: float = DEFAULT_LOSS_CLIP,
-                            cluster_init_std: float = DEFAULT_CLUSTER_INIT_STD,
-                            aggregator=None, init_seed: int = 0) -> ClusteredProcess:
-  """Builds IFCA / an IFCA-preconditioned process (see module docstring).
+def clustered_algorithm(model, feature_shape, config: LocalTrainingConfig, *,
+                        name: str, num_clusters: int, selection_rounds: int,
+                        after: str = "fedavg", lam: float = 0.0,
+                        switch_round: Optional[int] = None,
+                        selection_budget_share: float = DEFAULT_SELECTION_BUDGET_SHARE,
+                        loss_clip: float = DEFAULT_LOSS_CLIP,
+                        cluster_init_std: float = DEFAULT_CLUSTER_INIT_STD,
+                        aggregator=None, init_seed: int = 0) -> ClusteredAlgorithm:
+  """A checked `ClusteredAlgorithm` (see module docstring).
 
   Args:
-    model, feature_shape, config: as for `build_silo_process`.
+    model, feature_shape, config: as for `rounds.silo_algorithm`.
     name: algorithm name.
     num_clusters: G >= 1.
     selection_rounds: rounds 0 .. selection_rounds - 1 select a cluster.
@@ -163,8 +228,9 @@ def build_clustered_process(model, feature_shape, config: LocalTrainingConfig, *
     loss_clip: per-example loss clip of the regression selection score.
     cluster_init_std: cluster g starts at the model's initialization for seed
       init_seed + g plus N(0, std^2) noise, so zero-initialized models differ.
-    aggregator: a weighted `tff.aggregators` factory, one instance per cluster;
-      default `MeanFactory` (weights: the public sizes; non-members weigh 0).
+    aggregator: None / "mean" (the mean weighted by public sizes; non-members weigh
+      0) or a weighted `tff.aggregators` factory, one instance per cluster (which
+      only the TFF runtime runs).
   """
   if int(num_clusters) != num_clusters or num_clusters < 1:
     raise ValueError(f"num_clusters (G) must be a positive integer, got {num_clusters}")
@@ -181,120 +247,31 @@ def build_clustered_process(model, feature_shape, config: LocalTrainingConfig, *
     raise ValueError(f"loss_clip must be positive, got {loss_clip}")
   if not cluster_init_std >= 0:
     raise ValueError(f"cluster_init_std must be >= 0, got {cluster_init_std}")
-  lam = check_lambda(lam) if after == "mrmtl" else 0.0
-  w_type = weights_type(model)
-  data_type = silo_input_type(feature_shape)
-  agg_process, weighted = create_aggregator(aggregator, w_type)
-  if not weighted:
+  if isinstance(aggregator, str) and aggregator != "mean":
+    raise ValueError("aggregator of a clustered method must be 'mean' or a weighted "
+                     f"tff.aggregators factory, got {aggregator!r}")
+  if plain_mean(aggregator) == "unweighted_mean":
     raise TypeError("clustered processes need a weighted aggregation factory "
                     "(non-members of a cluster contribute with weight 0)")
-  clusters_type = tff.StructWithPythonType([w_type] * num_clusters, tuple)
-  client_state_type = tff.StructWithPythonType(
-      [("personal", w_type), ("cluster", tff.TensorType(np.int32))], ClusterClientState)
-  initial_clusters = initial_cluster_models(model, num_clusters, init_seed,
-                                            cluster_init_std)
-
-  @tff.federated_computation
-  def initialize_fn():
-    return tff.federated_zip(ClusterServerState(
-        cluster_weights=tff.federated_eval(initial_clusters, tff.SERVER),
-        round_num=tff.federated_value(np.int32(0), tff.SERVER),
-        aggregator=tff.federated_zip(tuple(
-            agg_process.initialize() for _ in range(num_clusters)))))
-
-  lam_t = np.float32(lam)
-
-  @tff.tensorflow.computation(
-      tff.StructWithPythonType([clusters_type, tff.TensorType(np.int32)], tuple),
-      client_state_type, data_type)
-  def client_update(broadcast, client_state, data):
-    clusters, round_num = broadcast
-    key = keys.fold_in(data.seed, round_num)
-
-    def select():
-      scores, sensitivity = selection_scores(model, clusters, data.x, data.y, loss_clip,
-                                             public_size(data))
-      private = lambda: report_noisy_min(
-          scores, data.selection_epsilon, sensitivity,
-          keys.derive(key, keys.SELECTION, 0))
-      if config.private:  # a DP run never selects exactly
-        with tf.control_dependencies([tf.debugging.assert_positive(
-            data.selection_epsilon,
-            message="DP training needs a positive selection_epsilon")]):
-          return tf.identity(private())
-      return tf.cond(data.selection_epsilon > 0.0, private,
-                     lambda: tf.argmin(scores, output_type=tf.int32))
-
-    selecting = round_num < selection_rounds
-    cluster = tf.cond(selecting, select, lambda: client_state.cluster)
-    center = select_model(clusters, cluster)
-    personal = list(client_state.personal)
-    if after == "fedavg":
-      train_center = tf.constant(True)
-    elif after == "finetune":
-      train_center = round_num <= switch_round
-    else:
-      train_center = selecting
-    begin = [tf.where(train_center, c, p) for c, p in zip(center, personal)]
-    lam_now = tf.where(selecting, 0.0, lam_t)
-    new = train_locally(model, config, begin, center, lam_now, data.x, data.y,
-                        data.noise_multiplier, key, 0, data.size)
-    delta = [a - b for a, b in zip(new, begin)]
-    n = public_size(data)
-    member = tf.one_hot(cluster, num_clusters)
-    deltas = tuple(tuple(tf.where(tf.equal(cluster, g), d, tf.zeros_like(d))
-                         for d in delta) for g in range(num_clusters))
-    weights = tuple(n * member[g] for g in range(num_clusters))
-    return (ClusterClientState(tuple(new), cluster), deltas, weights, member)
-
-  @tff.tensorflow.computation(clusters_type, np.int32, clusters_type,
-                              tff.TensorType(np.float32, [num_clusters]))
-  def server_update(clusters, round_num, mean_deltas, counts):
-    new = tuple(tuple(tf.where(counts[g] > 0.0, w + d, w) for w, d in zip(c, md))
-                for g, (c, md) in enumerate(zip(clusters, mean_deltas)))
-    return new, round_num + 1
-
-  state_type = initialize_fn.type_signature.result
-
-  @tff.federated_computation(state_type, tff.FederatedType(client_state_type, tff.CLIENTS),
-                             tff.FederatedType(data_type, tff.CLIENTS))
-  def next_fn(state, client_states, client_data):
-    broadcast = tff.federated_broadcast(
-        tff.federated_zip((state.cluster_weights, state.round_num)))
-    new_states, deltas, weights, members = tff.federated_map(
-        client_update, tff.federated_zip((broadcast, client_states, client_data)))
-    aggs = [agg_process.next(state.aggregator[g], deltas[g], weights[g])
-            for g in range(num_clusters)]
-    counts = tff.federated_sum(members)
-    new_clusters, new_round = tff.federated_map(server_update, tff.federated_zip((
-        state.cluster_weights, state.round_num,
-        tff.federated_zip(tuple(a.result for a in aggs)), counts)))
-    new_state = tff.federated_zip(ClusterServerState(
-        new_clusters, new_round, tff.federated_zip(tuple(a.state for a in aggs))))
-    metrics = tff.federated_zip(collections.OrderedDict(cluster_sizes=counts))
-    return new_state, new_states, metrics
-
-  personal_from = {"fedavg": None, "local": selection_rounds,
-                   "mrmtl": selection_rounds,
-                   "finetune": None if switch_round is None else switch_round + 1}[after]
-  return ClusteredProcess(
-      initialize_fn, next_fn, name=name, model=model, config=config,
-      epochs_per_round=config.epochs, personal_from_round=None,
-      num_clusters=int(num_clusters), selection_rounds=int(selection_rounds),
-      selection_budget_share=float(selection_budget_share),
-      evaluate_personal_from=personal_from)
+  check_trainable(model, config)
+  lam = check_lambda(lam) if after == "mrmtl" else 0.0
+  spec = ClusterSpec(int(num_clusters), int(selection_rounds), after, lam, switch_round,
+                     float(loss_clip))
+  return ClusteredAlgorithm(name, model, tuple(feature_shape), config, spec,
+                            float(selection_budget_share), float(cluster_init_std),
+                            aggregator, init_seed)
 
 
-def build_ifca_process(model, feature_shape, *, client_learning_rate: float,
-                       batch_size: int, total_rounds: int,
-                       num_clusters: int = DEFAULT_NUM_CLUSTERS,
-                       selection_fraction: float = DEFAULT_SELECTION_FRACTION,
-                       after: str = "fedavg", lam: float = 0.0,
-                       finetune_fraction: float = 0.5,
-                       selection_budget_share: float = DEFAULT_SELECTION_BUDGET_SHARE,
-                       local_epochs: int = 1, l2_norm_clip: Optional[float] = None,
-                       sampling: str = "poisson", aggregator=None,
-                       init_seed: int = 0) -> ClusteredProcess:
+def ifca_algorithm(model, feature_shape, *, client_learning_rate: float,
+                   batch_size: int, total_rounds: int,
+                   num_clusters: int = DEFAULT_NUM_CLUSTERS,
+                   selection_fraction: float = DEFAULT_SELECTION_FRACTION,
+                   after: str = "fedavg", lam: float = 0.0,
+                   finetune_fraction: float = 0.5,
+                   selection_budget_share: float = DEFAULT_SELECTION_BUDGET_SHARE,
+                   local_epochs: int = 1, l2_norm_clip: Optional[float] = None,
+                   sampling: str = "poisson", aggregator=None,
+                   init_seed: int = 0) -> ClusteredAlgorithm:
   """IFCA (`after='fedavg'`) or an IFCA-preconditioned method; selection in the
   first ceil(selection_fraction * total_rounds) rounds (1.0: every round).
   `finetune` switches to local training after floor(finetune_fraction * total)
@@ -308,8 +285,18 @@ def build_ifca_process(model, feature_shape, *, client_learning_rate: float,
       raise ValueError(f"finetune_fraction must be in [0, 1], got {finetune_fraction}")
     switch = max(selecting, int(total_rounds * finetune_fraction)) - 1
   name = "ifca" if after == "fedavg" else f"ifca_{after}"
-  return build_clustered_process(
+  return clustered_algorithm(
       model, feature_shape, config, name=name, num_clusters=num_clusters,
       selection_rounds=selecting, after=after, lam=lam, switch_round=switch,
       selection_budget_share=selection_budget_share, aggregator=aggregator,
       init_seed=init_seed)
+
+
+build_ifca_process = _common.tff_process_of(ifca_algorithm)
+
+
+def build_clustered_process(model, feature_shape, config: LocalTrainingConfig,
+                            **kwargs):
+  """The TFF process of `clustered_algorithm(model, feature_shape, config, **kwargs)`."""
+  from tff_silo.algorithms import process  # pylint: disable=g-import-not-at-top
+  return process.process_for(clustered_algorithm(model, feature_shape, config, **kwargs))

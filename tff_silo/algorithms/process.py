@@ -58,8 +58,8 @@ class SiloProcess(tff.templates.IterativeProcess):
       accounting uses it: Ditto queries twice as many as MR-MTL).
     personal_from_round: rounds completed after which a silo's personalized model is
       its client state; before that (or when None) it is the global model.
-    algorithm: the `SiloAlgorithm` it runs (None for processes outside the MR-MTL
-      family: IFCA, d-private clustering).
+    algorithm: the definition it runs (`SiloAlgorithm`, `ifca.ClusteredAlgorithm`;
+      None for d-private clustering).
   """
 
   algorithm: Optional[SiloAlgorithm] = None
@@ -139,10 +139,14 @@ def build_silo_process(model, feature_shape, config: LocalTrainingConfig,
   return process_for(silo_algorithm(model, feature_shape, config, **kwargs))
 
 
-def process_for(algorithm: SiloAlgorithm) -> SiloProcess:
+def process_for(algorithm) -> SiloProcess:
   """The TFF `IterativeProcess` running `algorithm` (the reference runtime): every
   round (Algorithm 1) the server broadcasts w_bar, each silo runs `client_round`,
-  the aggregator averages the deltas and the server applies `server_step`."""
+  the aggregator averages the deltas and the server applies `server_step`. A
+  `ifca.ClusteredAlgorithm` gets `clustered_process.process_for_clusters`."""
+  if not isinstance(algorithm, SiloAlgorithm):
+    from tff_silo.algorithms import clustered_process  # pylint: disable=g-import-not-at-top
+    return clustered_process.process_for_clusters(algorithm)
   model, config, spec = algorithm.model, algorithm.config, algorithm.round_spec
   w_type = weights_type(model)
   data_type = silo_input_type(algorithm.feature_shape)

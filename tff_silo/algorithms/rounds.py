@@ -93,13 +93,6 @@ def check_lambda(lam: float) -> float:
   return float(lam)
 
 
-def check_lambda(lam: float) -> float:
-  if not (lam >= 0 and np.isfinite(lam)):
-    raise ValueError(f"lam (the mean-regularization strength) must be a finite "
-                     f"number >= 0, got {lam}")
-  return float(lam)
-
-
 def plain_mean(aggregator) -> Optional[str]:
   """`weighted_mean` / `unweighted_mean` for the plain means (None or "mean", or
   "unweighted_mean", or TFF's mean factories with plain sums inside); None for any

@@ -41,8 +41,13 @@ def _check(epsilon, sensitivity):
 
 def gumbel(shape, key):
   """Standard Gumbel noise from float64 uniforms strictly inside (0, 1), as float64."""
-  uniform = tf.random.stateless_uniform(shape, seed=key, dtype=tf.float64) + _HALF_STEP
-  return -tf.math.log(-tf.math.log(uniform))
+  return gumbel_of(tf.random.stateless_uniform(shape, seed=key, dtype=tf.float64))
+
+
+def gumbel_of(uniform):
+  """-log(-log u) of float64 uniforms on TF's 52-bit grid, moved half a step inside
+  (0, 1) (`batched_random.uniform64` draws them for many keys at once)."""
+  return -tf.math.log(-tf.math.log(uniform + _HALF_STEP))
 
 
 def report_noisy_min(scores, epsilon: float, sensitivity: float, seed=None):
@@ -59,10 +64,16 @@ def report_noisy_min(scores, epsilon: float, sensitivity: float, seed=None):
     int32 tensor `[...]` of selected indices.
   """
   _check(epsilon, sensitivity)
+  return noisy_argmin(scores, epsilon, sensitivity,
+                      gumbel(tf.shape(scores), keys.key_or_fresh(seed)))
+
+
+def noisy_argmin(scores, epsilon, sensitivity, noise):
+  """argmin of scores - (2 sensitivity / epsilon) * noise (standard Gumbel noise of
+  the scores' shape; epsilon and sensitivity broadcast against them)."""
   scores = tf.cast(scores, tf.float64)
   scale = 2.0 * tf.cast(sensitivity, tf.float64) / tf.cast(epsilon, tf.float64)
-  noisy = scores - scale * gumbel(tf.shape(scores), keys.key_or_fresh(seed))
-  return tf.argmin(noisy, axis=-1, output_type=tf.int32)
+  return tf.argmin(scores - scale * noise, axis=-1, output_type=tf.int32)
 
 
 def exponential_mechanism_probabilities(scores, epsilon: float, sensitivity: float):

@@ -1,8 +1,15 @@
 """Shared test fixtures: the real data folder and TFF worker cleanup."""
 
+import atexit
 import os
+import shutil
+import tempfile
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+# Noise calibrations are cached on disk (tff_silo.privacy.calibration_cache): the tests
+# (and the binaries they start) share a fresh folder, never the user's cache.
+os.environ["TFF_SILO_CACHE_DIR"] = tempfile.mkdtemp(prefix="tff_silo_cache_")
+atexit.register(shutil.rmtree, os.environ["TFF_SILO_CACHE_DIR"], True)
 
 import pytest
 

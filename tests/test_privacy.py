@@ -1,4 +1,5 @@
 import itertools
+import json
 import math
 
 import dp_accounting
@@ -82,6 +83,46 @@ def test_calibration_with_selections():
   with pytest.raises(ValueError, match="selections"):
     calibrate_noise_multiplier(0.5, 1e-5, 0.05, 1000, selection_epsilon=0.5,
                                num_selections=50)
+
+
+def _fresh_calibration(monkeypatch, folder):
+  """Calibrations from here on use `folder` and no in-memory results."""
+  monkeypatch.setenv("TFF_SILO_CACHE_DIR", str(folder))
+  monkeypatch.setattr(accounting, "_DISK_CACHE", accounting.calibration_cache
+                      .CalibrationCache("test"))
+  accounting._calibrate.cache_clear()
+
+
+def test_calibrations_are_reused_from_disk_across_processes(tmp_path, monkeypatch):
+  _fresh_calibration(monkeypatch, tmp_path)
+  z = calibrate_noise_multiplier(3.0, 1e-5, 0.02, 2000)
+  assert len(list(tmp_path.glob("calibration-*.json"))) == 1
+  _fresh_calibration(monkeypatch, tmp_path)   # as a new process would start
+  def no_search(*args):
+    raise AssertionError("searched although the result was on disk")
+  monkeypatch.setattr(accounting, "_search_noise_multiplier", no_search)
+  assert calibrate_noise_multiplier(3.0, 1e-5, 0.02, 2000) == z
+
+
+@pytest.mark.parametrize("tamper", ["too_little_noise", "garbage"])
+def test_a_bad_cache_file_costs_time_never_privacy(tmp_path, monkeypatch, tamper):
+  _fresh_calibration(monkeypatch, tmp_path)
+  z = calibrate_noise_multiplier(3.0, 1e-5, 0.02, 2000)
+  (path,) = tmp_path.glob("calibration-*.json")
+  if tamper == "garbage":
+    path.write_bytes(b"\x00\xffnot json")
+  else:
+    path.write_text(json.dumps({k: 0.5 * v for k, v in json.loads(path.read_text()).items()}))
+  _fresh_calibration(monkeypatch, tmp_path)
+  assert calibrate_noise_multiplier(3.0, 1e-5, 0.02, 2000) == z
+  assert epsilon_spent(z, 0.02, 2000, 1e-5) <= 3.0
+
+
+def test_the_cache_can_be_turned_off(tmp_path, monkeypatch):
+  _fresh_calibration(monkeypatch, "off")
+  monkeypatch.chdir(tmp_path)
+  calibrate_noise_multiplier(3.0, 1e-5, 0.02, 2000)
+  assert list(tmp_path.iterdir()) == []
 
 
 @pytest.mark.parametrize("kwargs, message", [

@@ -25,12 +25,14 @@ mechanisms composed with the rest.
 
 `calibrate_noise_multiplier` brackets and bisects the noise multiplier and returns the
 upper end of the bracket, rounded up to the next float32 (the processes run in
-float32), so the epsilon it implies never exceeds the target.
+float32), so the epsilon it implies never exceeds the target. Results are kept on
+disk (`calibration_cache`) and reused once dp_accounting confirms them.
 """
 
 from __future__ import annotations
 
 import functools
+import importlib.metadata
 import math
 from typing import Optional
 
@@ -38,6 +40,8 @@ import dp_accounting
 import numpy as np
 import scipy.optimize
 import scipy.special
+
+from tff_silo.privacy import calibration_cache
 
 # Orders used by the RDP accountant: every integer order up to 64 plus larger ones
 # up to 256 (optimal for epsilons down to ~0.05), and a few fractional orders below 2
@@ -236,8 +240,28 @@ def _search_epsilon(noise_multiplier, sampling_rate, steps, target_delta,
   return float(eps)
 
 
+# Bump when the search below changes what it returns.
+_CALIBRATION_VERSION = 1
+_DISK_CACHE = calibration_cache.CalibrationCache(dict(
+    search=_CALIBRATION_VERSION, orders=RDP_ORDERS,
+    tolerance=CALIBRATION_RELATIVE_TOLERANCE,
+    dp_accounting=importlib.metadata.version("dp-accounting")))
+
+
 @functools.lru_cache(maxsize=4096)
 def _calibrate(target_epsilon, *args) -> float:
+  """`_search_noise_multiplier`, through the on-disk cache: a cached multiplier is
+  used only after dp_accounting confirms it meets the target."""
+  key = repr((target_epsilon, *args))
+  cached = _DISK_CACHE.get(key)
+  if cached is not None and cached > 0 and _epsilon(cached, *args) <= target_epsilon:
+    return cached
+  z = _search_noise_multiplier(target_epsilon, *args)
+  _DISK_CACHE.put(key, z)
+  return z
+
+
+def _search_noise_multiplier(target_epsilon, *args) -> float:
   def gap(z, epsilon_fn=_search_epsilon):
     return math.log(epsilon_fn(z, *args)) - math.log(target_epsilon)
   lo, hi = 0.5, 1.0

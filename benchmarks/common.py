@@ -41,7 +41,8 @@ BACKENDS = ("auto", "tff", "vectorized")
 DEVICES = ("auto", "cpu", "gpu")
 # What tff_silo.vectorized runs; everything else runs on TFF's runtime.
 VECTORIZED_ALGORITHMS = ("local", "fedavg", "finetune", "mrmtl", "ditto", "ifca",
-                         "ifca_fedavg", "ifca_local", "ifca_mrmtl", "ifca_finetune")
+                         "ifca_fedavg", "ifca_local", "ifca_mrmtl", "ifca_finetune",
+                         "dprivate_clustering")
 
 
 def check_backend(backend: str, device: str, algorithms) -> None:

@@ -118,8 +118,8 @@ flags.DEFINE_integer("patience", None, "dprivate_clustering on two_cluster: stop
 flags.DEFINE_integer("kmeans_iterations", 10, "dprivate_clustering: Lloyd iterations.")
 flags.DEFINE_string("backend", "auto", f"One of {common.BACKENDS}: 'tff' runs TFF's "
                     "runtime (the reference), 'vectorized' every silo's round as one "
-                    "TensorFlow program (the same numbers; every algorithm but "
-                    "dprivate_clustering); 'auto' the vectorized one where it exists.")
+                    "TensorFlow program (the same numbers; every algorithm here); "
+                    "'auto' the vectorized one where it exists.")
 flags.DEFINE_string("device", "auto", f"One of {common.DEVICES}: where the vectorized "
                     "backend runs ('auto': a GPU if TensorFlow sees one).")
 flags.DEFINE_string("output", "benchmarks/out/run.csv", "CSV file rows are appended to.")
@@ -319,12 +319,11 @@ def _model(silos, algorithm):
 
 
 def _build(algorithm, lam, seed, silos, s):
-  """The run's process (d-private clustering: TFF) or, for the MR-MTL family and
-  IFCA, its TF-only definition, which `run_simulation` runs on either backend."""
+  """The run's TF-only definition, which the drivers run on either backend."""
   from tff_silo import algorithms
   model = _model(silos, algorithm)
   if algorithm == "dprivate_clustering":
-    return algorithms.build_dprivate_clustering_process(
+    return algorithms.dprivate_clustering_algorithm(
         model, silos.feature_shape, client_learning_rate=s["lr"],
         batch_size=s["batch_size"], num_clusters=s["num_clusters"], nu=FLAGS.nu,
         local_epochs=FLAGS.local_epochs, kmeans_iterations=FLAGS.kmeans_iterations,
@@ -522,7 +521,7 @@ def _simulate(algorithm, process, silos, seed, s, progress, preprocessing_events
         process, silos, rounds=s["rounds"],
         clients_per_round=FLAGS.clients_per_round or silos.num_silos, seed=seed,
         leakage_cap=FLAGS.leakage_cap, validation=validation, patience=FLAGS.patience,
-        progress=progress)
+        progress=progress, backend=backend)
   return simulation.run_simulation(
       process, silos, rounds=s["rounds"], target_epsilon=s["epsilon"],
       target_delta=s["delta"] if s["epsilon"] is not None else None, seed=seed,

@@ -13,6 +13,11 @@ backends alternating within each repeat, so drift of the machine hits both alike
 - on a machine where TensorFlow sees a GPU, `digits` also runs the vectorized
   backend with --device=gpu.
 
+Noise calibrations are cached on disk (`tff_silo.privacy.calibration_cache`); every
+timed process uses a cache folder of this invocation: `--calibration_cache=cold`
+gives each an empty one, `warm` one shared folder filled (untimed) with the
+calibrations of every timed run first, as a user's rerun or sweep finds it.
+
     python -m benchmarks.speed --data_dir=../shared/data --repeats=3
 """
 
@@ -20,6 +25,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -28,11 +34,14 @@ import time
 
 from absl import flags
 
-from benchmarks import common
+from benchmarks import common, configs
 from benchmarks.common import UsageError
 
 PARTS = ("school", "digits", "sweep")
 SWEEP_EPSILONS = (1.0, 2.0, 4.0, 8.0)
+CACHE_MODES = ("warm", "cold")
+SCHOOL = configs.PRESETS["school"]
+SCHOOL_EPSILON = 6.0
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string("data_dir", None, "Folder with school.mat.")
@@ -42,16 +51,39 @@ flags.DEFINE_integer("rounds", 200, "Rounds of a School run.")
 flags.DEFINE_integer("digits_rounds", 20, "Rounds of a digits run.")
 flags.DEFINE_integer("sweep_runs", 20, "School runs in the one-process sweep.")
 flags.DEFINE_string("output", "benchmarks/out/speed.csv", "CSV file rows are appended to.")
+flags.DEFINE_string("calibration_cache", "warm", f"One of {CACHE_MODES}: the noise "
+                    "calibration cache every timed process starts with.")
 flags.DEFINE_bool("sweep_child", False, "Internal: run the sweep in this process and "
                   "print its timings as JSON.")
 
 
 def _school_args(rounds):
   return ["--dataset=school", f"--data_dir={FLAGS.data_dir}", "--algorithm=mrmtl",
-          "--lam=1", "--epsilon=6", "--delta=1e-3", f"--rounds={rounds}", "--seeds=0"]
+          "--lam=1", f"--epsilon={SCHOOL_EPSILON:g}", "--delta=1e-3", f"--rounds={rounds}",
+          "--seeds=0"]
 
 
-def _fresh_run(args, backend, device="auto"):
+def _cache_env(shared):
+  """The environment of a timed process: its calibration cache folder (`shared` when
+  warm, a new empty one when cold)."""
+  folder = shared if FLAGS.calibration_cache == "warm" else tempfile.mkdtemp(
+      dir=os.path.dirname(shared))
+  return {**os.environ, "TFF_SILO_CACHE_DIR": folder}
+
+
+def _warm(shared, epsilons):
+  """Fills `shared` with the School runs' calibrations (the preset's settings)."""
+  os.environ["TFF_SILO_CACHE_DIR"] = shared
+  from tff_silo.privacy import PrivacyProtocol
+  from tff_silo.simulation import calibrate_silos
+  protocol = PrivacyProtocol(assumed_silo_size=SCHOOL.assumed_silo_size)
+  for epsilon in epsilons:
+    calibrate_silos([SCHOOL.assumed_silo_size], batch_size=SCHOOL.batch_size,
+                    epochs_per_round=1, rounds=FLAGS.rounds, target_epsilon=epsilon,
+                    target_delta=SCHOOL.delta, protocol=protocol)
+
+
+def _fresh_run(env, args, backend, device="auto"):
   """Runs benchmarks.run in a fresh process; (seconds from outside, its row)."""
   import pandas as pd
   with tempfile.TemporaryDirectory() as tmp:
@@ -60,7 +92,7 @@ def _fresh_run(args, backend, device="auto"):
            f"--device={device}", f"--output={csv}"]
     start = time.perf_counter()
     done = subprocess.run(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                          text=True, check=False)
+                          text=True, check=False, env=env)
     seconds = time.perf_counter() - start
     if done.returncode:
       raise RuntimeError(f"{' '.join(cmd)} failed: {done.stderr.strip()[-500:]}")
@@ -80,24 +112,25 @@ def _sweep_in_process():
   for epsilon, seed in runs:
     silos = data.load_school(FLAGS.data_dir, seed=seed, standardize="public")
     model = models.model_for(silos)
-    process = algorithms.build_mrmtl_process(
-        model, silos.feature_shape, client_learning_rate=0.01, batch_size=32, lam=1.0,
-        l2_norm_clip=1.0)
-    result = run_simulation(process, silos, rounds=FLAGS.rounds, target_epsilon=epsilon,
-                            target_delta=1e-3, seed=seed, backend="vectorized",
-                            protocol=PrivacyProtocol(assumed_silo_size=88))
+    definition = algorithms.mrmtl_algorithm(
+        model, silos.feature_shape, client_learning_rate=SCHOOL.lr,
+        batch_size=SCHOOL.batch_size, lam=SCHOOL.lam, l2_norm_clip=SCHOOL.clip)
+    result = run_simulation(
+        definition, silos, rounds=FLAGS.rounds, target_epsilon=epsilon,
+        target_delta=SCHOOL.delta, seed=seed, backend="vectorized",
+        protocol=PrivacyProtocol(assumed_silo_size=SCHOOL.assumed_silo_size))
     metrics.append(result.test_metric)
   print(json.dumps(dict(runs=len(runs), seconds=time.perf_counter() - start,
                         peak_memory_mb=common.peak_memory_mb(),
                         test_metric_median=statistics.median(metrics))))
 
 
-def _sweep():
+def _sweep(env):
   start = time.perf_counter()
   done = subprocess.run([sys.executable, "-m", "benchmarks.speed", "--sweep_child",
                          f"--data_dir={FLAGS.data_dir}", f"--rounds={FLAGS.rounds}",
                          f"--sweep_runs={FLAGS.sweep_runs}"],
-                        capture_output=True, text=True, check=False)
+                        capture_output=True, text=True, check=False, env=env)
   if done.returncode:
     raise RuntimeError(f"the sweep failed: {done.stderr.strip()[-500:]}")
   result = json.loads(done.stdout.strip().splitlines()[-1])
@@ -149,6 +182,7 @@ def main(argv):
   if len(argv) > 1:
     raise UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
   common.check_among("parts", FLAGS.parts, PARTS)
+  common.check_one_of("calibration_cache", FLAGS.calibration_cache, CACHE_MODES)
   for name in ("repeats", "rounds", "digits_rounds", "sweep_runs"):
     if FLAGS[name].value < 1:
       raise UsageError(f"--{name} must be >= 1; got {FLAGS[name].value}")
@@ -162,8 +196,14 @@ def main(argv):
   import pandas as pd
   backends = [("tff", "cpu"), ("vectorized", "cpu")]
   digits_backends = backends + ([("vectorized", "gpu")] if _gpu_present() else [])
-  stamp = dict(cpus=os.cpu_count(), finished=None)
+  stamp = dict(cpus=os.cpu_count(), calibration_cache=FLAGS.calibration_cache,
+               finished=None)
   rows = []
+  caches = tempfile.mkdtemp(prefix="speed_caches_")
+  shared = os.path.join(caches, "shared")
+  if FLAGS.calibration_cache == "warm":
+    _warm(shared, ([SCHOOL_EPSILON] if "school" in FLAGS.parts else [])
+          + (list(SWEEP_EPSILONS) if "sweep" in FLAGS.parts else []))
 
   def record(part, backend, device, seconds, run, repeat):
     row = dict(part=part, backend=backend, device=device, repeat=repeat,
@@ -182,20 +222,23 @@ def main(argv):
     if "school" in FLAGS.parts:
       for backend, device in order:
         record("school", backend, device,
-               *_fresh_run(_school_args(FLAGS.rounds), backend, device), repeat)
+               *_fresh_run(_cache_env(shared), _school_args(FLAGS.rounds), backend,
+                           device), repeat)
     if "digits" in FLAGS.parts:
       for backend, device in (digits_backends if repeat % 2 == 0
                               else digits_backends[::-1]):
         record("digits", backend, device,
-               *_fresh_run(["--algorithm=mrmtl", f"--rounds={FLAGS.digits_rounds}"],
+               *_fresh_run(_cache_env(shared), ["--algorithm=mrmtl",
+                                                f"--rounds={FLAGS.digits_rounds}"],
                            backend, device), repeat)
   if "sweep" in FLAGS.parts:
-    seconds, result = _sweep()
+    seconds, result = _sweep(_cache_env(shared))
     rows.append(dict(part="sweep", backend="vectorized", device="cpu", repeat=0,
                      end_to_end_seconds=seconds, peak_memory_mb=result["peak_memory_mb"],
                      test_metric=result["test_metric_median"], rounds=FLAGS.rounds,
                      runs=result["runs"], **dict(stamp, finished=time.strftime(
                          "%Y-%m-%dT%H:%M:%S"))))
+  shutil.rmtree(caches, ignore_errors=True)
   df = pd.DataFrame(rows)
   os.makedirs(os.path.dirname(FLAGS.output) or ".", exist_ok=True)
   df.to_csv(FLAGS.output, mode="a", header=not os.path.exists(FLAGS.output), index=False)

@@ -40,8 +40,6 @@ def _run(*flags, timeout=600):
      "--protocol=paper is add_remove"),
     (["--epsilon=1", "--public_silo_sizes", "--assumed_silo_size=20"],
      "assumed_silo_size is for add_remove with private silo sizes"),
-    (["--backend=vectorized", "--algorithm=mrmtl,dprivate_clustering"],
-     "dprivate_clustering run on --backend=tff (or auto)"),
     (["--backend=jax"], "--backend must be one of"),
     (["--device=tpu"], "--device must be one of"),
     (["--backend=tff", "--device=gpu"], "--device=gpu needs the vectorized backend"),

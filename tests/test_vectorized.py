@@ -11,6 +11,7 @@ import tensorflow as tf
 import tensorflow_federated as tff
 
 from tff_silo import algorithms, batched_random, data, keys, models
+from tff_silo.dprivate_simulation import run_dprivate_clustering
 from tff_silo.privacy import PrivacyProtocol
 from tff_silo.simulation import run_simulation
 from tff_silo.vectorized import for_process
@@ -208,11 +209,40 @@ def test_vectorized_ifca_on_a_cnn():
   _assert_same(reference, vectorized, atol=1e-5)
 
 
+@pytest.mark.parametrize("nu, cap", [(5.0, 1.2), (None, None)])
+def test_vectorized_dprivate_clustering_computes_what_the_tff_process_computes(nu, cap):
+  """Sanitized (35 participations against a cap of 3 for each of 10 users: some
+  decline) and plain."""
+  users = data.two_cluster_linear_silos(num_users=10, seed=0)
+  definition = algorithms.dprivate_clustering_algorithm(
+      models.linear_regression(2, bias=False, objective="rmse"), users.feature_shape,
+      client_learning_rate=0.1, batch_size=10, num_clusters=2, nu=nu)
+  reference, vectorized = (
+      run_dprivate_clustering(definition, users, rounds=5, clients_per_round=7, seed=1,
+                              leakage_cap=cap, backend=backend)
+      for backend in ("tff", "vectorized"))
+  for ref, vec in zip(reference.hypotheses, vectorized.hypotheses):
+    np.testing.assert_allclose(vec[0], ref[0], rtol=1e-5, atol=1e-6)
+  np.testing.assert_array_equal(vectorized.assignments, reference.assignments)
+  np.testing.assert_array_equal(vectorized.leakage, reference.leakage)
+  assert vectorized.declined == reference.declined
+  assert (cap is None) == (reference.declined == 0)
+  np.testing.assert_allclose(vectorized.silo_test_metric, reference.silo_test_metric,
+                             rtol=1e-5)
+
+
+def _hypernet_process():
+  import hypernet  # pylint: disable=g-import-not-at-top
+  from tff_silo.privacy import UserDPSettings  # pylint: disable=g-import-not-at-top
+  target = models.small_cnn((8, 8, 1), 10, channels=(2, 3), hidden=4)
+  return hypernet.build_hypernet_process(
+      hypernet.Hypernetwork(target, 4, 2, hidden_width=4), (8, 8, 1), [10] * 4,
+      UserDPSettings(sampling_rate=1.0), client_learning_rate=0.1, batch_size=4,
+      local_steps=1, hypernet_learning_rate=0.1, embedding_learning_rate=0.1)
+
+
 @pytest.mark.parametrize("make, message", [
-    (lambda: algorithms.build_dprivate_clustering_process(
-        MODEL, SILOS.feature_shape, client_learning_rate=0.1, batch_size=8,
-        num_clusters=2, nu=None),
-     "dprivate_clustering runs on backend=tff"),
+    (_hypernet_process, "HypernetProcess runs on backend=tff"),
     (lambda: algorithms.build_mrmtl_process(
         MODEL, SILOS.feature_shape, client_learning_rate=0.1, batch_size=8,
         aggregator=tff.aggregators.robust.clipping_factory(

@@ -20,11 +20,11 @@ import numpy as np
 import tensorflow as tf
 
 from tff_silo import keys, runtime
-from tff_silo.algorithms.dprivate_clustering import DPrivateClusteringProcess
+from tff_silo.algorithms.dprivate_clustering import DPrivateClusteringAlgorithm
 from tff_silo.algorithms.rounds import SiloInput
 from tff_silo.data.silos import SiloData
 from tff_silo.privacy.ledger import PrivacyLedger, leakages
-from tff_silo.simulation import SiloEvaluator, check_run_length
+from tff_silo.simulation import BACKENDS, SiloEvaluator, check_run_length
 
 _LEAKAGE_SLACK = 1e-9
 
@@ -94,17 +94,18 @@ def _check(process, data, rounds, clients_per_round, leakage_cap, patience, vali
                      f"training users {data.feature_shape}")
 
 
-def run_dprivate_clustering(process: DPrivateClusteringProcess, data: SiloData, *,
-                            rounds: int, clients_per_round: int, seed: int = 0,
+def run_dprivate_clustering(process, data: SiloData, *, rounds: int,
+                            clients_per_round: int, seed: int = 0,
                             leakage_cap: Optional[float] = None,
                             validation: Optional[SiloData] = None,
                             patience: Optional[int] = None,
-                            progress: Optional[Callable[[int, int, float], None]] = None
-                            ) -> DPrivateResult:
+                            progress: Optional[Callable[[int, int, float], None]] = None,
+                            backend: str = "tff") -> DPrivateResult:
   """Runs Algorithm 1 for at most `rounds` rounds (see module docstring).
 
   Args:
-    process: from `build_dprivate_clustering_process`.
+    process: from `build_dprivate_clustering_process`, or the definition
+      (`dprivate_clustering_algorithm`; the TFF process is built when backend="tff").
     data: the training users (silos).
     rounds: the most rounds T.
     clients_per_round: U, users sampled per round.
@@ -113,16 +114,26 @@ def run_dprivate_clustering(process: DPrivateClusteringProcess, data: SiloData, 
     validation: held-out users for the validation loss (and early stopping).
     patience: stop after this many rounds without validation improvement.
     progress: called as `progress(rounds_done, rounds, seconds_so_far)`.
+    backend: `tff` (the reference) or `vectorized` (a round as one TF program; the
+      same numbers: `tff_silo.vectorized`).
   """
+  if backend not in BACKENDS:
+    raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
+  if backend == "vectorized":
+    from tff_silo import vectorized  # pylint: disable=g-import-not-at-top
+    process = vectorized.for_process(process)
+  elif isinstance(process, DPrivateClusteringAlgorithm):
+    from tff_silo.algorithms import process as tff_process  # pylint: disable=g-import-not-at-top
+    process = tff_process.process_for(process)
   _check(process, data, rounds, clients_per_round, leakage_cap, patience, validation)
   start = time.perf_counter()
   rng = np.random.default_rng([seed, 2])
   per_participation = process.leakage_per_participation
   ledgers = [PrivacyLedger(None) for _ in range(data.num_silos)]   # leakage only
   participations = np.zeros(data.num_silos, np.int64)
-  inputs = [SiloInput(x, y, np.float32(0.0), key)
-            for x, y, key in zip(data.x_train, data.y_train,
-                                 keys.unit_keys(seed, data.num_silos))]
+  inputs = process.prepare([SiloInput(x, y, np.float32(0.0), key)
+                            for x, y, key in zip(data.x_train, data.y_train,
+                                                 keys.unit_keys(seed, data.num_silos))])
   loss_table = _loss_table_fn(process.model, data.feature_shape)
   if validation is not None:
     val_x = [np.concatenate([a, b]) for a, b in zip(validation.x_train, validation.x_test)]
@@ -141,7 +152,7 @@ def run_dprivate_clustering(process: DPrivateClusteringProcess, data: SiloData, 
         declined += int(np.sum(~fits))
         sampled = sampled[fits]
       if len(sampled):
-        state, _ = process.next(state, [inputs[k] for k in sampled])
+        state, _ = process.next(state, process.sampled(inputs, sampled))
         for k in sampled:
           ledgers[k].charge_leakage(per_participation, "d_privacy")
         participations[sampled] += 1

@@ -27,8 +27,9 @@ Supported: local, FedAvg, finetune, MR-MTL and Ditto (`SiloAlgorithm`s) with the
 weighted or unweighted mean (`rounds.plain_mean`), and IFCA with its preconditioned
 methods (`ifca.ClusteredAlgorithm`s: cluster scores of all silos in one
 `vectorized_map`, the Gumbel noise of report-noisy-min from `batched_random.uniform64`)
-with the weighted mean; or the TFF processes built from either. d-private
-clustering, the hypernetwork and other aggregators run on the TFF backend;
+with the weighted mean; d-private clustered FL (`DPrivateClusteringAlgorithm`: the
+sampled users' updates as a `map_fn`, k-means stacked); or the TFF processes built
+from these. The hypernetwork and other aggregators run on the TFF backend;
 `for_process` says so in one line.
 """
 
@@ -42,6 +43,7 @@ import tensorflow as tf
 
 from tff_silo import batched_random as br
 from tff_silo import keys
+from tff_silo.algorithms import dprivate_clustering as dpc
 from tff_silo.algorithms import ifca
 from tff_silo.algorithms import local_training as lt
 from tff_silo.algorithms.rounds import SiloAlgorithm, client_round, server_step
@@ -87,10 +89,14 @@ def stack_silos(inputs) -> StackedSilos:
       selection_epsilon=tf.constant([i.selection_epsilon for i in inputs], tf.float32))
 
 
+_DEFINITIONS = (SiloAlgorithm, ifca.ClusteredAlgorithm, dpc.DPrivateClusteringAlgorithm)
+
+
 def definition(process):
-  """The `SiloAlgorithm` or `ifca.ClusteredAlgorithm` a process or definition runs
-  (None for d-private clustering and the hypernetwork)."""
-  if isinstance(process, (SiloAlgorithm, ifca.ClusteredAlgorithm)):
+  """The definition (`SiloAlgorithm`, `ifca.ClusteredAlgorithm`,
+  `dprivate_clustering.DPrivateClusteringAlgorithm`) a process or definition runs
+  (None for the hypernetwork)."""
+  if isinstance(process, _DEFINITIONS):
     return process
   return getattr(process, "algorithm", None)
 
@@ -100,9 +106,11 @@ def unsupported_reason(process) -> str | None:
   backend, or None if it can."""
   algorithm = definition(process)
   if algorithm is None:
-    return (f"the vectorized backend runs local, fedavg, finetune, mrmtl, ditto and "
-            f"the ifca methods; {getattr(process, 'name', type(process).__name__)} "
-            "runs on backend=tff")
+    return (f"the vectorized backend runs local, fedavg, finetune, mrmtl, ditto, the "
+            f"ifca methods and dprivate_clustering; "
+            f"{getattr(process, 'name', type(process).__name__)} runs on backend=tff")
+  if isinstance(algorithm, dpc.DPrivateClusteringAlgorithm):
+    return None   # users are mapped one by one: any model, any objective
   if algorithm.aggregation is None:
     return ("the vectorized backend computes the weighted and unweighted mean only; "
             "other tff.aggregators factories run on backend=tff")
@@ -227,6 +235,9 @@ def _definition(algorithm) -> tuple:
   model = algorithm.model
   fields = tuple(getattr(value, "__code__", value)
                  for value in (getattr(model, f.name) for f in dataclasses.fields(model)))
+  if isinstance(algorithm, dpc.DPrivateClusteringAlgorithm):
+    return (fields, algorithm.config, "dprivate", algorithm.num_clusters, algorithm.nu,
+            algorithm.kmeans_iterations)
   spec = (algorithm.round_spec if isinstance(algorithm, SiloAlgorithm)
           else algorithm.cluster_spec)
   return (fields, algorithm.config, spec, algorithm.aggregation)
@@ -300,13 +311,38 @@ def _cluster_round(algorithm: ifca.ClusteredAlgorithm):
   return round_fn
 
 
+def _dprivate_round(algorithm: dpc.DPrivateClusteringAlgorithm):
+  """A round of d-private clustered FL over the sampled users (`users`, int32
+  [U]): each user's `dprivate_clustering.user_update` on its own rows (a `map_fn`
+  over users, independent iterations run in parallel), then k-means on the
+  released models as one stacked computation (`kmeans_members`, `recentre`)."""
+  signature = tuple(tf.TensorSpec(s, tf.float32) for s in algorithm.model.weight_shapes)
+
+  def round_fn(hypotheses, round_num, silos: StackedSilos, users):
+    def one(k):
+      n = silos.n[k]
+      return tuple(dpc.user_update(algorithm, hypotheses, silos.x[k][:n],
+                                   silos.y[k][:n], keys.fold_in(silos.key[k], round_num)))
+    released = tf.map_fn(one, users, fn_output_signature=signature)   # [U, ...]
+    centres = hypotheses
+    for _ in range(algorithm.kmeans_iterations):
+      member = dpc.kmeans_members(centres, released)   # [U, k]
+      sums = tuple(tuple(tf.reduce_sum(_rows(member[:, j], w) * w, axis=0)
+                         for w in released) for j in range(algorithm.num_clusters))
+      centres = dpc.recentre(centres, sums, tf.reduce_sum(member, axis=0))
+    return centres, round_num + 1
+
+  return round_fn
+
+
 def _round_function(algorithm):
   """The traced round of `algorithm`, shared by every run of the same definition: a
   sweep over seeds and epsilons traces it once (n, sizes, noise multipliers and
   keys are tensors, so only new shapes retrace)."""
   key = _definition(algorithm)
   if key not in _ROUND_FUNCTIONS:
-    make = _family_round if isinstance(algorithm, SiloAlgorithm) else _cluster_round
+    make = (_family_round if isinstance(algorithm, SiloAlgorithm) else _cluster_round
+            if isinstance(algorithm, ifca.ClusteredAlgorithm) else _dprivate_round)
     _ROUND_FUNCTIONS[key] = tf.function(make(algorithm), autograph=False,
                                         reduce_retracing=True)
   return _ROUND_FUNCTIONS[key]
@@ -401,10 +437,51 @@ class VectorizedClusteredProcess(VectorizedProcess):
     return client_states.cluster.numpy()
 
 
-def for_process(process) -> VectorizedProcess:
+class HypothesesState(NamedTuple):
+  hypotheses: tuple        # k models
+  round_num: tf.Tensor
+
+
+class VectorizedDPrivateClustering:
+  """d-private clustered FL (a `DPrivateClusteringAlgorithm` or its TFF process) with
+  a round as one TF program; `run_dprivate_clustering` drives it as it drives the TFF
+  process (`prepare`, `sampled`, `initialize`, `next`)."""
+
+  def __init__(self, process):
+    self.algorithm = algorithm = definition(process)
+    self.name, self.model, self.config = algorithm.name, algorithm.model, algorithm.config
+    self.num_clusters, self.nu = algorithm.num_clusters, algorithm.nu
+    self.layer_leakage = algorithm.layer_leakage
+    self.leakage_per_participation = algorithm.leakage_per_participation
+    self._round = _round_function(algorithm)
+
+  def prepare(self, inputs) -> StackedSilos:
+    return stack_silos(inputs)
+
+  def sampled(self, silos: StackedSilos, users):
+    return silos, tf.constant(np.asarray(users, np.int32))
+
+  def initialize(self) -> HypothesesState:
+    return HypothesesState(
+        tuple(tuple(tf.constant(w) for w in h) for h in self.algorithm.initial_weights),
+        tf.constant(0, tf.int32))
+
+  def next(self, state: HypothesesState, data):
+    silos, users = data
+    hypotheses, new_round = self._round(state.hypotheses, state.round_num, silos, users)
+    return HypothesesState(tuple(tuple(h) for h in hypotheses), new_round), {}
+
+
+def for_process(process):
   """The vectorized runner of a process or definition (a one-line `ValueError` for
   what it cannot run: `unsupported_reason`)."""
-  if isinstance(definition(process), ifca.ClusteredAlgorithm):
+  reason = unsupported_reason(process)
+  if reason is not None:
+    raise ValueError(reason)
+  algorithm = definition(process)
+  if isinstance(algorithm, dpc.DPrivateClusteringAlgorithm):
+    return VectorizedDPrivateClustering(process)
+  if isinstance(algorithm, ifca.ClusteredAlgorithm):
     return VectorizedClusteredProcess(process)
   return VectorizedProcess(process)
 

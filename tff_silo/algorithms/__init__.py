@@ -5,9 +5,10 @@ aggregator=None)` for local, fedavg, finetune, mrmtl and ditto returns a TF-only
 `SiloAlgorithm` (`rounds`); `build_<name>_process(...)` the TFF `SiloProcess` running
 it (`process`); `tff_silo.simulation.run_simulation` runs either, on TFF's runtime or
 the vectorized backend. IFCA and its preconditioned variants keep G cluster models
-(`ifca_algorithm`, `build_ifca_process`: `ifca`; both backends too);
-`build_dprivate_clustering_process` (Galli et al.) samples users and sends sanitized
-models (`tff_silo.dprivate_simulation`).
+(`ifca_algorithm`, `build_ifca_process`: `ifca`); d-private clustered FL (Galli et
+al.: `dprivate_clustering_algorithm`, `build_dprivate_clustering_process`) samples
+users and sends sanitized models (`tff_silo.dprivate_simulation`); both run on
+either backend too.
 
 Names load on first use (PEP 562), so a run that needs no TFF process never
 imports TensorFlow Federated.
@@ -22,6 +23,7 @@ _WHERE = {
     "mrmtl_algorithm": "mrmtl", "build_mrmtl_process": "mrmtl",
     "ditto_algorithm": "ditto", "build_ditto_process": "ditto",
     "ifca_algorithm": "ifca", "build_ifca_process": "ifca",
+    "dprivate_clustering_algorithm": "dprivate_clustering",
     "build_dprivate_clustering_process": "dprivate_clustering",
     "LocalTrainingConfig": "local_training", "train_locally": "local_training",
     "SiloAlgorithm": "rounds", "SiloInput": "rounds",

@@ -1,86 +1,81 @@
 """d-private clustered FL (Galli et al., "Group privacy for personalized federated
-learning", Algorithm 1) as a TFF iterative process.
+learning", Algorithm 1), TF only.
 
 Each round the driver samples U users (`run_dprivate_clustering`). The server
 broadcasts the k hypotheses; each sampled user picks the hypothesis with the lowest
-loss on its data (the model's batch objective, e.g. RMSE), trains it for E local epochs (SGD), sanitizes the update per
-layer with the Euclidean Laplace mechanism (Algorithm 2, `sanitize_update`) and
-sends the full sanitized model: no cluster index and no sample count. The server runs
-k-means on the sanitized models, initialized at the current hypotheses, and each
-hypothesis becomes the unweighted mean of its cluster (a hypothesis whose cluster is
-empty is kept).
-
-k-means runs as `kmeans_iterations` Lloyd iterations, each a broadcast of the centres
-and a federated sum of the models assigned to each centre: the same computation as
-k-means on the collected models, expressed with federated operators.
+loss on its data (the model's batch objective, e.g. RMSE), trains it for E local
+epochs (SGD), sanitizes the update per layer with the Euclidean Laplace mechanism
+(Algorithm 2, `sanitize_update`) and sends the full sanitized model: no cluster index
+and no sample count (`user_update`). The server runs k-means on the sanitized models,
+initialized at the current hypotheses, and each hypothesis becomes the unweighted
+mean of its cluster (a hypothesis whose cluster is empty is kept): `kmeans_members`
+and `recentre`, `kmeans_iterations` Lloyd iterations.
 
 Leakage: a participation costs n_l / nu per layer with n_l parameters, n / nu for
 the whole model (n parameters); participations add up (Theorem 1). It does not
 depend on the data, so the driver keeps each user's ledger and a user declines a
 round that would take it past its cap.
+
+A `DPrivateClusteringAlgorithm` is the definition; `dprivate_process` builds its TFF
+process (the reference, k-means as federated sums) and `tff_silo.vectorized` runs a
+round as one TF program.
 """
 
 from __future__ import annotations
 
-import collections
-from typing import NamedTuple, Optional
+import dataclasses
+from typing import Optional
 
 import numpy as np
 import tensorflow as tf
-import tensorflow_federated as tff
 
 from tff_silo import keys
-from tff_silo.algorithms.clustered_process import initial_cluster_models
-from tff_silo.algorithms.ifca import select_model
+from tff_silo.algorithms.ifca import initial_cluster_weights, select_model
 from tff_silo.algorithms.local_training import LocalTrainingConfig, train_locally
-from tff_silo.algorithms.process import silo_input_type, weights_type
 from tff_silo.privacy.d_privacy import sanitize_update
 
 DEFAULT_KMEANS_ITERATIONS = 10
 DEFAULT_INIT_STD = 1.0   # Galli et al. 5.1: hypotheses drawn from N(0, 1)
 
 
-class HypothesesState(NamedTuple):
-  hypotheses: tuple   # k models, each a tuple of tensors
-  round_num: np.int32
+@dataclasses.dataclass(frozen=True)
+class DPrivateClusteringAlgorithm:
+  """Algorithm 1 as data (see `dprivate_clustering_algorithm`)."""
+
+  model: object
+  feature_shape: tuple
+  config: LocalTrainingConfig
+  num_clusters: int
+  nu: Optional[float]
+  kmeans_iterations: int = DEFAULT_KMEANS_ITERATIONS
+  init_std: float = DEFAULT_INIT_STD
+  init_seed: int = 0
+
+  name = "dprivate_clustering"
+
+  @property
+  def layer_leakage(self) -> tuple:
+    """n_l / nu per layer per participation (inf without sanitization)."""
+    return tuple((int(np.prod(s, dtype=np.int64)) / self.nu if self.nu is not None
+                  else np.inf) for s in self.model.weight_shapes)
+
+  @property
+  def leakage_per_participation(self) -> float:
+    return float(sum(self.layer_leakage))
+
+  @property
+  def initial_weights(self) -> tuple:
+    """The k hypotheses' initial weights."""
+    return initial_cluster_weights(self.model, self.num_clusters, self.init_seed,
+                                   self.init_std)
 
 
-class DPrivateClusteringProcess(tff.templates.IterativeProcess):
-  """`next(state, client_data) -> (state, metrics)` over the sampled users' data.
-
-  Attributes: name, model, config, num_clusters, nu (None: no sanitization),
-  layer_leakage (n_l / nu per layer per participation) and leakage_per_participation
-  (their sum, n / nu; inf without sanitization).
-  """
-
-  def __init__(self, initialize_fn, next_fn, *, model, config, num_clusters, nu):
-    super().__init__(initialize_fn, next_fn, next_is_multi_arg=True)
-    self.name = "dprivate_clustering"
-    self.model = model
-    self.config = config
-    self.num_clusters = num_clusters
-    self.nu = nu
-    sizes = [int(np.prod(s, dtype=np.int64)) for s in model.weight_shapes]
-    self.layer_leakage = tuple(
-        (n / nu if nu is not None else np.inf) for n in sizes)
-    self.leakage_per_participation = float(sum(self.layer_leakage))
-
-
-def lowest_loss_hypothesis(model, hypotheses, x, y):
-  """Index of the hypothesis with the lowest loss F_c on (x, y) (Algorithm 1)."""
-  losses = tf.stack([model.batch_loss(list(h), x, y) for h in hypotheses])
-  return tf.argmin(losses, output_type=tf.int32)
-
-
-def _flat(weights):
-  return tf.concat([tf.reshape(w, [-1]) for w in weights], 0)
-
-
-def build_dprivate_clustering_process(
+def dprivate_clustering_algorithm(
     model, feature_shape, *, client_learning_rate: float, batch_size: int,
     num_clusters: int, nu: Optional[float], local_epochs: int = 1,
     kmeans_iterations: int = DEFAULT_KMEANS_ITERATIONS,
-    init_std: float = DEFAULT_INIT_STD, init_seed: int = 0) -> DPrivateClusteringProcess:
+    init_std: float = DEFAULT_INIT_STD, init_seed: int = 0
+) -> DPrivateClusteringAlgorithm:
   """Algorithm 1 of Galli et al.
 
   Args:
@@ -103,69 +98,53 @@ def build_dprivate_clustering_process(
     raise ValueError(f"init_std must be >= 0, got {init_std}")
   config = LocalTrainingConfig(learning_rate=client_learning_rate, batch_size=batch_size,
                                epochs=local_epochs)
-  k = int(num_clusters)
-  w_type = weights_type(model)
-  data_type = silo_input_type(feature_shape)
-  hyp_type = tff.StructWithPythonType([w_type] * k, tuple)
-  initial_hypotheses = initial_cluster_models(model, k, init_seed, init_std)
+  return DPrivateClusteringAlgorithm(model, tuple(feature_shape), config,
+                                     int(num_clusters), nu, int(kmeans_iterations),
+                                     float(init_std), init_seed)
 
-  @tff.federated_computation
-  def initialize_fn():
-    return tff.federated_zip(HypothesesState(
-        hypotheses=tff.federated_eval(initial_hypotheses, tff.SERVER),
-        round_num=tff.federated_value(np.int32(0), tff.SERVER)))
 
-  @tff.tensorflow.computation(
-      tff.StructWithPythonType([hyp_type, tff.TensorType(np.int32)], tuple), data_type)
-  def client_update(broadcast, data):
-    hypotheses, round_num = broadcast
-    key = keys.fold_in(data.seed, round_num)
-    j = lowest_loss_hypothesis(model, hypotheses, data.x, data.y)
-    start = select_model(hypotheses, j)
-    new = train_locally(model, config, start, start, 0.0, data.x, data.y, 0.0,
-                        key)
-    if nu is None:
-      return tuple(new)
-    delta = [a - b for a, b in zip(new, start)]
-    sanitized, _ = sanitize_update(delta, nu,
-                                   keys.derive(key, keys.D_PRIVACY, 0))
-    return tuple(s + d for s, d in zip(start, sanitized))
+def lowest_loss_hypothesis(model, hypotheses, x, y):
+  """Index of the hypothesis with the lowest loss F_c on (x, y) (Algorithm 1)."""
+  losses = tf.stack([model.batch_loss(list(h), x, y) for h in hypotheses])
+  return tf.argmin(losses, output_type=tf.int32)
 
-  @tff.tensorflow.computation(hyp_type, w_type)
-  def assign(centres, released):
-    distances = tf.stack([tf.reduce_sum(tf.square(_flat(c) - _flat(released)))
-                          for c in centres])
-    member = tf.one_hot(tf.argmin(distances, output_type=tf.int32), k)
-    masked = tuple(tuple(member[j] * w for w in released) for j in range(k))
-    return masked, member
 
-  @tff.tensorflow.computation(hyp_type, hyp_type, tff.TensorType(np.float32, [k]))
-  def recentre(centres, sums, counts):
-    return tuple(
-        tuple(tf.where(counts[j] > 0.0, s / tf.maximum(counts[j], 1.0), c)
-              for c, s in zip(centres[j], sums[j])) for j in range(k))
+def user_update(algorithm: DPrivateClusteringAlgorithm, hypotheses, x, y, key) -> list:
+  """What a sampled user sends (Algorithm 1, lines 5-9): its lowest-loss hypothesis
+  trained on (x, y), sanitized per layer (`key`: the user's key for the round)."""
+  start = select_model(hypotheses, lowest_loss_hypothesis(algorithm.model, hypotheses,
+                                                          x, y))
+  new = train_locally(algorithm.model, algorithm.config, start, start, 0.0, x, y, 0.0,
+                      key)
+  if algorithm.nu is None:
+    return new
+  delta = [a - b for a, b in zip(new, start)]
+  sanitized, _ = sanitize_update(delta, algorithm.nu, keys.derive(key, keys.D_PRIVACY, 0))
+  return [s + d for s, d in zip(start, sanitized)]
 
-  @tff.tensorflow.computation(np.int32)
-  def increment(round_num):
-    return round_num + 1
 
-  state_type = initialize_fn.type_signature.result
+def kmeans_members(centres, released):
+  """One-hot [U, k] of each released model's nearest centre (squared Euclidean
+  distance over all weights); `released` carries a leading axis of U models."""
+  flat = lambda layers, lead: tf.concat(
+      [tf.reshape(w, [lead, -1]) for w in layers], axis=1)
+  models = flat(released, tf.shape(released[0])[0])                        # [U, P]
+  distances = tf.stack([tf.reduce_sum(tf.square(models - flat(c, 1)), axis=1)
+                        for c in centres], axis=1)                           # [U, k]
+  return tf.one_hot(tf.argmin(distances, axis=1, output_type=tf.int32), len(centres))
 
-  @tff.federated_computation(state_type, tff.FederatedType(data_type, tff.CLIENTS))
-  def next_fn(state, client_data):
-    broadcast = tff.federated_broadcast(
-        tff.federated_zip((state.hypotheses, state.round_num)))
-    released = tff.federated_map(client_update, tff.federated_zip((broadcast, client_data)))
-    centres = state.hypotheses
-    for _ in range(kmeans_iterations):
-      masked, members = tff.federated_map(assign, tff.federated_zip(
-          (tff.federated_broadcast(centres), released)))
-      counts = tff.federated_sum(members)
-      centres = tff.federated_map(recentre, tff.federated_zip(
-          (centres, tff.federated_sum(masked), counts)))
-    new_state = tff.federated_zip(HypothesesState(
-        centres, tff.federated_map(increment, state.round_num)))
-    return new_state, tff.federated_zip(collections.OrderedDict(cluster_sizes=counts))
 
-  return DPrivateClusteringProcess(initialize_fn, next_fn, model=model, config=config,
-                                   num_clusters=k, nu=nu)
+def recentre(centres, sums, counts):
+  """Each centre becomes the mean of its members (sums / counts); one without
+  members is kept."""
+  return tuple(
+      tuple(tf.where(counts[j] > 0.0, s / tf.maximum(counts[j], 1.0), c)
+            for c, s in zip(centres[j], sums[j])) for j in range(len(centres)))
+
+
+def build_dprivate_clustering_process(model, feature_shape, **kwargs):
+  """The TFF process of `dprivate_clustering_algorithm(model, feature_shape,
+  **kwargs)`."""
+  from tff_silo.algorithms import process  # pylint: disable=g-import-not-at-top
+  return process.process_for(dprivate_clustering_algorithm(model, feature_shape,
+                                                           **kwargs))

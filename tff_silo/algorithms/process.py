@@ -58,8 +58,7 @@ class SiloProcess(tff.templates.IterativeProcess):
       accounting uses it: Ditto queries twice as many as MR-MTL).
     personal_from_round: rounds completed after which a silo's personalized model is
       its client state; before that (or when None) it is the global model.
-    algorithm: the definition it runs (`SiloAlgorithm`, `ifca.ClusteredAlgorithm`;
-      None for d-private clustering).
+    algorithm: the definition it runs (`SiloAlgorithm`, `ifca.ClusteredAlgorithm`).
   """
 
   algorithm: Optional[SiloAlgorithm] = None
@@ -143,9 +142,14 @@ def process_for(algorithm) -> SiloProcess:
   """The TFF `IterativeProcess` running `algorithm` (the reference runtime): every
   round (Algorithm 1) the server broadcasts w_bar, each silo runs `client_round`,
   the aggregator averages the deltas and the server applies `server_step`. A
-  `ifca.ClusteredAlgorithm` gets `clustered_process.process_for_clusters`."""
+  `ifca.ClusteredAlgorithm` gets `clustered_process.process_for_clusters`, a
+  `DPrivateClusteringAlgorithm` `dprivate_process.process_for_dprivate`."""
   if not isinstance(algorithm, SiloAlgorithm):
-    from tff_silo.algorithms import clustered_process  # pylint: disable=g-import-not-at-top
+    # pylint: disable=g-import-not-at-top
+    from tff_silo.algorithms import clustered_process, dprivate_process
+    from tff_silo.algorithms.dprivate_clustering import DPrivateClusteringAlgorithm
+    if isinstance(algorithm, DPrivateClusteringAlgorithm):
+      return dprivate_process.process_for_dprivate(algorithm)
     return clustered_process.process_for_clusters(algorithm)
   model, config, spec = algorithm.model, algorithm.config, algorithm.round_spec
   w_type = weights_type(model)

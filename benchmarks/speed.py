@@ -10,6 +10,10 @@ backends alternating within each repeat, so drift of the machine hits both alike
   steady-state seconds per round, in a fresh process per run.
 - `sweep`: --sweep_runs School runs (epsilons x seeds) in one fresh process on the
   vectorized backend, against one fresh single run of it.
+- `ifca`: School IFCA-preconditioned MR-MTL under DP (the `school` settings, selection
+  in the first 10% of rounds), fresh process per run.
+- `dprivate`: d-private clustered FL on Galli et al.'s two-cluster data (nu 5, U 7,
+  --dprivate_rounds rounds), fresh process per run.
 - on a machine where TensorFlow sees a GPU, `digits` also runs the vectorized
   backend with --device=gpu.
 
@@ -37,7 +41,8 @@ from absl import flags
 from benchmarks import common, configs
 from benchmarks.common import UsageError
 
-PARTS = ("school", "digits", "sweep")
+PARTS = ("school", "digits", "sweep", "ifca", "dprivate")
+DEFAULT_PARTS = ("school", "digits", "sweep")
 SWEEP_EPSILONS = (1.0, 2.0, 4.0, 8.0)
 CACHE_MODES = ("warm", "cold")
 SCHOOL = configs.PRESETS["school"]
@@ -45,11 +50,12 @@ SCHOOL_EPSILON = 6.0
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string("data_dir", None, "Folder with school.mat.")
-flags.DEFINE_list("parts", list(PARTS), f"Comma-separated parts, of {PARTS}.")
+flags.DEFINE_list("parts", list(DEFAULT_PARTS), f"Comma-separated parts, of {PARTS}.")
 flags.DEFINE_integer("repeats", 3, "Fresh-process runs per backend to take medians of.")
 flags.DEFINE_integer("rounds", 200, "Rounds of a School run.")
 flags.DEFINE_integer("digits_rounds", 20, "Rounds of a digits run.")
 flags.DEFINE_integer("sweep_runs", 20, "School runs in the one-process sweep.")
+flags.DEFINE_integer("dprivate_rounds", 150, "Rounds of a dprivate run.")
 flags.DEFINE_string("output", "benchmarks/out/speed.csv", "CSV file rows are appended to.")
 flags.DEFINE_string("calibration_cache", "warm", f"One of {CACHE_MODES}: the noise "
                     "calibration cache every timed process starts with.")
@@ -57,10 +63,22 @@ flags.DEFINE_bool("sweep_child", False, "Internal: run the sweep in this process
                   "print its timings as JSON.")
 
 
-def _school_args(rounds):
-  return ["--dataset=school", f"--data_dir={FLAGS.data_dir}", "--algorithm=mrmtl",
+def _school_args(rounds, algorithm="mrmtl"):
+  return ["--dataset=school", f"--data_dir={FLAGS.data_dir}", f"--algorithm={algorithm}",
           "--lam=1", f"--epsilon={SCHOOL_EPSILON:g}", "--delta=1e-3", f"--rounds={rounds}",
           "--seeds=0"]
+
+
+def _part_args(part):
+  """benchmarks.run's flags of a part timed as fresh runs."""
+  if part == "school":
+    return _school_args(FLAGS.rounds)
+  if part == "ifca":
+    return _school_args(FLAGS.rounds, "ifca_mrmtl")
+  if part == "digits":
+    return ["--algorithm=mrmtl", f"--rounds={FLAGS.digits_rounds}"]
+  return ["--dataset=two_cluster", "--algorithm=dprivate_clustering", "--nu=5",
+          "--clients_per_round=7", f"--rounds={FLAGS.dprivate_rounds}"]
 
 
 def _cache_env(shared):
@@ -71,16 +89,23 @@ def _cache_env(shared):
   return {**os.environ, "TFF_SILO_CACHE_DIR": folder}
 
 
-def _warm(shared, epsilons):
-  """Fills `shared` with the School runs' calibrations (the preset's settings)."""
+def _warm(shared, epsilons, ifca: bool):
+  """Fills `shared` with the School runs' calibrations (the preset's settings; IFCA
+  with benchmarks.run's default selections)."""
   os.environ["TFF_SILO_CACHE_DIR"] = shared
+  from tff_silo.algorithms import ifca as ifca_lib
   from tff_silo.privacy import PrivacyProtocol
   from tff_silo.simulation import calibrate_silos
   protocol = PrivacyProtocol(assumed_silo_size=SCHOOL.assumed_silo_size)
-  for epsilon in epsilons:
+  selections = ifca_lib.selection_rounds(FLAGS.rounds,
+                                         ifca_lib.DEFAULT_SELECTION_FRACTION)
+  settings = [(e, 0) for e in epsilons] + ([(SCHOOL_EPSILON, selections)] if ifca else [])
+  for epsilon, num_selections in settings:
     calibrate_silos([SCHOOL.assumed_silo_size], batch_size=SCHOOL.batch_size,
                     epochs_per_round=1, rounds=FLAGS.rounds, target_epsilon=epsilon,
-                    target_delta=SCHOOL.delta, protocol=protocol)
+                    target_delta=SCHOOL.delta, protocol=protocol,
+                    num_selections=num_selections,
+                    selection_budget_share=ifca_lib.DEFAULT_SELECTION_BUDGET_SHARE)
 
 
 def _fresh_run(env, args, backend, device="auto"):
@@ -155,7 +180,11 @@ def _report(rows):
   print("\nmedians (ratio = tff / vectorized, side by side):")
   for part, seconds in (("school", "end_to_end_seconds"),
                         ("school", "seconds_per_round_median"),
-                        ("digits", "seconds_per_round_median")):
+                        ("digits", "seconds_per_round_median"),
+                        ("ifca", "end_to_end_seconds"),
+                        ("ifca", "seconds_per_round_median"),
+                        ("dprivate", "end_to_end_seconds"),
+                        ("dprivate", "seconds_per_round_median")):
     tff = _median_rows(rows, part, "tff", "cpu")
     vec = _median_rows(rows, part, "vectorized", "cpu")
     if tff and vec:
@@ -183,10 +212,10 @@ def main(argv):
     raise UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
   common.check_among("parts", FLAGS.parts, PARTS)
   common.check_one_of("calibration_cache", FLAGS.calibration_cache, CACHE_MODES)
-  for name in ("repeats", "rounds", "digits_rounds", "sweep_runs"):
+  for name in ("repeats", "rounds", "digits_rounds", "sweep_runs", "dprivate_rounds"):
     if FLAGS[name].value < 1:
       raise UsageError(f"--{name} must be >= 1; got {FLAGS[name].value}")
-  needs_school = {"school", "sweep"} & set(FLAGS.parts) or FLAGS.sweep_child
+  needs_school = {"school", "sweep", "ifca"} & set(FLAGS.parts) or FLAGS.sweep_child
   if needs_school and not (FLAGS.data_dir and os.path.isfile(
       os.path.join(FLAGS.data_dir, "school.mat"))):
     raise UsageError(f"--data_dir must be a folder with school.mat; got {FLAGS.data_dir}")
@@ -203,7 +232,8 @@ def main(argv):
   shared = os.path.join(caches, "shared")
   if FLAGS.calibration_cache == "warm":
     _warm(shared, ([SCHOOL_EPSILON] if "school" in FLAGS.parts else [])
-          + (list(SWEEP_EPSILONS) if "sweep" in FLAGS.parts else []))
+          + (list(SWEEP_EPSILONS) if "sweep" in FLAGS.parts else []),
+          ifca="ifca" in FLAGS.parts)
 
   def record(part, backend, device, seconds, run, repeat):
     row = dict(part=part, backend=backend, device=device, repeat=repeat,
@@ -218,19 +248,13 @@ def main(argv):
           f"{row['peak_memory_mb']:.0f} MB, metric {row['test_metric']:.4f}", flush=True)
 
   for repeat in range(FLAGS.repeats):
-    order = backends if repeat % 2 == 0 else backends[::-1]
-    if "school" in FLAGS.parts:
-      for backend, device in order:
-        record("school", backend, device,
-               *_fresh_run(_cache_env(shared), _school_args(FLAGS.rounds), backend,
-                           device), repeat)
-    if "digits" in FLAGS.parts:
-      for backend, device in (digits_backends if repeat % 2 == 0
-                              else digits_backends[::-1]):
-        record("digits", backend, device,
-               *_fresh_run(_cache_env(shared), ["--algorithm=mrmtl",
-                                                f"--rounds={FLAGS.digits_rounds}"],
-                           backend, device), repeat)
+    for part in ("school", "digits", "ifca", "dprivate"):
+      if part not in FLAGS.parts:
+        continue
+      choices = digits_backends if part == "digits" else backends
+      for backend, device in (choices if repeat % 2 == 0 else choices[::-1]):
+        record(part, backend, device,
+               *_fresh_run(_cache_env(shared), _part_args(part), backend, device), repeat)
   if "sweep" in FLAGS.parts:
     seconds, result = _sweep(_cache_env(shared))
     rows.append(dict(part="sweep", backend="vectorized", device="cpu", repeat=0,

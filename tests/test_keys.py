@@ -97,3 +97,10 @@ def test_mechanisms_without_a_key_draw_fresh_noise():
   assert not np.allclose(noisy().numpy(), noisy().numpy())   # a fresh key per call
   picks = {int(selection.report_noisy_min(tf.zeros([1000]), 1.0, 1.0)) for _ in range(5)}
   assert len(picks) > 1
+
+
+def test_unit_keys_are_computed_as_each_units_key():
+  root = keys.root_key(5)
+  np.testing.assert_array_equal(np.stack(keys.unit_keys(5, 7)),
+                                np.stack([keys.unit_key(root, k) for k in range(7)]))
+  assert keys.unit_keys(5, 0) == []

@@ -147,25 +147,61 @@ class SimulationResult:
 
 
 class SiloEvaluator:
-  """Per-silo metric means with one traced TF function for all silos."""
+  """Per-silo metric means. Silos go in chunks of at most `chunk_rows` padded
+  examples: their models stacked and their data zero-padded, one call of one traced
+  function per chunk (the model's `stacked_apply_fn`, or `apply_fn` mapped over
+  silos), padded rows masked out."""
 
-  def __init__(self, model, feature_shape):
-    signature = ([tf.TensorSpec(s, tf.float32) for s in model.weight_shapes],
-                 tf.TensorSpec([None, *feature_shape], tf.float32),
-                 tf.TensorSpec([None], tf.float32))
+  def __init__(self, model, feature_shape, chunk_rows: int = 8192):
+    del feature_shape   # the traced function follows the data
+    self._chunk_rows = chunk_rows
+    self._metric_sums = _metric_sums_function(model)
 
-    @tf.function(input_signature=signature)
-    def metric_sum(weights, x, y):
-      return tf.reduce_sum(model.metric_values(weights, x, y))
-
-    self._metric_sum = metric_sum
+  def _chunks(self, sizes):
+    chunk, longest = [], 0
+    for k, n in enumerate(sizes):
+      if chunk and (len(chunk) + 1) * max(longest, n) > self._chunk_rows:
+        yield chunk
+        chunk, longest = [], 0
+      chunk.append(k)
+      longest = max(longest, n)
+    if chunk:
+      yield chunk
 
   def __call__(self, silo_weights, xs, ys):
     """(mean over all examples pooled, per-silo means)."""
-    sums = np.array([float(self._metric_sum(list(w), x, y))
-                     for w, x, y in zip(silo_weights, xs, ys)])
     sizes = np.array([len(y) for y in ys])
+    sums = np.zeros(len(ys))
+    for chunk in self._chunks(sizes):
+      rows = max(1, int(sizes[chunk].max()))
+      pad = lambda a: np.concatenate([np.asarray(a, np.float32), np.zeros(
+          (rows - len(a), *np.shape(a)[1:]), np.float32)])
+      weights = [np.stack([np.asarray(silo_weights[k][i], np.float32) for k in chunk])
+                 for i in range(len(silo_weights[chunk[0]]))]
+      mask = (np.arange(rows)[None] < sizes[chunk][:, None]).astype(np.float32)
+      sums[chunk] = self._metric_sums(weights, np.stack([pad(xs[k]) for k in chunk]),
+                                      np.stack([pad(ys[k]) for k in chunk]), mask).numpy()
     return float(sums.sum() / sizes.sum()), sums / sizes
+
+
+_METRIC_FUNCTIONS = {}
+
+
+def _metric_sums_function(model):
+  """`(stacked weights, x, y, mask) -> per-silo metric sums`, traced once per model
+  computation (`computation_key`) for every evaluator (a sweep's runs share it)."""
+  key = model.computation_key
+  if key in _METRIC_FUNCTIONS:
+    return _METRIC_FUNCTIONS[key]
+  apply = model.stacked_apply_fn or (lambda weights, x: tf.vectorized_map(
+      lambda a: model.apply_fn(list(a[0]), a[1]), (weights, x)))
+
+  @tf.function(reduce_retracing=True)
+  def metric_sums(weights, x, y, mask):
+    return tf.reduce_sum(model.metric_of(apply(weights, x), y) * mask, axis=1)
+
+  _METRIC_FUNCTIONS[key] = metric_sums
+  return metric_sums
 
 
 def check_run_length(rounds, eval_every: int = 0) -> None:

@@ -35,7 +35,6 @@ from these. The hypernetwork and other aggregators run on the TFF backend;
 
 from __future__ import annotations
 
-import dataclasses
 from typing import NamedTuple
 
 import numpy as np
@@ -229,12 +228,9 @@ _ROUND_FUNCTIONS = {}   # one traced round per algorithm definition, for all run
 
 
 def _definition(algorithm) -> tuple:
-  """What a round's program depends on besides its tensors. A model is identified by
-  its fields, functions by their code (a fresh `linear_regression(d)` per run is
-  the same model)."""
-  model = algorithm.model
-  fields = tuple(getattr(value, "__code__", value)
-                 for value in (getattr(model, f.name) for f in dataclasses.fields(model)))
+  """What a round's program depends on besides its tensors (the model by its
+  `computation_key`)."""
+  fields = algorithm.model.computation_key
   if isinstance(algorithm, dpc.DPrivateClusteringAlgorithm):
     return (fields, algorithm.config, "dprivate", algorithm.num_clusters, algorithm.nu,
             algorithm.kmeans_iterations)

@@ -58,6 +58,13 @@ class SiloModel:
       raise ValueError(f"metric must be one of {METRICS}, got {self.metric!r}")
 
   @property
+  def computation_key(self) -> tuple:
+    """What the model computes: its fields, functions by their code (a fresh
+    `linear_regression(d)` is the same model), for sharing traced functions."""
+    return tuple(getattr(value, "__code__", value)
+                 for value in (getattr(self, f.name) for f in dataclasses.fields(self)))
+
+  @property
   def num_parameters(self) -> int:
     return int(sum(np.prod(s, dtype=np.int64) for s in self.weight_shapes))
 
@@ -76,7 +83,10 @@ class SiloModel:
 
   def metric_values(self, weights, x, y):
     """Per-example squared error (`mse`) or correctness in {0, 1} (`accuracy`)."""
-    outputs = self.apply_fn(weights, x)
+    return self.metric_of(self.apply_fn(weights, x), y)
+
+  def metric_of(self, outputs, y):
+    """`metric_values` from the model's outputs (any leading axes)."""
     if self.metric == "mse":
       return tf.square(outputs - y)
     return tf.cast(tf.equal(self.predict_fn(outputs), y), tf.float32)

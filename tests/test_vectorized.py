@@ -124,14 +124,19 @@ def test_the_parity_check_can_fail():
                                                   other.silo_weights[1])) > 1e-3
 
 
-@pytest.mark.parametrize("stacked", [True, False])
-def test_unweighted_mean_and_a_cnn_without_closed_form_gradients(stacked):
+def _small_digits():
+  """4 digits silos of 12 / 6 images and a tiny CNN for them."""
   images = data.load_rotated_masked_digits(num_silos=4, seed=0)
   small = data.make_silos("digits", images.task, [x[:12] for x in images.x_train],
                           [y[:12] for y in images.y_train],
                           [x[:6] for x in images.x_test], [y[:6] for y in images.y_test],
                           num_classes=images.num_classes)
-  cnn = models.small_cnn(small.feature_shape, small.num_classes, channels=(2, 3))
+  return small, models.small_cnn(small.feature_shape, small.num_classes, channels=(2, 3))
+
+
+@pytest.mark.parametrize("stacked", [True, False])
+def test_unweighted_mean_and_a_cnn_without_closed_form_gradients(stacked):
+  small, cnn = _small_digits()
   if not stacked:   # tf.vectorized_map over silos of the per-silo step
     cnn = dataclasses.replace(cnn, stacked_apply_fn=None)
   process = algorithms.build_mrmtl_process(
@@ -193,12 +198,7 @@ def test_vectorized_private_selection_draws_the_tff_noise():
 
 
 def test_vectorized_ifca_on_a_cnn():
-  images = data.load_rotated_masked_digits(num_silos=4, seed=0)
-  small = data.make_silos("digits", images.task, [x[:12] for x in images.x_train],
-                          [y[:12] for y in images.y_train],
-                          [x[:6] for x in images.x_test], [y[:6] for y in images.y_test],
-                          num_classes=images.num_classes)
-  cnn = models.small_cnn(small.feature_shape, small.num_classes, channels=(2, 3))
+  small, cnn = _small_digits()
   definition = algorithms.ifca_algorithm(
       cnn, small.feature_shape, client_learning_rate=0.1, batch_size=4, total_rounds=2,
       num_clusters=2, selection_fraction=0.5, after="mrmtl", lam=0.3, l2_norm_clip=1.0,

@@ -104,15 +104,18 @@ def test_calibrations_are_reused_from_disk_across_processes(tmp_path, monkeypatc
   assert calibrate_noise_multiplier(3.0, 1e-5, 0.02, 2000) == z
 
 
-@pytest.mark.parametrize("tamper", ["too_little_noise", "garbage"])
-def test_a_bad_cache_file_costs_time_never_privacy(tmp_path, monkeypatch, tamper):
+@pytest.mark.parametrize("tamper", ["too_little_noise", "too_much_noise", "garbage"])
+def test_a_bad_cache_file_costs_time_never_privacy_or_utility(tmp_path, monkeypatch,
+                                                               tamper):
   _fresh_calibration(monkeypatch, tmp_path)
   z = calibrate_noise_multiplier(3.0, 1e-5, 0.02, 2000)
   (path,) = tmp_path.glob("calibration-*.json")
   if tamper == "garbage":
     path.write_bytes(b"\x00\xffnot json")
   else:
-    path.write_text(json.dumps({k: 0.5 * v for k, v in json.loads(path.read_text()).items()}))
+    factor = 0.5 if tamper == "too_little_noise" else 2.0
+    path.write_text(json.dumps({k: factor * v
+                                for k, v in json.loads(path.read_text()).items()}))
   _fresh_calibration(monkeypatch, tmp_path)
   assert calibrate_noise_multiplier(3.0, 1e-5, 0.02, 2000) == z
   assert epsilon_spent(z, 0.02, 2000, 1e-5) <= 3.0

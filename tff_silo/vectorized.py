@@ -408,9 +408,9 @@ class VectorizedClusteredProcess(VectorizedProcess):
   program per round."""
 
   def initialize(self) -> ClusteredState:
-    return ClusteredState(
-        tuple(tuple(tf.constant(w) for w in model) for model in self.algorithm.initial_weights),
-        tf.constant(0, tf.int32))
+    models = self.algorithm.initial_weights
+    return ClusteredState(tuple(tuple(tf.constant(w) for w in m) for m in models),
+                          tf.constant(0, tf.int32))
 
   def initial_client_states(self, state, num_silos: int) -> ClusteredClients:
     return ClusteredClients(_tiled(state.cluster_weights[0], num_silos),

@@ -251,10 +251,13 @@ _DISK_CACHE = calibration_cache.CalibrationCache(dict(
 @functools.lru_cache(maxsize=4096)
 def _calibrate(target_epsilon, *args) -> float:
   """`_search_noise_multiplier`, through the on-disk cache: a cached multiplier is
-  used only after dp_accounting confirms it meets the target."""
+  used only after dp_accounting confirms that it meets the target and that a
+  relative tolerance less noise would not (so it is what the search returns)."""
   key = repr((target_epsilon, *args))
   cached = _DISK_CACHE.get(key)
-  if cached is not None and cached > 0 and _epsilon(cached, *args) <= target_epsilon:
+  if (cached is not None and cached > 0
+      and _epsilon(cached, *args) <= target_epsilon
+      and _epsilon(cached * (1 - CALIBRATION_RELATIVE_TOLERANCE), *args) > target_epsilon):
     return cached
   z = _search_noise_multiplier(target_epsilon, *args)
   _DISK_CACHE.put(key, z)

@@ -8,8 +8,9 @@ the search's version and dp_accounting's version are in its name), in
 `$TFF_SILO_CACHE_DIR` (default `~/.cache/tff_silo`; `off` disables the cache).
 
 A cached value is never trusted: the caller recomputes its epsilon with
-dp_accounting (one evaluation) and uses it only if the target is met, so a stale or
-edited file can cost time, never privacy. Writes go to a temporary file renamed over
+dp_accounting (two evaluations) and uses it only if it meets the target and a
+relative tolerance less noise would not, so a stale or edited file can cost time,
+never privacy or utility. Writes go to a temporary file renamed over
 the old one, so concurrent runs may drop each other's new entries but never leave a
 broken file; an unreadable file counts as empty.
 """

@@ -20,11 +20,10 @@ import numpy as np
 import tensorflow as tf
 
 from tff_silo import keys, runtime
-from tff_silo.algorithms.dprivate_clustering import DPrivateClusteringAlgorithm
 from tff_silo.algorithms.rounds import SiloInput
 from tff_silo.data.silos import SiloData
 from tff_silo.privacy.ledger import PrivacyLedger, leakages
-from tff_silo.simulation import BACKENDS, SiloEvaluator, check_run_length
+from tff_silo.simulation import SiloEvaluator, check_run_length, runner_for
 
 _LEAKAGE_SLACK = 1e-9
 
@@ -117,14 +116,7 @@ def run_dprivate_clustering(process, data: SiloData, *, rounds: int,
     backend: `tff` (the reference) or `vectorized` (a round as one TF program; the
       same numbers: `tff_silo.vectorized`).
   """
-  if backend not in BACKENDS:
-    raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
-  if backend == "vectorized":
-    from tff_silo import vectorized  # pylint: disable=g-import-not-at-top
-    process = vectorized.for_process(process)
-  elif isinstance(process, DPrivateClusteringAlgorithm):
-    from tff_silo.algorithms import process as tff_process  # pylint: disable=g-import-not-at-top
-    process = tff_process.process_for(process)
+  process = runner_for(process, backend)
   _check(process, data, rounds, clients_per_round, leakage_cap, patience, validation)
   start = time.perf_counter()
   rng = np.random.default_rng([seed, 2])

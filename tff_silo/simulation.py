@@ -27,6 +27,7 @@ import tensorflow as tf
 
 from tff_silo import keys, runtime
 from tff_silo.algorithms.local_training import sampling_rate, steps_per_epoch
+from tff_silo.algorithms.dprivate_clustering import DPrivateClusteringAlgorithm
 from tff_silo.algorithms.ifca import ClusteredAlgorithm
 from tff_silo.algorithms.rounds import SiloAlgorithm, SiloInput
 from tff_silo.data.silos import SiloData
@@ -204,6 +205,22 @@ def _metric_sums_function(model):
   return metric_sums
 
 
+def runner_for(process, backend: str):
+  """What runs `process` (a TFF process or a TF-only definition) on `backend`: the
+  vectorized runner (`tff_silo.vectorized.for_process`), or the TFF process (built
+  from a definition)."""
+  # pylint: disable=g-import-not-at-top
+  if backend not in BACKENDS:
+    raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
+  if backend == "vectorized":
+    from tff_silo import vectorized
+    return vectorized.for_process(process)
+  if isinstance(process, (SiloAlgorithm, ClusteredAlgorithm, DPrivateClusteringAlgorithm)):
+    from tff_silo.algorithms import process as tff_process
+    return tff_process.process_for(process)
+  return process
+
+
 def check_run_length(rounds, eval_every: int = 0) -> None:
   """The drivers' shared check: T a positive integer, `eval_every` >= 0."""
   if int(rounds) != rounds or rounds < 1:
@@ -256,14 +273,7 @@ def run_simulation(process, data: SiloData, *, rounds: int,
       numbers, much faster, on CPU or GPU).
   """
   check_run_length(rounds, eval_every)
-  if backend not in BACKENDS:
-    raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
-  if backend == "vectorized":
-    from tff_silo import vectorized  # pylint: disable=g-import-not-at-top
-    process = vectorized.for_process(process)
-  elif isinstance(process, (SiloAlgorithm, ClusteredAlgorithm)):
-    from tff_silo.algorithms import process as tff_process  # pylint: disable=g-import-not-at-top
-    process = tff_process.process_for(process)
+  process = runner_for(process, backend)
   if process.num_clusters > data.num_silos:
     raise ValueError(f"num_clusters={process.num_clusters} is more than the "
                      f"{data.num_silos} silos")

@@ -346,7 +346,7 @@ def _round_function(algorithm):
 
 class VectorizedProcess:
   """A process or definition of the MR-MTL family run with all silos in one TF
-  program per round (`for_process` picks this or `VectorizedClusteredProcess`).
+  program per round (made by `for_process`, which checks what can run).
 
   The driver (`tff_silo.simulation.run_simulation(backend="vectorized")`) uses it as
   it uses a process: `prepare` stacks the silos once, `initialize` / `next` run
@@ -354,9 +354,6 @@ class VectorizedProcess:
   """
 
   def __init__(self, process):
-    reason = unsupported_reason(process)
-    if reason is not None:
-      raise ValueError(reason)
     self.algorithm = algorithm = definition(process)
     self.name, self.model, self.config = algorithm.name, algorithm.model, algorithm.config
     self.epochs_per_round = algorithm.epochs_per_round

@@ -57,14 +57,34 @@ class DPrivateResult:
   wall_seconds: float
 
 
-def _loss_table_fn(model, feature_shape):
-  """`(hypotheses, xs, ys) -> [k, users]` of the model's batch objective F_c."""
-  signature = ([tf.TensorSpec(s, tf.float32) for s in model.weight_shapes],
-               tf.TensorSpec([None, *feature_shape], tf.float32),
-               tf.TensorSpec([None], tf.float32))
-  batch_loss = tf.function(model.batch_loss, input_signature=signature)
-  return lambda hypotheses, xs, ys: np.array(
-      [[float(batch_loss(list(h), x, y)) for x, y in zip(xs, ys)] for h in hypotheses])
+class _LossTable:
+  """`table(hypotheses) -> [k, users]` of the model's batch objective F_c on fixed
+  users' data: one call over all users (zero-padded, each user's loss on its own n
+  rows, so any objective)."""
+
+  def __init__(self, model, xs, ys):
+    sizes = [len(y) for y in ys]
+    rows = max(sizes)
+    pad = lambda a: np.concatenate([np.asarray(a, np.float32), np.zeros(
+        (rows - len(a), *np.shape(a)[1:]), np.float32)])
+    self._x = tf.constant(np.stack([pad(x) for x in xs]))
+    self._y = tf.constant(np.stack([pad(y) for y in ys]))
+    self._n = tf.constant(sizes, tf.int32)
+
+    @tf.function(reduce_retracing=True)
+    def table(hypotheses, x, y, n):
+      def one(k):
+        return tf.stack([model.batch_loss(list(h), x[k][:n[k]], y[k][:n[k]])
+                         for h in hypotheses])
+      return tf.transpose(tf.map_fn(one, tf.range(tf.shape(n)[0]),
+                                    fn_output_signature=tf.float32))
+
+    self._table = table
+
+  def __call__(self, hypotheses) -> np.ndarray:
+    hypotheses = tuple(tuple(tf.convert_to_tensor(w, tf.float32) for w in h)
+                       for h in hypotheses)
+    return self._table(hypotheses, self._x, self._y, self._n).numpy().astype(np.float64)
 
 
 def _check(process, data, rounds, clients_per_round, leakage_cap, patience, validation):
@@ -126,10 +146,11 @@ def run_dprivate_clustering(process, data: SiloData, *, rounds: int,
   inputs = process.prepare([SiloInput(x, y, np.float32(0.0), key)
                             for x, y, key in zip(data.x_train, data.y_train,
                                                  keys.unit_keys(seed, data.num_silos))])
-  loss_table = _loss_table_fn(process.model, data.feature_shape)
   if validation is not None:
-    val_x = [np.concatenate([a, b]) for a, b in zip(validation.x_train, validation.x_test)]
-    val_y = [np.concatenate([a, b]) for a, b in zip(validation.y_train, validation.y_test)]
+    validation_losses = _LossTable(
+        process.model,
+        [np.concatenate([a, b]) for a, b in zip(validation.x_train, validation.x_test)],
+        [np.concatenate([a, b]) for a, b in zip(validation.y_train, validation.y_test)])
   history, round_seconds, declined = [], [], 0
   stopped_because = "rounds"
   try:
@@ -153,7 +174,7 @@ def run_dprivate_clustering(process, data: SiloData, *, rounds: int,
         stopped_because = "leakage_cap"  # every user would decline from now on
       round_seconds.append(time.perf_counter() - t0)
       if validation is not None:
-        loss = float(np.mean(loss_table(state.hypotheses, val_x, val_y).min(axis=0)))
+        loss = float(np.mean(validation_losses(state.hypotheses).min(axis=0)))
         history.append((r, loss))
         if loss < best_loss:
           best_state, best_loss, best_round = state, loss, r
@@ -169,7 +190,8 @@ def run_dprivate_clustering(process, data: SiloData, *, rounds: int,
   finally:
     runtime.stop_tff_workers()
   hypotheses = tuple(tuple(np.asarray(w) for w in h) for h in best_state.hypotheses)
-  assignments = loss_table(hypotheses, data.x_train, data.y_train).argmin(axis=0)
+  assignments = _LossTable(process.model, data.x_train,
+                           data.y_train)(hypotheses).argmin(axis=0)
   chosen = [hypotheses[j] for j in assignments]
   evaluator = SiloEvaluator(process.model, data.feature_shape)
   train, silo_train = evaluator(chosen, data.x_train, data.y_train)

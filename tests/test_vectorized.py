@@ -11,6 +11,7 @@ import tensorflow as tf
 import tensorflow_federated as tff
 
 from tff_silo import algorithms, batched_random, data, keys, models
+from tff_silo import vectorized as vectorized_backend
 from tff_silo.dprivate_simulation import run_dprivate_clustering
 from tff_silo.privacy import PrivacyProtocol
 from tff_silo.simulation import run_simulation
@@ -144,6 +145,19 @@ def test_unweighted_mean_and_a_cnn_without_closed_form_gradients(stacked):
       l2_norm_clip=1.0, aggregator=tff.aggregators.UnweightedMeanFactory())
   _assert_same(*_both(process, small, rounds=2, target_epsilon=8.0, target_delta=1e-3,
                       protocol=PUBLIC), atol=1e-5)
+
+
+def test_dp_cnn_silos_in_memory_chunks_compute_the_same(monkeypatch):
+  """A budget of 3 silos' weight copies: 4 silos go as 2 chunks (one padded)."""
+  small, cnn = _small_digits()
+  definition = algorithms.mrmtl_algorithm(
+      cnn, small.feature_shape, client_learning_rate=0.1, batch_size=4, lam=0.3,
+      l2_norm_clip=1.0)
+  monkeypatch.setattr(vectorized_backend, "MEMORY_BUDGET_FLOATS",
+                      3 * 4 * cnn.num_parameters)
+  assert vectorized_backend._chunk_silos(cnn, definition.config) == 3
+  _assert_same(*_both(definition, small, rounds=2, target_epsilon=8.0,
+                      target_delta=1e-3, protocol=PUBLIC), atol=1e-5)
 
 
 @pytest.mark.parametrize("hidden, shape", [(None, (8, 8, 1)), (12, (28, 28, 3))])

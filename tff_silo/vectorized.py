@@ -20,8 +20,10 @@ across silos, so the work is about what the silos would do alone.
 
 Gradients: a model with `stacked_apply_fn` (the CNN: grouped convolutions) is run for
 all silos at once, under DP with one copy of its silo's weights per example (memory:
-silos x batch width x parameters floats per step, ~55 MB for the digits CNN; nothing
-chunks larger models yet); other models map `step_gradient` over silos.
+silos x batch width x parameters floats per step, ~55 MB for the digits CNN); when
+that would pass `MEMORY_BUDGET_FLOATS` (batch_size as the width), the silos go
+through in chunks that fit, one after another. Other models map `step_gradient` over
+silos.
 
 Supported: local, FedAvg, finetune, MR-MTL and Ditto (`SiloAlgorithm`s) with the
 weighted or unweighted mean (`rounds.plain_mean`), and IFCA with its preconditioned
@@ -175,6 +177,30 @@ def _stacked_gradients(model, config, weights, anchor, lam, xb, yb, noise, norma
                         batch_dims=2)
 
 
+# Per-example weight copies of the DP stacked path, in floats, per call: above it the
+# silos go through in chunks (`_chunk_silos`).
+MEMORY_BUDGET_FLOATS = 2 ** 26   # 256 MB of float32
+
+
+def _chunk_silos(model, config) -> int:
+  """Silos per chunk of the DP stacked path: as many as keep batch_size x parameters
+  weight copies each within `MEMORY_BUDGET_FLOATS` (Poisson batches vary around
+  batch_size, so the bound is about, not exact), at least 1."""
+  return max(1, MEMORY_BUDGET_FLOATS // (config.batch_size * model.num_parameters))
+
+
+def _in_chunks(fn, chunk: int, tensors, num_outputs: int):
+  """`fn(tensors)` (a flat list of [K, ...] tensors -> `num_outputs` [K, ...]
+  tensors) over chunks of `chunk` silos, one after another (`tf.map_fn`); the silo
+  axis is zero-padded to a multiple of `chunk` and the padding dropped again."""
+  num_silos = tf.shape(tensors[0])[0]
+  extra = (chunk - num_silos % chunk) % chunk
+  pieces = [tf.reshape(tf.pad(t, [[0, extra]] + [[0, 0]] * (len(t.shape) - 1)),
+                       tf.concat([[-1, chunk], tf.shape(t)[1:]], 0)) for t in tensors]
+  out = tf.map_fn(fn, pieces, fn_output_signature=[tf.float32] * num_outputs)
+  return [tf.reshape(o, tf.concat([[-1], tf.shape(o)[2:]], 0))[:num_silos] for o in out]
+
+
 def train_silos(model, config, weights, anchor, lam, silos: StackedSilos, round_keys,
                 pass_):
   """`train_locally` for every silo at once: weights and anchor [K, ...]; returns the
@@ -202,8 +228,22 @@ def train_silos(model, config, weights, anchor, lam, silos: StackedSilos, round_
     xb = tf.gather(silos.x, idx, batch_dims=1)
     yb = tf.gather(silos.y, idx, batch_dims=1)
     step_noise = noise(step) if config.private else None
-    if model.stacked_apply_fn is not None:
-      grads = _stacked_gradients(model, config, w, anchor, lam, xb, yb, step_noise,
+    if model.stacked_apply_fn is not None and config.private:
+      num_layers = len(w)
+
+      def stacked(parts):   # w, anchor, noise, then xb, yb, normalizer, mask
+        ws, anchors, noises = (parts[i * num_layers:(i + 1) * num_layers]
+                               for i in range(3))
+        x_, y_, norm_, mask_ = parts[3 * num_layers:]
+        return _stacked_gradients(model, config, ws, anchors, lam, x_, y_, noises,
+                                  tf.maximum(norm_, 1.0), mask_)
+
+      parts = [*w, *anchor, *step_noise, xb, yb, normalizer, mask]
+      chunk = _chunk_silos(model, config)
+      grads = tf.cond(tf.shape(yb)[0] <= chunk, lambda: stacked(parts),
+                      lambda: _in_chunks(stacked, chunk, parts, num_layers))
+    elif model.stacked_apply_fn is not None:
+      grads = _stacked_gradients(model, config, w, anchor, lam, xb, yb, None,
                                  normalizer, mask)
     elif config.private:
       grads = tf.vectorized_map(
@@ -236,7 +276,7 @@ def _definition(algorithm) -> tuple:
             algorithm.kmeans_iterations)
   spec = (algorithm.round_spec if isinstance(algorithm, SiloAlgorithm)
           else algorithm.cluster_spec)
-  return (fields, algorithm.config, spec, algorithm.aggregation)
+  return (fields, algorithm.config, spec, algorithm.aggregation, MEMORY_BUDGET_FLOATS)
 
 
 def _family_round(algorithm: SiloAlgorithm):

@@ -21,7 +21,7 @@ import tensorflow as tf
 
 from tff_silo import keys, runtime
 from tff_silo.algorithms.rounds import SiloInput
-from tff_silo.data.silos import SiloData
+from tff_silo.data.silos import SiloData, padded_stack
 from tff_silo.privacy.ledger import PrivacyLedger, leakages
 from tff_silo.simulation import SiloEvaluator, check_run_length, runner_for
 
@@ -63,13 +63,9 @@ class _LossTable:
   rows, so any objective)."""
 
   def __init__(self, model, xs, ys):
-    sizes = [len(y) for y in ys]
-    rows = max(sizes)
-    pad = lambda a: np.concatenate([np.asarray(a, np.float32), np.zeros(
-        (rows - len(a), *np.shape(a)[1:]), np.float32)])
-    self._x = tf.constant(np.stack([pad(x) for x in xs]))
-    self._y = tf.constant(np.stack([pad(y) for y in ys]))
-    self._n = tf.constant(sizes, tf.int32)
+    self._x = tf.constant(padded_stack(xs))
+    self._y = tf.constant(padded_stack(ys))
+    self._n = tf.constant([len(y) for y in ys], tf.int32)
 
     @tf.function(reduce_retracing=True)
     def table(hypotheses, x, y, n):

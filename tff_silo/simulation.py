@@ -30,7 +30,7 @@ from tff_silo.algorithms.local_training import sampling_rate, steps_per_epoch
 from tff_silo.algorithms.dprivate_clustering import DPrivateClusteringAlgorithm
 from tff_silo.algorithms.ifca import ClusteredAlgorithm
 from tff_silo.algorithms.rounds import SiloAlgorithm, SiloInput
-from tff_silo.data.silos import SiloData
+from tff_silo.data.silos import SiloData, padded_stack
 from tff_silo.privacy import accounting, ledger as ledger_lib
 from tff_silo.privacy.protocol import PrivacyProtocol
 
@@ -175,13 +175,12 @@ class SiloEvaluator:
     sums = np.zeros(len(ys))
     for chunk in self._chunks(sizes):
       rows = max(1, int(sizes[chunk].max()))
-      pad = lambda a: np.concatenate([np.asarray(a, np.float32), np.zeros(
-          (rows - len(a), *np.shape(a)[1:]), np.float32)])
       weights = [np.stack([np.asarray(silo_weights[k][i], np.float32) for k in chunk])
                  for i in range(len(silo_weights[chunk[0]]))]
       mask = (np.arange(rows)[None] < sizes[chunk][:, None]).astype(np.float32)
-      sums[chunk] = self._metric_sums(weights, np.stack([pad(xs[k]) for k in chunk]),
-                                      np.stack([pad(ys[k]) for k in chunk]), mask).numpy()
+      sums[chunk] = self._metric_sums(
+          weights, padded_stack([xs[k] for k in chunk], rows),
+          padded_stack([ys[k] for k in chunk], rows), mask).numpy()
     return float(sums.sum() / sizes.sum()), sums / sizes
 
 

@@ -48,6 +48,7 @@ from tff_silo.algorithms import dprivate_clustering as dpc
 from tff_silo.algorithms import ifca
 from tff_silo.algorithms import local_training as lt
 from tff_silo.algorithms.rounds import SiloAlgorithm, client_round, server_step
+from tff_silo.data.silos import padded_stack
 from tff_silo.privacy.selection import gumbel_of
 
 
@@ -76,14 +77,10 @@ class VectorizedState(NamedTuple):
 
 def stack_silos(inputs) -> StackedSilos:
   """Stacks a list of `SiloInput`s (padding x and y with zeros)."""
-  sizes = [len(i.y) for i in inputs]
-  longest = max(sizes)
-  pad = lambda a: np.concatenate(
-      [np.asarray(a, np.float32), np.zeros((longest - len(a), *np.shape(a)[1:]), np.float32)])
   return StackedSilos(
-      x=tf.constant(np.stack([pad(i.x) for i in inputs])),
-      y=tf.constant(np.stack([pad(i.y) for i in inputs])),
-      n=tf.constant(sizes, tf.int32),
+      x=tf.constant(padded_stack([i.x for i in inputs])),
+      y=tf.constant(padded_stack([i.y for i in inputs])),
+      n=tf.constant([len(i.y) for i in inputs], tf.int32),
       size=tf.constant([i.size for i in inputs], tf.float32),
       noise_multiplier=tf.constant([i.noise_multiplier for i in inputs], tf.float32),
       key=tf.constant(np.stack([i.seed for i in inputs]), tf.int32),

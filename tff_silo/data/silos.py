@@ -130,3 +130,12 @@ def standardize(x_train: np.ndarray, x_test: np.ndarray):
   std = x_train.std(axis=0)
   std = np.where(std > 0, std, 1.0)
   return (x_train - mean) / std, (x_test - mean) / std
+
+
+def padded_stack(arrays: Sequence, rows: Optional[int] = None) -> np.ndarray:
+  """float32 [len(arrays), rows, ...]: the arrays stacked, each zero-padded along its
+  first axis to `rows` (default: the longest) — silos of different sizes as one
+  tensor (the vectorized backend, batched evaluation)."""
+  rows = max(len(a) for a in arrays) if rows is None else rows
+  return np.stack([np.concatenate([np.asarray(a, np.float32), np.zeros(
+      (rows - len(a), *np.shape(a)[1:]), np.float32)]) for a in arrays])

@@ -89,7 +89,7 @@ def run_hypernet(process: HypernetProcess, data: SiloData, *, rounds: int,
   ledger = (PrivacyLedger(target_delta) if settings.private and target_delta is not None
             else None)
   weights = process.user_weights.astype(np.float32)
-  generator, evaluator = _Generator(hn), SiloEvaluator(hn.target, data.feature_shape)
+  generator, evaluator = _Generator(hn), SiloEvaluator(hn.target)
 
   def evaluate(state):
     thetas = generator(state.phi, state.embeddings)

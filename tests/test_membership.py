@@ -48,7 +48,7 @@ def test_silo_models_of_a_simulation_are_attacked_with_logits():
   result = simulation.run_simulation(process, silos, rounds=2)
   assert len(result.silo_weights) == 4
   # The returned weights are the ones the silos were evaluated with.
-  evaluator = simulation.SiloEvaluator(model, silos.feature_shape)
+  evaluator = simulation.SiloEvaluator(model)
   _, per_silo = evaluator(result.silo_weights, silos.x_test, silos.y_test)
   np.testing.assert_allclose(per_silo, result.silo_test_metric)
   table = membership.attack_silo_models(

@@ -189,7 +189,7 @@ def run_dprivate_clustering(process, data: SiloData, *, rounds: int,
   assignments = _LossTable(process.model, data.x_train,
                            data.y_train)(hypotheses).argmin(axis=0)
   chosen = [hypotheses[j] for j in assignments]
-  evaluator = SiloEvaluator(process.model, data.feature_shape)
+  evaluator = SiloEvaluator(process.model)
   train, silo_train = evaluator(chosen, data.x_train, data.y_train)
   test, silo_test = evaluator(chosen, data.x_test, data.y_test)
   return DPrivateResult(

@@ -153,8 +153,7 @@ class SiloEvaluator:
   function per chunk (the model's `stacked_apply_fn`, or `apply_fn` mapped over
   silos), padded rows masked out."""
 
-  def __init__(self, model, feature_shape, chunk_rows: int = 8192):
-    del feature_shape   # the traced function follows the data
+  def __init__(self, model, chunk_rows: int = 8192):
     self._chunk_rows = chunk_rows
     self._metric_sums = _metric_sums_function(model)
 
@@ -314,7 +313,7 @@ def run_simulation(process, data: SiloData, *, rounds: int,
                                           keys.unit_keys(seed, data.num_silos), select,
                                           sizes)]
   inputs = process.prepare(inputs)
-  evaluator = SiloEvaluator(process.model, data.feature_shape)
+  evaluator = SiloEvaluator(process.model)
 
   def evaluate(state, client_states, rounds_done):
     weights = process.evaluation_weights(state, client_states, rounds_done)

@@ -39,23 +39,11 @@ def check_among(name, values, allowed) -> None:
 
 BACKENDS = ("auto", "tff", "vectorized")
 DEVICES = ("auto", "cpu", "gpu")
-# What tff_silo.vectorized runs; everything else runs on TFF's runtime.
-VECTORIZED_ALGORITHMS = ("local", "fedavg", "finetune", "mrmtl", "ditto", "ifca",
-                         "ifca_fedavg", "ifca_local", "ifca_mrmtl", "ifca_finetune",
-                         "dprivate_clustering")
-
-
-def check_backend(backend: str, device: str, algorithms) -> None:
+def check_backend(backend: str, device: str) -> None:
   """UsageError for an unknown --backend / --device, or a combination that cannot
-  run: the vectorized backend for an algorithm it lacks, a device for TFF's runtime
-  (CPU only)."""
+  run: a GPU for TFF's runtime (CPU only), or a GPU TensorFlow does not see."""
   check_one_of("backend", backend, BACKENDS)
   check_one_of("device", device, DEVICES)
-  if backend == "vectorized":
-    missing = [a for a in algorithms if a not in VECTORIZED_ALGORITHMS]
-    if missing:
-      raise UsageError(f"--backend=vectorized runs {', '.join(VECTORIZED_ALGORITHMS)}; "
-                       f"{', '.join(missing)} run on --backend=tff (or auto)")
   if backend == "tff" and device == "gpu":
     raise UsageError("--device=gpu needs the vectorized backend: TFF's runtime (the "
                      "PyPI worker_binary) runs on the CPU only")
@@ -69,12 +57,10 @@ def _gpus() -> list:
   return tf.config.list_physical_devices("GPU")
 
 
-def backend_for(backend: str, algorithm: str) -> str:
-  """The backend a run of `algorithm` uses: `auto` picks the vectorized one where
-  it exists (the same numbers, much faster)."""
-  if backend != "auto":
-    return backend
-  return "vectorized" if algorithm in VECTORIZED_ALGORITHMS else "tff"
+def backend_for(backend: str) -> str:
+  """The backend a run uses: `auto` is the vectorized one (the same numbers, much
+  faster; it runs every algorithm of benchmarks.run)."""
+  return "vectorized" if backend == "auto" else backend
 
 
 def device_scope(device: str, backend: str):

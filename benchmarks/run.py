@@ -119,7 +119,7 @@ flags.DEFINE_integer("kmeans_iterations", 10, "dprivate_clustering: Lloyd iterat
 flags.DEFINE_string("backend", "auto", f"One of {common.BACKENDS}: 'tff' runs TFF's "
                     "runtime (the reference), 'vectorized' every silo's round as one "
                     "TensorFlow program (the same numbers; every algorithm here); "
-                    "'auto' the vectorized one where it exists.")
+                    "'auto': the vectorized one.")
 flags.DEFINE_string("device", "auto", f"One of {common.DEVICES}: where the vectorized "
                     "backend runs ('auto': a GPU if TensorFlow sees one).")
 flags.DEFINE_string("output", "benchmarks/out/run.csv", "CSV file rows are appended to.")
@@ -133,7 +133,7 @@ def _settings():
   common.check_among("algorithm", FLAGS.algorithm, ALGORITHMS)
   common.check_one_of("neighbouring", FLAGS.neighbouring, NEIGHBOURING)
   common.check_one_of("protocol", FLAGS.protocol, PROTOCOLS)
-  common.check_backend(FLAGS.backend, FLAGS.device, FLAGS.algorithm)
+  common.check_backend(FLAGS.backend, FLAGS.device)
   preset = configs.PRESETS[FLAGS.dataset]
   s = dict(
       rounds=FLAGS.rounds if FLAGS.rounds is not None else preset.rounds,
@@ -555,7 +555,7 @@ def main(argv):
     tag = f"[{i}/{len(runs)}] {algorithm} lam={lam} seed={seed}"
     progress = common.round_progress(tag, s["rounds"])
 
-    backend = common.backend_for(FLAGS.backend, algorithm)
+    backend = common.backend_for(FLAGS.backend)
     scope, device = common.device_scope(FLAGS.device, backend)
     try:
       with scope:

@@ -59,7 +59,7 @@ def _gpus() -> list:
 
 def backend_for(backend: str) -> str:
   """The backend a run uses: `auto` is the vectorized one (the same numbers, much
-  faster; it runs every algorithm of benchmarks.run)."""
+  faster; it runs every algorithm of benchmarks.run and benchmarks.hypernet)."""
   return "vectorized" if backend == "auto" else backend
 
 

@@ -9,9 +9,11 @@ of the offline digits, of CIFAR-10 (`--data_dir` holding cifar-10-batches-py) or
 FEMNIST writers (`--cache_dir` holding TFF's emnist_all.sqlite). `hypernet` runs one
 process per (q, S, z) of the grid; `--noise_multiplier=0` without `--l2_norm_clip` is
 the noiseless pFedHN. `fedavg` trains one global model of the same target CNN on all
-users every round. One CSV row per run (accuracy per user, mean accuracy, user-level
-epsilon at --delta, wall time; `history` lists [round, pooled test accuracy] every
---eval_every rounds) is appended to --output; a table of means is printed.
+users every round. Both run on the vectorized backend by default (`--backend=tff`:
+TFF's runtime, the same numbers). One CSV row per run (accuracy per user, mean
+accuracy, user-level epsilon at --delta, backend, device, wall time, peak memory;
+`history` lists [round, pooled test accuracy] every --eval_every rounds) is appended
+to --output; a table of means is printed.
 """
 
 from __future__ import annotations
@@ -63,6 +65,12 @@ flags.DEFINE_integer("dense", 64, "Target CNN: width of the hidden dense layer."
 flags.DEFINE_integer("fedavg_local_epochs", 1, "FedAvg: local epochs per round.")
 flags.DEFINE_list("seeds", ["0"], "Comma-separated seeds (partition, init, sampling, noise).")
 flags.DEFINE_integer("eval_every", 0, "Also evaluate every this many rounds (0: end).")
+flags.DEFINE_string("backend", "auto", f"One of {common.BACKENDS}: 'tff' runs TFF's "
+                    "runtime (the reference), 'vectorized' a round as one TensorFlow "
+                    "program (the same numbers; the user-level DP mean); 'auto': the "
+                    "vectorized one.")
+flags.DEFINE_string("device", "auto", f"One of {common.DEVICES}: where the vectorized "
+                    "backend runs ('auto': a GPU if TensorFlow sees one).")
 flags.DEFINE_string("output", "benchmarks/out/hypernet.csv", "CSV rows are appended to.")
 flags.DEFINE_bool("resume", True, "Skip runs whose row is already in --output.")
 # --plot (defined by `benchmarks.summarize`, imported above): a PNG of mean user
@@ -71,13 +79,15 @@ FLAG_NAMES = ("algorithm", "dataset", "data_dir", "cache_dir", "num_users",
               "classes_per_user", "sampling_rate", "l2_norm_clip", "noise_multiplier",
               "weight_cap", "delta", "rounds", "local_steps", "batch_size", "client_lr",
               "hypernet_lr", "embedding_lr", "hidden_width", "embedding_dim", "channels",
-              "dense", "fedavg_local_epochs", "seeds", "eval_every", "plot")
+              "dense", "fedavg_local_epochs", "seeds", "eval_every", "plot", "backend",
+              "device")
 
 
 def _settings():
   """Validates the flags; returns the grid and the parsed lists; raises UsageError."""
   common.check_one_of("dataset", FLAGS.dataset, DATASETS)
   common.check_among("algorithm", FLAGS.algorithm, ALGORITHMS)
+  common.check_backend(FLAGS.backend, FLAGS.device)
   if FLAGS.dataset == "cifar10" and FLAGS.data_dir and not os.path.isdir(FLAGS.data_dir):
     raise UsageError(f"--data_dir {FLAGS.data_dir} is not a directory")
   for name in ("num_users", "rounds", "local_steps", "batch_size", "hidden_width",
@@ -132,22 +142,22 @@ def _target(users, s):
                    hidden=FLAGS.dense)
 
 
-def _run_hypernet(users, settings, seed, s, progress):
+def _run_hypernet(users, settings, seed, s, progress, backend):
   import hypernet
   target = _target(users, s)
   hn = hypernet.Hypernetwork(
       target, users.num_silos,
       FLAGS.embedding_dim or hypernet.default_embedding_dim(users.num_silos),
       hidden_width=FLAGS.hidden_width)
-  process = hypernet.build_hypernet_process(
+  algorithm = hypernet.hypernet_algorithm(
       hn, users.feature_shape, users.train_sizes, settings,
       client_learning_rate=FLAGS.client_lr, batch_size=FLAGS.batch_size,
       local_steps=FLAGS.local_steps, hypernet_learning_rate=FLAGS.hypernet_lr,
       embedding_learning_rate=FLAGS.embedding_lr, init_seed=seed, noise_seed=seed)
   result = hypernet.run_hypernet(
-      process, users, rounds=FLAGS.rounds,
+      algorithm, users, rounds=FLAGS.rounds,
       target_delta=FLAGS.delta if settings.private else None, seed=seed,
-      eval_every=FLAGS.eval_every, progress=progress)
+      eval_every=FLAGS.eval_every, progress=progress, backend=backend)
   return _measured(result, result.test_accuracy, result.user_test_accuracy,
                    result.train_accuracy, [(r, a) for r, a, _ in result.history],
                    private=settings.private, epsilon=result.epsilon, sigma=result.sigma,
@@ -155,14 +165,15 @@ def _run_hypernet(users, settings, seed, s, progress):
                    hypernet_parameters=hn.num_parameters)
 
 
-def _run_fedavg(users, seed, s, progress):
+def _run_fedavg(users, seed, s, progress, backend):
   from tff_silo import algorithms, simulation
-  process = algorithms.build_fedavg_process(
+  algorithm = algorithms.fedavg_algorithm(
       _target(users, s), users.feature_shape, client_learning_rate=FLAGS.client_lr,
       batch_size=FLAGS.batch_size, local_epochs=FLAGS.fedavg_local_epochs,
       init_seed=seed)
-  result = simulation.run_simulation(process, users, rounds=FLAGS.rounds, seed=seed,
-                                     eval_every=FLAGS.eval_every, progress=progress)
+  result = simulation.run_simulation(algorithm, users, rounds=FLAGS.rounds, seed=seed,
+                                     eval_every=FLAGS.eval_every, progress=progress,
+                                     backend=backend)
   return _measured(result, result.test_metric, result.silo_test_metric,
                    result.train_metric, [(r, te) for r, _, te in result.history],
                    epsilon=math.inf, sigma=0.0,
@@ -214,9 +225,9 @@ def _run_key(seed, algorithm, settings, s):
       **_privacy_columns(settings)), sort_keys=True)
 
 
-def _row(seed, algorithm, settings, s, users, measured):
+def _row(seed, algorithm, settings, s, users, measured, backend, device):
+  from importlib import metadata
   import tensorflow as tf
-  import tensorflow_federated as tff
   return dict(
       algorithm=algorithm, dataset=FLAGS.dataset, seed=seed, num_users=users.num_silos,
       rounds=FLAGS.rounds, **_privacy_columns(settings),
@@ -226,7 +237,9 @@ def _row(seed, algorithm, settings, s, users, measured):
       batch_size=FLAGS.batch_size, client_lr=FLAGS.client_lr,
       hypernet_lr=FLAGS.hypernet_lr if algorithm == "hypernet" else None,
       embedding_lr=FLAGS.embedding_lr if algorithm == "hypernet" else None,
-      **measured, tff_version=tff.__version__, tf_version=tf.__version__,
+      **measured, backend=backend, device=device,
+      peak_memory_mb=common.peak_memory_mb(),
+      tff_version=metadata.version("tensorflow-federated"), tf_version=tf.__version__,
       run_key=_run_key(seed, algorithm, settings, s),
       flags=json.dumps({name: FLAGS[name].value for name in FLAG_NAMES}),
       finished=time.strftime("%Y-%m-%dT%H:%M:%S"))
@@ -297,15 +310,19 @@ def main(argv):
       continue
     progress = common.round_progress(tag, FLAGS.rounds)
 
+    backend = common.backend_for(FLAGS.backend)
+    scope, device = common.device_scope(FLAGS.device, backend)
     try:
       if seed not in users_by_seed:
         users_by_seed[seed] = _users(seed)
       users = users_by_seed[seed]
-      measured = (_run_hypernet(users, settings, seed, s, progress)
-                  if algorithm == "hypernet" else _run_fedavg(users, seed, s, progress))
+      with scope:
+        measured = (_run_hypernet(users, settings, seed, s, progress, backend)
+                    if algorithm == "hypernet"
+                    else _run_fedavg(users, seed, s, progress, backend))
     except ValueError as e:   # includes DataError: a bad file or setting, not a bug
       raise UsageError(str(e)) from None
-    row = _row(seed, algorithm, settings, s, users, measured)
+    row = _row(seed, algorithm, settings, s, users, measured, backend, device)
     common.append_row(FLAGS.output, row)
     rows.append(row)
   _print_table(rows)

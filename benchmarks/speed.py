@@ -14,6 +14,8 @@ backends alternating within each repeat, so drift of the machine hits both alike
   in the first 10% of rounds), fresh process per run.
 - `dprivate`: d-private clustered FL on Galli et al.'s two-cluster data (nu 5, U 7,
   --dprivate_rounds rounds), fresh process per run.
+- `hypernet`: UDP-Alg as `python -m benchmarks.hypernet` (digits, 50 users, q 0.1,
+  S 0.1, z 1, K 20 local steps, --hypernet_rounds rounds), fresh process per run.
 - on a machine where TensorFlow sees a GPU, `digits` also runs the vectorized
   backend with --device=gpu.
 
@@ -41,7 +43,7 @@ from absl import flags
 from benchmarks import common, configs
 from benchmarks.common import UsageError
 
-PARTS = ("school", "digits", "sweep", "ifca", "dprivate")
+PARTS = ("school", "digits", "sweep", "ifca", "dprivate", "hypernet")
 DEFAULT_PARTS = ("school", "digits", "sweep")
 SWEEP_EPSILONS = (1.0, 2.0, 4.0, 8.0)
 CACHE_MODES = ("warm", "cold")
@@ -56,6 +58,7 @@ flags.DEFINE_integer("rounds", 200, "Rounds of a School run.")
 flags.DEFINE_integer("digits_rounds", 20, "Rounds of a digits run.")
 flags.DEFINE_integer("sweep_runs", 20, "School runs in the one-process sweep.")
 flags.DEFINE_integer("dprivate_rounds", 150, "Rounds of a dprivate run.")
+flags.DEFINE_integer("hypernet_rounds", 50, "Rounds of a hypernet run.")
 flags.DEFINE_string("output", "benchmarks/out/speed.csv", "CSV file rows are appended to.")
 flags.DEFINE_string("calibration_cache", "warm", f"One of {CACHE_MODES}: the noise "
                     "calibration cache every timed process starts with.")
@@ -70,7 +73,16 @@ def _school_args(rounds, algorithm="mrmtl"):
 
 
 def _part_args(part):
-  """benchmarks.run's flags of a part timed as fresh runs."""
+  """(binary, its flags) of a part timed as fresh runs."""
+  if part == "hypernet":
+    return "hypernet", ["--algorithm=hypernet", "--sampling_rate=0.1",
+                        "--l2_norm_clip=0.1", "--noise_multiplier=1",
+                        f"--rounds={FLAGS.hypernet_rounds}"]
+  return "run", _run_args(part)
+
+
+def _run_args(part):
+  """benchmarks.run's flags of a part."""
   if part == "school":
     return _school_args(FLAGS.rounds)
   if part == "ifca":
@@ -108,12 +120,13 @@ def _warm(shared, epsilons, ifca: bool):
                     selection_budget_share=ifca_lib.DEFAULT_SELECTION_BUDGET_SHARE)
 
 
-def _fresh_run(env, args, backend, device="auto"):
-  """Runs benchmarks.run in a fresh process; (seconds from outside, its row)."""
+def _fresh_run(env, binary_args, backend, device="auto"):
+  """Runs benchmarks.<binary> in a fresh process; (seconds from outside, its row)."""
   import pandas as pd
+  binary, args = binary_args
   with tempfile.TemporaryDirectory() as tmp:
     csv = os.path.join(tmp, "row.csv")
-    cmd = [sys.executable, "-m", "benchmarks.run", *args, f"--backend={backend}",
+    cmd = [sys.executable, "-m", f"benchmarks.{binary}", *args, f"--backend={backend}",
            f"--device={device}", f"--output={csv}"]
     start = time.perf_counter()
     done = subprocess.run(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
@@ -184,7 +197,9 @@ def _report(rows):
                         ("ifca", "end_to_end_seconds"),
                         ("ifca", "seconds_per_round_median"),
                         ("dprivate", "end_to_end_seconds"),
-                        ("dprivate", "seconds_per_round_median")):
+                        ("dprivate", "seconds_per_round_median"),
+                        ("hypernet", "end_to_end_seconds"),
+                        ("hypernet", "seconds_per_round_median")):
     tff = _median_rows(rows, part, "tff", "cpu")
     vec = _median_rows(rows, part, "vectorized", "cpu")
     if tff and vec:
@@ -212,7 +227,8 @@ def main(argv):
     raise UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
   common.check_among("parts", FLAGS.parts, PARTS)
   common.check_one_of("calibration_cache", FLAGS.calibration_cache, CACHE_MODES)
-  for name in ("repeats", "rounds", "digits_rounds", "sweep_runs", "dprivate_rounds"):
+  for name in ("repeats", "rounds", "digits_rounds", "sweep_runs", "dprivate_rounds",
+               "hypernet_rounds"):
     if FLAGS[name].value < 1:
       raise UsageError(f"--{name} must be >= 1; got {FLAGS[name].value}")
   needs_school = {"school", "sweep", "ifca"} & set(FLAGS.parts) or FLAGS.sweep_child
@@ -239,7 +255,8 @@ def main(argv):
     row = dict(part=part, backend=backend, device=device, repeat=repeat,
                end_to_end_seconds=seconds, in_process_seconds=float(run.wall_seconds),
                seconds_per_round_median=float(run.seconds_per_round_median),
-               peak_memory_mb=float(run.peak_memory_mb), test_metric=float(run.test_metric),
+               peak_memory_mb=float(run.peak_memory_mb),
+               test_metric=float(run.get("test_metric", run.get("test_accuracy"))),
                rounds=int(run.rounds), **stamp)
     row["finished"] = time.strftime("%Y-%m-%dT%H:%M:%S")
     rows.append(row)
@@ -248,7 +265,7 @@ def main(argv):
           f"{row['peak_memory_mb']:.0f} MB, metric {row['test_metric']:.4f}", flush=True)
 
   for repeat in range(FLAGS.repeats):
-    for part in ("school", "digits", "ifca", "dprivate"):
+    for part in ("school", "digits", "ifca", "dprivate", "hypernet"):
       if part not in FLAGS.parts:
         continue
       choices = digits_backends if part == "digits" else backends

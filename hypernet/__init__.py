@@ -1,6 +1,25 @@
 """HyperNetFL (pFedHN, Shamsian et al. ICML'21) and its user-level DP variant UDP-Alg
-(Nemala, Lai, Phan, CIKM'23) on TensorFlow Federated."""
+(Nemala, Lai, Phan, CIKM'23): the definition (`hypernet_algorithm`), its TFF process
+(`build_hypernet_process`), the vectorized round (`hypernet.vectorized`) and the
+driver (`run_hypernet`, either backend).
 
-from hypernet.network import Hypernetwork, default_embedding_dim
-from hypernet.process import HypernetProcess, build_hypernet_process
-from hypernet.simulation import HypernetResult, run_hypernet, sample_users
+Names load on first use (PEP 562), so a vectorized run never imports TensorFlow
+Federated.
+"""
+
+import importlib
+
+_WHERE = {
+    "Hypernetwork": "network", "default_embedding_dim": "network",
+    "HypernetAlgorithm": "algorithm", "hypernet_algorithm": "algorithm",
+    "HypernetProcess": "process", "build_hypernet_process": "process",
+    "HypernetResult": "simulation", "run_hypernet": "simulation",
+    "sample_users": "simulation",
+}
+__all__ = sorted(_WHERE)
+
+
+def __getattr__(name):
+  if name not in _WHERE:
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+  return getattr(importlib.import_module(f"{__name__}.{_WHERE[name]}"), name)

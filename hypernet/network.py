@@ -77,15 +77,26 @@ class Hypernetwork:
     embeddings = rng.standard_normal((self.num_users, self.embedding_dim))
     return tuple(phi), embeddings.astype(np.float32)
 
-  def generate(self, phi, embedding):
-    """theta = h(phi, v) for one embedding `[embedding_dim]`: the target's weights."""
+  def generate_many(self, phi, embeddings):
+    """theta_u = h(phi, v_u) for a batch of embeddings `[U, embedding_dim]`: the
+    target's weights with a leading user axis."""
     num_mlp = 2 * NUM_HIDDEN_LAYERS
-    hidden = embedding[None]
+    hidden = embeddings
     for i in range(0, num_mlp, 2):
       hidden = tf.nn.relu(tf.matmul(hidden, phi[i]) + phi[i + 1])
     heads = phi[num_mlp:]
-    return [tf.reshape(tf.matmul(hidden, heads[2 * j]) + heads[2 * j + 1], shape)
+    return [tf.reshape(tf.matmul(hidden, heads[2 * j]) + heads[2 * j + 1], [-1, *shape])
             for j, shape in enumerate(self.target.weight_shapes)]
+
+  def generate(self, phi, embedding):
+    """theta = h(phi, v) for one embedding `[embedding_dim]`: the target's weights."""
+    return [t[0] for t in self.generate_many(phi, embedding[None])]
+
+  @property
+  def computation_key(self) -> tuple:
+    """What a traced computation over this hypernetwork depends on."""
+    return (self.target.computation_key, self.num_users, self.embedding_dim,
+            self.hidden_width)
 
   def vjp(self, phi, embedding, delta):
     """((grad_phi theta)^T delta, (grad_v theta)^T delta) for theta = h(phi, v)."""

@@ -4,8 +4,8 @@ pFedHN, Shamsian et al., ICML'21).
 The server holds phi and the embedding table. One round, for the sampled users:
 1. `tff.federated_select` sends each user its own generated weights
    theta_u = h(phi, v_u) (keyed by the user's id);
-2. the user runs K local SGD steps (`tff_silo`'s local-training routine) and returns
-   Delta theta_u = theta_K - theta_u (lines 8-11);
+2. the user runs K local SGD steps and returns Delta theta_u = theta_K - theta_u
+   (`hypernet.algorithm.local_delta`, lines 8-11);
 3. Delta theta_u is mapped to the hypernetwork's space by the vector-Jacobian product
    (grad_phi theta_u)^T Delta theta_u (line 12). This is server work on one user's
    update; TFF aggregators consume CLIENTS-placed values, so the product runs in the
@@ -33,8 +33,10 @@ import numpy as np
 import tensorflow as tf
 import tensorflow_federated as tff
 
-from tff_silo.algorithms.local_training import LocalTrainingConfig, train_locally
+from hypernet.algorithm import (HypernetAlgorithm, hypernet_algorithm, local_delta,
+                                server_update)
 from tff_silo.privacy.user_level import UserDPSettings
+from tff_silo.privacy.user_level_factory import UserLevelDPMeanFactory
 
 
 class HypernetState(NamedTuple):
@@ -56,16 +58,16 @@ class UserInput(NamedTuple):
 
 
 class HypernetProcess(tff.templates.IterativeProcess):
-  """`next(state, user_inputs) -> (state, metrics)`; keeps the builder's settings."""
+  """`next(state, user_inputs) -> (state, metrics)`; `algorithm` is its definition."""
 
-  def __init__(self, initialize_fn, next_fn, *, hypernetwork, config, settings,
-               user_weights, aggregator):
+  def __init__(self, initialize_fn, next_fn, *, algorithm, aggregator):
     super().__init__(initialize_fn, next_fn)
+    self.algorithm = algorithm
     self.aggregator = aggregator
-    self.hypernetwork = hypernetwork
-    self.config = config
-    self.settings = settings
-    self.user_weights = user_weights
+    self.hypernetwork = algorithm.hypernetwork
+    self.config = algorithm.config
+    self.settings = algorithm.settings
+    self.user_weights = np.array(algorithm.user_weights)
 
 
 def _tensors(shapes) -> tff.Type:
@@ -73,56 +75,32 @@ def _tensors(shapes) -> tff.Type:
 
 
 def build_hypernet_process(hypernetwork, feature_shape, train_sizes,
-                           settings: UserDPSettings, *, client_learning_rate: float,
-                           batch_size: int, local_steps: int,
-                           hypernet_learning_rate: float, embedding_learning_rate: float,
-                           aggregator=None, init_seed: int = 0,
-                           noise_seed: int = 0) -> HypernetProcess:
-  """Builds UDP-Alg (or, with `settings` without clip and noise, pFedHN).
+                           settings: UserDPSettings, **kwargs) -> HypernetProcess:
+  """The TFF process of `hypernet.algorithm.hypernet_algorithm(...)` (same arguments:
+  UDP-Alg, or pFedHN with `settings` without clip and noise)."""
+  return process_for(hypernet_algorithm(hypernetwork, feature_shape, train_sizes,
+                                        settings, **kwargs))
 
-  Args:
-    hypernetwork: a `hypernet.network.Hypernetwork` with one row per user.
-    feature_shape: shape of one example.
-    train_sizes: |D_u| of every user (for w_u and W).
-    settings: q, S, z and w_hat (`tff_silo.privacy.user_level.UserDPSettings`).
-    client_learning_rate: eta, the users' SGD step size.
-    batch_size: the users' mini-batch size (shuffled batches).
-    local_steps: K, SGD steps per user and round.
-    hypernet_learning_rate: lambda, the step size of phi.
-    embedding_learning_rate: zeta, the step size of the embeddings.
-    aggregator: a weighted `tff.aggregators` factory replacing the default
-      `settings.factory(train_sizes, noise_seed)`; its weights are the users' w_u.
-    init_seed: seeds phi and the embeddings.
-    noise_seed: seeds the default aggregator's noise.
-  """
-  user_weights = settings.weights(train_sizes)
-  if len(user_weights) != hypernetwork.num_users:
-    raise ValueError(f"train_sizes has {len(user_weights)} users, the hypernetwork "
-                     f"has {hypernetwork.num_users} embeddings")
+
+def process_for(algorithm: HypernetAlgorithm) -> HypernetProcess:
+  """The TFF process of a `HypernetAlgorithm`: its `aggregator`, or the user-level DP
+  mean (`user_level_factory.UserLevelDPMeanFactory` of `algorithm.mean`)."""
+  aggregator = algorithm.aggregator
   if aggregator is None:
-    aggregator = settings.factory(train_sizes, noise_seed)
-  for name, value in (("hypernet_learning_rate", hypernet_learning_rate),
-                      ("embedding_learning_rate", embedding_learning_rate)):
-    if not value >= 0:
-      raise ValueError(f"{name} must be >= 0, got {value}")
-  if not isinstance(aggregator, tff.aggregators.WeightedAggregationFactory):
-    raise TypeError("aggregator must be a tff.aggregators.WeightedAggregationFactory, "
-                    f"got {type(aggregator).__name__}")
-  config = LocalTrainingConfig(learning_rate=client_learning_rate, batch_size=batch_size,
-                               steps=local_steps, sampling="shuffle")
-  hn, target = hypernetwork, hypernetwork.target
+    aggregator = UserLevelDPMeanFactory.of(algorithm.mean)
+  hn, target = algorithm.hypernetwork, algorithm.hypernetwork.target
+  init_seed = algorithm.init_seed
   phi_type = _tensors(hn.phi_shapes)
   theta_type = _tensors(target.weight_shapes)
   embedding_type = tff.TensorType(np.float32, [hn.embedding_dim])
   table_type = tff.TensorType(np.float32, [hn.num_users, hn.embedding_dim])
   input_type = tff.StructWithPythonType(
-      [("x", tff.TensorType(np.float32, [None, *feature_shape])),
+      [("x", tff.TensorType(np.float32, [None, *algorithm.feature_shape])),
        ("y", tff.TensorType(np.float32, [None])),
        ("user_id", tff.TensorType(np.int32)),
        ("weight", tff.TensorType(np.float32)),
        ("seed", tff.TensorType(np.int32, [2]))], UserInput)
   agg_process = aggregator.create(phi_type, tff.TensorType(np.float32))
-  lam, zeta = float(hypernet_learning_rate), float(embedding_learning_rate)
 
   @tff.tensorflow.computation
   def initial_values():
@@ -157,9 +135,7 @@ def build_hypernet_process(hypernetwork, feature_shape, train_sizes,
   @tff.tensorflow.computation(selected_type, input_type)
   def user_update(selected, data):
     theta, _ = selected
-    trained = train_locally(target, config, list(theta), list(theta), 0.0, data.x,
-                            data.y, 0.0, data.seed)
-    return tuple(t - s for t, s in zip(trained, theta))
+    return tuple(local_delta(algorithm, theta, data.x, data.y, data.seed))
 
   @tff.tensorflow.computation(phi_type, selected_type, theta_type, input_type)
   def to_hypernet_space(phi, selected, delta, data):
@@ -170,9 +146,10 @@ def build_hypernet_process(hypernetwork, feature_shape, train_sizes,
     return tuple(phi_part), rows, data.weight
 
   @tff.tensorflow.computation(phi_type, table_type, np.int32, phi_type, table_type)
-  def server_update(phi, embeddings, round_num, phi_step, embedding_steps):
-    new_phi = tuple(p + lam * s for p, s in zip(phi, phi_step))
-    return new_phi, embeddings + zeta * embedding_steps, round_num + 1
+  def apply_steps(phi, embeddings, round_num, phi_step, embedding_steps):
+    new_phi, new_embeddings = server_update(algorithm, phi, embeddings, phi_step,
+                                            embedding_steps)
+    return tuple(new_phi), new_embeddings, round_num + 1
 
   state_type = initialize_fn.type_signature.result
 
@@ -188,13 +165,12 @@ def build_hypernet_process(hypernetwork, feature_shape, train_sizes,
         to_hypernet_space, tff.federated_zip((phi_at_users, selected, deltas, users)))
     agg = agg_process.next(state.aggregator, phi_parts, weights)
     embedding_steps = tff.federated_sum(embedding_rows)
-    new_phi, new_embeddings, new_round = tff.federated_map(server_update, tff.federated_zip(
+    new_phi, new_embeddings, new_round = tff.federated_map(apply_steps, tff.federated_zip(
         (state.phi, state.embeddings, state.round_num, agg.result, embedding_steps)))
     new_state = tff.federated_zip(HypernetState(new_phi, new_embeddings, new_round,
                                                 agg.state))
     metrics = tff.federated_zip(collections.OrderedDict(aggregator=agg.measurements))
     return new_state, metrics
 
-  return HypernetProcess(initialize_fn, next_fn, hypernetwork=hn, config=config,
-                         settings=settings, user_weights=user_weights,
+  return HypernetProcess(initialize_fn, next_fn, algorithm=algorithm,
                          aggregator=aggregator)

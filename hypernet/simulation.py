@@ -17,11 +17,11 @@ from typing import Callable, Optional
 import numpy as np
 import tensorflow as tf
 
-from hypernet.process import HypernetProcess, UserInput
+from hypernet.algorithm import HypernetAlgorithm
 from tff_silo import keys, runtime
 from tff_silo.data.silos import SiloData
 from tff_silo.privacy.ledger import PrivacyLedger
-from tff_silo.simulation import SiloEvaluator, check_run_length
+from tff_silo.simulation import BACKENDS, SiloEvaluator, check_run_length
 
 @dataclasses.dataclass(frozen=True)
 class HypernetResult:
@@ -49,36 +49,78 @@ def sample_users(num_users: int, sampling_rate: float, seed: int, round_num: int
 
 
 class _Generator:
-  """theta_u = h(phi, v_u) for every user, one traced function."""
+  """theta_u = h(phi, v_u) for every user, in one traced call."""
 
   def __init__(self, hypernetwork):
     signature = ([tf.TensorSpec(s, tf.float32) for s in hypernetwork.phi_shapes],
-                 tf.TensorSpec([hypernetwork.embedding_dim], tf.float32))
-    self._fn = tf.function(hypernetwork.generate, input_signature=signature)
+                 tf.TensorSpec([None, hypernetwork.embedding_dim], tf.float32))
+    self._fn = tf.function(hypernetwork.generate_many, input_signature=signature)
 
   def __call__(self, phi, embeddings):
-    phi = [tf.constant(p) for p in phi]
-    return [self._fn(phi, tf.constant(v)) for v in embeddings]
+    thetas = [t.numpy() for t in self._fn([tf.constant(p) for p in phi],
+                                          tf.constant(embeddings))]
+    return [tuple(t[u] for t in thetas) for u in range(len(thetas[0]))]
 
 
-def run_hypernet(process: HypernetProcess, data: SiloData, *, rounds: int,
+class _TffRounds:
+  """The TFF process driven like `hypernet.vectorized.VectorizedHypernet`."""
+
+  def __init__(self, process):
+    self.process, self.algorithm = process, process.algorithm
+
+  def prepare(self, x_train, y_train, user_keys):
+    return x_train, y_train, user_keys
+
+  def initialize(self):
+    return self.process.initialize()
+
+  def next(self, state, sampled, data):
+    from hypernet.process import UserInput  # pylint: disable=g-import-not-at-top
+    x_train, y_train, user_keys = data
+    weights = self.process.user_weights.astype(np.float32)
+    inputs = [UserInput(x_train[u], y_train[u], np.int32(u), weights[u],
+                        keys.fold_in(user_keys[u], state.round_num).numpy())
+              for u in sampled]
+    return self.process.next(state, inputs)[0]
+
+
+def rounds_for(process, backend: str):
+  """What runs `process` (a `HypernetAlgorithm` or its TFF process) on `backend`."""
+  # pylint: disable=g-import-not-at-top
+  if backend not in BACKENDS:
+    raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
+  if backend == "vectorized":
+    from hypernet.vectorized import VectorizedHypernet
+    return VectorizedHypernet(process)
+  if isinstance(process, HypernetAlgorithm):
+    from hypernet.process import process_for
+    process = process_for(process)
+  return _TffRounds(process)
+
+
+def run_hypernet(process, data: SiloData, *, rounds: int,
                  target_delta: Optional[float] = None, seed: int = 0,
                  eval_every: int = 0,
-                 progress: Optional[Callable[[int, int, float], None]] = None
-                 ) -> HypernetResult:
+                 progress: Optional[Callable[[int, int, float], None]] = None,
+                 backend: str = "tff") -> HypernetResult:
   """Trains `process` for `rounds` rounds on `data`'s users and evaluates them.
 
   Args:
-    process: from `hypernet.build_hypernet_process`, built for `data`'s users.
+    process: a `hypernet.hypernet_algorithm` definition or its TFF process
+      (`hypernet.build_hypernet_process`), built for `data`'s users.
     data: one silo per user (`multiclass`), the hypernetwork's N users.
     rounds: T.
     target_delta: delta of the reported user-level epsilon; required with noise.
     seed: seeds user sampling and the users' local batches.
     eval_every: also evaluate every this many rounds (0: only at the end).
     progress: called as `progress(rounds_done, rounds, seconds_so_far)` each round.
+    backend: `tff` (TFF's runtime) or `vectorized` (`hypernet.vectorized`: the same
+      numbers, a round as one TF program; the user-level DP mean only).
   """
   check_run_length(rounds, eval_every)
-  settings, hn = process.settings, process.hypernetwork
+  runner = rounds_for(process, backend)
+  algorithm = runner.algorithm
+  settings, hn = algorithm.settings, algorithm.hypernetwork
   if data.num_silos != hn.num_users:
     raise ValueError(f"data has {data.num_silos} users, the process was built for "
                      f"{hn.num_users}")
@@ -88,7 +130,6 @@ def run_hypernet(process: HypernetProcess, data: SiloData, *, rounds: int,
   # Users are Poisson-sampled alike, so one ledger is every user's (user-level) account.
   ledger = (PrivacyLedger(target_delta) if settings.private and target_delta is not None
             else None)
-  weights = process.user_weights.astype(np.float32)
   generator, evaluator = _Generator(hn), SiloEvaluator(hn.target)
 
   def evaluate(state):
@@ -99,14 +140,13 @@ def run_hypernet(process: HypernetProcess, data: SiloData, *, rounds: int,
 
   user_keys = keys.unit_keys(seed, hn.num_users)
   try:
-    state = process.initialize()
+    prepared = runner.prepare(data.x_train, data.y_train, user_keys)
+    state = runner.initialize()
     history, round_seconds, users_per_round = [], [], []
     for r in range(rounds):
       sampled = sample_users(hn.num_users, settings.sampling_rate, seed, r)
-      inputs = [UserInput(data.x_train[u], data.y_train[u], np.int32(u), weights[u],
-                          keys.fold_in(user_keys[u], r).numpy()) for u in sampled]
       t0 = time.perf_counter()
-      state, _ = process.next(state, inputs)
+      state = runner.next(state, sampled, prepared)
       round_seconds.append(time.perf_counter() - t0)
       if ledger is not None:   # noise is added every round, sampled or not
         ledger.charge(settings.round_event(), "user_level_round")
@@ -123,6 +163,6 @@ def run_hypernet(process: HypernetProcess, data: SiloData, *, rounds: int,
       rounds=rounds, test_accuracy=test, mean_user_accuracy=mean_user,
       user_test_accuracy=per_user, train_accuracy=train,
       epsilon=ledger.epsilon() if ledger is not None else math.inf,
-      delta=target_delta, sigma=float(getattr(process.aggregator, "sigma", math.nan)),
+      delta=target_delta, sigma=algorithm.sigma,
       users_per_round=np.array(users_per_round), history=tuple(history),
       round_seconds=np.array(round_seconds), wall_seconds=time.perf_counter() - start)

@@ -175,3 +175,18 @@ def test_clustering_rows_record_cluster_quality_and_leakage(tmp_path):
   # d-private clustering's assignment uses un-noised training losses: named so.
   assert -1 <= rows.loc["dprivate_clustering", "ari_outside_guarantee"] <= 1
   assert pd.isna(rows.loc["dprivate_clustering", "ari"])
+
+
+def test_speed_times_both_backends_side_by_side(tmp_path):
+  """`benchmarks.speed --parts=hypernet`: one fresh UDP-Alg run per backend, the
+  same accuracy on both, and the medians' ratios printed."""
+  out = tmp_path / "speed.csv"
+  done = subprocess.run([sys.executable, "-m", "benchmarks.speed", "--parts=hypernet",
+                         "--repeats=1", "--hypernet_rounds=1", f"--output={out}"],
+                        cwd=ROOT, capture_output=True, text=True, timeout=600,
+                        env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"})
+  assert done.returncode == 0, done.stderr[-2000:]
+  rows = pd.read_csv(out)
+  assert sorted(rows.backend) == ["tff", "vectorized"] and set(rows.part) == {"hypernet"}
+  assert rows.test_metric.nunique() == 1 and (rows.peak_memory_mb > 0).all()
+  assert "hypernet end_to_end_seconds: tff" in done.stdout

@@ -7,9 +7,11 @@ import math
 import numpy as np
 import pytest
 import tensorflow as tf
+import tensorflow_federated as tff
 
 import hypernet
 from hypernet.process import UserInput
+from hypernet.simulation import rounds_for
 from tff_silo import keys
 from tff_silo.algorithms.local_training import train_locally
 from tff_silo.data import digits_images, label_skewed_silos
@@ -177,3 +179,59 @@ def test_lenet_target_adds_one_relu_dense_layer():
   np.testing.assert_allclose(lenet.apply_fn(weights, x).numpy(), expected, rtol=1e-5,
                              atol=1e-6)
   assert lenet.name == "lenet" and len(lenet.weight_shapes) == 8
+
+
+def _algorithm(users, settings, **kwargs):
+  return _process(users, settings, **kwargs).algorithm
+
+
+@pytest.mark.parametrize("settings", [
+    UserDPSettings(sampling_rate=0.5, l2_norm_clip=0.05, noise_multiplier=3.0,
+                   weight_cap=30.0),
+    UserDPSettings(sampling_rate=0.5),   # pFedHN: no clip, no noise
+], ids=["udp_alg", "pfedhn"])
+def test_vectorized_rounds_equal_the_tff_process(settings):
+  """Same users, keys and noise: phi and every embedding agree to float32 tolerance
+  after rounds with two users, none (noise only) and four."""
+  users = _users()
+  algorithm = _algorithm(users, settings, init_seed=4, noise_seed=9)
+  user_keys = keys.unit_keys(5, users.num_silos)
+  states = {}
+  for backend in ("tff", "vectorized"):
+    runner = rounds_for(algorithm, backend)
+    data = runner.prepare(users.x_train, users.y_train, user_keys)
+    state = runner.initialize()
+    for sampled in ([1, 4], [], [0, 2, 3, 5]):
+      state = runner.next(state, np.array(sampled, np.int64), data)
+    states[backend] = state
+  tff_state, vectorized_state = states["tff"], states["vectorized"]
+  assert int(vectorized_state.round_num) == 3
+  initial = algorithm.hypernetwork.init(4)[0]
+  for start, a, b in zip(initial, tff_state.phi, vectorized_state.phi):
+    assert np.abs(np.asarray(a) - start).max() > 1e-4   # phi moved
+    np.testing.assert_allclose(b.numpy(), a, rtol=1e-4, atol=2e-6)
+  np.testing.assert_allclose(vectorized_state.embeddings.numpy(), tff_state.embeddings,
+                             rtol=1e-4, atol=2e-6)
+
+
+def test_vectorized_run_reports_what_the_tff_run_reports():
+  users = _users()
+  settings = UserDPSettings(sampling_rate=0.5, l2_norm_clip=0.1, noise_multiplier=2.0)
+  algorithm = _algorithm(users, settings)
+  runs = [hypernet.run_hypernet(algorithm, users, rounds=3, target_delta=1e-5, seed=2,
+                                backend=backend) for backend in ("tff", "vectorized")]
+  np.testing.assert_array_equal(runs[0].users_per_round, runs[1].users_per_round)
+  np.testing.assert_allclose(runs[1].user_test_accuracy, runs[0].user_test_accuracy,
+                             atol=1e-9)
+  assert runs[1].epsilon == runs[0].epsilon and runs[1].sigma == runs[0].sigma
+
+
+def test_vectorized_backend_refuses_other_aggregators_in_one_line():
+  users = _users()
+  algorithm = _algorithm(users, UserDPSettings(sampling_rate=0.5),
+                         aggregator=tff.aggregators.MeanFactory())
+  with pytest.raises(ValueError, match="other tff.aggregators factories run on "
+                     "backend=tff"):
+    rounds_for(algorithm, "vectorized")
+  with pytest.raises(ValueError, match="backend must be one of"):
+    rounds_for(algorithm, "gpu")

@@ -45,6 +45,8 @@ def _parsed_flags():
     (dict(dataset="mnist"), "--dataset must be one of"),
     (dict(rounds=0), "--rounds must be >= 1"),
     (dict(channels=["4"]), "--channels must be two positive integers"),
+    (dict(backend="xla"), "--backend must be one of"),
+    (dict(backend="tff", device="gpu"), "--device=gpu needs the vectorized backend"),
 ])
 def test_bad_flags_raise_usage_errors(overrides, message):
   with flagsaver.flagsaver(**overrides):
@@ -76,6 +78,8 @@ def test_tiny_grid_writes_rows_with_the_accounted_epsilon(tmp_path):
   assert (tmp_path / "grid.png").stat().st_size > 0
   rows = pd.read_csv(out)
   assert list(rows.algorithm) == ["hypernet", "hypernet", "fedavg"]
+  assert set(rows.backend) == {"vectorized"} and set(rows.device) == {"cpu"}
+  assert (rows.peak_memory_mb > 0).all()
   noisy = rows[rows.noise_multiplier == 2].iloc[0]
   expected = UserDPSettings(sampling_rate=0.5, l2_norm_clip=0.1,
                             noise_multiplier=2.0).epsilon(2, 1e-5)

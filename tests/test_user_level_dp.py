@@ -9,8 +9,8 @@ import pytest
 import tensorflow_federated as tff
 
 from tff_silo.privacy import accounting
-from tff_silo.privacy.user_level import (
-    UserDPSettings, UserLevelDPMeanFactory, noise_stddev, user_weights)
+from tff_silo.privacy.user_level import UserDPSettings, noise_stddev, user_weights
+from tff_silo.privacy.user_level_factory import UserLevelDPMeanFactory
 
 
 def test_user_weights_cap_at_one():

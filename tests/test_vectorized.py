@@ -256,7 +256,8 @@ def _hypernet_process():
 
 
 @pytest.mark.parametrize("make, message", [
-    (_hypernet_process, "HypernetProcess runs on backend=tff"),
+    (_hypernet_process, "HypernetProcess is none of them .the hypernetwork runs on "
+     "either backend with hypernet.run_hypernet"),
     (lambda: algorithms.build_mrmtl_process(
         MODEL, SILOS.feature_shape, client_learning_rate=0.1, batch_size=8,
         aggregator=tff.aggregators.robust.clipping_factory(
@@ -277,20 +278,29 @@ class NoTff:
     if name.split(".")[0] == "tensorflow_federated":
       raise ImportError("tensorflow_federated imported by a vectorized run")
 sys.meta_path.insert(0, NoTff())
-sys.argv = ["run", "--dataset=synthetic", "--algorithm=mrmtl,ditto,ifca_mrmtl", "--rounds=1",
-            "--epsilon=2", "--backend=vectorized", "--output=" + sys.argv[1]]
-from benchmarks import run
-run.run()
+from benchmarks import common
+binary = sys.argv[1]
+sys.argv = ["binary", *sys.argv[2:]]
+common.run_main(__import__("benchmarks." + binary, fromlist=["main"]).main)
 """
 
 
-def test_a_vectorized_run_never_imports_tff(tmp_path):
+@pytest.mark.parametrize("binary, args", [
+    ("run", ["--dataset=synthetic", "--algorithm=mrmtl,ditto,ifca_mrmtl", "--rounds=1",
+             "--epsilon=2"]),
+    ("hypernet", ["--num_users=6", "--rounds=1", "--sampling_rate=0.5",
+                  "--l2_norm_clip=0.1", "--noise_multiplier=1", "--channels=4,8",
+                  "--dense=8", "--hidden_width=8", "--local_steps=1"]),
+])
+def test_a_vectorized_run_never_imports_tff(tmp_path, binary, args):
   root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-  done = subprocess.run([sys.executable, "-c", _WITHOUT_TFF, str(tmp_path / "rows.csv")],
+  out = tmp_path / "rows.csv"
+  done = subprocess.run([sys.executable, "-c", _WITHOUT_TFF, binary, *args,
+                         "--backend=vectorized", f"--output={out}"],
                         cwd=root, capture_output=True, text=True, timeout=300,
                         env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"})
   assert done.returncode == 0, done.stderr[-2000:]
-  assert (tmp_path / "rows.csv").exists()
+  assert out.exists()
 
 
 def test_an_algorithm_definition_runs_on_both_backends():

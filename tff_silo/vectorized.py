@@ -31,8 +31,8 @@ methods (`ifca.ClusteredAlgorithm`s: cluster scores of all silos in one
 `vectorized_map`, the Gumbel noise of report-noisy-min from `batched_random.uniform64`)
 with the weighted mean; d-private clustered FL (`DPrivateClusteringAlgorithm`: the
 sampled users' updates as a `map_fn`, k-means stacked); or the TFF processes built
-from these. The hypernetwork and other aggregators run on the TFF backend;
-`for_process` says so in one line.
+from these. Other aggregators run on the TFF backend; `for_process` says so in one
+line. The hypernetwork's round (`hypernet.vectorized`) uses `train_silos`.
 """
 
 from __future__ import annotations
@@ -94,9 +94,9 @@ def definition(process):
   """The definition (`SiloAlgorithm`, `ifca.ClusteredAlgorithm`,
   `dprivate_clustering.DPrivateClusteringAlgorithm`) a process or definition runs
   (None for the hypernetwork)."""
-  if isinstance(process, _DEFINITIONS):
-    return process
-  return getattr(process, "algorithm", None)
+  algorithm = process if isinstance(process, _DEFINITIONS) else getattr(
+      process, "algorithm", None)
+  return algorithm if isinstance(algorithm, _DEFINITIONS) else None
 
 
 def unsupported_reason(process) -> str | None:
@@ -106,7 +106,8 @@ def unsupported_reason(process) -> str | None:
   if algorithm is None:
     return (f"the vectorized backend runs local, fedavg, finetune, mrmtl, ditto, the "
             f"ifca methods and dprivate_clustering; "
-            f"{getattr(process, 'name', type(process).__name__)} runs on backend=tff")
+            f"{getattr(process, 'name', type(process).__name__)} is none of them (the "
+            f"hypernetwork runs on either backend with hypernet.run_hypernet)")
   if isinstance(algorithm, dpc.DPrivateClusteringAlgorithm):
     return None   # users are mapped one by one: any model, any objective
   if algorithm.aggregation is None:

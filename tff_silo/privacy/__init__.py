@@ -15,7 +15,8 @@ _EXPORTS = {
     "PrivacyLedger": "ledger", "PAPER": "protocol", "PrivacyProtocol": "protocol",
     "euclidean_laplace_noise": "d_privacy", "sanitize_update": "d_privacy",
     "report_noisy_min": "selection", "UserDPSettings": "user_level",
-    "UserLevelDPMeanFactory": "user_level", "noise_stddev": "user_level",
+    "UserLevelDPMeanFactory": "user_level_factory",
+    "UserLevelMean": "user_level", "noise_stddev": "user_level",
     "user_weights": "user_level",
 }
 __all__ = sorted(_EXPORTS)

@@ -1,5 +1,5 @@
-"""User-level DP weighted mean: UDP-Alg's server step as a `tff.aggregators` factory
-(Nemala, Lai, Phan, CIKM'23, Algorithm 1 lines 12-15, eq. 3, Lemma 3.1, eq. 4; the
+"""User-level DP weighted mean: UDP-Alg's server step in plain TensorFlow (its
+`tff.aggregators` factory is `user_level_factory`) (Nemala, Lai, Phan, CIKM'23, Algorithm 1 lines 12-15, eq. 3, Lemma 3.1, eq. 4; the
 fixed-denominator estimator of McMahan et al., ICLR'18).
 
 Each sampled user's contribution Delta_u (any structure of float32 tensors) is clipped
@@ -27,14 +27,12 @@ own maximum, as in the paper) only holds for neighbours whose weight does not ex
 
 from __future__ import annotations
 
-import collections
 import dataclasses
 import math
 from typing import Optional, Sequence
 
 import numpy as np
 import tensorflow as tf
-import tensorflow_federated as tff
 
 from tff_silo import keys
 from tff_silo.privacy import accounting, dp_sgd
@@ -89,26 +87,28 @@ def _check(l2_norm_clip, noise_multiplier, sampling_rate, total_weight, max_weig
     raise ValueError(f"max_weight must be positive, got {max_weight}")
 
 
-class UserLevelDPMeanFactory(tff.aggregators.WeightedAggregationFactory):
-  """Clipped, weighted, noised mean of user contributions (eq. 3 and 4).
+@dataclasses.dataclass(frozen=True)
+class UserLevelMean:
+  """Eq. 3 and 4 with their constants, in plain TensorFlow: the one definition of the
+  user-level DP mean that the TFF factory (`user_level_factory`) and the vectorized
+  hypernetwork round (`hypernet.vectorized`) both compute.
 
   `l2_norm_clip=None` and `noise_multiplier=0` give the plain estimator
-  sum w_u Delta_u / (q W) (noiseless pFedHN). The noise of round t is drawn with
-  the key derive(root_key(seed), AGGREGATOR_NOISE, t) (`tff_silo.keys`); `seed=None`
-  (a deployment) takes the root from OS entropy, a fixed seed is for simulation only.
-  Measurements: `sigma` (public).
+  sum w_u Delta_u / (q W) (noiseless pFedHN). The noise of round t is drawn with the
+  key derive(root_key(seed), AGGREGATOR_NOISE, t) (`tff_silo.keys`); `seed=None` (a
+  deployment) takes the root from OS entropy, a fixed seed is for simulation only.
   """
 
-  def __init__(self, *, l2_norm_clip: Optional[float], noise_multiplier: float,
-               sampling_rate: float, total_weight: float, max_weight: float = 1.0,
-               seed: Optional[int] = None):
-    _check(l2_norm_clip, noise_multiplier, sampling_rate, total_weight, max_weight)
-    self.l2_norm_clip = l2_norm_clip
-    self.noise_multiplier = float(noise_multiplier)
-    self.sampling_rate = float(sampling_rate)
-    self.total_weight = float(total_weight)
-    self.max_weight = float(max_weight)
-    self.seed = None if seed is None else int(seed)
+  l2_norm_clip: Optional[float]
+  noise_multiplier: float
+  sampling_rate: float
+  total_weight: float
+  max_weight: float = 1.0
+  seed: Optional[int] = None
+
+  def __post_init__(self):
+    _check(self.l2_norm_clip, self.noise_multiplier, self.sampling_rate,
+           self.total_weight, self.max_weight)
 
   @property
   def sigma(self) -> float:
@@ -117,53 +117,31 @@ class UserLevelDPMeanFactory(tff.aggregators.WeightedAggregationFactory):
     return noise_stddev(self.noise_multiplier, self.l2_norm_clip, self.sampling_rate,
                         self.total_weight, self.max_weight)
 
-  def create(self, value_type, weight_type) -> tff.templates.AggregationProcess:
-    if not tff.types.is_structure_of_floats(value_type):
-      raise TypeError(f"values must be a structure of float tensors, got {value_type}")
-    if not (isinstance(weight_type, tff.TensorType) and weight_type.dtype == np.float32
-            and weight_type.shape == ()):
-      raise TypeError(f"weights must be float32 scalars, got {weight_type}")
-    clip, sigma = self.l2_norm_clip, self.sigma
-    normalizer = self.sampling_rate * self.total_weight
-    root = keys.root_key(self.seed)
+  @property
+  def normalizer(self) -> float:
+    """q W, the fixed denominator of eq. 3."""
+    return self.sampling_rate * self.total_weight
 
-    @tff.tensorflow.computation
-    def initial_round():
-      return tf.constant(0, tf.int32)
 
-    @tff.tensorflow.computation(value_type, weight_type)
-    def weigh(value, weight):
-      tensors = tf.nest.flatten(value)
-      if clip is not None:
-        tensors = [t[0] for t in dp_sgd.clip_per_example([t[None] for t in tensors], clip)]
-      return tf.nest.pack_sequence_as(value, [weight * t for t in tensors])
+def weighted_clipped_sum(contributions, weights, l2_norm_clip):
+  """sum_u w_u clip(Delta_u, S), eq. 3's numerator: `contributions` are tensors with
+  a leading user axis, `weights` [U]; `l2_norm_clip` None does not clip."""
+  if l2_norm_clip is not None:
+    contributions = dp_sgd.clip_per_example(contributions, l2_norm_clip)
+  return [tf.reduce_sum(tf.reshape(weights, [-1] + [1] * (len(c.shape) - 1)) * c, 0)
+          for c in contributions]
 
-    @tff.tensorflow.computation(np.int32, value_type)
-    def noised_mean(round_num, total):
-      tensors = [t / normalizer for t in tf.nest.flatten(total)]   # f, eq. 3
-      if sigma > 0:   # N(0, sigma^2 I) on f itself (line 15)
-        noise_key = keys.derive(root, keys.AGGREGATOR_NOISE, round_num)
-        noise = dp_sgd.gaussian_noise_like(tensors, sigma, noise_key)
-        tensors = [t + n for t, n in zip(tensors, noise)]
-      return (tf.nest.pack_sequence_as(total, tensors), round_num + 1,
-              tf.constant(sigma, tf.float32))
 
-    @tff.federated_computation
-    def init_fn():
-      return tff.federated_eval(initial_round, tff.SERVER)
-
-    @tff.federated_computation(init_fn.type_signature.result,
-                               tff.FederatedType(value_type, tff.CLIENTS),
-                               tff.FederatedType(weight_type, tff.CLIENTS))
-    def next_fn(state, value, weight):
-      total = tff.federated_sum(tff.federated_map(weigh, tff.federated_zip((value, weight))))
-      mean, new_state, stddev = tff.federated_map(
-          noised_mean, tff.federated_zip((state, total)))
-      return tff.templates.MeasuredProcessOutput(
-          state=new_state, result=mean,
-          measurements=tff.federated_zip(collections.OrderedDict(sigma=stddev)))
-
-    return tff.templates.AggregationProcess(init_fn, next_fn)
+def noised_mean(total, normalizer, sigma, root, round_num):
+  """f = total / (q W) + N(0, sigma^2 I) (eq. 3, Algorithm 1 line 15), the noise of
+  round `round_num` keyed by derive(root, AGGREGATOR_NOISE, round_num); no noise
+  when `sigma` is the Python number 0."""
+  tensors = [t / normalizer for t in total]
+  if isinstance(sigma, (int, float)) and sigma == 0:
+    return tensors
+  noise_key = keys.derive(root, keys.AGGREGATOR_NOISE, round_num)
+  return [t + n for t, n in zip(tensors, dp_sgd.gaussian_noise_like(tensors, sigma,
+                                                                     noise_key))]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -194,14 +172,19 @@ class UserDPSettings:
     """Every user's w_u (all 1 without `weight_cap`)."""
     return user_weights(num_examples, self.weight_cap)
 
-  def factory(self, num_examples: Sequence[int],
-              seed: Optional[int] = None) -> UserLevelDPMeanFactory:
-    """The aggregator for a population with these per-user example counts; `seed`
-    None draws the noise from OS entropy, a fixed seed is for simulation only."""
-    return UserLevelDPMeanFactory(
-        l2_norm_clip=self.l2_norm_clip, noise_multiplier=self.noise_multiplier,
-        sampling_rate=self.sampling_rate,
-        total_weight=float(self.weights(num_examples).sum()), seed=seed)
+  def mean(self, num_examples: Sequence[int],
+           seed: Optional[int] = None) -> UserLevelMean:
+    """The user-level DP mean for a population with these per-user example counts;
+    `seed` None draws the noise from OS entropy, a fixed seed is for simulation
+    only."""
+    return UserLevelMean(self.l2_norm_clip, self.noise_multiplier, self.sampling_rate,
+                         float(self.weights(num_examples).sum()), seed=seed)
+
+  def factory(self, num_examples: Sequence[int], seed: Optional[int] = None):
+    """`mean(num_examples, seed)` as a `tff.aggregators` factory
+    (`user_level_factory.UserLevelDPMeanFactory`)."""
+    from tff_silo.privacy.user_level_factory import UserLevelDPMeanFactory  # pylint: disable=g-import-not-at-top
+    return UserLevelDPMeanFactory.of(self.mean(num_examples, seed))
 
   def round_event(self):
     """One round's `DpEvent`: the Poisson-sampled Gaussian mechanism (q, z)."""

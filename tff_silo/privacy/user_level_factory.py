@@ -1,0 +1,78 @@
+"""UDP-Alg's user-level DP weighted mean (`user_level.UserLevelMean`, eq. 3 and 4 of
+Nemala et al., CIKM'23) as a `tff.aggregators` factory, for the TFF backend."""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+from typing import Optional
+
+import numpy as np
+import tensorflow as tf
+import tensorflow_federated as tff
+
+from tff_silo import keys
+from tff_silo.privacy.user_level import UserLevelMean, noised_mean, weighted_clipped_sum
+
+
+class UserLevelDPMeanFactory(tff.aggregators.WeightedAggregationFactory):
+  """Clipped, weighted, noised mean of user contributions (`user_level.UserLevelMean`:
+  its arguments, its noise keys). Measurements: `sigma` (public)."""
+
+  def __init__(self, *, l2_norm_clip: Optional[float], noise_multiplier: float,
+               sampling_rate: float, total_weight: float, max_weight: float = 1.0,
+               seed: Optional[int] = None):
+    self.mean = UserLevelMean(
+        l2_norm_clip, float(noise_multiplier), float(sampling_rate), float(total_weight),
+        float(max_weight), None if seed is None else int(seed))
+
+  @classmethod
+  def of(cls, mean: UserLevelMean) -> "UserLevelDPMeanFactory":
+    return cls(**dataclasses.asdict(mean))
+
+  @property
+  def sigma(self) -> float:
+    return self.mean.sigma
+
+  def create(self, value_type, weight_type) -> tff.templates.AggregationProcess:
+    if not tff.types.is_structure_of_floats(value_type):
+      raise TypeError(f"values must be a structure of float tensors, got {value_type}")
+    if not (isinstance(weight_type, tff.TensorType) and weight_type.dtype == np.float32
+            and weight_type.shape == ()):
+      raise TypeError(f"weights must be float32 scalars, got {weight_type}")
+    mean = self.mean
+    root = keys.root_key(mean.seed)
+
+    @tff.tensorflow.computation
+    def initial_round():
+      return tf.constant(0, tf.int32)
+
+    @tff.tensorflow.computation(value_type, weight_type)
+    def weigh(value, weight):
+      tensors = [t[None] for t in tf.nest.flatten(value)]
+      return tf.nest.pack_sequence_as(
+          value, weighted_clipped_sum(tensors, weight[None], mean.l2_norm_clip))
+
+    @tff.tensorflow.computation(np.int32, value_type)
+    def release(round_num, total):
+      tensors = noised_mean(tf.nest.flatten(total), mean.normalizer, mean.sigma, root,
+                            round_num)
+      return (tf.nest.pack_sequence_as(total, tensors), round_num + 1,
+              tf.constant(mean.sigma, tf.float32))
+
+    @tff.federated_computation
+    def init_fn():
+      return tff.federated_eval(initial_round, tff.SERVER)
+
+    @tff.federated_computation(init_fn.type_signature.result,
+                               tff.FederatedType(value_type, tff.CLIENTS),
+                               tff.FederatedType(weight_type, tff.CLIENTS))
+    def next_fn(state, value, weight):
+      total = tff.federated_sum(tff.federated_map(weigh, tff.federated_zip((value, weight))))
+      result, new_state, stddev = tff.federated_map(
+          release, tff.federated_zip((state, total)))
+      return tff.templates.MeasuredProcessOutput(
+          state=new_state, result=result,
+          measurements=tff.federated_zip(collections.OrderedDict(sigma=stddev)))
+
+    return tff.templates.AggregationProcess(init_fn, next_fn)

@@ -6,7 +6,7 @@ silo's own samples and noise. This module recomputes the same numbers for K keys
 once: Philox-4x32-10 (Salmon et al., SC'11) written with uint32/uint64 tensor ops,
 TF's seed scrambling (`GenerateKey` in tensorflow/core/kernels/stateless_random_ops.cc)
 and its float conversions. Row k of each function equals the TF op with key k
-(tests/test_batched_random.py): uniform bits exactly, normals to float32 rounding.
+(tests/test_vectorized.py): uniform bits exactly, normals to float32 rounding.
 
 - `fold_in(keys, data)`     == `tff_silo.keys.fold_in(keys[k], data[k])`
 - `uniform(keys, n)`        == `tf.random.stateless_uniform([n], seed=keys[k])`
@@ -38,8 +38,16 @@ def _mulhilo(a, b):
           tf.cast(product, tf.uint32))   # the cast keeps the low 32 bits
 
 
+_UINT32_ANY_SHAPE = tf.TensorSpec(None, tf.uint32)
+
+
+@tf.function(input_signature=[_UINT32_ANY_SHAPE] * 6, autograph=False)
 def philox(key0, key1, c0, c1, c2, c3):
-  """Philox-4x32-10 of uint32 tensors (broadcast together); returns 4 uint32 tensors."""
+  """Philox-4x32-10 of uint32 tensors (broadcast together); returns 4 uint32 tensors.
+
+  One traced function for every call (any shapes): a round that draws with it 15
+  times builds its ~200 ops once, not 15 times (TF inlines the call when it
+  optimizes the caller's graph)."""
   xor = tf.bitwise.bitwise_xor
   for i in range(10):
     if i:

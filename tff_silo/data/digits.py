@@ -10,7 +10,6 @@ with probability `mask_probability`, the same mask for all images of the silo.
 from __future__ import annotations
 
 import numpy as np
-from sklearn.datasets import load_digits
 
 from tff_silo.data.silos import SiloData, make_silos, split_silo
 
@@ -33,6 +32,8 @@ def silo_mask(image_size: int, patch_size: int, probability: float,
 
 def digits_images():
   """(x [1797, 8, 8, 1] in [0, 1], y [1797] int): scikit-learn's digits, offline."""
+  # Imported here: scikit-learn takes ~0.4 s to import, and only digits runs need it.
+  from sklearn.datasets import load_digits  # pylint: disable=g-import-not-at-top
   digits = load_digits()
   x = (digits.images.astype(np.float32) / DIGITS_MAX_PIXEL)[..., None]
   return x, digits.target.astype(np.int64)

@@ -50,6 +50,9 @@ PARTS = ("inversion", "membership")
 DATASETS = ("digits", "cifar10")
 MIA_ALGORITHMS = ("local", "fedavg", "mrmtl")
 NON_PRIVATE = "inf"
+# Columns every row of each CSV has: an existing file without them is refused.
+INVERSION_SIGNATURE = ("run_key", "method", "psnr")
+MEMBERSHIP_SIGNATURE = ("run_key", "algorithm", "auc")
 
 flags.DEFINE_list("parts", list(PARTS), f"Comma-separated, of {PARTS}.")
 flags.DEFINE_string("dataset", "digits", f"Inversion images, one of {DATASETS}.")
@@ -114,6 +117,10 @@ def _settings():
     _positive(name, FLAGS[name].value, int)
   for name in ("attack_lr", "clip", "client_lr"):
     _positive(name, FLAGS[name].value)
+  common.check_finite_floats()
+  common.check_applies("data_dir", ["cifar10"], [FLAGS.dataset], "--dataset")
+  if FLAGS.seed < 0:
+    raise UsageError(f"--seed must be >= 0; got {FLAGS.seed}")
   if not 0 < FLAGS.delta < 1:
     raise UsageError(f"--delta must be in (0, 1); got {FLAGS.delta}")
   if FLAGS.batch_size > 1 and "idlg" in FLAGS.method:
@@ -129,8 +136,12 @@ def _settings():
   if any(not z > 0 for z in zs):
     raise UsageError("--noise_multiplier must be positive (clipping alone is "
                      f"--defense=clip); got {','.join(FLAGS.noise_multiplier)}")
-  epsilons = [math.inf if e == NON_PRIVATE else e
-              for e in common.parse_numbers(FLAGS.mia_epsilon, float, "mia_epsilon")]
+  epsilons = [math.inf if e == NON_PRIVATE else
+              common.parse_numbers([e], float, "mia_epsilon")[0]
+              for e in FLAGS.mia_epsilon]
+  common.check_unique("mia_epsilon", epsilons)
+  if not nus or not zs:
+    raise UsageError("--nu and --noise_multiplier must name at least one value each")
   if not epsilons or any(not e > 0 for e in epsilons):
     raise UsageError(f"--mia_epsilon must be positive numbers or {NON_PRIVATE}; got "
                      f"{','.join(FLAGS.mia_epsilon)}")
@@ -143,6 +154,14 @@ def _settings():
   lam = preset.lam if FLAGS.mia_lam is None else FLAGS.mia_lam
   if lam < 0:
     raise UsageError(f"--mia_lam must be >= 0; got {lam}")
+  if "inversion" in FLAGS.parts:
+    common.check_output(FLAGS.output, INVERSION_SIGNATURE)
+    if os.path.exists(FLAGS.figures) and not os.path.isdir(FLAGS.figures):
+      raise UsageError(f"--figures {FLAGS.figures} is a file; give a folder")
+    common.check_figure_path(os.path.join(FLAGS.figures, "attacks_curves.png"),
+                             "figures")
+  if "membership" in FLAGS.parts:
+    common.check_output(FLAGS.mia_output, MEMBERSHIP_SIGNATURE, "mia_output")
   return dict(nus=nus, zs=zs, epsilons=epsilons, rounds=rounds, lam=lam, preset=preset)
 
 
@@ -154,7 +173,10 @@ def _images():
   if FLAGS.dataset == "digits":
     x, y = data.digits_images()
   else:
-    x, y, _, _ = data.load_cifar10(FLAGS.data_dir)
+    try:
+      x, y, _, _ = data.load_cifar10(FLAGS.data_dir)
+    except data.DataError as e:
+      raise UsageError(str(e)) from None
   num_classes = int(y.max()) + 1
   if FLAGS.images > len(y):
     raise UsageError(f"--images must be at most {len(y)} for {FLAGS.dataset}")
@@ -232,15 +254,14 @@ def _attack_rows(model, x, y, method, defense, batch):
 def _run_inversion(s):
   x, y, num_classes = _images()
   model = models.sigmoid_lenet(x.shape[1:], num_classes, seed=FLAGS.seed)
-  done = common.done_rows(FLAGS.output, FLAGS.resume)
+  done = common.done_rows(FLAGS.output, FLAGS.resume, INVERSION_SIGNATURE)
   runs = [(m, d, b) for m in FLAGS.method for d in _defenses(s)
           for b in range(FLAGS.images // FLAGS.batch_size)]
   for k, (method, defense, batch) in enumerate(runs, 1):
     if _attack_key(method, defense, batch) in done:
       continue
     rows = _attack_rows(model, x, y, method, defense, batch)
-    for row in rows:
-      common.append_row(FLAGS.output, row)
+    common.append_rows(FLAGS.output, rows)   # all of a run's rows or none
     r = rows[0]
     print(f"[{k}/{len(runs)}] {method} {defense.name} {defense.parameter:g} batch "
           f"{batch}: PSNR {r['psnr']:.1f} SSIM {r['ssim']:.3f} label "
@@ -402,7 +423,8 @@ def _run_membership(s):
   from tff_silo import data
   silos = data.load_rotated_masked_digits(test_fraction=FLAGS.mia_test_fraction,
                                           seed=FLAGS.seed)
-  done = common.done_rows(FLAGS.mia_output, FLAGS.resume)
+  done = common.done_rows(FLAGS.mia_output, FLAGS.resume, MEMBERSHIP_SIGNATURE,
+                          "mia_output")
   runs = [(a, e) for a in FLAGS.mia_algorithm for e in s["epsilons"]]
   for k, (algorithm, epsilon) in enumerate(runs, 1):
     if _mia_key(algorithm, epsilon, s) in done:
@@ -411,8 +433,7 @@ def _run_membership(s):
     tag = f"[{k}/{len(runs)}] {algorithm} epsilon={epsilon:g}"
     progress = common.round_progress(tag, s["rounds"])
     rows = _mia_rows(algorithm, epsilon, silos, s, progress)
-    for row in rows:
-      common.append_row(FLAGS.mia_output, row)
+    common.append_rows(FLAGS.mia_output, rows)   # all of a run's rows or none
     print(f"{tag}: AUC {rows[-1]['auc']:.3f} "
           f"advantage {rows[-1]['advantage']:.3f} "
           f"({time.perf_counter() - start:.0f}s)", flush=True)

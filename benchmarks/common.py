@@ -4,24 +4,72 @@ the tidy CSV every binary appends to (one row per run, resumable by `run_key`)."
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import sys
+import tempfile
 import warnings
 
 from absl import app
+from absl import flags
+
+FLAGS = flags.FLAGS
 
 
 class UsageError(ValueError):
   """A bad flag or input; reported as one line."""
 
 
-def parse_numbers(values, kind, name):
-  """`values` (a list flag) as `kind`s; a UsageError naming `--name` otherwise."""
+def parse_numbers(values, kind, name, unique: bool = True):
+  """`values` (a list flag) as `kind`s, finite and (where `unique`: a grid, which
+  would run a repeat twice) without repeats; a UsageError naming `--name`
+  otherwise."""
   try:
-    return [kind(v) for v in values]
+    numbers = [kind(v) for v in values]
   except ValueError:
     raise UsageError(f"--{name} must be a comma-separated list of {kind.__name__}s, "
                      f"got {','.join(values)}") from None
+  if any(not math.isfinite(v) for v in numbers):
+    raise UsageError(f"--{name} must hold finite numbers; got {','.join(values)}")
+  if unique:
+    check_unique(name, numbers)
+  return numbers
+
+
+def check_unique(name, values) -> None:
+  """UsageError if list flag `--name` names a value twice (it would run twice)."""
+  seen = set()
+  for value in values:
+    if value in seen:
+      raise UsageError(f"--{name} lists {value} twice")
+    seen.add(value)
+
+
+def check_finite_floats() -> None:
+  """UsageError for any float flag set to inf or nan."""
+  for name in FLAGS:
+    flag = FLAGS[name]
+    if (flag.flag_type() == "float" and flag.value is not None
+        and not math.isfinite(flag.value)):
+      raise UsageError(f"--{name} must be a finite number; got {flag.value}")
+
+
+def parse_seeds(values) -> list:
+  """--seeds as distinct integers >= 0, at least one; UsageError otherwise."""
+  seeds = parse_numbers(values, int, "seeds")
+  if not seeds:
+    raise UsageError("--seeds must name at least one seed")
+  if min(seeds) < 0:
+    raise UsageError(f"--seeds must be integers >= 0; got {','.join(values)}")
+  return seeds
+
+
+def check_applies(name: str, applies_to, requested, what: str = "--algorithm") -> None:
+  """UsageError if flag `--name` was given but none of `requested` (the values of
+  `what`) is among `applies_to`, the values it affects."""
+  if FLAGS[name].present and not set(applies_to) & set(requested):
+    raise UsageError(f"--{name} applies to {what}={','.join(applies_to)} only; "
+                     f"not to {what}={','.join(map(str, requested))}")
 
 
 def check_one_of(name, value, allowed) -> None:
@@ -35,6 +83,7 @@ def check_among(name, values, allowed) -> None:
   if not values or any(v not in allowed for v in values):
     raise UsageError(f"--{name} must be among {', '.join(allowed)}; got "
                      f"{','.join(values) or 'nothing'}")
+  check_unique(name, values)
 
 
 BACKENDS = ("auto", "tff", "vectorized")
@@ -95,31 +144,133 @@ def round_progress(tag: str, rounds: int):
   return progress
 
 
-def done_rows(path: str, resume: bool) -> dict:
-  """Rows already in `path`, keyed by their `run_key` (empty unless `resume`)."""
+def read_rows(path: str, signature=(), flag: str = "output"):
+  """The rows of an existing CSV of this binary as a DataFrame; a UsageError in one
+  line, naming the file (as `--flag`, or as an argument when `flag` is None), when it
+  cannot be read as a CSV or lacks the `signature` columns every row of this binary
+  has (another binary's file)."""
   import pandas as pd
+  name = path if flag is None else f"--{flag} {path}"
+  remedy = ("give a CSV this binary wrote" if flag is None
+            else f"move it away or give another --{flag}")
+  try:
+    table = pd.read_csv(path, low_memory=False)
+  except pd.errors.EmptyDataError:
+    raise UsageError(f"{name} is an empty file, not a CSV of rows; {remedy}") from None
+  except (OSError, UnicodeDecodeError, ValueError) as e:   # ParserError is a ValueError
+    reason = str(e).strip().splitlines()[-1] if str(e).strip() else type(e).__name__
+    raise UsageError(f"{name} cannot be read as a CSV ({reason}); {remedy}") from None
+  with open(path, "rb") as f:
+    f.seek(-1, os.SEEK_END)
+    if f.read(1) != b"\n":   # every row this project writes ends in a newline
+      raise UsageError(f"{name} ends in the middle of a row (a write that was cut "
+                       f"off?); {remedy}")
+  missing = [c for c in signature if c not in table.columns]
+  if missing:
+    raise UsageError(f"{name} holds other rows than this binary's (no "
+                     f"{', '.join(missing)} column); {remedy}")
+  return table
+
+
+def check_output(path: str, signature=(), flag: str = "output") -> None:
+  """Before any work: `--flag` can take rows (its folder exists or can be made and is
+  writable, it is not a folder, an existing file is writable and is a CSV of this
+  binary's rows, `read_rows`). Raises UsageError."""
+  if not path:
+    raise UsageError(f"--{flag} must name a file")
+  if os.path.isdir(path):
+    raise UsageError(f"--{flag} {path} is a directory; give a file path")
+  folder = os.path.dirname(os.path.abspath(path))
+  try:
+    os.makedirs(folder, exist_ok=True)
+  except OSError as e:
+    raise UsageError(f"--{flag} {path}: its folder cannot be created "
+                     f"({e.strerror or type(e).__name__})") from None
+  if not os.access(folder, os.W_OK | os.X_OK):
+    raise UsageError(f"--{flag} {path}: its folder {folder} is not writable")
+  if os.path.exists(path):
+    if not os.path.isfile(path) or not os.access(path, os.R_OK | os.W_OK):
+      raise UsageError(f"--{flag} {path} is not a readable and writable file")
+    read_rows(path, signature, flag)
+
+
+FIGURE_FORMATS = ("png", "pdf", "svg", "jpg", "jpeg")
+
+
+def check_figure_path(path: str, flag: str = "plot") -> None:
+  """Before any work: a figure can be written to `--flag` (a known extension, its
+  folder exists or can be made and is writable, not a folder). Raises UsageError."""
+  extension = os.path.splitext(path)[1].lower().lstrip(".")
+  if extension not in FIGURE_FORMATS:
+    raise UsageError(f"--{flag} {path} must end in one of "
+                     f"{', '.join('.' + f for f in FIGURE_FORMATS)}")
+  if os.path.isdir(path):
+    raise UsageError(f"--{flag} {path} is a directory; give a file path")
+  folder = os.path.dirname(os.path.abspath(path))
+  try:
+    os.makedirs(folder, exist_ok=True)
+  except OSError as e:
+    raise UsageError(f"--{flag} {path}: its folder cannot be created "
+                     f"({e.strerror or type(e).__name__})") from None
+  if not os.access(folder, os.W_OK | os.X_OK) or (
+      os.path.exists(path) and not os.access(path, os.W_OK)):
+    raise UsageError(f"--{flag} {path} is not writable")
+
+
+def done_rows(path: str, resume: bool, signature=(), flag: str = "output") -> dict:
+  """Rows already in `path`, keyed by their `run_key` (empty unless `resume`)."""
   if not (resume and os.path.isfile(path)):
     return {}
-  old = pd.read_csv(path)
+  old = read_rows(path, signature, flag)
   if "run_key" not in old.columns:
     return {}
   return {key: row for key, row in zip(old.run_key, old.to_dict("records"))}
 
 
 def append_row(path: str, row: dict) -> None:
-  """Appends a row; a file written with other columns is rewritten with their union."""
+  """`append_rows(path, [row])`."""
+  append_rows(path, [row])
+
+
+def append_rows(path: str, rows) -> None:
+  """Appends rows at once, atomically: the new file (the old bytes and the rows, or,
+  when they have other columns, the union of both) is written beside `path` and
+  renamed over it, so a kill at any moment leaves either the old or the new file."""
   import pandas as pd
-  os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
-  new = pd.DataFrame([row])
+  folder = os.path.dirname(os.path.abspath(path))
+  os.makedirs(folder, exist_ok=True)
+  new = pd.DataFrame(list(rows))
+  old_bytes, table = b"", new
   if os.path.exists(path):
-    old_columns = list(pd.read_csv(path, nrows=0).columns)
-    if old_columns != list(new.columns):
+    with open(path, "rb") as f:
+      old_bytes = f.read()
+    if list(pd.read_csv(path, nrows=0).columns) == list(new.columns):
+      if old_bytes and not old_bytes.endswith(b"\n"):
+        old_bytes += b"\n"
+      table = None
+    else:
       with warnings.catch_warnings():   # all-NA columns of either side are fine here
         warnings.simplefilter("ignore", FutureWarning)
-        union = pd.concat([pd.read_csv(path), new], ignore_index=True)
-      union.to_csv(path, index=False)
-      return
-  new.to_csv(path, mode="a", header=not os.path.exists(path), index=False)
+        table = pd.concat([pd.read_csv(path, low_memory=False), new], ignore_index=True)
+  handle, temporary = tempfile.mkstemp(dir=folder, prefix=f".{os.path.basename(path)}.",
+                                       suffix=".tmp")
+  umask = os.umask(0)
+  os.umask(umask)
+  mode = os.stat(path).st_mode & 0o777 if os.path.exists(path) else 0o666 & ~umask
+  try:
+    os.chmod(temporary, mode)
+    with os.fdopen(handle, "wb") as f:
+      if table is None:
+        f.write(old_bytes + new.to_csv(header=False, index=False).encode())
+      else:
+        f.write(table.to_csv(index=False).encode())
+      f.flush()
+      os.fsync(f.fileno())
+    os.replace(temporary, path)
+  except BaseException:
+    with contextlib.suppress(OSError):
+      os.remove(temporary)
+    raise
 
 
 def run_main(main) -> None:
@@ -129,3 +280,7 @@ def run_main(main) -> None:
   except UsageError as e:
     print(f"error: {e}", file=sys.stderr)
     sys.exit(2)
+  except KeyboardInterrupt:
+    print("interrupted: every finished run's row is in the output; rerun the same "
+          "command to resume", file=sys.stderr)
+    sys.exit(130)

@@ -75,6 +75,11 @@ flags.DEFINE_string("output", "benchmarks/out/hypernet.csv", "CSV rows are appen
 flags.DEFINE_bool("resume", True, "Skip runs whose row is already in --output.")
 # --plot (defined by `benchmarks.summarize`, imported above): a PNG of mean user
 # accuracy against epsilon for this command's runs.
+# Columns every row of this binary has: an existing --output without them is refused.
+SIGNATURE = ("run_key", "algorithm", "mean_user_accuracy")
+HYPERNET_FLAGS = ("sampling_rate", "l2_norm_clip", "noise_multiplier", "weight_cap",
+                  "local_steps", "hypernet_lr", "embedding_lr", "hidden_width",
+                  "embedding_dim")
 FLAG_NAMES = ("algorithm", "dataset", "data_dir", "cache_dir", "num_users",
               "classes_per_user", "sampling_rate", "l2_norm_clip", "noise_multiplier",
               "weight_cap", "delta", "rounds", "local_steps", "batch_size", "client_lr",
@@ -88,8 +93,22 @@ def _settings():
   common.check_one_of("dataset", FLAGS.dataset, DATASETS)
   common.check_among("algorithm", FLAGS.algorithm, ALGORITHMS)
   common.check_backend(FLAGS.backend, FLAGS.device)
+  common.check_finite_floats()
+  for name in HYPERNET_FLAGS:
+    common.check_applies(name, ["hypernet"], FLAGS.algorithm)
+  common.check_applies("fedavg_local_epochs", ["fedavg"], FLAGS.algorithm)
+  common.check_applies("data_dir", ["cifar10"], [FLAGS.dataset], "--dataset")
+  common.check_applies("cache_dir", ["femnist"], [FLAGS.dataset], "--dataset")
+  common.check_applies("classes_per_user", ["digits", "cifar10"], [FLAGS.dataset],
+                       "--dataset")
   if FLAGS.dataset == "cifar10" and FLAGS.data_dir and not os.path.isdir(FLAGS.data_dir):
     raise UsageError(f"--data_dir {FLAGS.data_dir} is not a directory")
+  if FLAGS.dataset == "femnist" and FLAGS.cache_dir and not os.path.isdir(
+      FLAGS.cache_dir):
+    raise UsageError(f"--cache_dir {FLAGS.cache_dir} is not a directory")
+  if FLAGS.embedding_dim is not None and FLAGS.embedding_dim < 1:
+    raise UsageError(f"--embedding_dim must be >= 1 (or unset for 1 + N / 4); got "
+                     f"{FLAGS.embedding_dim}")
   for name in ("num_users", "rounds", "local_steps", "batch_size", "hidden_width",
                "dense", "fedavg_local_epochs", "classes_per_user"):
     if FLAGS[name].value < 1:
@@ -101,15 +120,19 @@ def _settings():
     raise UsageError(f"--delta must be in (0, 1); got {FLAGS.delta}")
   if FLAGS.eval_every < 0:
     raise UsageError(f"--eval_every must be >= 0; got {FLAGS.eval_every}")
-  channels = common.parse_numbers(FLAGS.channels, int, "channels")
+  channels = common.parse_numbers(FLAGS.channels, int, "channels", unique=False)
   if len(channels) != 2 or min(channels) < 1:
     raise UsageError(f"--channels must be two positive integers; got {FLAGS.channels}")
-  seeds = common.parse_numbers(FLAGS.seeds, int, "seeds")
-  if not seeds:
-    raise UsageError("--seeds must name at least one seed")
+  seeds = common.parse_seeds(FLAGS.seeds)
   rates = common.parse_numbers(FLAGS.sampling_rate, float, "sampling_rate")
   clips = common.parse_numbers(FLAGS.l2_norm_clip, float, "l2_norm_clip") or [None]
   noises = common.parse_numbers(FLAGS.noise_multiplier, float, "noise_multiplier")
+  for name, values in (("sampling_rate", rates), ("noise_multiplier", noises)):
+    if not values:
+      raise UsageError(f"--{name} must name at least one value")
+  if FLAGS["delta"].present and not any(z > 0 for z in noises):
+    raise UsageError("--delta applies to noised runs only: give a --noise_multiplier "
+                     "> 0, or drop --delta")
   from tff_silo.privacy.user_level import UserDPSettings
   grid = []
   for q, clip, z in itertools.product(rates, clips, noises):
@@ -118,6 +141,9 @@ def _settings():
                                  weight_cap=FLAGS.weight_cap))
     except ValueError as e:
       raise UsageError(str(e)) from None
+  common.check_output(FLAGS.output, SIGNATURE)
+  if FLAGS.plot:
+    common.check_figure_path(FLAGS.plot)
   return dict(seeds=seeds, grid=grid, channels=tuple(channels))
 
 
@@ -296,8 +322,14 @@ def main(argv):
   from tff_silo import runtime
   runtime.exit_cleanly_on_sigterm()
   rows, runs = [], list(_runs(s))
-  done = common.done_rows(FLAGS.output, FLAGS.resume)
+  done = common.done_rows(FLAGS.output, FLAGS.resume, SIGNATURE)
   users_by_seed = {}
+  try:   # every seed's users loaded (and every file read) before any run trains
+    for seed, algorithm, settings in runs:
+      if seed not in users_by_seed and _run_key(seed, algorithm, settings, s) not in done:
+        users_by_seed[seed] = _users(seed)
+  except ValueError as e:   # includes DataError: a bad or missing file
+    raise UsageError(str(e)) from None
   for i, (seed, algorithm, settings) in enumerate(runs, 1):
     tag = f"[{i}/{len(runs)}] {algorithm} seed={seed}" + (
         "" if settings is None else f" q={settings.sampling_rate} "
@@ -313,8 +345,6 @@ def main(argv):
     backend = common.backend_for(FLAGS.backend)
     scope, device = common.device_scope(FLAGS.device, backend)
     try:
-      if seed not in users_by_seed:
-        users_by_seed[seed] = _users(seed)
       users = users_by_seed[seed]
       with scope:
         measured = (_run_hypernet(users, settings, seed, s, progress, backend)

@@ -53,6 +53,21 @@ DPRIVATE_FLAGS = ("num_clusters", "nu", "clients_per_round", "leakage_cap", "pat
                   "kmeans_iterations")
 # Validation users of `dprivate_clustering` on two_cluster (Galli et al. 5.1).
 VALIDATION_USERS = 30
+# Columns every row of this binary has: an existing --output without them is refused.
+SIGNATURE = ("run_key", "algorithm", "test_metric")
+# Flags that only affect some algorithms: giving one for none of them is an error.
+APPLIES_TO = {
+    "lam": LAMBDA_ALGORITHMS,
+    "num_clusters": (*IFCA_ALGORITHMS, "dprivate_clustering"),
+    "selection_fraction": tuple(IFCA_ALGORITHMS),
+    "selection_budget_share": tuple(IFCA_ALGORITHMS),
+    "finetune_fraction": ("finetune", "ifca_finetune"),
+    **{name: ("dprivate_clustering",) for name in
+       ("nu", "clients_per_round", "leakage_cap", "patience", "kmeans_iterations")},
+}
+# Flags of DP-SGD: giving one without --epsilon (a non-private run) is an error.
+DP_FLAGS = ("delta", "clip", "sampling", "ledger_csv", "outside_guarantee_metrics")
+MAX_EPSILON = 1000.0   # beyond it a guarantee promises nothing; unset it instead
 
 FLAGS = flags.FLAGS
 flags.DEFINE_list("algorithm", ["local", "fedavg", "mrmtl"],
@@ -134,6 +149,16 @@ def _settings():
   common.check_one_of("neighbouring", FLAGS.neighbouring, NEIGHBOURING)
   common.check_one_of("protocol", FLAGS.protocol, PROTOCOLS)
   common.check_backend(FLAGS.backend, FLAGS.device)
+  common.check_finite_floats()
+  for name, algorithms in APPLIES_TO.items():
+    common.check_applies(name, algorithms, FLAGS.algorithm)
+  if FLAGS.epsilon is None:
+    for name in DP_FLAGS:
+      if FLAGS[name].present:
+        raise UsageError(f"--{name} applies to private runs only: give --epsilon, or "
+                         f"drop --{name}")
+  if FLAGS.eval_every < 0:
+    raise UsageError(f"--eval_every must be >= 0; got {FLAGS.eval_every}")
   preset = configs.PRESETS[FLAGS.dataset]
   s = dict(
       rounds=FLAGS.rounds if FLAGS.rounds is not None else preset.rounds,
@@ -144,9 +169,12 @@ def _settings():
       epsilon=FLAGS.epsilon,
       lams=(common.parse_numbers(FLAGS.lam, float, "lam") if FLAGS.lam
             else [preset.lam]),
-      seeds=common.parse_numbers(FLAGS.seeds, int, "seeds"))
+      seeds=common.parse_seeds(FLAGS.seeds))
   if s["epsilon"] is not None and not s["epsilon"] > 0:
     raise UsageError(f"--epsilon must be > 0 (or unset for no privacy); got {s['epsilon']}")
+  if s["epsilon"] is not None and s["epsilon"] > MAX_EPSILON:
+    raise UsageError(f"--epsilon must be at most {MAX_EPSILON:g} (a larger epsilon "
+                     f"promises nothing); unset it for a non-private run")
   if not 0 < s["delta"] < 1:
     raise UsageError(f"--delta must be in (0, 1); got {s['delta']}")
   if s["rounds"] < 1:
@@ -161,8 +189,6 @@ def _settings():
     raise UsageError(f"--local_epochs must be >= 1; got {FLAGS.local_epochs}")
   if any(not lam >= 0 for lam in s["lams"]):
     raise UsageError(f"--lam values must be >= 0; got {FLAGS.lam}")
-  if not s["seeds"]:
-    raise UsageError("--seeds must name at least one seed")
   s["num_clusters"] = (FLAGS.num_clusters if FLAGS.num_clusters is not None
                        else preset.num_clusters)
   _privacy_settings(s, preset)
@@ -172,6 +198,10 @@ def _settings():
       raise UsageError(f"--data_dir is required for --dataset={FLAGS.dataset}")
     if not os.path.isdir(FLAGS.data_dir):
       raise UsageError(f"--data_dir {FLAGS.data_dir} is not a directory")
+  else:
+    common.check_applies("data_dir", TABULAR, [FLAGS.dataset], "--dataset")
+  common.check_applies("mask_probability", ["digits"], [FLAGS.dataset], "--dataset")
+  common.check_output(FLAGS.output, SIGNATURE)
   return s
 
 
@@ -537,10 +567,10 @@ def main(argv):
   s = _settings()
   from tff_silo import runtime
   runtime.exit_cleanly_on_sigterm()
-  rows = []
+  rows, planned, loaded = [], [], {}
   runs = list(_runs(s))
-  done = common.done_rows(FLAGS.output, FLAGS.resume)
-  for i, (seed, algorithm, lam) in enumerate(runs, 1):
+  done = common.done_rows(FLAGS.output, FLAGS.resume, SIGNATURE)
+  for i, (seed, algorithm, lam) in enumerate(runs, 1):   # every run checked first
     key = _run_key(seed, algorithm, lam, s)
     if key in done:
       print(f"[{i}/{len(runs)}] {algorithm} lam={lam} seed={seed}: already in "
@@ -548,10 +578,19 @@ def main(argv):
       rows.append(done[key])
       continue
     try:
-      silos, preprocessing_events = _load(seed, s)
+      if seed not in loaded:
+        loaded[seed] = _load(seed, s)
+      silos = loaded[seed][0]
       process = _build(algorithm, lam, seed, silos, s)
     except ValueError as e:  # includes DataError: a bad file or setting, not a bug
       raise UsageError(str(e)) from None
+    if ((algorithm in IFCA_ALGORITHMS or algorithm == "dprivate_clustering")
+        and s["num_clusters"] > silos.num_silos):
+      raise UsageError(f"--num_clusters={s['num_clusters']} is more than the "
+                       f"{silos.num_silos} silos")
+    planned.append((i, seed, algorithm, lam, process))
+  for i, seed, algorithm, lam, process in planned:
+    silos, preprocessing_events = loaded[seed]
     tag = f"[{i}/{len(runs)}] {algorithm} lam={lam} seed={seed}"
     progress = common.round_progress(tag, s["rounds"])
 
@@ -567,7 +606,8 @@ def main(argv):
     common.append_row(FLAGS.output, row)
     rows.append(row)
   _print_table(rows)
-  print(f"rows appended to {FLAGS.output}")
+  print(f"{len(planned)} row(s) appended to {FLAGS.output}" if planned
+        else f"every run was already in {FLAGS.output}; nothing appended")
 
 
 def run():

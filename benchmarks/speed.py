@@ -47,6 +47,8 @@ PARTS = ("school", "digits", "sweep", "ifca", "dprivate", "hypernet")
 DEFAULT_PARTS = ("school", "digits", "sweep")
 SWEEP_EPSILONS = (1.0, 2.0, 4.0, 8.0)
 CACHE_MODES = ("warm", "cold")
+# Columns every row of this binary has: an existing --output without them is refused.
+SIGNATURE = ("part", "backend", "device", "end_to_end_seconds")
 SCHOOL = configs.PRESETS["school"]
 SCHOOL_EPSILON = 6.0
 
@@ -129,12 +131,34 @@ def _fresh_run(env, binary_args, backend, device="auto"):
     cmd = [sys.executable, "-m", f"benchmarks.{binary}", *args, f"--backend={backend}",
            f"--device={device}", f"--output={csv}"]
     start = time.perf_counter()
-    done = subprocess.run(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                          text=True, check=False, env=env)
+    returncode, stderr = _child(cmd, env)
     seconds = time.perf_counter() - start
-    if done.returncode:
-      raise RuntimeError(f"{' '.join(cmd)} failed: {done.stderr.strip()[-500:]}")
+    if returncode:
+      raise UsageError(f"benchmarks.{binary} failed: {_last_line(stderr)}")
     return seconds, pd.read_csv(csv).iloc[0]
+
+
+def _child(cmd, env, stdout=subprocess.DEVNULL):
+  """Runs `cmd`; (return code, stderr[, stdout]). The child is stopped (SIGTERM, then
+  SIGKILL) when this process is interrupted or terminated, so none outlives it."""
+  child = subprocess.Popen(cmd, stdout=stdout, stderr=subprocess.PIPE, text=True,
+                           env=env)
+  try:
+    out, err = child.communicate()
+  except BaseException:
+    child.terminate()
+    try:
+      child.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+      child.kill()
+    raise
+  return (child.returncode, err) if stdout is subprocess.DEVNULL else (
+      child.returncode, err, out)
+
+
+def _last_line(text: str) -> str:
+  lines = [line for line in text.strip().splitlines() if line.strip()]
+  return lines[-1] if lines else "no error message"
 
 
 def _sweep_in_process():
@@ -165,13 +189,13 @@ def _sweep_in_process():
 
 def _sweep(env):
   start = time.perf_counter()
-  done = subprocess.run([sys.executable, "-m", "benchmarks.speed", "--sweep_child",
-                         f"--data_dir={FLAGS.data_dir}", f"--rounds={FLAGS.rounds}",
-                         f"--sweep_runs={FLAGS.sweep_runs}"],
-                        capture_output=True, text=True, check=False, env=env)
-  if done.returncode:
-    raise RuntimeError(f"the sweep failed: {done.stderr.strip()[-500:]}")
-  result = json.loads(done.stdout.strip().splitlines()[-1])
+  returncode, stderr, stdout = _child(
+      [sys.executable, "-m", "benchmarks.speed", "--sweep_child",
+       f"--data_dir={FLAGS.data_dir}", f"--rounds={FLAGS.rounds}",
+       f"--sweep_runs={FLAGS.sweep_runs}"], env, stdout=subprocess.PIPE)
+  if returncode:
+    raise UsageError(f"the sweep failed: {_last_line(stderr)}")
+  result = json.loads(stdout.strip().splitlines()[-1])
   return time.perf_counter() - start, result
 
 
@@ -226,6 +250,8 @@ def main(argv):
   if len(argv) > 1:
     raise UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
   common.check_among("parts", FLAGS.parts, PARTS)
+  if not FLAGS.sweep_child:
+    common.check_output(FLAGS.output, SIGNATURE)
   common.check_one_of("calibration_cache", FLAGS.calibration_cache, CACHE_MODES)
   for name in ("repeats", "rounds", "digits_rounds", "sweep_runs", "dprivate_rounds",
                "hypernet_rounds"):
@@ -238,7 +264,8 @@ def main(argv):
   if FLAGS.sweep_child:
     _sweep_in_process()
     return
-  import pandas as pd
+  from tff_silo import runtime
+  runtime.exit_cleanly_on_sigterm()   # so the child in flight is stopped too
   backends = [("tff", "cpu"), ("vectorized", "cpu")]
   digits_backends = backends + ([("vectorized", "gpu")] if _gpu_present() else [])
   stamp = dict(cpus=os.cpu_count(), calibration_cache=FLAGS.calibration_cache,
@@ -280,9 +307,8 @@ def main(argv):
                      runs=result["runs"], **dict(stamp, finished=time.strftime(
                          "%Y-%m-%dT%H:%M:%S"))))
   shutil.rmtree(caches, ignore_errors=True)
-  df = pd.DataFrame(rows)
-  os.makedirs(os.path.dirname(FLAGS.output) or ".", exist_ok=True)
-  df.to_csv(FLAGS.output, mode="a", header=not os.path.exists(FLAGS.output), index=False)
+  for row in rows:
+    common.append_row(FLAGS.output, row)
   _report(rows)
   print(f"rows appended to {FLAGS.output}")
 

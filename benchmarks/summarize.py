@@ -9,7 +9,9 @@ from __future__ import annotations
 import os
 import sys
 
-from absl import app, flags
+from absl import flags
+
+from benchmarks import common
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string("plot", None, "Write a PNG plot of the test metric here.")
@@ -70,17 +72,26 @@ def plot(df, path):
   ax.figure.savefig(path, dpi=120)
 
 
+# Columns a `benchmarks.run` CSV has, which the table needs.
+REQUIRED = ("dataset", "algorithm", "lam", "epsilon", "seed", "test_metric",
+            "train_metric", "epsilon_spent_max", "noise_multiplier_mean", "wall_seconds",
+            "metric")
+
+
 def main(argv):
-  import pandas as pd
   paths = argv[1:]
   if not paths:
-    print("error: give one or more CSV files written by benchmarks.run", file=sys.stderr)
-    sys.exit(2)
+    raise common.UsageError("give one or more CSV files written by benchmarks.run")
+  if FLAGS.plot:
+    common.check_figure_path(FLAGS.plot)
   missing = [p for p in paths if not os.path.isfile(p)]
   if missing:
-    print(f"error: no such file: {', '.join(missing)}", file=sys.stderr)
-    sys.exit(2)
-  df = pd.concat([pd.read_csv(p) for p in paths], ignore_index=True)
+    raise common.UsageError(f"no such file: {', '.join(missing)}")
+  import pandas as pd
+  df = pd.concat([common.read_rows(p, REQUIRED, flag=None) for p in paths],
+                 ignore_index=True)
+  if df.empty:
+    raise common.UsageError(f"{', '.join(paths)} hold(s) no rows")
   print(to_markdown(summary_table(df)))
   if FLAGS.plot:
     plot(df, FLAGS.plot)
@@ -88,4 +99,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  app.run(main)
+  common.run_main(main)

@@ -2,12 +2,14 @@
 are `tff_silo.data.digits.digits_images`).
 
 - `load_cifar10`: the CIFAR-10 python distribution (`cifar-10-batches-py`: pickled
-  `data_batch_1..5` and `test_batch`, as Keras caches it); without `data_dir` Keras
-  downloads it (needs a network).
+  `data_batch_1..5` and `test_batch`), from `data_dir` or, without one, from Keras'
+  cache (`~/.keras/datasets`).
 - `load_emnist_users`: FEMNIST's writers as users, read with TFF's
-  `tff.simulation.datasets.emnist.load_data(cache_dir=...)`, which uses an existing
-  `emnist_all.sqlite` in `cache_dir` and downloads it otherwise. Writers with fewer
-  than `min_examples` training examples are dropped (Nemala et al. drop those under 30).
+  `tff.simulation.datasets.emnist.load_data(cache_dir=...)` from `emnist_all.sqlite`
+  in `cache_dir` (default `~/.tff`). Writers with fewer than `min_examples` training
+  examples are dropped (Nemala et al. drop those under 30).
+Neither downloads: a missing file is a `DataError` saying where it must be and where
+to get it.
 """
 
 from __future__ import annotations
@@ -21,6 +23,11 @@ import numpy as np
 from tff_silo.data.silos import DataError, SiloData, make_silos
 
 CIFAR10_DIR = "cifar-10-batches-py"
+CIFAR10_URL = "https://www.cs.toronto.edu/~kriz/cifar-10-python.tar.gz"
+KERAS_CACHE = os.path.join("~", ".keras", "datasets")
+EMNIST_FILE = "emnist_all.sqlite"
+EMNIST_URL = "https://storage.googleapis.com/tff-datasets-public/emnist_all.sqlite.lzma"
+TFF_CACHE = os.path.join("~", ".tff")
 CIFAR10_TRAIN_FILES = tuple(f"data_batch_{i}" for i in range(1, 6))
 CIFAR10_TEST_FILE = "test_batch"
 CIFAR10_SHAPE = (3, 32, 32)    # channel-major rows of the pickled arrays
@@ -34,9 +41,13 @@ def _cifar_batch(path):
     with open(path, "rb") as f:
       batch = pickle.load(f, encoding="bytes")
   except FileNotFoundError:
-    raise DataError(f"CIFAR-10 file not found: {path}") from None
-  except (pickle.UnpicklingError, EOFError) as e:
-    raise DataError(f"{path} is not a CIFAR-10 python batch: {e}") from None
+    raise DataError(f"CIFAR-10 file not found: {path} (get {CIFAR10_URL} and unpack "
+                    f"it there)") from None
+  except OSError as e:
+    raise DataError(f"{path} cannot be read: {e.strerror or e}") from None
+  except Exception as e:  # unpickling garbage raises anything from UnpicklingError on
+    raise DataError(f"{path} is not a CIFAR-10 python batch ({type(e).__name__}: "
+                    f"{e})") from None
   if not isinstance(batch, dict) or b"data" not in batch or b"labels" not in batch:
     raise DataError(f"{path} lacks the b'data' and b'labels' entries of a CIFAR-10 batch")
   data = np.asarray(batch[b"data"], dtype=np.uint8)
@@ -51,13 +62,10 @@ def load_cifar10(data_dir: Optional[str] = None):
 
   Args:
     data_dir: a folder holding `cifar-10-batches-py/` (or that folder itself); None
-      downloads through Keras.
+      reads Keras' cache, `~/.keras/datasets`.
   """
   if data_dir is None:
-    import tensorflow as tf  # pylint: disable=g-import-not-at-top
-    (x_train, y_train), (x_test, y_test) = tf.keras.datasets.cifar10.load_data()
-    return (x_train.astype(np.float32) / 255.0, y_train.ravel().astype(np.int64),
-            x_test.astype(np.float32) / 255.0, y_test.ravel().astype(np.int64))
+    data_dir = os.path.expanduser(KERAS_CACHE)
   folder = data_dir if os.path.basename(os.path.normpath(data_dir)) == CIFAR10_DIR \
       else os.path.join(data_dir, CIFAR10_DIR)
   train = [_cifar_batch(os.path.join(folder, name)) for name in CIFAR10_TRAIN_FILES]
@@ -80,11 +88,20 @@ def load_emnist_users(cache_dir: Optional[str] = None, *, num_users: int,
                       seed: int = 0) -> SiloData:
   """`num_users` FEMNIST writers (random among those with >= `min_examples` training
   examples and at least one test example), images [n, 28, 28, 1]."""
-  import tensorflow_federated as tff  # pylint: disable=g-import-not-at-top
   if int(num_users) != num_users or num_users < 1:
     raise ValueError(f"num_users must be a positive integer, got {num_users}")
-  train, test = tff.simulation.datasets.emnist.load_data(only_digits=only_digits,
-                                                         cache_dir=cache_dir)
+  cache_dir = os.path.expanduser(TFF_CACHE if cache_dir is None else cache_dir)
+  path = os.path.join(cache_dir, EMNIST_FILE)
+  if not os.path.isfile(path):
+    raise DataError(f"EMNIST file not found: {path} (get {EMNIST_URL}, unpack it with "
+                    f"`unxz` into {cache_dir})")
+  import tensorflow_federated as tff  # pylint: disable=g-import-not-at-top
+  try:
+    train, test = tff.simulation.datasets.emnist.load_data(only_digits=only_digits,
+                                                           cache_dir=cache_dir)
+  except Exception as e:  # sqlite3 or TF errors on a damaged file
+    raise DataError(f"{path} is not TFF's EMNIST database ({type(e).__name__}: "
+                    f"{str(e).splitlines()[0] if str(e) else ''})") from None
   rng = np.random.default_rng(seed)
   candidates = rng.permutation(sorted(set(train.client_ids) & set(test.client_ids)))
   parts = ([], [], [], [])

@@ -56,10 +56,12 @@ def _require_file(path: str) -> str:
 
 def _load_mat_cells(path: str, expect_axis: int, expect_count=None):
   """Reads X, Y cell arrays laid out along `expect_axis` (0: (K,1), 1: (1,K))."""
+  _require_file(path)
   try:
-    mat = scipy.io.loadmat(_require_file(path))
-  except (ValueError, TypeError, OSError) as e:
-    raise DataError(f"{path} is not a readable MATLAB file: {e}") from None
+    mat = scipy.io.loadmat(path)
+  except Exception as e:  # scipy raises MatReadError, ValueError, IndexError, ...
+    raise DataError(f"{path} is not a readable MATLAB file ({type(e).__name__}: "
+                    f"{e})") from None
   for key in ("X", "Y"):
     if key not in mat:
       found = sorted(k for k in mat if not k.startswith("__"))
@@ -71,7 +73,10 @@ def _load_mat_cells(path: str, expect_axis: int, expect_count=None):
       layout = "(K, 1)" if expect_axis == 0 else "(1, K)"
       raise DataError(f"{path}: {key} must be a {layout} cell array, got "
                       f"{arr.dtype} array of shape {arr.shape}")
-    cells.append([np.asarray(c) for c in arr.reshape(-1)])
+    try:
+      cells.append([np.asarray(c, dtype=np.float64) for c in arr.reshape(-1)])
+    except (TypeError, ValueError) as e:
+      raise DataError(f"{path}: a cell of {key} is not a numeric array ({e})") from None
   xs, ys = cells
   if len(xs) != len(ys):
     raise DataError(f"{path}: X has {len(xs)} silos but Y has {len(ys)}")
@@ -144,19 +149,27 @@ def load_gleam(data_dir: str, *, seed: int = 0,
 
 def _load_vehicle_json(path: str):
   try:
-    with open(path) as f:
+    with open(path, encoding="utf-8") as f:
       blob = json.load(f)
-  except json.JSONDecodeError as e:
+  except (json.JSONDecodeError, UnicodeDecodeError) as e:
     raise DataError(f"{path} is not valid JSON: {e}") from None
-  if not isinstance(blob, dict) or not {"users", "user_data"} <= set(blob):
-    raise DataError(f"{path}: expected a LEAF-style object with 'users' and 'user_data'")
+  except OSError as e:
+    raise DataError(f"{path} cannot be read: {e.strerror or e}") from None
+  if (not isinstance(blob, dict) or not isinstance(blob.get("users"), list)
+      or not isinstance(blob.get("user_data"), dict)):
+    raise DataError(f"{path}: expected a LEAF-style object with a 'users' list and a "
+                    "'user_data' object")
   xs, ys = [], []
   for user in blob["users"]:
-    record = blob["user_data"].get(user)
+    record = blob["user_data"].get(user) if isinstance(user, str) else None
     if not isinstance(record, dict) or "x" not in record or "y" not in record:
       raise DataError(f"{path}: user {user!r} has no 'x'/'y' record")
-    x = np.asarray(record["x"], dtype=np.float64)
-    y = np.asarray(record["y"], dtype=np.float64).reshape(-1)
+    try:
+      x = np.asarray(record["x"], dtype=np.float64)
+      y = np.asarray(record["y"], dtype=np.float64).reshape(-1)
+    except (TypeError, ValueError) as e:
+      raise DataError(f"{path}: user {user!r} has non-numeric or ragged data ({e})") \
+          from None
     if len(y) == 0:
       raise DataError(f"{path}: user {user!r} has no examples")
     if x.ndim != 2 or len(x) != len(y):

@@ -1,0 +1,77 @@
+"""Results are never lost: rows are appended atomically, an output the binary did not
+write is refused in one line, and a multi-run `benchmarks.run` killed mid-way (SIGTERM
+or SIGKILL) leaves a valid CSV of its finished rows that a rerun resumes from."""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pandas as pd
+import pytest
+
+from benchmarks import common
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def test_append_keeps_old_bytes_and_adds_columns_by_union(tmp_path):
+  path = str(tmp_path / "rows.csv")
+  common.append_row(path, dict(run_key="a", x=1))
+  common.append_rows(path, [dict(run_key="b", x=2), dict(run_key="c", x=3)])
+  first = open(path).read()
+  assert first == "run_key,x\na,1\nb,2\nc,3\n"
+  common.append_row(path, dict(run_key="d", x=4, y=0.5))
+  table = pd.read_csv(path)
+  assert list(table.run_key) == ["a", "b", "c", "d"] and table.y.isna().sum() == 3
+  assert not [p for p in os.listdir(tmp_path) if p.endswith(".tmp")]
+
+
+def test_a_failed_write_leaves_the_old_file_whole(tmp_path, monkeypatch):
+  path = str(tmp_path / "rows.csv")
+  common.append_row(path, dict(run_key="a", x=1))
+  os.chmod(path, 0o640)
+  before = open(path, "rb").read()
+
+  def killed(*args):
+    raise KeyboardInterrupt   # as if the process were stopped mid-rename
+  monkeypatch.setattr(os, "replace", killed)
+  with pytest.raises(KeyboardInterrupt):
+    common.append_row(path, dict(run_key="b", x=2))
+  assert open(path, "rb").read() == before
+  assert not [p for p in os.listdir(tmp_path) if p.endswith(".tmp")]
+  monkeypatch.undo()
+  common.append_row(path, dict(run_key="b", x=2))
+  assert os.stat(path).st_mode & 0o777 == 0o640   # the file keeps its permissions
+
+
+def _run(out, *extra):
+  return subprocess.Popen(
+      [sys.executable, "-m", "benchmarks.run", "--dataset=synthetic",
+       "--algorithm=local,fedavg,mrmtl", "--lam=1", "--rounds=400", f"--output={out}",
+       *extra],
+      cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+      env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"})
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL], ids=["term", "kill"])
+def test_a_killed_sweep_keeps_its_finished_rows_and_resumes(tmp_path, sig):
+  out = tmp_path / "rows.csv"
+  proc = _run(out)
+  deadline = time.monotonic() + 300
+  while not out.exists() and time.monotonic() < deadline and proc.poll() is None:
+    time.sleep(0.05)
+  time.sleep(0.5)   # into the second run
+  proc.send_signal(sig)
+  proc.communicate(timeout=120)
+  assert proc.returncode != 0, "the sweep ended before the kill; make it longer"
+  finished = pd.read_csv(out)
+  assert 1 <= len(finished) < 3 and finished.run_key.is_unique
+  again = _run(out)
+  _, stderr = again.communicate(timeout=300)
+  assert again.returncode == 0, stderr[-2000:]
+  assert stderr.count("skipped") == len(finished)
+  table = pd.read_csv(out)
+  assert len(table) == 3 and table.run_key.is_unique
+  pd.testing.assert_frame_equal(table.iloc[:len(finished)], finished)

@@ -49,13 +49,14 @@ def _exited(pid: int) -> bool:
     return True
 
 
-def stop_tff_workers() -> int:
+def stop_tff_workers(reap: bool = False) -> int:
   """Stops (SIGINT, then SIGKILL after a timeout) the TFF workers this process
   started and installs a fresh default TFF execution context, so computations run
   afterwards start a new worker. Returns how many workers were stopped.
 
   The stopped workers are left for TFF's own handle to reap (its `__del__` signals and
-  waits on them), which is why they are not waited on here.
+  waits on them) unless `reap` (at interpreter exit, where that handle may never
+  run: no zombie is left behind for an init that might not reap it).
   """
   pids = _children_named(WORKER_NAME)
   if not pids:
@@ -76,8 +77,14 @@ def stop_tff_workers() -> int:
       os.kill(pid, signal.SIGKILL)
     except ProcessLookupError:
       pass
+  if reap:
+    for pid in pids:
+      try:
+        os.waitpid(pid, 0)
+      except ChildProcessError:   # already reaped
+        pass
   tff = sys.modules.get("tensorflow_federated")
-  if tff is not None:
+  if tff is not None and not reap:
     tff.backends.native.set_sync_local_cpp_execution_context()
   return len(pids)
 
@@ -88,4 +95,4 @@ def exit_cleanly_on_sigterm() -> None:
   signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
 
 
-atexit.register(stop_tff_workers)
+atexit.register(stop_tff_workers, reap=True)

@@ -136,9 +136,18 @@ def _curves(ledgers, events) -> list:
 
 def over_budget(ledgers, events) -> list:
   """Indices of the units whose next `events` (one per ledger, or None) would
-  exceed their budget."""
-  return [i for i, (ledger, curve) in enumerate(zip(ledgers, _curves(ledgers, events)))
-          if curve is not None and ledger._exceeds_with(curve)]  # pylint: disable=protected-access
+  exceed their budget; units with the same account, event and budget are checked
+  once (in a round of 139 silos with equal settings, once instead of 139 times)."""
+  verdicts, over = {}, []
+  for i, (ledger, curve) in enumerate(zip(ledgers, _curves(ledgers, events))):
+    if curve is None or ledger.budget is None:
+      continue
+    key = (ledger._rdp.tobytes(), id(curve), ledger.budget, ledger.target_delta)  # pylint: disable=protected-access
+    if key not in verdicts:
+      verdicts[key] = ledger._exceeds_with(curve)   # pylint: disable=protected-access
+    if verdicts[key]:
+      over.append(i)
+  return over
 
 
 def charge_all(ledgers, events, label: str) -> None:

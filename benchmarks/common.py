@@ -172,10 +172,9 @@ def read_rows(path: str, signature=(), flag: str = "output"):
   return table
 
 
-def check_output(path: str, signature=(), flag: str = "output") -> None:
-  """Before any work: `--flag` can take rows (its folder exists or can be made and is
-  writable, it is not a folder, an existing file is writable and is a CSV of this
-  binary's rows, `read_rows`). Raises UsageError."""
+def _check_file_path(path: str, flag: str) -> None:
+  """UsageError unless `--flag` names a file path (not a folder) whose folder exists
+  or can be made, and is writable."""
   if not path:
     raise UsageError(f"--{flag} must name a file")
   if os.path.isdir(path):
@@ -188,6 +187,13 @@ def check_output(path: str, signature=(), flag: str = "output") -> None:
                      f"({e.strerror or type(e).__name__})") from None
   if not os.access(folder, os.W_OK | os.X_OK):
     raise UsageError(f"--{flag} {path}: its folder {folder} is not writable")
+
+
+def check_output(path: str, signature=(), flag: str = "output") -> None:
+  """Before any work: `--flag` can take rows (its folder exists or can be made and is
+  writable, it is not a folder, an existing file is writable and is a CSV of this
+  binary's rows, `read_rows`). Raises UsageError."""
+  _check_file_path(path, flag)
   if os.path.exists(path):
     if not os.path.isfile(path) or not os.access(path, os.R_OK | os.W_OK):
       raise UsageError(f"--{flag} {path} is not a readable and writable file")
@@ -204,16 +210,8 @@ def check_figure_path(path: str, flag: str = "plot") -> None:
   if extension not in FIGURE_FORMATS:
     raise UsageError(f"--{flag} {path} must end in one of "
                      f"{', '.join('.' + f for f in FIGURE_FORMATS)}")
-  if os.path.isdir(path):
-    raise UsageError(f"--{flag} {path} is a directory; give a file path")
-  folder = os.path.dirname(os.path.abspath(path))
-  try:
-    os.makedirs(folder, exist_ok=True)
-  except OSError as e:
-    raise UsageError(f"--{flag} {path}: its folder cannot be created "
-                     f"({e.strerror or type(e).__name__})") from None
-  if not os.access(folder, os.W_OK | os.X_OK) or (
-      os.path.exists(path) and not os.access(path, os.W_OK)):
+  _check_file_path(path, flag)
+  if os.path.exists(path) and not os.access(path, os.W_OK):
     raise UsageError(f"--{flag} {path} is not writable")
 
 

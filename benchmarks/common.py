@@ -88,6 +88,17 @@ def check_among(name, values, allowed) -> None:
 
 BACKENDS = ("auto", "tff", "vectorized")
 DEVICES = ("auto", "cpu", "gpu")
+def define_backend_flags(vectorized_runs: str) -> None:
+  """Defines --backend and --device for a binary whose runs have both backends;
+  `vectorized_runs` says what the vectorized backend runs of it."""
+  flags.DEFINE_string("backend", "auto", f"One of {BACKENDS}: 'tff' runs TFF's runtime "
+                      "(the reference), 'vectorized' each round as one TensorFlow "
+                      f"program (the same numbers; {vectorized_runs}); 'auto': the "
+                      "vectorized one.")
+  flags.DEFINE_string("device", "auto", f"One of {DEVICES}: where the vectorized "
+                      "backend runs ('auto': a GPU if TensorFlow sees one).")
+
+
 def check_backend(backend: str, device: str) -> None:
   """UsageError for an unknown --backend / --device, or a combination that cannot
   run: a GPU for TFF's runtime (CPU only), or a GPU TensorFlow does not see."""

@@ -65,12 +65,8 @@ flags.DEFINE_integer("dense", 64, "Target CNN: width of the hidden dense layer."
 flags.DEFINE_integer("fedavg_local_epochs", 1, "FedAvg: local epochs per round.")
 flags.DEFINE_list("seeds", ["0"], "Comma-separated seeds (partition, init, sampling, noise).")
 flags.DEFINE_integer("eval_every", 0, "Also evaluate every this many rounds (0: end).")
-flags.DEFINE_string("backend", "auto", f"One of {common.BACKENDS}: 'tff' runs TFF's "
-                    "runtime (the reference), 'vectorized' a round as one TensorFlow "
-                    "program (the same numbers; the user-level DP mean); 'auto': the "
-                    "vectorized one.")
-flags.DEFINE_string("device", "auto", f"One of {common.DEVICES}: where the vectorized "
-                    "backend runs ('auto': a GPU if TensorFlow sees one).")
+common.define_backend_flags("both algorithms; the user-level DP mean")
+flags.adopt_module_key_flags(common)   # --help lists --backend and --device
 flags.DEFINE_string("output", "benchmarks/out/hypernet.csv", "CSV rows are appended to.")
 flags.DEFINE_bool("resume", True, "Skip runs whose row is already in --output.")
 # --plot (defined by `benchmarks.summarize`, imported above): a PNG of mean user

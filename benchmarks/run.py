@@ -131,12 +131,8 @@ flags.DEFINE_float("leakage_cap", None, "dprivate_clustering: a user declines a 
 flags.DEFINE_integer("patience", None, "dprivate_clustering on two_cluster: stop after "
                      "this many rounds without validation improvement.")
 flags.DEFINE_integer("kmeans_iterations", 10, "dprivate_clustering: Lloyd iterations.")
-flags.DEFINE_string("backend", "auto", f"One of {common.BACKENDS}: 'tff' runs TFF's "
-                    "runtime (the reference), 'vectorized' every silo's round as one "
-                    "TensorFlow program (the same numbers; every algorithm here); "
-                    "'auto': the vectorized one.")
-flags.DEFINE_string("device", "auto", f"One of {common.DEVICES}: where the vectorized "
-                    "backend runs ('auto': a GPU if TensorFlow sees one).")
+common.define_backend_flags("every algorithm here")
+flags.adopt_module_key_flags(common)   # --help lists --backend and --device
 flags.DEFINE_string("output", "benchmarks/out/run.csv", "CSV file rows are appended to.")
 flags.DEFINE_bool("resume", True, "Skip runs whose row (same settings, algorithm, "
                   "lambda and seed) is already in --output.")

@@ -16,6 +16,9 @@ backends alternating within each repeat, so drift of the machine hits both alike
   --dprivate_rounds rounds), fresh process per run.
 - `hypernet`: UDP-Alg as `python -m benchmarks.hypernet` (digits, 50 users, q 0.1,
   S 0.1, z 1, K 20 local steps, --hypernet_rounds rounds), fresh process per run.
+- `memory`: one DP MR-MTL round of the vectorized backend on Fashion-MNIST-sized
+  silos (40 x 1,500 random 28x28 images, batch 64), in a fresh process with the
+  default memory budget and with none: peak memory after the round, its time.
 - on a machine where TensorFlow sees a GPU, `digits` also runs the vectorized
   backend with --device=gpu.
 
@@ -43,7 +46,8 @@ from absl import flags
 from benchmarks import common, configs
 from benchmarks.common import UsageError
 
-PARTS = ("school", "digits", "sweep", "ifca", "dprivate", "hypernet")
+PARTS = ("school", "digits", "sweep", "ifca", "dprivate", "hypernet", "memory")
+MEMORY_BUDGETS = ("default", "none")
 DEFAULT_PARTS = ("school", "digits", "sweep")
 SWEEP_EPSILONS = (1.0, 2.0, 4.0, 8.0)
 CACHE_MODES = ("warm", "cold")
@@ -64,6 +68,8 @@ flags.DEFINE_integer("hypernet_rounds", 50, "Rounds of a hypernet run.")
 flags.DEFINE_string("output", "benchmarks/out/speed.csv", "CSV file rows are appended to.")
 flags.DEFINE_string("calibration_cache", "warm", f"One of {CACHE_MODES}: the noise "
                     "calibration cache every timed process starts with.")
+flags.DEFINE_string("memory_child", None, f"Internal: one of {MEMORY_BUDGETS}; run the "
+                    "memory part's round in this process and print it as JSON.")
 flags.DEFINE_bool("sweep_child", False, "Internal: run the sweep in this process and "
                   "print its timings as JSON.")
 
@@ -199,6 +205,46 @@ def _sweep(env):
   return time.perf_counter() - start, result
 
 
+def _memory_in_process(budget: str):
+  """The memory part's round, run here with the default budget or none."""
+  import resource
+  import numpy as np
+  from tff_silo import algorithms, models, vectorized
+  from tff_silo.data.silos import make_silos
+  from tff_silo.privacy import PrivacyProtocol
+  from tff_silo.simulation import run_simulation
+  if budget == "none":
+    vectorized.MEMORY_BUDGET_FLOATS = 2 ** 62   # every silo in one chunk
+  rng = np.random.default_rng(0)
+  images = lambda n: [rng.random((n, 28, 28, 1), np.float32) for _ in range(40)]
+  labels = lambda n: [rng.integers(0, 10, n).astype(np.float32) for _ in range(40)]
+  silos = make_silos("fmnist_sized", "multiclass", images(1500), labels(1500),
+                     images(250), labels(250), num_classes=10)
+  model = models.small_cnn((28, 28, 1), 10, channels=(16, 32), hidden=64)
+  definition = algorithms.mrmtl_algorithm(model, silos.feature_shape,
+                                          client_learning_rate=0.05, batch_size=64,
+                                          lam=1.0, l2_norm_clip=1.0)
+  after_round = []
+  result = run_simulation(
+      definition, silos, rounds=1, target_epsilon=4.0, target_delta=1e-5,
+      backend="vectorized", protocol=PrivacyProtocol(public_silo_sizes=True),
+      progress=lambda *_: after_round.append(common.peak_memory_mb()))
+  print(json.dumps(dict(peak_after_round_mb=after_round[0],
+                        round_seconds=float(result.round_seconds[0]),
+                        silos_per_chunk=vectorized._chunk_silos(model, definition.config),
+                        test_metric=result.test_metric, rounds=1)))
+
+
+def _memory(env, budget):
+  start = time.perf_counter()
+  returncode, stderr, stdout = _child(
+      [sys.executable, "-m", "benchmarks.speed", f"--memory_child={budget}"], env,
+      stdout=subprocess.PIPE)
+  if returncode:
+    raise UsageError(f"the memory part failed: {_last_line(stderr)}")
+  return time.perf_counter() - start, json.loads(stdout.strip().splitlines()[-1])
+
+
 def _gpu_present() -> bool:
   import tensorflow as tf
   return bool(tf.config.list_physical_devices("GPU"))
@@ -250,6 +296,10 @@ def main(argv):
   if len(argv) > 1:
     raise UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
   common.check_among("parts", FLAGS.parts, PARTS)
+  if FLAGS.memory_child is not None:
+    common.check_one_of("memory_child", FLAGS.memory_child, MEMORY_BUDGETS)
+    _memory_in_process(FLAGS.memory_child)
+    return
   if not FLAGS.sweep_child:
     common.check_output(FLAGS.output, SIGNATURE)
   common.check_one_of("calibration_cache", FLAGS.calibration_cache, CACHE_MODES)
@@ -264,6 +314,7 @@ def main(argv):
   if FLAGS.sweep_child:
     _sweep_in_process()
     return
+
   from tff_silo import runtime
   runtime.exit_cleanly_on_sigterm()   # so the child in flight is stopped too
   backends = [("tff", "cpu"), ("vectorized", "cpu")]
@@ -306,6 +357,19 @@ def main(argv):
                      test_metric=result["test_metric_median"], rounds=FLAGS.rounds,
                      runs=result["runs"], **dict(stamp, finished=time.strftime(
                          "%Y-%m-%dT%H:%M:%S"))))
+  if "memory" in FLAGS.parts:
+    for budget in MEMORY_BUDGETS:
+      seconds, result = _memory(_cache_env(shared), budget)
+      rows.append(dict(part="memory", backend="vectorized", device="cpu", repeat=0,
+                       memory_budget=budget, end_to_end_seconds=seconds,
+                       seconds_per_round_median=result["round_seconds"],
+                       peak_memory_mb=result["peak_after_round_mb"],
+                       silos_per_chunk=result["silos_per_chunk"],
+                       test_metric=result["test_metric"], rounds=1,
+                       **dict(stamp, finished=time.strftime("%Y-%m-%dT%H:%M:%S"))))
+      print(f"memory budget {budget}: {result['silos_per_chunk']} silos per chunk, "
+            f"round {result['round_seconds']:.1f} s, peak after the round "
+            f"{result['peak_after_round_mb']:.0f} MB", flush=True)
   shutil.rmtree(caches, ignore_errors=True)
   for row in rows:
     common.append_row(FLAGS.output, row)

@@ -20,9 +20,10 @@ across silos, so the work is about what the silos would do alone.
 
 Gradients: a model with `stacked_apply_fn` (the CNN: grouped convolutions) is run for
 all silos at once, under DP with one copy of its silo's weights per example (memory:
-silos x batch width x parameters floats per step, ~55 MB for the digits CNN); when
-that would pass `MEMORY_BUDGET_FLOATS` (batch_size as the width), the silos go
-through in chunks that fit, one after another. Other models map `step_gradient` over
+silos x batch width x parameters floats per step, ~55 MB for the digits CNN, and
+about `WORKING_SET_PER_COPY` times that in all); when that would pass
+`MEMORY_BUDGET_FLOATS` (batch_size as the width), the silos go through in even
+chunks that fit, one after another. Other models map `step_gradient` over
 silos.
 
 Supported: local, FedAvg, finetune, MR-MTL and Ditto (`SiloAlgorithm`s) with the
@@ -175,27 +176,36 @@ def _stacked_gradients(model, config, weights, anchor, lam, xb, yb, noise, norma
                         batch_dims=2)
 
 
-# Per-example weight copies of the DP stacked path, in floats, per call: above it the
-# silos go through in chunks (`_chunk_silos`).
-MEMORY_BUDGET_FLOATS = 2 ** 26   # 256 MB of float32
+# The DP stacked path's working set per step, in floats: above it the silos go
+# through in chunks (`_chunk_silos`), one chunk at a time.
+MEMORY_BUDGET_FLOATS = 2 ** 27   # 512 MB of float32
+# Floats the DP stacked path holds per float of its per-example weight copies (the
+# copies, their gradients, activations and TF's temporaries): measured ~6.5 for the
+# CNN on 28x28 images (benchmarks/RESULTS.md, issue 12), rounded up.
+WORKING_SET_PER_COPY = 8
 
 
 def _chunk_silos(model, config) -> int:
-  """Silos per chunk of the DP stacked path: as many as keep batch_size x parameters
-  weight copies each within `MEMORY_BUDGET_FLOATS` (Poisson batches vary around
-  batch_size, so the bound is about, not exact), at least 1."""
-  return max(1, MEMORY_BUDGET_FLOATS // (config.batch_size * model.num_parameters))
+  """The most silos per chunk of the DP stacked path: as many as keep
+  `WORKING_SET_PER_COPY` x batch_size x parameters floats each within
+  `MEMORY_BUDGET_FLOATS` (Poisson batches vary around batch_size, so the bound is
+  about, not exact), at least 1."""
+  per_silo = WORKING_SET_PER_COPY * config.batch_size * model.num_parameters
+  return int(np.clip(MEMORY_BUDGET_FLOATS // per_silo, 1, np.iinfo(np.int32).max))
 
 
-def _in_chunks(fn, chunk: int, tensors, num_outputs: int):
+def _in_chunks(fn, most: int, tensors, num_outputs: int):
   """`fn(tensors)` (a flat list of [K, ...] tensors -> `num_outputs` [K, ...]
-  tensors) over chunks of `chunk` silos, one after another (`tf.map_fn`); the silo
-  axis is zero-padded to a multiple of `chunk` and the padding dropped again."""
+  tensors) over chunks of at most `most` silos, one after another (`tf.map_fn`); the
+  chunks are as even as can be (40 silos, at most 39: two of 20), the silo axis is
+  zero-padded to a multiple of the chunk and the padding dropped again."""
   num_silos = tf.shape(tensors[0])[0]
+  chunk = -(-num_silos // -(-num_silos // most))   # ceil(K / ceil(K / most))
   extra = (chunk - num_silos % chunk) % chunk
   pieces = [tf.reshape(tf.pad(t, [[0, extra]] + [[0, 0]] * (len(t.shape) - 1)),
                        tf.concat([[-1, chunk], tf.shape(t)[1:]], 0)) for t in tensors]
-  out = tf.map_fn(fn, pieces, fn_output_signature=[tf.float32] * num_outputs)
+  out = tf.map_fn(fn, pieces, fn_output_signature=[tf.float32] * num_outputs,
+                  parallel_iterations=1)   # one chunk in memory at a time
   return [tf.reshape(o, tf.concat([[-1], tf.shape(o)[2:]], 0))[:num_silos] for o in out]
 
 

@@ -193,21 +193,24 @@ def _sweep_in_process():
                         test_metric_median=statistics.median(metrics))))
 
 
-def _sweep(env):
+def _speed_child(what: str, env, *args):
+  """Runs this binary with `args` in a fresh process; (seconds from outside, the
+  JSON it printed last)."""
   start = time.perf_counter()
-  returncode, stderr, stdout = _child(
-      [sys.executable, "-m", "benchmarks.speed", "--sweep_child",
-       f"--data_dir={FLAGS.data_dir}", f"--rounds={FLAGS.rounds}",
-       f"--sweep_runs={FLAGS.sweep_runs}"], env, stdout=subprocess.PIPE)
+  returncode, stderr, stdout = _child([sys.executable, "-m", "benchmarks.speed", *args],
+                                      env, stdout=subprocess.PIPE)
   if returncode:
-    raise UsageError(f"the sweep failed: {_last_line(stderr)}")
-  result = json.loads(stdout.strip().splitlines()[-1])
-  return time.perf_counter() - start, result
+    raise UsageError(f"the {what} failed: {_last_line(stderr)}")
+  return time.perf_counter() - start, json.loads(stdout.strip().splitlines()[-1])
+
+
+def _sweep(env):
+  return _speed_child("sweep", env, "--sweep_child", f"--data_dir={FLAGS.data_dir}",
+                      f"--rounds={FLAGS.rounds}", f"--sweep_runs={FLAGS.sweep_runs}")
 
 
 def _memory_in_process(budget: str):
   """The memory part's round, run here with the default budget or none."""
-  import resource
   import numpy as np
   from tff_silo import algorithms, models, vectorized
   from tff_silo.data.silos import make_silos
@@ -233,16 +236,6 @@ def _memory_in_process(budget: str):
                         round_seconds=float(result.round_seconds[0]),
                         silos_per_chunk=vectorized._chunk_silos(model, definition.config),
                         test_metric=result.test_metric, rounds=1)))
-
-
-def _memory(env, budget):
-  start = time.perf_counter()
-  returncode, stderr, stdout = _child(
-      [sys.executable, "-m", "benchmarks.speed", f"--memory_child={budget}"], env,
-      stdout=subprocess.PIPE)
-  if returncode:
-    raise UsageError(f"the memory part failed: {_last_line(stderr)}")
-  return time.perf_counter() - start, json.loads(stdout.strip().splitlines()[-1])
 
 
 def _gpu_present() -> bool:
@@ -359,7 +352,8 @@ def main(argv):
                          "%Y-%m-%dT%H:%M:%S"))))
   if "memory" in FLAGS.parts:
     for budget in MEMORY_BUDGETS:
-      seconds, result = _memory(_cache_env(shared), budget)
+      seconds, result = _speed_child("memory part", _cache_env(shared),
+                                     f"--memory_child={budget}")
       rows.append(dict(part="memory", backend="vectorized", device="cpu", repeat=0,
                        memory_budget=budget, end_to_end_seconds=seconds,
                        seconds_per_round_median=result["round_seconds"],

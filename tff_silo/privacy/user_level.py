@@ -1,6 +1,7 @@
-"""User-level DP weighted mean: UDP-Alg's server step in plain TensorFlow (its
-`tff.aggregators` factory is `user_level_factory`) (Nemala, Lai, Phan, CIKM'23, Algorithm 1 lines 12-15, eq. 3, Lemma 3.1, eq. 4; the
-fixed-denominator estimator of McMahan et al., ICLR'18).
+"""User-level DP weighted mean: UDP-Alg's server step in plain TensorFlow (Nemala,
+Lai, Phan, CIKM'23, Algorithm 1 lines 12-15, eq. 3, Lemma 3.1, eq. 4; the
+fixed-denominator estimator of McMahan et al., ICLR'18); `user_level_factory` wraps it
+as a `tff.aggregators` factory.
 
 Each sampled user's contribution Delta_u (any structure of float32 tensors) is clipped
 to global L2 norm S, weighted by w_u = min(|D_u| / w_hat, 1) (`user_weights`), summed

@@ -68,6 +68,7 @@ APPLIES_TO = {
 # Flags of DP-SGD: giving one without --epsilon (a non-private run) is an error.
 DP_FLAGS = ("delta", "clip", "sampling", "ledger_csv", "outside_guarantee_metrics")
 MAX_EPSILON = 1000.0   # beyond it a guarantee promises nothing; unset it instead
+MIN_EPSILON = 1e-3
 
 FLAGS = flags.FLAGS
 flags.DEFINE_list("algorithm", ["local", "fedavg", "mrmtl"],
@@ -155,6 +156,9 @@ def _settings():
                          f"drop --{name}")
   if FLAGS.eval_every < 0:
     raise UsageError(f"--eval_every must be >= 0; got {FLAGS.eval_every}")
+  if not 0 <= FLAGS.finetune_fraction <= 1:
+    raise UsageError(f"--finetune_fraction must be in [0, 1]; got "
+                     f"{FLAGS.finetune_fraction}")
   preset = configs.PRESETS[FLAGS.dataset]
   s = dict(
       rounds=FLAGS.rounds if FLAGS.rounds is not None else preset.rounds,
@@ -171,6 +175,8 @@ def _settings():
   if s["epsilon"] is not None and s["epsilon"] > MAX_EPSILON:
     raise UsageError(f"--epsilon must be at most {MAX_EPSILON:g} (a larger epsilon "
                      f"promises nothing); unset it for a non-private run")
+  if s["epsilon"] is not None and s["epsilon"] < MIN_EPSILON:
+    raise UsageError(f"--epsilon must be at least {MIN_EPSILON:g}; got {s['epsilon']:g}")
   if not 0 < s["delta"] < 1:
     raise UsageError(f"--delta must be in (0, 1); got {s['delta']}")
   if s["rounds"] < 1:
@@ -580,6 +586,9 @@ def main(argv):
       process = _build(algorithm, lam, seed, silos, s)
     except ValueError as e:  # includes DataError: a bad file or setting, not a bug
       raise UsageError(str(e)) from None
+    if s["batch_size"] > max(silos.train_sizes):
+      raise UsageError(f"--batch_size={s['batch_size']} is larger than every silo "
+                       f"(the largest has {max(silos.train_sizes)} training examples)")
     if ((algorithm in IFCA_ALGORITHMS or algorithm == "dprivate_clustering")
         and s["num_clusters"] > silos.num_silos):
       raise UsageError(f"--num_clusters={s['num_clusters']} is more than the "

@@ -76,6 +76,9 @@ def _files(tmp_path):
   f["unterminated_csv"] = write("half.csv", 'run_key,algorithm,test_metric\n"{"x": 1,a')
   f["run_csv"] = write("run.csv", 'run_key,algorithm,test_metric\nk,fedavg,0.5\n')
   f["hypernet_csv"] = write("hn.csv", "run_key,algorithm,mean_user_accuracy\nk,hn,0.5\n")
+  f["header_only_csv"] = write("header.csv", ",".join(
+      ["dataset", "algorithm", "lam", "epsilon", "seed", "test_metric", "train_metric",
+       "epsilon_spent_max", "noise_multiplier_mean", "wall_seconds", "metric"]) + "\n")
   f["empty_mat"] = write("empty_mat/school.mat", b"")
   f["garbage_mat"] = write("garbage_mat/school.mat", b"\x00\x13garbage!!")
   f["vehicle_users_number"] = write("vehicle_a/vehicle_train_ditto.json",
@@ -84,6 +87,9 @@ def _files(tmp_path):
                                  json.dumps({"users": ["u"], "user_data": [1, 2]}))
   f["vehicle_ragged"] = write("vehicle_c/vehicle_train_ditto.json", json.dumps(
       {"users": ["u"], "user_data": {"u": {"x": [[1, 2], [3]], "y": [1, -1]}}}))
+  f["vehicle_one_example"] = write("vehicle_e/vehicle_train_ditto.json", json.dumps(
+      {"users": ["u", "v"], "user_data": {"u": {"x": [[1.0, 2.0]], "y": [1]},
+                                          "v": {"x": [[1.0, 2.0]] * 4, "y": [1, -1] * 2}}}))
   f["vehicle_bad_bytes"] = write("vehicle_d/vehicle_train_ditto.json", b"\xff\xfe{")
   f["cifar_garbage"] = write("cifar/cifar-10-batches-py/data_batch_1", b"not a pickle")
   f["a_file"] = write("a_file.txt", "x")
@@ -146,6 +152,13 @@ def _cases(binary, f):
         (["--algorithm=local,ifca", "--num_clusters=100", out],
          "--num_clusters=100 is more than the 40 silos"),
         (["stray", out], "unexpected arguments: stray"),
+        (["--algorithm=finetune", "--finetune_fraction=2", out], "--finetune_fraction"),
+        (["--epsilon=1e-300", out], "--epsilon must be at least 0.001"),
+        (["--batch_size=100000", out], "--batch_size=100000 is larger than every silo"),
+        (["--dataset=vehicle", f"--data_dir={folder('vehicle_one_example')}", out],
+         "vehicle: silo 0: a silo with 1 example(s) cannot be split"),
+        (["--dataset=school", "--rounds=1", f"--data_dir={folder('vehicle_one_example')}",
+          out], "data file not found"),
     ]
   if binary == "hypernet":
     tiny = ["--num_users=4", "--rounds=1", out]
@@ -190,6 +203,7 @@ def _cases(binary, f):
         (["--plot=/proc/x/p.png", f["run_csv"]], "--plot /proc/x/p.png: its folder"),
         (["--plot=table.xyz", f["run_csv"]], "--plot table.xyz must end in one of"),
         (["--plot=name", f["run_csv"]], "--plot name must end in one of"),
+        ([f["header_only_csv"]], "hold(s) no rows"),
     ]
   if binary == "speed":
     return [

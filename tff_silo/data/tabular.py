@@ -106,7 +106,10 @@ def _split_all(name, task, xs, ys, test_fraction, seed, *, transform_y=None,
       raise DataError(f"{name}: silo {i} is empty")
     if not (np.all(np.isfinite(x)) and np.all(np.isfinite(y))):
       raise DataError(f"{name}: silo {i} contains NaN or infinite values")
-    x_tr, y_tr, x_te, y_te = split_silo(x, y, test_fraction, rng)
+    try:
+      x_tr, y_tr, x_te, y_te = split_silo(x, y, test_fraction, rng)
+    except DataError as e:
+      raise DataError(f"{name}: silo {i}: {e}") from None
     if standardize_mode == "silo":
       x_tr, x_te = standardize(x_tr, x_te)
     elif standardize_mode == "public":

@@ -22,9 +22,9 @@ import tensorflow as tf
 from hypernet.algorithm import HypernetAlgorithm, server_update
 from tff_silo import batched_random as br
 from tff_silo import keys
-from tff_silo.data.silos import padded_stack
+from tff_silo.algorithms.rounds import SiloInput
 from tff_silo.privacy.user_level import noised_mean, weighted_clipped_sum
-from tff_silo.vectorized import StackedSilos, train_silos
+from tff_silo.vectorized import StackedSilos, stack_silos, train_silos
 
 
 class HypernetState(NamedTuple):
@@ -123,15 +123,9 @@ class VectorizedHypernet:
 
   def prepare(self, x_train, y_train, user_keys) -> StackedUsers:
     """Stacks every user's training data once, with the users' keys and w_u."""
-    num = len(y_train)
-    return StackedUsers(
-        StackedSilos(x=tf.constant(padded_stack(x_train)),
-                     y=tf.constant(padded_stack(y_train)),
-                     n=tf.constant([len(y) for y in y_train], tf.int32),
-                     size=tf.zeros([num]), noise_multiplier=tf.zeros([num]),
-                     key=tf.constant(np.stack(user_keys), tf.int32),
-                     selection_epsilon=tf.zeros([num])),
-        tf.constant(self.user_weights, tf.float32))
+    users = [SiloInput(x, y, np.float32(0.0), np.asarray(key, np.int32))
+             for x, y, key in zip(x_train, y_train, user_keys)]
+    return StackedUsers(stack_silos(users), tf.constant(self.user_weights, tf.float32))
 
   def initialize(self) -> HypernetState:
     phi, embeddings = self.hypernetwork.init(self.algorithm.init_seed)

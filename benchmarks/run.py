@@ -382,9 +382,11 @@ def _build(algorithm, lam, seed, silos, s):
 
 
 def _runs(s):
-  for seed in s["seeds"]:
-    for algorithm in FLAGS.algorithm:
-      for lam in (s["lams"] if algorithm in LAMBDA_ALGORITHMS else [0.0]):
+  """(seed, algorithm, lambda) of every run, a method's seeds one after another (on
+  the vectorized backend they run stacked: `_batches`)."""
+  for algorithm in FLAGS.algorithm:
+    for lam in (s["lams"] if algorithm in LAMBDA_ALGORITHMS else [0.0]):
+      for seed in s["seeds"]:
         yield seed, algorithm, lam
 
 
@@ -517,6 +519,7 @@ def _row(result, seed, algorithm, lam, s, silos, backend, device):
       **_privacy_columns(result),
       **_algorithm_flags(algorithm, s), **_clustering_columns(result, silos, algorithm),
       backend=backend, device=device, wall_seconds=result.wall_seconds,
+      runs_stacked=getattr(result, "runs_stacked", 1),
       seconds_per_round_median=float(np.median(result.round_seconds)),
       peak_memory_mb=common.peak_memory_mb(),
       tff_version=metadata.version("tensorflow-federated"), tf_version=tf.__version__,
@@ -541,26 +544,48 @@ def _print_table(rows):
                                              float_format=lambda v: f"{v:.4f}"))
 
 
-def _simulate(algorithm, process, silos, seed, s, progress, preprocessing_events,
-              backend):
+def _batches(planned, backend):
+  """The planned runs, in order, as batches run together: on the vectorized backend
+  consecutive seeds of one (algorithm, lambda) of the MR-MTL family are stacked
+  into one program (`simulation.run_simulations`; not with --ledger_csv, whose rows
+  name no seed); every other run alone."""
+  stackable = lambda algorithm: (backend == "vectorized" and FLAGS.ledger_csv is None
+                                 and algorithm not in IFCA_ALGORITHMS
+                                 and algorithm != "dprivate_clustering")
+  batches = []
+  for run in planned:
+    algorithm, lam = run[2], run[3]
+    if (stackable(algorithm) and batches and batches[-1][-1][2:4] == (algorithm, lam)):
+      batches[-1].append(run)
+    else:
+      batches.append([run])
+  return batches
+
+
+def _simulate(batch, loaded, s, progress, backend):
+  """The results of a batch of planned runs (`_batches`), one per run."""
   from tff_silo import data, simulation
+  _, seed, algorithm, _, process = batch[0]
   if algorithm == "dprivate_clustering":
     from tff_silo import dprivate_simulation
+    silos = loaded[seed][0]
     validation = (data.two_cluster_linear_silos(num_users=VALIDATION_USERS,
                                                 seed=[seed, 1])
                   if FLAGS.dataset == "two_cluster" else None)
-    return dprivate_simulation.run_dprivate_clustering(
+    return [dprivate_simulation.run_dprivate_clustering(
         process, silos, rounds=s["rounds"],
         clients_per_round=FLAGS.clients_per_round or silos.num_silos, seed=seed,
         leakage_cap=FLAGS.leakage_cap, validation=validation, patience=FLAGS.patience,
-        progress=progress, backend=backend)
-  return simulation.run_simulation(
-      process, silos, rounds=s["rounds"], target_epsilon=s["epsilon"],
-      target_delta=s["delta"] if s["epsilon"] is not None else None, seed=seed,
-      eval_every=FLAGS.eval_every, progress=progress,
-      protocol=s["protocol"] if s["epsilon"] is not None else None,
-      ledger_csv=FLAGS.ledger_csv, preprocessing_events=preprocessing_events,
-      backend=backend)
+        progress=progress, backend=backend)]
+  private = s["epsilon"] is not None
+  runs = [simulation.Run(
+      process, loaded[seed][0], target_epsilon=s["epsilon"],
+      target_delta=s["delta"] if private else None, seed=seed,
+      protocol=s["protocol"] if private else None, ledger_csv=FLAGS.ledger_csv,
+      preprocessing_events=loaded[seed][1]) for _, seed, _, _, process in batch]
+  return simulation.run_simulations(runs, rounds=s["rounds"],
+                                    eval_every=FLAGS.eval_every, progress=progress,
+                                    backend=backend)
 
 
 def main(argv):
@@ -594,22 +619,25 @@ def main(argv):
       raise UsageError(f"--num_clusters={s['num_clusters']} is more than the "
                        f"{silos.num_silos} silos")
     planned.append((i, seed, algorithm, lam, process))
-  for i, seed, algorithm, lam, process in planned:
-    silos, preprocessing_events = loaded[seed]
-    tag = f"[{i}/{len(runs)}] {algorithm} lam={lam} seed={seed}"
+  backend = common.backend_for(FLAGS.backend)
+  scope, device = common.device_scope(FLAGS.device, backend)
+  for batch in _batches(planned, backend):
+    first, last = batch[0], batch[-1]
+    seeds = [seed for _, seed, *_ in batch]
+    tag = (f"[{first[0]}/{len(runs)}] {first[2]} lam={first[3]} seed={first[1]}"
+           if len(batch) == 1 else
+           f"[{first[0]}-{last[0]}/{len(runs)}] {first[2]} lam={first[3]} seeds="
+           f"{','.join(map(str, seeds))} (stacked)")
     progress = common.round_progress(tag, s["rounds"])
-
-    backend = common.backend_for(FLAGS.backend)
-    scope, device = common.device_scope(FLAGS.device, backend)
     try:
       with scope:
-        result = _simulate(algorithm, process, silos, seed, s, progress,
-                           preprocessing_events, backend)
+        results = _simulate(batch, loaded, s, progress, backend)
     except ValueError as e:  # a budget the selections alone exceed, too many clusters
       raise UsageError(str(e)) from None
-    row = _row(result, seed, algorithm, lam, s, silos, backend, device)
-    common.append_row(FLAGS.output, row)
-    rows.append(row)
+    for (_, seed, algorithm, lam, _), result in zip(batch, results):
+      row = _row(result, seed, algorithm, lam, s, loaded[seed][0], backend, device)
+      common.append_row(FLAGS.output, row)
+      rows.append(row)
   _print_table(rows)
   print(f"{len(planned)} row(s) appended to {FLAGS.output}" if planned
         else f"every run was already in {FLAGS.output}; nothing appended")

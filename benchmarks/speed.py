@@ -9,7 +9,8 @@ backends alternating within each repeat, so drift of the machine hits both alike
 - `digits`: rounds of the README's main job (digits CNN silos, MR-MTL, no DP),
   steady-state seconds per round, in a fresh process per run.
 - `sweep`: --sweep_runs School runs (epsilons x seeds) in one fresh process on the
-  vectorized backend, against one fresh single run of it.
+  vectorized backend (`run_simulations`: the runs stacked as one program), against
+  one fresh single run of it.
 - `ifca`: School IFCA-preconditioned MR-MTL under DP (the `school` settings, selection
   in the first 10% of rounds), fresh process per run.
 - `dprivate`: d-private clustered FL on Galli et al.'s two-cluster data (nu 5, U 7,
@@ -169,28 +170,28 @@ def _last_line(text: str) -> str:
 
 def _sweep_in_process():
   """The sweep, run here: every (epsilon, seed) School MR-MTL run on the vectorized
-  backend, one after another, as a harness does."""
+  backend, as one `run_simulations` call (the runs stacked into one program)."""
   start = time.perf_counter()
   from tff_silo import algorithms, data, models
   from tff_silo.privacy import PrivacyProtocol
-  from tff_silo.simulation import run_simulation
-  runs = [(e, seed) for seed in range(FLAGS.sweep_runs) for e in SWEEP_EPSILONS]
-  runs = runs[:FLAGS.sweep_runs]
-  metrics = []
-  for epsilon, seed in runs:
-    silos = data.load_school(FLAGS.data_dir, seed=seed, standardize="public")
-    model = models.model_for(silos)
+  from tff_silo.simulation import Run, run_simulations
+  settings = [(e, seed) for seed in range(FLAGS.sweep_runs) for e in SWEEP_EPSILONS]
+  silos, runs = {}, []
+  for epsilon, seed in settings[:FLAGS.sweep_runs]:
+    if seed not in silos:
+      silos[seed] = data.load_school(FLAGS.data_dir, seed=seed, standardize="public")
     definition = algorithms.mrmtl_algorithm(
-        model, silos.feature_shape, client_learning_rate=SCHOOL.lr,
-        batch_size=SCHOOL.batch_size, lam=SCHOOL.lam, l2_norm_clip=SCHOOL.clip)
-    result = run_simulation(
-        definition, silos, rounds=FLAGS.rounds, target_epsilon=epsilon,
-        target_delta=SCHOOL.delta, seed=seed, backend="vectorized",
-        protocol=PrivacyProtocol(assumed_silo_size=SCHOOL.assumed_silo_size))
-    metrics.append(result.test_metric)
+        models.model_for(silos[seed]), silos[seed].feature_shape,
+        client_learning_rate=SCHOOL.lr, batch_size=SCHOOL.batch_size, lam=SCHOOL.lam,
+        l2_norm_clip=SCHOOL.clip)
+    runs.append(Run(definition, silos[seed], target_epsilon=epsilon,
+                    target_delta=SCHOOL.delta, seed=seed,
+                    protocol=PrivacyProtocol(assumed_silo_size=SCHOOL.assumed_silo_size)))
+  results = run_simulations(runs, rounds=FLAGS.rounds, backend="vectorized")
   print(json.dumps(dict(runs=len(runs), seconds=time.perf_counter() - start,
                         peak_memory_mb=common.peak_memory_mb(),
-                        test_metric_median=statistics.median(metrics))))
+                        test_metric_median=statistics.median(
+                            r.test_metric for r in results))))
 
 
 def _speed_child(what: str, env, *args):

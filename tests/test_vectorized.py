@@ -14,7 +14,8 @@ from tff_silo import algorithms, batched_random, data, keys, models
 from tff_silo import vectorized as vectorized_backend
 from tff_silo.dprivate_simulation import run_dprivate_clustering
 from tff_silo.privacy import PrivacyProtocol
-from tff_silo.simulation import run_simulation
+from tff_silo import simulation
+from tff_silo.simulation import Run, run_simulation, run_simulations
 from tff_silo.vectorized import for_process
 
 RNG = np.random.default_rng(0)
@@ -123,6 +124,62 @@ def test_the_parity_check_can_fail():
                                **run) for s in (1, 2))
   assert max(np.abs(a - b).max() for a, b in zip(one.silo_weights[1],
                                                   other.silo_weights[1])) > 1e-3
+
+
+@pytest.mark.parametrize("name", ["mrmtl", "ditto", "finetune"])
+def test_stacked_runs_compute_what_each_run_computes_alone(name):
+  """A sweep's runs (epsilons, seeds, another dataset, a run without DP) as the
+  silos of one program: each run's weights, metrics, epsilon and history are its own
+  run's; runs of different settings run apart."""
+  options, run = SETTINGS["poisson_assumed_size"]
+  definition = lambda: getattr(algorithms, f"{name}_algorithm")(
+      MODEL, SILOS.feature_shape, client_learning_rate=0.1, batch_size=8,
+      **ALGORITHMS[name], **options)
+  other_silos = data.heterogeneous_linear_silos(num_silos=3, num_examples=20, dim=3,
+                                                seed=5)
+  runs = [Run(definition(), SILOS, seed=1, **run),
+          Run(definition(), SILOS, seed=2, **dict(run, target_epsilon=2.0)),
+          Run(definition(), other_silos, seed=1, **run),
+          Run(_process(name), SILOS, seed=1)]   # no DP: another stack key
+  stacked = run_simulations(runs, rounds=3, eval_every=2, backend="vectorized")
+  assert [r.runs_stacked for r in stacked] == [3, 3, 3, 1]
+  for spec, result in zip(runs, stacked):
+    alone = run_simulation(spec.process, spec.data, rounds=3, eval_every=2,
+                           backend="vectorized", seed=spec.seed,
+                           target_epsilon=spec.target_epsilon,
+                           target_delta=spec.target_delta, protocol=spec.protocol)
+    _assert_same(alone, result)
+    np.testing.assert_allclose(np.array(result.history), np.array(alone.history),
+                               rtol=1e-5)
+    assert result.test_metric == pytest.approx(alone.test_metric, rel=1e-5)
+
+
+def test_a_stacked_run_over_its_budget_stops_alone(monkeypatch):
+  """A run whose ledgers would pass the budget stops there; the others go on."""
+  options, run = SETTINGS["poisson_assumed_size"]
+  definition = algorithms.mrmtl_algorithm(MODEL, SILOS.feature_shape,
+                                          client_learning_rate=0.1, batch_size=8,
+                                          lam=0.5, **options)
+  real = simulation.calibrate_silos
+
+  def too_little_noise(*args, target_epsilon, **kwargs):   # run 2 spends too much
+    privacy = real(*args, target_epsilon=target_epsilon, **kwargs)
+    if target_epsilon == 2.0:
+      privacy = dataclasses.replace(privacy,
+                                    noise_multipliers=privacy.noise_multipliers * 0.85)
+    return privacy
+
+  monkeypatch.setattr(simulation, "calibrate_silos", too_little_noise)
+  results = run_simulations(
+      [Run(definition, SILOS, seed=1, **run),
+       Run(definition, SILOS, seed=2, **dict(run, target_epsilon=2.0))],
+      rounds=3, backend="vectorized")
+  assert [r.rounds for r in results] == [3, 1]
+  assert [r.privacy.stopped_because for r in results] == ["rounds", "budget"]
+  assert np.all(results[1].privacy.epsilon_spent <= 2.0)
+  alone = run_simulation(definition, SILOS, rounds=3, backend="vectorized", seed=1,
+                         **run)
+  _assert_same(alone, results[0])
 
 
 def _small_digits():

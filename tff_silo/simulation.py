@@ -145,6 +145,7 @@ class SimulationResult:
   round_seconds: np.ndarray
   wall_seconds: float
   silo_weights: tuple      # each silo's model at the end, as evaluated
+  runs_stacked: int = 1    # runs that shared these rounds and this wall time
 
 
 class SiloEvaluator:
@@ -238,6 +239,21 @@ def _write_ledger_rows(path, rounds_done, ledgers):
       writer.writerow([rounds_done, k, ledger.epsilon(), ledger.target_delta])
 
 
+@dataclasses.dataclass(frozen=True)
+class Run:
+  """One run of `run_simulations`: a process or definition, its silos and what
+  `run_simulation` takes besides T (see there)."""
+
+  process: object
+  data: SiloData
+  target_epsilon: object = None
+  target_delta: object = None
+  seed: Optional[int] = 0
+  protocol: Optional[PrivacyProtocol] = None
+  ledger_csv: Optional[str] = None
+  preprocessing_events: Optional[Sequence] = None
+
+
 def run_simulation(process, data: SiloData, *, rounds: int,
                    target_epsilon=None, target_delta=None, seed: Optional[int] = 0,
                    eval_every: int = 0,
@@ -270,93 +286,218 @@ def run_simulation(process, data: SiloData, *, rounds: int,
       (every silo's round as one TF program: `tff_silo.vectorized`; the same
       numbers, much faster, on CPU or GPU).
   """
-  check_run_length(rounds, eval_every)
-  process = runner_for(process, backend)
+  run = Run(process, data, target_epsilon, target_delta, seed, protocol, ledger_csv,
+            preprocessing_events)
+  return _simulate(runner_for(process, backend), [run], rounds, eval_every,
+                   progress)[0]
+
+
+def run_simulations(runs: Sequence[Run], *, rounds: int, eval_every: int = 0,
+                    progress: Optional[Callable[[int, int, float], None]] = None,
+                    backend: str = "tff") -> list:
+  """`run_simulation` of each of `runs` (T rounds each), one `SimulationResult` per
+  run, in order. On the vectorized backend, runs of the MR-MTL family whose
+  definitions have equal `tff_silo.vectorized.stack_key` (a sweep's epsilons and
+  seeds: same model and training settings) run stacked as the silos of one program,
+  each with its own global model, noise, keys, ledgers and evaluation: the same
+  numbers as run one by one (tested), each result's `runs_stacked` saying how many
+  shared its rounds and wall time. Other runs run one after another."""
+  results = [None] * len(runs)
+  groups = {}
+  for i, run in enumerate(runs):
+    groups.setdefault(_stack_group(run.process, backend, i), []).append(i)
+  for members in groups.values():
+    runner = runner_for(runs[members[0]].process, backend)
+    for i, result in zip(members, _simulate(runner, [runs[i] for i in members], rounds,
+                                            eval_every, progress)):
+      results[i] = result
+  return results
+
+
+def _stack_group(process, backend: str, index: int):
+  """Runs with equal groups are stacked (vectorized MR-MTL family only)."""
+  if backend != "vectorized":
+    return index
+  from tff_silo import vectorized   # pylint: disable=g-import-not-at-top
+  if not isinstance(vectorized.definition(process), SiloAlgorithm) or (
+      vectorized.unsupported_reason(process) is not None):
+    return index
+  return vectorized.stack_key(process)
+
+
+@dataclasses.dataclass
+class _Account:
+  """One run's DP bookkeeping in the driver: its calibration, each silo's ledger,
+  the per-silo steps of a round, and the distinct ledgers with a silo of each.
+
+  Silos with the same settings (noise, sampling rate, steps, public size, selection
+  epsilon, preprocessing, delta and budget) are charged the same events every
+  round, so they share one ledger object: a round's accounting costs per distinct
+  account, not per silo (139 School silos of one assumed size: one)."""
+  privacy: Optional[SiloPrivacy]
+  ledgers: list
+  round_steps: Optional[np.ndarray]
+  units: list = dataclasses.field(default_factory=list)   # (ledger, silo)
+  stopped_because: str = "rounds"
+  rounds_done: int = 0
+
+
+def _set_up(process, run: Run, rounds: int):
+  """Checks `run`, calibrates its silos' noise and opens their ledgers; (account,
+  the silos' `SiloInput`s)."""
+  data = run.data
   if process.num_clusters > data.num_silos:
     raise ValueError(f"num_clusters={process.num_clusters} is more than the "
                      f"{data.num_silos} silos")
   private = process.config.private
-  if private and (target_epsilon is None or target_delta is None):
+  if private and (run.target_epsilon is None or run.target_delta is None):
     raise ValueError("the process trains with DP (l2_norm_clip is set): give "
                      "target_epsilon and target_delta")
-  if not private and preprocessing_events is not None:
+  if not private and run.preprocessing_events is not None:
     raise ValueError("preprocessing_events are accounted only under DP")
-  if not private and target_epsilon is not None:
+  if not private and run.target_epsilon is not None:
     raise ValueError("target_epsilon was given but the process has no l2_norm_clip; "
                      "build it with l2_norm_clip to train with DP")
-  start = time.perf_counter()
-  privacy, ledgers = None, []
-  noise = np.zeros(data.num_silos)
+  account = _Account(None, [], None)
+  noise = select = np.zeros(data.num_silos)
   sizes = np.asarray(data.train_sizes)
   if private:
     privacy = calibrate_silos(
         data.train_sizes, batch_size=process.config.batch_size,
         epochs_per_round=process.epochs_per_round, rounds=rounds,
-        target_epsilon=target_epsilon, target_delta=target_delta,
+        target_epsilon=run.target_epsilon, target_delta=run.target_delta,
         num_selections=process.num_selections(rounds),
-        selection_budget_share=process.selection_budget_share, protocol=protocol,
-        sampling=process.config.sampling, preprocessing_events=preprocessing_events)
+        selection_budget_share=process.selection_budget_share, protocol=run.protocol,
+        sampling=process.config.sampling, preprocessing_events=run.preprocessing_events)
     noise, select, sizes = (privacy.noise_multipliers, privacy.selection_epsilon,
                             privacy.sizes)
-    budgets = _per_silo(target_epsilon, data.num_silos, "target_epsilon")
-    ledgers = [ledger_lib.PrivacyLedger(float(d), budget=float(e),
-                                        neighbouring=privacy.protocol.neighbouring)
-               for d, e in zip(privacy.target_delta, budgets)]
-    round_steps = privacy.steps // rounds
-    for ledger, events in zip(ledgers, privacy.preprocessing):
-      for event in events:
-        ledger.charge(event, "preprocessing")
-  else:
-    select = np.zeros(data.num_silos)
+    budgets = _per_silo(run.target_epsilon, data.num_silos, "target_epsilon")
+    ledgers, distinct = [], {}
+    for k in range(data.num_silos):
+      settings = (privacy.target_delta[k], budgets[k], noise[k], privacy.sampling_rates[k],
+                  privacy.steps[k], sizes[k], select[k], repr(privacy.preprocessing[k]))
+      if settings not in distinct:
+        ledger = ledger_lib.PrivacyLedger(float(privacy.target_delta[k]),
+                                          budget=float(budgets[k]),
+                                          neighbouring=privacy.protocol.neighbouring)
+        for event in privacy.preprocessing[k]:
+          ledger.charge(event, "preprocessing")
+        distinct[settings] = (ledger, k)
+      ledgers.append(distinct[settings][0])
+    account = _Account(privacy, ledgers, privacy.steps // rounds, list(distinct.values()))
   inputs = [SiloInput(x, y, np.float32(z), key, np.float32(s), np.float32(m))
             for x, y, z, key, s, m in zip(data.x_train, data.y_train, noise,
-                                          keys.unit_keys(seed, data.num_silos), select,
+                                          keys.unit_keys(run.seed, data.num_silos), select,
                                           sizes)]
-  inputs = process.prepare(inputs)
+  return account, inputs
+
+
+def _charge_round(process, accounts, active, round_num: int, rounds: int) -> None:
+  """Charges round `round_num`'s queries to the ledgers of every active private
+  run; a run that would exceed a silo's budget stops (`active` set False) instead."""
+  selecting = round_num <= process.num_selections(rounds)
+  private = [i for i, a in enumerate(accounts) if active[i] and a.privacy is not None]
+  ledgers, events, owner = [], [], []
+  for i in private:
+    account = accounts[i]
+    for ledger, k in account.units:
+      ledgers.append(ledger)
+      events.append(account.privacy.round_event(k, int(account.round_steps[k]),
+                                                selecting))
+      owner.append(i)
+  for i in {owner[j] for j in ledger_lib.over_budget(ledgers, events)}:
+    active[i], accounts[i].stopped_because = False, "budget"
+  keep = [j for j, i in enumerate(owner) if active[i]]
+  ledger_lib.charge_all([ledgers[j] for j in keep], [events[j] for j in keep],
+                        "training_round")
+
+
+def _simulate(process, runs, rounds: int, eval_every: int, progress) -> list:
+  """Runs `runs` with `process` (a runner: one run, or several stacked by a
+  vectorized runner's `prepare_runs`); one `SimulationResult` per run."""
+  check_run_length(rounds, eval_every)
+  start = time.perf_counter()
+  set_up = [_set_up(process, run, rounds) for run in runs]
+  accounts = [account for account, _ in set_up]
+  if len(runs) == 1:
+    inputs = process.prepare(set_up[0][1])
+  else:
+    inputs = process.prepare_runs([run.process for run in runs],
+                                  [silo_inputs for _, silo_inputs in set_up])
   evaluator = SiloEvaluator(process.model)
+  bounds = np.cumsum([0] + [run.data.num_silos for run in runs])
+  x_train, y_train, x_test, y_test = (
+      [x for run in runs for x in getattr(run.data, field)]
+      for field in ("x_train", "y_train", "x_test", "y_test"))
 
   def evaluate(state, client_states, rounds_done):
-    weights = process.evaluation_weights(state, client_states, rounds_done)
-    train, silo_train = evaluator(weights, data.x_train, data.y_train)
-    test, silo_test = evaluator(weights, data.x_test, data.y_test)
-    return train, test, silo_train, silo_test, weights
+    """Per run: (train, test, silo_train, silo_test, weights) after `rounds_done`
+    rounds (one per run)."""
+    weights = [None] * len(runs)
+    for done in set(rounds_done):
+      every = process.evaluation_weights(state, client_states, done)
+      for i, d in enumerate(rounds_done):
+        if d == done:
+          weights[i] = every[bounds[i]:bounds[i + 1]]
+    weights_all = [w for run_weights in weights for w in run_weights]
+    _, silo_train = evaluator(weights_all, x_train, y_train)
+    _, silo_test = evaluator(weights_all, x_test, y_test)
+    return [(_pooled(silo_train[a:b], y_train[a:b]), _pooled(silo_test[a:b], y_test[a:b]),
+             silo_train[a:b], silo_test[a:b], w)
+            for a, b, w in zip(bounds[:-1], bounds[1:], weights)]
 
+  active = [True] * len(runs)
+  histories = [[] for _ in runs]
   try:
     state = process.initialize()
-    client_states = process.initial_client_states(state, data.num_silos)
-    history, round_seconds = [], []
-    stopped_because, rounds_done = "rounds", 0
+    client_states = process.initial_client_states(state, int(bounds[-1]))
+    round_seconds = []
     for r in range(1, rounds + 1):
-      if private:
-        events = [privacy.round_event(k, int(round_steps[k]),
-                                      r <= process.num_selections(rounds))
-                  for k in range(data.num_silos)]
-        if ledger_lib.over_budget(ledgers, events):
-          stopped_because = "budget"
-          break
-        ledger_lib.charge_all(ledgers, events, "training_round")
+      _charge_round(process, accounts, active, r, rounds)
+      if not any(active):
+        break
       t0 = time.perf_counter()
-      state, client_states, _ = process.next(state, client_states, inputs)
+      state, client_states, _ = (process.next(state, client_states, inputs) if all(active)
+                                 else process.next(state, client_states, inputs, active))
       round_seconds.append(time.perf_counter() - t0)
-      rounds_done = r
-      if ledger_csv is not None and private:
-        _write_ledger_rows(ledger_csv, r, ledgers)
+      for run, account, on in zip(runs, accounts, active):
+        if on:
+          account.rounds_done = r
+          if run.ledger_csv is not None and account.privacy is not None:
+            _write_ledger_rows(run.ledger_csv, r, account.ledgers)
       if eval_every and r % eval_every == 0 and r != rounds:
-        history.append((r, *evaluate(state, client_states, r)[:2]))
+        evaluated = evaluate(state, client_states, [a.rounds_done for a in accounts])
+        for i, on in enumerate(active):
+          if on:
+            histories[i].append((r, *evaluated[i][:2]))
       if progress is not None:
         progress(r, rounds, time.perf_counter() - start)
-    train, test, silo_train, silo_test, weights = evaluate(state, client_states,
-                                                          rounds_done)
-    history.append((rounds_done, train, test))
+    final = evaluate(state, client_states, [a.rounds_done for a in accounts])
   finally:
     runtime.stop_tff_workers()
-  if private:
-    privacy = dataclasses.replace(privacy, epsilon_spent=ledger_lib.epsilons(ledgers),
-                                  stopped_because=stopped_because)
-  return SimulationResult(
-      algorithm=process.name, rounds=rounds_done, metric=process.model.metric,
-      train_metric=train, test_metric=test, silo_train_metric=silo_train,
-      silo_test_metric=silo_test, privacy=privacy, history=tuple(history),
-      clusters=process.cluster_assignments(client_states),
-      round_seconds=np.array(round_seconds), wall_seconds=time.perf_counter() - start,
-      silo_weights=tuple(tuple(np.asarray(w) for w in silo) for silo in weights))
+  clusters = process.cluster_assignments(client_states)
+  wall = time.perf_counter() - start
+  results = []
+  for i, (account, (train, test, silo_train, silo_test, weights)) in enumerate(
+      zip(accounts, final)):
+    histories[i].append((account.rounds_done, train, test))
+    privacy = account.privacy
+    if privacy is not None:
+      privacy = dataclasses.replace(privacy,
+                                    epsilon_spent=ledger_lib.epsilons(account.ledgers),
+                                    stopped_because=account.stopped_because)
+    results.append(SimulationResult(
+        algorithm=process.name, rounds=account.rounds_done, metric=process.model.metric,
+        train_metric=train, test_metric=test, silo_train_metric=silo_train,
+        silo_test_metric=silo_test, privacy=privacy, history=tuple(histories[i]),
+        clusters=None if clusters is None else clusters[bounds[i]:bounds[i + 1]],
+        round_seconds=np.array(round_seconds), wall_seconds=wall,
+        silo_weights=tuple(tuple(np.asarray(w) for w in silo) for silo in weights),
+        runs_stacked=len(runs)))
+  return results
+
+
+def _pooled(silo_means, ys) -> float:
+  """The mean over every example of these silos."""
+  sizes = np.array([len(y) for y in ys])
+  return float(np.sum(silo_means * sizes) / sizes.sum())

@@ -72,7 +72,7 @@ class StackedSilos(NamedTuple):
 
 
 class VectorizedState(NamedTuple):
-  global_weights: tuple
+  global_weights: tuple   # [R, ...]: the global model of each stacked run
   round_num: tf.Tensor
 
 
@@ -133,11 +133,14 @@ def _batches(config, plan, n, num_rows, sampling_keys, shuffle_keys, step):
   valid = rows < n[:, None]
   if config.private and config.sampling == "poisson":
     keep = (br.uniform(br.fold_in(sampling_keys, step), num_rows) < rate[:, None]) & valid
-    count = tf.reduce_sum(tf.cast(keep, tf.int32), axis=1)
+    kept = tf.where(keep)   # [M, 2]: (silo, row) of the kept rows, in index order
+    num_silos = tf.shape(n, out_type=tf.int64)[0]
+    ragged = tf.RaggedTensor.from_value_rowids(tf.cast(kept[:, 1], tf.int32),
+                                               kept[:, 0], nrows=num_silos)
+    count = ragged.row_lengths()
     width = tf.maximum(tf.reduce_max(count), 1)
-    order = tf.argsort(tf.cast(keep, tf.int32), axis=1, direction="DESCENDING",
-                       stable=True)   # kept rows first, in index order
-    return order[:, :width], tf.cast(tf.range(width)[None] < count[:, None], tf.float32)
+    return (ragged.to_tensor(shape=tf.stack([num_silos, width])),
+            tf.cast(tf.range(width)[None] < count[:, None], tf.float32))
   width = tf.reduce_max(batch)
   slots = tf.range(width)[None]
   if config.private and config.sampling == "without_replacement":
@@ -288,14 +291,16 @@ def _definition(algorithm) -> tuple:
 
 
 def _family_round(algorithm: SiloAlgorithm):
-  """A round of the MR-MTL family (`rounds.client_round`, `rounds.server_step`)."""
+  """A round of the MR-MTL family (`rounds.client_round`, `rounds.server_step`) for
+  the stacked silos of one or more runs: `run` (int32 [K]) is each silo's run,
+  `global_w` holds one global model per run ([R, ...]) and each run's server mean
+  is over its own silos; a run not `active` (bool [R]) keeps its models."""
   model, config = algorithm.model, algorithm.config
   spec, aggregation = algorithm.round_spec, algorithm.aggregation
 
-  def round_fn(global_w, round_num, personal_w, silos: StackedSilos):
-    num_silos = tf.shape(silos.n)[0]
-    global_b = [tf.broadcast_to(g[None], tf.concat([[num_silos], tf.shape(g)], 0))
-                for g in global_w]
+  def round_fn(global_w, round_num, personal_w, silos: StackedSilos, run, active):
+    num_runs = tf.shape(active)[0]
+    global_b = [tf.gather(g, run) for g in global_w]
     round_keys = br.fold_in(silos.key, round_num)
     train = lambda w, lam, pass_: train_silos(model, config, w, global_b, lam, silos,
                                               round_keys, pass_)
@@ -304,10 +309,15 @@ def _family_round(algorithm: SiloAlgorithm):
       weight = silos.public_size
     else:
       weight = tf.ones_like(silos.size)
-    mean = [tf.reduce_sum(_rows(weight, d) * d, axis=0) / tf.reduce_sum(weight)
-            for d in delta]
+    total = tf.math.unsorted_segment_sum(weight, run, num_runs)
+    mean = [tf.math.unsorted_segment_sum(_rows(weight, d) * d, run, num_runs)
+            / _rows(total, d) for d in delta]
     new_global, new_round = server_step(spec, global_w, round_num, mean)
-    return new_global, new_round, tuple(personal)
+    silo_active = tf.gather(active, run)
+    return (tuple(tf.where(_rows(active, n), n, g) for n, g in zip(new_global, global_w)),
+            new_round,
+            tuple(tf.where(_rows(silo_active, n), n, p)
+                  for n, p in zip(personal, personal_w)))
 
   return round_fn
 
@@ -392,14 +402,11 @@ def _round_function(algorithm):
   return _ROUND_FUNCTIONS[key]
 
 
-class VectorizedProcess:
-  """A process or definition of the MR-MTL family run with all silos in one TF
-  program per round (made by `for_process`, which checks what can run).
-
-  The driver (`tff_silo.simulation.run_simulation(backend="vectorized")`) uses it as
-  it uses a process: `prepare` stacks the silos once, `initialize` / `next` run
-  rounds with client states stacked on a leading silo axis.
-  """
+class _Runner:
+  """What the vectorized runners of the MR-MTL family and IFCA share: the driver
+  (`tff_silo.simulation`) uses one as it uses a TFF process: `prepare` stacks the
+  silos once, `initialize` / `next` run rounds with client states stacked on a
+  leading silo axis."""
 
   def __init__(self, process):
     self.algorithm = algorithm = definition(process)
@@ -415,23 +422,81 @@ class VectorizedProcess:
   def prepare(self, inputs) -> StackedSilos:
     return stack_silos(inputs)
 
+
+class RunStack(NamedTuple):
+  """The silos of one or more runs stacked (`VectorizedProcess.prepare_runs`)."""
+  silos: StackedSilos
+  run: tf.Tensor    # int32 [K]: each silo's run
+
+
+def stack_key(process) -> tuple:
+  """Runs whose definitions have equal keys can be stacked into one program
+  (`VectorizedProcess.prepare_runs`): they differ only in tensors (data, noise
+  multipliers, keys, initial weights)."""
+  return _definition(definition(process))
+
+
+class VectorizedProcess(_Runner):
+  """A process or definition of the MR-MTL family run with all silos in one TF
+  program per round (made by `for_process`, which checks what can run).
+
+  Several runs of one definition (a sweep's epsilons and seeds) can share that
+  program (`prepare_runs`): their silos are stacked, each run keeps its own global
+  model, server mean, noise, keys and ledger, and the numbers are each run's own.
+  """
+
+  def __init__(self, process):
+    super().__init__(process)
+    self._initial = [self.algorithm.initial_weights]
+    self._run = None   # each silo's run (None: one run)
+
+  def prepare(self, inputs) -> RunStack:
+    return self.prepare_runs([self.algorithm], [inputs])
+
+  def prepare_runs(self, definitions, inputs_per_run) -> RunStack:
+    """Stacks the silos of runs of `definitions` (processes or definitions of equal
+    `stack_key`, for their initial weights), `inputs_per_run` their `SiloInput`s."""
+    keys_ = {stack_key(d) for d in definitions}
+    if keys_ != {stack_key(self.algorithm)} or len(definitions) != len(inputs_per_run):
+      raise ValueError("stacked runs must have definitions of one stack_key, one per "
+                       "run's inputs")
+    self._initial = [definition(d).initial_weights for d in definitions]
+    self._run = np.repeat(np.arange(len(definitions), dtype=np.int32),
+                          [len(i) for i in inputs_per_run])
+    return RunStack(stack_silos([i for inputs in inputs_per_run for i in inputs]),
+                    tf.constant(self._run))
+
+  @property
+  def num_runs(self) -> int:
+    return len(self._initial)
+
   def initialize(self) -> VectorizedState:
-    return VectorizedState(tuple(tf.constant(w) for w in self.algorithm.initial_weights),
-                           tf.constant(0, tf.int32))
+    return VectorizedState(
+        tuple(tf.constant(np.stack([w[i] for w in self._initial]))
+              for i in range(len(self._initial[0]))),
+        tf.constant(0, tf.int32))
+
+  def _silo_runs(self, num_silos: int) -> np.ndarray:
+    return np.zeros(num_silos, np.int32) if self._run is None else self._run
 
   def initial_client_states(self, state, num_silos: int) -> tuple:
-    return _tiled(state.global_weights, num_silos)
+    run = self._silo_runs(num_silos)
+    return tuple(tf.gather(w, run) for w in state.global_weights)
 
-  def next(self, state: VectorizedState, client_states, silos: StackedSilos):
+  def next(self, state: VectorizedState, client_states, data: RunStack, active=None):
+    """A round of every stacked run (`active`, bool [R]: the runs that train)."""
+    active = tf.ones([self.num_runs], tf.bool) if active is None else tf.constant(
+        np.asarray(active, bool))
     new_global, new_round, personal = self._round(
-        state.global_weights, state.round_num, client_states, silos)
+        state.global_weights, state.round_num, client_states, data.silos, data.run,
+        active)
     return VectorizedState(tuple(new_global), new_round), personal, {}
 
   def evaluation_weights(self, state, client_states, rounds_done: int) -> list:
-    num_silos = int(client_states[0].shape[0])
     if self.algorithm.uses_client_state(rounds_done):
       return _unstacked(client_states)
-    return [tuple(w.numpy() for w in state.global_weights)] * num_silos
+    models = _unstacked(state.global_weights)
+    return [models[r] for r in self._silo_runs(int(client_states[0].shape[0]))]
 
   def cluster_assignments(self, client_states):
     del client_states
@@ -448,7 +513,7 @@ class ClusteredClients(NamedTuple):
   cluster: tf.Tensor       # int32 [K]
 
 
-class VectorizedClusteredProcess(VectorizedProcess):
+class VectorizedClusteredProcess(_Runner):
   """An `ifca.ClusteredAlgorithm` (or its TFF process) with all silos in one TF
   program per round."""
 

@@ -22,28 +22,28 @@ _TINY = 1e-12
 
 
 def _per_example(grads):
-  """(squared global norm, all finite) of each example (leading axis)."""
-  flat = [tf.reshape(g, [tf.shape(g)[0], -1]) for g in grads]
-  finite = tf.reduce_all(tf.stack([tf.reduce_all(tf.math.is_finite(f), axis=1)
-                                   for f in flat]), axis=0)
-  sq = tf.add_n([tf.reduce_sum(tf.square(tf.where(tf.math.is_finite(f), f, 0.0)),
-                               axis=1) for f in flat])
-  return sq, finite
+  """(squared global norm, finite) of each example (leading axis): finite is False
+  when a gradient has a NaN or inf, or its squared norm overflows float32."""
+  sq = tf.add_n([tf.reduce_sum(tf.square(tf.reshape(g, [tf.shape(g)[0], -1])), axis=1)
+                 for g in grads])
+  return sq, tf.math.is_finite(sq)
 
 
 def nonfinite_examples(grads):
-  """How many examples (leading axis) have a gradient with a NaN or inf."""
+  """How many examples (leading axis) have a gradient with a NaN or inf (or a
+  squared norm beyond float32)."""
   _, finite = _per_example(grads)
   return tf.reduce_sum(tf.cast(tf.logical_not(finite), tf.int32))
 
 
 def clip_per_example(grads, l2_norm_clip):
   """Scales each example's gradient (leading axis) to global norm <= clip; an
-  example with a non-finite gradient is set to zero."""
+  example whose squared norm is not finite is set to zero (`multiply_no_nan`: a
+  zero factor gives 0 even for a NaN or inf)."""
   sq, finite = _per_example(grads)
   factor = tf.where(finite, tf.minimum(1.0, l2_norm_clip / (tf.sqrt(sq) + _TINY)), 0.0)
-  return [tf.where(tf.reshape(finite, [-1] + [1] * (len(g.shape) - 1)), g, 0.0)
-          * tf.reshape(factor, [-1] + [1] * (len(g.shape) - 1)) for g in grads]
+  return [tf.math.multiply_no_nan(g, tf.reshape(factor, [-1] + [1] * (len(g.shape) - 1)))
+          for g in grads]
 
 
 def gaussian_noise_like(tensors, stddev, key=None):

@@ -1,0 +1,177 @@
+"""The privacy cost of tuning lambda on federated mean estimation (thesis sec. 1.7,
+Fig. 1.7, app. E).
+
+The model of thesis sec. 1.6 (`tff_silo.theory`): K silos, n samples each with
+variance sigma^2 around silo means spread by tau; each silo releases its sum with
+Gaussian noise of standard deviation clip * z. MR-MTL's error at lambda is Lemma
+1.6.7 (closed form, checked here by Monte Carlo). The conditions:
+- `non_private`: z = 0;
+- `private`: z calibrated to (epsilon, delta) for one release (no tuning cost, as
+  papers report);
+- `tnb_eta=...` / `poisson`: z calibrated so that random-repeat tuning with h ~
+  TNB(eta, gamma) / Poisson(mu), E[h] = --mean_trials, is (epsilon, delta)-DP
+  (`tff_silo.privacy.tuning`, Papernot & Steinke Thms. 2 and 6).
+Both calibrations use the same RDP accountant and orders. For each condition the
+binary also gives the expected error of the lambda that tuning would release if it
+scored each of its h random grid draws by the true error (an upper bound on what
+tuning can reach; h = 0 of Poisson releases nothing and counts as local training),
+against local training (lambda = 0) and FedAvg (lambda -> inf) of the `private`
+condition, which need no tuning.
+
+    python -m benchmarks.tuning_cost   # the authors' settings (flag defaults)
+"""
+
+from __future__ import annotations
+
+import math
+
+from absl import flags
+import numpy as np
+
+from benchmarks import common
+from benchmarks.common import UsageError
+
+FLAGS = flags.FLAGS
+flags.DEFINE_integer("num_silos", 20, "K, silos.")
+flags.DEFINE_integer("n", 200, "Samples per silo.")
+flags.DEFINE_float("sigma", 0.4, "Sample standard deviation within a silo.")
+flags.DEFINE_float("tau", 0.08, "Standard deviation of the silo means (heterogeneity).")
+flags.DEFINE_float("epsilon", 0.25, "Each silo's epsilon.")
+flags.DEFINE_float("delta", 1e-5, "Each silo's delta.")
+flags.DEFINE_float("clip", 1.0, "Sensitivity of a silo's sum to one sample.")
+flags.DEFINE_list("etas", ["-0.5", "0", "0.5", "1", "2", "5"],
+                  "Shapes eta (> -1) of the truncated negative binomial.")
+flags.DEFINE_float("mean_trials", 10.0, "E[h], the mean number of lambdas tried (> 1).")
+flags.DEFINE_integer("num_lambdas", 100, "Log-spaced lambdas in [1e-3, 1e2] (and 0).")
+flags.DEFINE_integer("monte_carlo_trials", 500, "Samples of the model per lambda "
+                     "(the thesis ran 500) to check the closed form; 0: none.")
+flags.DEFINE_integer("seed", 0, "Seed of the Monte Carlo check.")
+flags.DEFINE_string("output", "benchmarks/out/tuning_cost.csv", "CSV rows are appended to.")
+flags.DEFINE_string("plot", "benchmarks/figures/tuning_cost.png", "Figure path.")
+
+SIGNATURE = ("condition", "lam", "error")
+
+
+def _settings():
+  common.check_finite_floats()
+  for name in ("num_silos", "n"):
+    if FLAGS[name].value < (2 if name == "num_silos" else 1):
+      raise UsageError(f"--{name} must be >= {2 if name == 'num_silos' else 1}; got "
+                       f"{FLAGS[name].value}")
+  for name in ("sigma", "tau", "epsilon", "clip"):
+    if FLAGS[name].value <= 0:
+      raise UsageError(f"--{name} must be > 0; got {FLAGS[name].value}")
+  if not 0 < FLAGS.delta < 1:
+    raise UsageError(f"--delta must be in (0, 1); got {FLAGS.delta}")
+  if FLAGS.mean_trials <= 1:
+    raise UsageError(f"--mean_trials must be > 1; got {FLAGS.mean_trials}")
+  etas = common.parse_numbers(FLAGS.etas, float, "etas")
+  if any(eta <= -1 for eta in etas):
+    raise UsageError(f"--etas must be > -1; got {','.join(FLAGS.etas)}")
+  if FLAGS.num_lambdas < 1 or FLAGS.monte_carlo_trials < 0:
+    raise UsageError("--num_lambdas must be >= 1 and --monte_carlo_trials >= 0")
+  common.check_output(FLAGS.output, SIGNATURE)
+  common.check_figure_path(FLAGS.plot)
+  return etas
+
+
+def _conditions(etas):
+  """(name, eta or None, trials or None, noise multiplier) of every condition."""
+  from tff_silo.privacy import tuning
+  out = [("non_private", None, None, 0.0),
+         ("private", None, None, tuning.calibrate_gaussian(FLAGS.epsilon, FLAGS.delta))]
+  for eta in etas:
+    trials = tuning.TruncatedNegativeBinomial.with_mean(eta, FLAGS.mean_trials)
+    out.append((f"tnb_eta={eta:g}", eta, trials,
+                tuning.calibrate_gaussian(FLAGS.epsilon, FLAGS.delta, trials)))
+  trials = tuning.PoissonTrials(FLAGS.mean_trials)
+  out.append(("poisson", None, trials,
+              tuning.calibrate_gaussian(FLAGS.epsilon, FLAGS.delta, trials)))
+  return out
+
+
+def tuned_error(errors: np.ndarray, trials) -> float:
+  """E over h ~ trials and h uniform draws (with replacement) from the grid of the
+  smallest drawn error; h = 0 gives errors[0] (lambda = 0, local training).
+  With the grid's errors sorted e_1 <= ... <= e_G, P[min >= e_j | h] =
+  ((G - j + 1) / G)^h."""
+  sorted_errors = np.sort(errors)
+  g = len(errors)
+  above = (g - np.arange(g)) / g              # P[a draw >= e_j], j = 1..G
+  def given(h):
+    at_least = above ** h
+    return float(np.sum(sorted_errors * (at_least - np.append(at_least[1:], 0.0))))
+  if hasattr(trials, "pmf"):
+    h_max = max(64, int(50 * trials.mean))
+    pmf = trials.pmf(h_max)
+    return float(sum(p * given(h) for h, p in enumerate(pmf, 1) if p > 0)
+                 + (1 - pmf.sum()) * sorted_errors[0])
+  from scipy import stats
+  h = np.arange(0, int(trials.mu + 20 * math.sqrt(trials.mu) + 20))
+  pmf = stats.poisson.pmf(h, trials.mu)
+  return float(pmf[0] * errors[0] + sum(p * given(k) for k, p in zip(h[1:], pmf[1:])))
+
+
+def _plot(rows, summary, path):
+  import matplotlib
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt
+  import pandas as pd
+  import seaborn as sns
+  df = pd.DataFrame(rows)
+  df = df[df.lam > 0]
+  fig, ax = plt.subplots(figsize=(8.5, 4.5))
+  sns.lineplot(data=df, x="lam", y="error", hue="condition", ax=ax,
+               palette="viridis", linewidth=1.3)
+  private = next(s for s in summary if s["condition"] == "private")
+  ax.axhline(private["local_error"], ls="--", color="green", label="local (private)")
+  ax.axhline(private["fedavg_error"], ls=":", color="green", label="FedAvg (private)")
+  ax.set_xscale("log")
+  ax.set_yscale("log")
+  ax.set_xlabel("lambda")
+  ax.set_ylabel("MR-MTL error E(lambda)")
+  ax.set_title(f"K={FLAGS.num_silos}, n={FLAGS.n}, sigma={FLAGS.sigma:g}, "
+               f"tau={FLAGS.tau:g}, eps={FLAGS.epsilon:g}, delta={FLAGS.delta:g}, "
+               f"E[h]={FLAGS.mean_trials:g}", fontsize=9)
+  ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1))
+  fig.tight_layout()
+  fig.savefig(path, dpi=120)
+
+
+def main(argv):
+  if len(argv) > 1:
+    raise UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
+  etas = _settings()
+  from tff_silo import theory
+  lams = np.concatenate([[0.0], np.logspace(-3, 2, FLAGS.num_lambdas)])
+  k, tau2 = FLAGS.num_silos, FLAGS.tau ** 2
+  settings = dict(num_silos=k, n=FLAGS.n, sigma=FLAGS.sigma, tau=FLAGS.tau,
+                  epsilon=FLAGS.epsilon, delta=FLAGS.delta, clip=FLAGS.clip,
+                  mean_trials=FLAGS.mean_trials)
+  rows, summary = [], []
+  for name, eta, trials, z in _conditions(etas):
+    sigma_dp2 = (FLAGS.clip * z) ** 2
+    sigma_loc2 = theory.local_variance(FLAGS.n, FLAGS.sigma ** 2, sigma_dp2)
+    errors = np.array([theory.mrmtl_error(lam, k, sigma_loc2, tau2) for lam in lams])
+    for lam, error in zip(lams, errors):
+      monte_carlo = (theory.monte_carlo_mrmtl_error(
+          lam, num_silos=k, n=FLAGS.n, sigma2=FLAGS.sigma ** 2, tau2=tau2,
+          sigma_dp2=sigma_dp2, trials=FLAGS.monte_carlo_trials, seed=FLAGS.seed)
+                     if FLAGS.monte_carlo_trials else float("nan"))
+      rows.append(dict(condition=name, eta=eta, noise_multiplier=z, lam=lam,
+                       error=error, error_monte_carlo=monte_carlo, **settings))
+    best = int(np.argmin(errors))
+    summary.append(dict(
+        condition=name, noise_multiplier=z, best_lam=lams[best], best_error=errors[best],
+        tuned_error=(tuned_error(errors, trials) if trials is not None else float("nan")),
+        local_error=errors[0], fedavg_error=theory.mrmtl_error(math.inf, k, sigma_loc2,
+                                                               tau2)))
+  common.append_rows(FLAGS.output, rows)
+  _plot(rows, summary, FLAGS.plot)
+  import pandas as pd
+  print(pd.DataFrame(summary).to_string(index=False, float_format=lambda v: f"{v:.6g}"))
+  print(f"{len(rows)} row(s) appended to {FLAGS.output}; figure: {FLAGS.plot}")
+
+
+if __name__ == "__main__":
+  common.run_main(main)

@@ -1,0 +1,213 @@
+"""The privacy cost of hyperparameter tuning (thesis sec. 1.7, app. E; Papernot &
+Steinke, ICLR 2022, "Hyperparameter tuning with Renyi differential privacy").
+
+Random-repeat tuning runs a trial h times and releases only the best result, where a
+trial is a DP mechanism Q: pick a hyperparameter at random, train, score. Releasing
+the best of a *fixed* h trials can cost h times Q's epsilon (P&S Prop. 17, thesis
+Prop. E.1.1); drawing h at random makes the cost a constant factor in RDP:
+
+- truncated negative binomial TNB(eta, gamma), eta > -1, gamma in (0, 1):
+  P[h] = (1 - gamma)^h / (gamma^-eta - 1) * prod_{l<h} (l + eta) / (l + 1), h >= 1
+  (eta = 0: the logarithmic distribution (1 - gamma)^h / (h log(1 / gamma))), with
+  E[h] = eta (1 - gamma) / (gamma (1 - gamma^eta)) ((1/gamma - 1) / log(1/gamma) at
+  eta = 0). If Q is (a, eps(a))-RDP at every order, the released best is
+  (a, eps'(a))-RDP with (P&S Thm. 2, thesis eq. E.2)
+      eps'(a) = eps(a) + (1 + eta) min_b [(1 - 1/b) eps(b) + log(1/gamma) / b]
+                + log E[h] / (a - 1);
+- Poisson(mu) (h = 0 releases nothing): with delta_hat Q's delta at
+  eps_hat = log(1 + 1/(a - 1)) (P&S Thm. 6),
+      eps'(a) = eps(a) + mu delta_hat + log(mu) / (a - 1).
+
+Both bounds are then made monotone in the order (RDP never decreases with it) and
+converted to (epsilon, delta) by dp_accounting. `dp_accounting`'s own
+`RepeatAndSelectDpEvent` covers eta >= 0 and Poisson; this module also takes
+-1 < eta < 0 (Fig. 1.7 uses eta = -0.5), samples h from exactly the distribution it
+accounts, and is tested against dp_accounting where both apply.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Sequence, Union
+
+import dp_accounting
+import numpy as np
+
+from tff_silo.privacy import accounting
+
+_compute_epsilon = dp_accounting.rdp.rdp_privacy_accountant.compute_epsilon
+_compute_delta = dp_accounting.rdp.rdp_privacy_accountant.compute_delta
+
+
+@dataclasses.dataclass(frozen=True)
+class TruncatedNegativeBinomial:
+  """TNB(eta, gamma): the number of trials, h >= 1 (module docstring)."""
+
+  eta: float
+  gamma: float
+
+  def __post_init__(self):
+    if not (math.isfinite(self.eta) and self.eta > -1):
+      raise ValueError(f"eta must be a finite number > -1, got {self.eta}")
+    if not 0 < self.gamma < 1:
+      raise ValueError(f"gamma must be in (0, 1), got {self.gamma}")
+
+  @classmethod
+  def with_mean(cls, eta: float, mean: float) -> "TruncatedNegativeBinomial":
+    """The TNB(eta, gamma) with E[h] = mean (gamma by bisection: the mean falls as
+    gamma grows, from infinity at 0 to 1 at 1)."""
+    if not (math.isfinite(mean) and mean > 1):
+      raise ValueError(f"the mean number of trials must be a finite number > 1, got "
+                       f"{mean}")
+    cls(eta, 0.5)   # checks eta
+    low, high = 0.0, 1.0
+    for _ in range(200):
+      middle = (low + high) / 2
+      if middle in (low, high):
+        break
+      if cls(eta, middle).mean > mean:
+        low = middle
+      else:
+        high = middle
+    return cls(eta, high)
+
+  @property
+  def mean(self) -> float:
+    g = self.gamma
+    if self.eta == 0:
+      return (1 / g - 1) / math.log(1 / g)
+    return self.eta * (1 - g) / (g * -math.expm1(self.eta * math.log(g)))
+
+  def pmf(self, h_max: int) -> np.ndarray:
+    """P[h] for h = 1..h_max (index h - 1)."""
+    h = np.arange(1, h_max + 1, dtype=np.float64)
+    g = self.gamma
+    if self.eta == 0:
+      return np.exp(h * math.log1p(-g) - np.log(h) - math.log(math.log(1 / g)))
+    # prod_{l<h} (l + eta) / (l + 1) = Gamma(h + eta) / (Gamma(eta) Gamma(h + 1)),
+    # kept as a running product so that eta in (-1, 0) needs no negative Gamma.
+    ratios = (h - 1 + self.eta) / h
+    return np.cumprod(ratios * (1 - g)) / (g ** -self.eta - 1)
+
+  def sample(self, rng: np.random.Generator) -> int:
+    """One draw of h (inverse CDF over the pmf, extended until it covers the draw)."""
+    u = rng.random()
+    h_max = max(64, int(4 * self.mean))
+    while True:
+      cdf = np.cumsum(self.pmf(h_max))
+      if cdf[-1] >= u:
+        return int(np.searchsorted(cdf, u, side="left")) + 1
+      if cdf[-1] >= 1 - 1e-15 or h_max > 10 ** 8:   # u lies in float rounding
+        return h_max
+      h_max *= 4
+
+
+@dataclasses.dataclass(frozen=True)
+class PoissonTrials:
+  """Poisson(mu) trials; h = 0 releases nothing (P&S sec. 3.3)."""
+
+  mu: float
+
+  def __post_init__(self):
+    if not (math.isfinite(self.mu) and self.mu > 0):
+      raise ValueError(f"mu (the mean number of trials) must be a finite number > 0, "
+                       f"got {self.mu}")
+
+  @property
+  def mean(self) -> float:
+    return self.mu
+
+  def sample(self, rng: np.random.Generator) -> int:
+    return int(rng.poisson(self.mu))
+
+
+Trials = Union[TruncatedNegativeBinomial, PoissonTrials]
+
+
+def _orders_and_rdp(orders, rdp):
+  orders, rdp = np.asarray(orders, np.float64), np.asarray(rdp, np.float64)
+  if orders.shape != rdp.shape or orders.ndim != 1:
+    raise ValueError("orders and rdp must be 1-D sequences of one length")
+  if np.any(orders <= 1) or np.any(np.diff(orders) <= 0):
+    raise ValueError("RDP orders must be > 1 and increasing")
+  return orders, rdp
+
+
+def repeat_and_select_rdp(orders: Sequence[float], rdp: Sequence[float],
+                          trials: Trials) -> np.ndarray:
+  """The RDP curve (at `orders`) of releasing the best of h ~ `trials` runs of a
+  mechanism whose RDP curve is `rdp` (module docstring)."""
+  orders, rdp = _orders_and_rdp(orders, rdp)
+  if isinstance(trials, TruncatedNegativeBinomial):
+    constant = (1 + trials.eta) * np.min((1 - 1 / orders) * rdp
+                                         + math.log(1 / trials.gamma) / orders)
+    out = rdp + constant + math.log(trials.mean) / (orders - 1)
+  elif isinstance(trials, PoissonTrials):
+    out = np.array([
+        e + trials.mu * _compute_delta(orders, rdp, math.log1p(1 / (a - 1)))[0]
+        + math.log(trials.mu) / (a - 1) for a, e in zip(orders, rdp)])
+  else:
+    raise TypeError(f"trials must be a TruncatedNegativeBinomial or PoissonTrials, got "
+                    f"{type(trials).__name__}")
+  # RDP is non-decreasing in the order: a bound at a higher order holds at a lower.
+  return np.minimum.accumulate(out[::-1])[::-1]
+
+
+def repeat_and_select_epsilon(orders: Sequence[float], rdp: Sequence[float],
+                              trials: Trials, target_delta: float) -> float:
+  """Epsilon at `target_delta` of the best of h ~ `trials` runs (dp_accounting's
+  RDP-to-(epsilon, delta) conversion)."""
+  out = repeat_and_select_rdp(orders, rdp, trials)
+  return float(_compute_epsilon(np.asarray(orders, np.float64), out, target_delta)[0])
+
+
+def gaussian_rdp(noise_multiplier: float, orders: Sequence[float]) -> np.ndarray:
+  """RDP of the Gaussian mechanism with noise multiplier z: a / (2 z^2)."""
+  return np.asarray(orders, np.float64) / (2 * noise_multiplier ** 2)
+
+
+# Orders for the small epsilons of tuned releases (the log E[h] / (a - 1) term wants
+# high orders where epsilon is small): the accountant's, then up to 8192.
+TUNING_ORDERS = accounting.RDP_ORDERS + tuple(float(2 ** k) for k in range(9, 14))
+
+
+def calibrate_gaussian(target_epsilon: float, target_delta: float, trials=None,
+                       orders: Sequence[float] = TUNING_ORDERS) -> float:
+  """The smallest noise multiplier (to relative 1e-6, rounded up) with which one
+  Gaussian mechanism, or the best of h ~ `trials` runs of it (None: one run, no
+  tuning), is (target_epsilon, target_delta)-DP by RDP accounting at `orders`; the
+  epsilon it gives never exceeds the target."""
+  if not (math.isfinite(target_epsilon) and target_epsilon > 0):
+    raise ValueError(f"target_epsilon must be a finite number > 0, got {target_epsilon}")
+  if not 0 < target_delta < 1:
+    raise ValueError(f"target_delta must be in (0, 1), got {target_delta}")
+
+  def epsilon(z):
+    rdp = gaussian_rdp(z, orders)
+    if trials is None:
+      return float(_compute_epsilon(np.asarray(orders, np.float64), rdp, target_delta)[0])
+    return repeat_and_select_epsilon(orders, rdp, trials, target_delta)
+
+  low, high = 1e-3, 1.0
+  while epsilon(high) > target_epsilon:
+    low, high = high, high * 2
+    if high > 1e7:
+      raise ValueError(f"no noise multiplier up to 1e7 reaches epsilon "
+                       f"{target_epsilon} at delta {target_delta}")
+  while high - low > 1e-6 * high:
+    middle = (low + high) / 2
+    if epsilon(middle) > target_epsilon:
+      low = middle
+    else:
+      high = middle
+  return high
+
+
+def draw_trials(trials: Trials, num_candidates: int, rng: np.random.Generator) -> list:
+  """Random-repeat tuning's plan: h ~ `trials`, then h candidate indices drawn
+  uniformly with replacement from range(num_candidates) (each trial picks its
+  hyperparameter at random, P&S sec. 1.1)."""
+  if num_candidates < 1:
+    raise ValueError(f"num_candidates must be >= 1, got {num_candidates}")
+  return [int(i) for i in rng.integers(0, num_candidates, trials.sample(rng))]

@@ -1,5 +1,5 @@
-"""Experiment presets per dataset (thesis app. B.4), used as flag defaults by
-`benchmarks.run`. Every value can be overridden by a flag."""
+"""Experiment presets (thesis app. B.4): per dataset for `benchmarks.run`, and the
+grids of `benchmarks.compare`. Every value can be overridden by a flag."""
 
 from __future__ import annotations
 
@@ -45,4 +45,45 @@ PRESETS = {
     "two_cluster": Preset(rounds=200, batch_size=10, clip=1.0, lr=0.1, delta=1e-3,
                           lam=1.0, needs_data_dir=False, num_clusters=2,
                           assumed_silo_size=10),
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class ComparePreset:
+  """A `benchmarks.compare` grid: what runs (methods x epsilons x seeds) and what
+  is tuned on validation (lrs x lambdas); `inf` in epsilons is the non-private run."""
+  dataset: str
+  methods: tuple
+  epsilons: tuple
+  seeds: tuple
+  lrs: tuple
+  lams: tuple
+  rounds: int
+  batch_size: int
+  clip: float
+  delta: float
+  assumed_silo_size: int | None
+  validation_fraction: float = 0.2
+
+
+# App. B.4's grids.
+PAPER_LRS = (0.001, 0.003, 0.01, 0.03, 0.1, 0.3)
+PAPER_LAMS = (0.0001, 0.001, 0.003, 0.01, 0.03, 0.1, 0.3, 1.0, 3.0, 10.0)
+# The `quick` silos (tff_silo.data.heterogeneous_linear_silos): K silos of n examples,
+# d features, w_k = w_0 + N(0, tau^2 I), noise sigma; 25% test, then 20% of the
+# training part for validation: 48 examples per silo to train on.
+QUICK_DATA = dict(num_silos=20, num_examples=80, dim=5, tau=0.3, sigma=0.5)
+
+COMPARE_PRESETS = {
+    "quick": ComparePreset(
+        dataset="quick", methods=("local", "fedavg", "mrmtl"),
+        epsilons=(2.0, 4.0, 8.0, float("inf")), seeds=(0, 1, 2), lrs=(0.1,),
+        lams=(0.001, 0.01, 0.1, 0.3, 1.0, 3.0, 10.0), rounds=30, batch_size=16,
+        clip=2.0, delta=1e-3, assumed_silo_size=48),
+    # Thesis Fig. 1.3(a) and app. B.4: School, delta 1e-3.
+    "school": ComparePreset(
+        dataset="school", methods=("local", "fedavg", "finetune", "mrmtl", "ditto"),
+        epsilons=(1.0, 2.0, 3.0, 4.0, 6.0, 8.0, float("inf")), seeds=(0, 1, 2),
+        lrs=PAPER_LRS, lams=PAPER_LAMS, rounds=200, batch_size=32, clip=1.0,
+        delta=1e-3, assumed_silo_size=70),   # 88 training examples a silo, 80% kept
 }

@@ -6,7 +6,7 @@ backends alternating within each repeat, so drift of the machine hits both alike
   lr 0.01, epsilon 6, delta 1e-3, lambda 1, seed 0) as `python -m benchmarks.run` in
   a fresh process, timed from outside (imports, data, calibration, tracing, rounds,
   evaluation, shutdown); also its steady-state seconds per round and peak memory.
-- `digits`: rounds of the README's main job (digits CNN silos, MR-MTL, no DP),
+- `digits`: rounds of `benchmarks.run`'s default (digits CNN silos, MR-MTL, no DP),
   steady-state seconds per round, in a fresh process per run.
 - `sweep`: --sweep_runs School runs (epsilons x seeds) in one fresh process on the
   vectorized backend (`run_simulations`: the runs stacked as one program), against

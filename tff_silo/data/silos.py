@@ -120,6 +120,26 @@ def split_silo(x: np.ndarray, y: np.ndarray, test_fraction: float,
   return x[train], y[train], x[test], y[test]
 
 
+def validation_split(data: SiloData, fraction: float, seed) -> SiloData:
+  """The silos for tuning: each silo's *training* examples split again, `fraction`
+  of them (at least one) held out. The result's train arrays are what a trial trains
+  on and its test arrays the validation examples; `data`'s test split is never
+  touched (thesis app. B.4 tunes on validation, reports test). Validation examples
+  are private training data: a score on them is a query outside the training's
+  guarantee unless accounted (`tff_silo.privacy.tuning`)."""
+  rng = np.random.default_rng(seed)
+  parts = ([], [], [], [])
+  for k, (x, y) in enumerate(zip(data.x_train, data.y_train)):
+    if len(y) < 2:
+      raise DataError(f"{data.name}: silo {k} has {len(y)} training example(s), too "
+                      "few to hold out validation examples")
+    for part, value in zip(parts, split_silo(x, y, fraction, rng)):
+      part.append(value)
+  return dataclasses.replace(data, name=f"{data.name} (validation split)",
+                             x_train=tuple(parts[0]), y_train=tuple(parts[1]),
+                             x_test=tuple(parts[2]), y_test=tuple(parts[3]))
+
+
 def standardize(x_train: np.ndarray, x_test: np.ndarray):
   """Standardizes features with the silo's own training mean and std.
 

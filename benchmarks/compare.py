@@ -1,0 +1,388 @@
+"""Compare personalization methods across privacy levels, each tuned on validation
+(thesis Fig. 1.3 and G.3; app. B.4).
+
+    python -m benchmarks.compare                      # the `quick` preset
+    python -m benchmarks.compare --preset=school --data_dir=../shared/data
+
+For every (method, epsilon, seed) cell the binary trains each configuration of the
+grid (--lrs x --lams; lambda only for mrmtl and ditto) on each silo's training
+examples less a validation part carved from them (`tff_silo.data.validation_split`;
+the test split is never used to choose), selects the configuration with the best
+pooled validation metric and reports the test metric of that same model.
+
+Tuning here is `free`: the best of the grid, as papers report it. The validation
+scores are queries of private training data and the grid is searched in full, so a
+selected row's epsilon is that of one training run, not of the tuning; every row
+says so (`tuning`). `benchmarks.tuning_cost` and `tff_silo.privacy.tuning` measure
+what honest tuning costs.
+
+Output: one CSV row per trial and one per selected cell (--output, resumable: a
+rerun skips finished trials), a markdown table (method x epsilon, mean +- sd over
+seeds, the selected lambdas) and two figures in --figures_dir:
+`privacy_utility_<preset>.png` (test metric against epsilon, one line per method,
+a band over seeds) and `lambda_<preset>.png` (MR-MTL's test metric against lambda,
+one panel per epsilon, local and FedAvg as lines). On the vectorized backend a
+configuration's epsilons and seeds run stacked as one program.
+"""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+import json
+import math
+import sys
+import time
+
+from absl import flags
+import numpy as np
+
+from benchmarks import common, configs
+from benchmarks.common import UsageError
+
+PRESETS = tuple(configs.COMPARE_PRESETS)
+METHODS = ("local", "fedavg", "finetune", "mrmtl", "ditto")
+LAMBDA_METHODS = ("mrmtl", "ditto")
+TUNING = "free: best validation metric of the grid; validation and tuning not accounted"
+SIGNATURE = ("row_type", "run_key", "method", "test_metric")
+
+FLAGS = flags.FLAGS
+flags.DEFINE_string("preset", "quick", f"One of {PRESETS}: the grid and settings.")
+flags.DEFINE_string("data_dir", None, "Folder with school.mat (--preset=school).")
+flags.DEFINE_list("methods", None, f"Methods, of {METHODS} (default: the preset's).")
+flags.DEFINE_list("epsilons", None, "Per-silo epsilons; inf = non-private (default: "
+                  "the preset's).")
+flags.DEFINE_list("seeds", None, "Seeds (data split, sampling, noise).")
+flags.DEFINE_list("lrs", None, "Client learning rates tuned over.")
+flags.DEFINE_list("lams", None, "Lambdas tuned over (mrmtl, ditto).")
+flags.DEFINE_integer("rounds", None, "Rounds T.")
+flags.DEFINE_integer("batch_size", None, "Local batch size B.")
+flags.DEFINE_float("clip", None, "Per-example L2 clip under DP.")
+flags.DEFINE_float("delta", None, "Per-silo delta.")
+flags.DEFINE_float("validation_fraction", None, "Share of each silo's training "
+                   "examples held out to tune on.")
+common.define_backend_flags("every method here")
+flags.adopt_module_key_flags(common)
+flags.DEFINE_string("output", None, "CSV rows are appended to (default: "
+                    "benchmarks/out/compare_<preset>.csv).")
+flags.DEFINE_string("figures_dir", "benchmarks/figures", "Folder of the figures.")
+flags.DEFINE_string("table", None, "Markdown table path (default: "
+                    "benchmarks/out/compare_<preset>.md).")
+
+
+def _positive_list(name, values, kind):
+  numbers = common.parse_numbers(values, kind, name)
+  if not numbers or min(numbers) <= 0:
+    raise UsageError(f"--{name} must list numbers > 0; got {','.join(values)}")
+  return tuple(numbers)
+
+
+def _settings() -> dict:
+  """The preset with the flags over it, checked; a UsageError in one line."""
+  common.check_one_of("preset", FLAGS.preset, PRESETS)
+  preset = configs.COMPARE_PRESETS[FLAGS.preset]
+  common.check_finite_floats()
+  s = dict(preset=FLAGS.preset, dataset=preset.dataset)
+  s["methods"] = tuple(FLAGS.methods or preset.methods)
+  common.check_among("methods", list(s["methods"]), METHODS)
+  if FLAGS.epsilons is None:
+    s["epsilons"] = preset.epsilons
+  else:
+    try:
+      s["epsilons"] = tuple(float(e) for e in FLAGS.epsilons)
+    except ValueError:
+      raise UsageError(f"--epsilons must be numbers or inf; got "
+                       f"{','.join(FLAGS.epsilons)}") from None
+    if not s["epsilons"] or any(not (e > 0) for e in s["epsilons"]):
+      raise UsageError(f"--epsilons must list numbers > 0 (inf: non-private); got "
+                       f"{','.join(FLAGS.epsilons)}")
+    common.check_unique("epsilons", s["epsilons"])
+  s["seeds"] = tuple(common.parse_seeds(FLAGS.seeds) if FLAGS.seeds else preset.seeds)
+  s["lrs"] = _positive_list("lrs", FLAGS.lrs, float) if FLAGS.lrs else preset.lrs
+  s["lams"] = _positive_list("lams", FLAGS.lams, float) if FLAGS.lams else preset.lams
+  for name in ("rounds", "batch_size", "clip", "delta", "validation_fraction"):
+    value = FLAGS[name].value
+    s[name] = getattr(preset, name) if value is None else value
+  if s["rounds"] < 1 or s["batch_size"] < 1 or s["clip"] <= 0:
+    raise UsageError("--rounds and --batch_size must be >= 1 and --clip > 0")
+  if not 0 < s["delta"] < 1:
+    raise UsageError(f"--delta must be in (0, 1); got {s['delta']}")
+  if not 0 < s["validation_fraction"] < 1:
+    raise UsageError(f"--validation_fraction must be in (0, 1); got "
+                     f"{s['validation_fraction']}")
+  s["assumed_silo_size"] = preset.assumed_silo_size
+  if preset.dataset == "school" and not FLAGS.data_dir:
+    raise UsageError("--preset=school needs --data_dir (the folder with school.mat)")
+  common.check_backend(FLAGS.backend, FLAGS.device)
+  s["output"] = FLAGS.output or f"benchmarks/out/compare_{FLAGS.preset}.csv"
+  s["table"] = FLAGS.table or f"benchmarks/out/compare_{FLAGS.preset}.md"
+  common.check_output(s["output"], SIGNATURE)
+  for name in ("privacy_utility", "lambda"):
+    common.check_figure_path(os.path.join(FLAGS.figures_dir,
+                                          f"{name}_{FLAGS.preset}.png"), "figures_dir")
+  return s
+
+
+def _data(s, seed):
+  """(silos with the test split, the same silos' validation split)."""
+  from tff_silo import data
+  if s["dataset"] == "quick":
+    silos = data.heterogeneous_linear_silos(**configs.QUICK_DATA, seed=seed)
+  else:
+    silos = data.load_school(FLAGS.data_dir, seed=seed, standardize="public")
+  return silos, data.validation_split(silos, s["validation_fraction"], [seed, 1])
+
+
+def _trials(s):
+  """Every trial (method, epsilon, seed, lam, lr), a configuration's epsilons and
+  seeds one after another (they run stacked)."""
+  for method in s["methods"]:
+    for lam in (s["lams"] if method in LAMBDA_METHODS else (0.0,)):
+      for lr in s["lrs"]:
+        for epsilon in s["epsilons"]:
+          for seed in s["seeds"]:
+            yield dict(method=method, epsilon=epsilon, seed=seed, lam=lam, lr=lr)
+
+
+def _settings_key(s) -> dict:
+  return dict(preset=s["preset"], rounds=s["rounds"], batch_size=s["batch_size"],
+              clip=s["clip"], delta=s["delta"],
+              validation_fraction=s["validation_fraction"],
+              assumed_silo_size=s["assumed_silo_size"],
+              data=configs.QUICK_DATA if s["dataset"] == "quick" else s["dataset"])
+
+
+def _trial_key(s, trial) -> str:
+  return json.dumps(dict(_settings_key(s), row_type="trial", **trial), sort_keys=True)
+
+
+def _cell_key(s, method, epsilon, seed) -> str:
+  return json.dumps(dict(_settings_key(s), row_type="selected", method=method,
+                         epsilon=epsilon, seed=seed, lrs=s["lrs"],
+                         lams=s["lams"] if method in LAMBDA_METHODS else None),
+                    sort_keys=True)
+
+
+def _definition(s, trial, silos):
+  from tff_silo import algorithms, models
+  kwargs = dict(client_learning_rate=trial["lr"], batch_size=s["batch_size"],
+                l2_norm_clip=None if math.isinf(trial["epsilon"]) else s["clip"])
+  if trial["method"] in LAMBDA_METHODS:
+    kwargs["lam"] = trial["lam"]
+  if trial["method"] == "finetune":
+    kwargs["total_rounds"] = s["rounds"]
+  build = getattr(algorithms, f"{trial['method']}_algorithm")
+  return build(models.model_for(silos), silos.feature_shape, **kwargs)
+
+
+def _run_batch(s, batch, loaded, backend, device):
+  """Trial rows of `batch` (one configuration's epsilons and seeds), run together."""
+  from tff_silo import simulation
+  from tff_silo.privacy import PrivacyProtocol
+  runs = []
+  for trial in batch:
+    silos, validation = loaded[trial["seed"]]
+    private = not math.isinf(trial["epsilon"])
+    runs.append(simulation.Run(
+        _definition(s, trial, silos), validation,
+        target_epsilon=trial["epsilon"] if private else None,
+        target_delta=s["delta"] if private else None, seed=trial["seed"],
+        protocol=(PrivacyProtocol(assumed_silo_size=s["assumed_silo_size"])
+                  if private else None)))
+  results = simulation.run_simulations(runs, rounds=s["rounds"], backend=backend)
+  rows = []
+  for trial, run, result in zip(batch, runs, results):
+    silos = loaded[trial["seed"]][0]
+    test, _ = simulation.SiloEvaluator(run.process.model)(
+        result.silo_weights, silos.x_test, silos.y_test)
+    rows.append(dict(
+        row_type="trial", run_key=_trial_key(s, trial), preset=s["preset"], **trial,
+        rounds=result.rounds, metric=result.metric,
+        validation_metric=result.test_metric, test_metric=test,
+        epsilon_spent=(float(np.max(result.privacy.epsilon_spent))
+                       if result.privacy is not None else float("nan")),
+        delta=s["delta"] if result.privacy is not None else float("nan"),
+        tuning=TUNING, num_trials=1, wall_seconds=result.wall_seconds,
+        runs_stacked=result.runs_stacked, backend=backend, device=device,
+        peak_memory_mb=common.peak_memory_mb()))
+  return rows
+
+
+def _selected(s, trials):
+  """One row per (method, epsilon, seed) whose trials are all done: the trial with
+  the best validation metric (the first in grid order on a tie; a diverged trial,
+  NaN or inf, never wins unless all did)."""
+  import pandas as pd
+  rows = []
+  for (method, epsilon, seed), cell in trials.groupby(["method", "epsilon", "seed"],
+                                                      sort=False):
+    expected = len(s["lrs"]) * (len(s["lams"]) if method in LAMBDA_METHODS else 1)
+    if len(cell) < expected:
+      continue
+    best = cell.loc[_score(cell).idxmin()]
+    rows.append(dict(best, row_type="selected",
+                     run_key=_cell_key(s, method, float(epsilon), int(seed)),
+                     num_trials=len(cell),
+                     wall_seconds=float(cell.wall_seconds.sum())))
+  return pd.DataFrame(rows)
+
+
+def _score(trials):
+  """Lower is better: the validation metric (negated for accuracy), NaN as inf."""
+  sign = -1.0 if trials.metric.iloc[0] == "accuracy" else 1.0
+  return (sign * trials.validation_metric).fillna(np.inf).replace(-np.inf, np.inf)
+
+
+def _epsilon_label(epsilon) -> str:
+  return "non-private" if math.isinf(epsilon) else f"{epsilon:g}"
+
+
+def _table(selected) -> str:
+  """Markdown: method x epsilon, test metric mean +- sd over seeds and the lambdas
+  selected."""
+  epsilons = sorted(selected.epsilon.unique())
+  lines = ["| method | " + " | ".join(f"eps {_epsilon_label(e)}" for e in epsilons) + " |",
+           "|---" * (len(epsilons) + 1) + "|"]
+  for method, part in selected.groupby("method", sort=False):
+    cells = []
+    for epsilon in epsilons:
+      values = part[part.epsilon == epsilon]
+      if values.empty:
+        cells.append("-")
+        continue
+      text = f"{values.test_metric.mean():.4f} +- {values.test_metric.std(ddof=1):.4f}" \
+          if len(values) > 1 else f"{values.test_metric.mean():.4f}"
+      if method in LAMBDA_METHODS:
+        text += " (lam " + "/".join(f"{v:g}" for v in sorted(values.lam.unique())) + ")"
+      cells.append(text)
+    lines.append(f"| {method} | " + " | ".join(cells) + " |")
+  metric = selected.metric.iloc[0]
+  return ("\n".join(lines) + f"\n\nTest {metric}, mean +- sd over seeds ({TUNING}).\n"
+          + _wins(selected))
+
+
+def _wins(selected) -> str:
+  """How often each lambda method beats each other method in the same private
+  (epsilon, seed) cell: the paired comparison the seed spread above hides."""
+  sign = -1.0 if selected.metric.iloc[0] == "accuracy" else 1.0
+  private = selected[np.isfinite(selected.epsilon)]
+  cells = private.pivot_table(index=["epsilon", "seed"], columns="method",
+                              values="test_metric", aggfunc="first")
+  lines = []
+  for method in (m for m in cells.columns if m in LAMBDA_METHODS):
+    others = [f"{other} in {int(np.sum(sign * both[method] < sign * both[other]))} of "
+              f"{len(both)}" for other in cells.columns if other not in LAMBDA_METHODS
+              for both in [cells[[method, other]].dropna()]]
+    if others:
+      lines.append(f"Under DP, {method} beats " + ", ".join(others)
+                   + " (epsilon, seed) cells.\n")
+  return "".join(lines)
+
+
+def _plots(s, trials, selected):
+  import matplotlib
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt
+  import seaborn as sns
+  epsilons = sorted(selected.epsilon.unique())
+  position = {e: i for i, e in enumerate(epsilons)}
+  metric = selected.metric.iloc[0]
+  fig, ax = plt.subplots(figsize=(6.5, 4.2))
+  sns.lineplot(data=selected.assign(x=selected.epsilon.map(position)), x="x",
+               y="test_metric", hue="method", marker="o", errorbar="sd", ax=ax)
+  ax.set_xticks(range(len(epsilons)), [_epsilon_label(e) for e in epsilons])
+  ax.set_xlabel("per-silo epsilon")
+  ax.set_ylabel(f"test {metric} (tuned on validation)")
+  ax.set_title(f"{s['preset']}: tuning free (not accounted)", fontsize=9)
+  fig.tight_layout()
+  fig.savefig(os.path.join(FLAGS.figures_dir, f"privacy_utility_{s['preset']}.png"),
+              dpi=120)
+  plt.close(fig)
+  lam_trials = trials[trials.method.isin(LAMBDA_METHODS)]
+  if lam_trials.empty:
+    return
+  fig, axes = plt.subplots(1, len(epsilons), figsize=(3.2 * len(epsilons), 3.4),
+                           sharey=True, squeeze=False)
+  for ax, epsilon in zip(axes[0], epsilons):
+    part = lam_trials[lam_trials.epsilon == epsilon]
+    # per (method, lambda, seed) the lr with the best validation metric
+    best = part.loc[_score(part).groupby([part.method, part.lam, part.seed]).idxmin()]
+    best = best[np.isfinite(best.test_metric)]
+    sns.lineplot(data=best, x="lam", y="test_metric", hue="method", marker="o",
+                 errorbar="sd", ax=ax, legend=ax is axes[0][0])
+    for i, other in enumerate(("local", "fedavg")):
+      line = selected[(selected.method == other) & (selected.epsilon == epsilon)]
+      if len(line):
+        ax.axhline(line.test_metric.mean(), ls="--", color=f"C{i + 3}", label=other)
+    ax.set_xscale("log")
+    ax.set_title(f"epsilon {_epsilon_label(epsilon)}", fontsize=9)
+    ax.set_xlabel("lambda")
+    ax.set_ylabel(f"test {metric}")
+  axes[0][0].legend(fontsize=7)
+  fig.tight_layout()
+  fig.savefig(os.path.join(FLAGS.figures_dir, f"lambda_{s['preset']}.png"), dpi=120)
+  plt.close(fig)
+
+
+def main(argv):
+  if len(argv) > 1:
+    raise UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
+  s = _settings()
+  import pandas as pd
+  from tff_silo import runtime
+  runtime.exit_cleanly_on_sigterm()
+  done = common.done_rows(s["output"], True, SIGNATURE)
+  trials = list(_trials(s))
+  pending = [t for t in trials if _trial_key(s, t) not in done]
+  try:
+    loaded = {seed: _data(s, seed) for seed in s["seeds"]}
+  except ValueError as e:   # DataError: a missing or bad file, a silo too small
+    raise UsageError(str(e)) from None
+  backend = common.backend_for(FLAGS.backend)
+  scope, device = common.device_scope(FLAGS.device, backend)
+  batches = []
+  for trial in pending:
+    config = (trial["method"], trial["lam"], trial["lr"])
+    if batches and (batches[-1][0]["method"], batches[-1][0]["lam"],
+                    batches[-1][0]["lr"]) == config:
+      batches[-1].append(trial)
+    else:
+      batches.append([trial])
+  print(f"{len(trials)} trials, {len(trials) - len(pending)} already in {s['output']}; "
+        f"running {len(pending)} in {len(batches)} batches", file=sys.stderr)
+  start = time.perf_counter()
+  for i, batch in enumerate(batches, 1):
+    first = batch[0]
+    try:
+      with scope:
+        rows = _run_batch(s, batch, loaded, backend, device)
+    except ValueError as e:   # a budget too small for any noise, say
+      raise UsageError(str(e)) from None
+    common.append_rows(s["output"], rows)
+    elapsed = time.perf_counter() - start
+    left = elapsed / i * (len(batches) - i)
+    print(f"[{i}/{len(batches)}] {first['method']} lam={first['lam']:g} "
+          f"lr={first['lr']:g}: {len(batch)} trials (epsilons x seeds), "
+          f"{elapsed:.0f} s, ~{left:.0f} s left", file=sys.stderr, flush=True)
+  table = common.read_rows(s["output"], SIGNATURE)
+  keys = {_trial_key(s, t) for t in trials}
+  ours = table[(table.row_type == "trial") & table.run_key.isin(keys)]
+  selected = _selected(s, ours)
+  fresh = selected[~selected.run_key.isin(set(table.run_key))]
+  if len(fresh):
+    common.append_rows(s["output"], fresh.to_dict("records"))
+  markdown = _table(selected)
+  os.makedirs(os.path.dirname(os.path.abspath(s["table"])), exist_ok=True)
+  with open(s["table"], "w") as f:
+    f.write(markdown)
+  _plots(s, ours, selected)
+  print(markdown)
+  figures = [os.path.join(FLAGS.figures_dir, f"{name}_{s['preset']}.png")
+             for name in ("privacy_utility", "lambda")]
+  print(f"rows: {s['output']}; table: {s['table']}; figures: {', '.join(figures)}")
+
+
+if __name__ == "__main__":
+  common.run_main(main)

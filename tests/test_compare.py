@@ -1,0 +1,124 @@
+"""`python -m benchmarks.compare`: tuning on validation picks what it should, the
+outputs are written, a killed run resumes without redoing finished trials, bad flags
+end in one line."""
+
+import math
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from tff_silo import data
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TINY = ["--epsilons=4,inf", "--seeds=0", "--lams=0.1,1", "--rounds=3"]
+
+
+def _compare(tmp_path, *flags, timeout=600, popen=False):
+  args = [sys.executable, "-m", "benchmarks.compare", f"--output={tmp_path / 'c.csv'}",
+          f"--table={tmp_path / 'c.md'}", f"--figures_dir={tmp_path}", *flags]
+  env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"}
+  if popen:
+    return subprocess.Popen(args, cwd=ROOT, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=env)
+  return subprocess.run(args, cwd=ROOT, capture_output=True, text=True,
+                        timeout=timeout, env=env)
+
+
+def test_a_tiny_grid_selects_on_validation_and_writes_its_outputs(tmp_path):
+  proc = _compare(tmp_path, *TINY)
+  assert proc.returncode == 0, proc.stderr
+  rows = pd.read_csv(tmp_path / "c.csv")
+  trials, selected = rows[rows.row_type == "trial"], rows[rows.row_type == "selected"]
+  # local and fedavg: 1 configuration, mrmtl: 2 lambdas; x 2 epsilons x 1 seed
+  assert len(trials) == (1 + 1 + 2) * 2 and len(selected) == 3 * 2
+  assert trials.run_key.is_unique
+  for _, row in selected.iterrows():
+    cell = trials[(trials.method == row.method) & (trials.epsilon == row.epsilon)
+                  & (trials.seed == row.seed)]
+    best = cell.loc[cell.validation_metric.idxmin()]   # mse: lower is better
+    assert (row.lam, row.test_metric) == (best.lam, best.test_metric)
+    assert row.num_trials == len(cell)
+    assert row.tuning.startswith("free") and "not accounted" in row.tuning
+  private = trials[np.isfinite(trials.epsilon)]
+  assert np.all(private.epsilon_spent <= 4.0) and np.all(private.epsilon_spent > 3.9)
+  assert trials[~np.isfinite(trials.epsilon)].epsilon_spent.isna().all()
+  # validation and test are different examples: different numbers
+  assert not np.allclose(trials.validation_metric, trials.test_metric)
+  for name in ("privacy_utility_quick.png", "lambda_quick.png", "c.md"):
+    assert (tmp_path / name).stat().st_size > 0
+  assert "| mrmtl |" in proc.stdout and "beats" in proc.stdout
+
+
+def test_a_killed_run_resumes_without_redoing_finished_trials(tmp_path):
+  proc = _compare(tmp_path, *TINY, "--lams=0.01,0.1,1,10", popen=True)
+  deadline = time.monotonic() + 300
+  for line in proc.stderr:   # the first batch's trials are in the CSV
+    if line.startswith("[1/") or time.monotonic() > deadline:
+      break
+  proc.send_signal(signal.SIGTERM)
+  proc.communicate(timeout=120)
+  first = pd.read_csv(tmp_path / "c.csv")
+  assert len(first) >= 2
+  again = _compare(tmp_path, *TINY, "--lams=0.01,0.1,1,10")
+  assert again.returncode == 0, again.stderr
+  assert f"{len(first)} already in" in again.stderr
+  rows = pd.read_csv(tmp_path / "c.csv")
+  assert rows.run_key.is_unique
+  assert (rows.row_type == "trial").sum() == (1 + 1 + 4) * 2
+  # the finished trials' rows are the first run's, untouched
+  pd.testing.assert_frame_equal(rows.iloc[:len(first)], first, check_dtype=False)
+
+
+def test_selection_never_picks_a_diverged_trial():
+  from benchmarks import compare
+  s = dict(preset="quick", dataset="quick", rounds=3, batch_size=16, clip=1.0,
+           delta=1e-3, validation_fraction=0.2, assumed_silo_size=48, lrs=(0.1,),
+           lams=(0.1, 1.0, 10.0))
+  trials = pd.DataFrame(dict(
+      method="mrmtl", epsilon=math.inf, seed=0, lam=[0.1, 1.0, 10.0], lr=0.1,
+      metric="mse", validation_metric=[0.5, math.nan, 0.4], test_metric=[0.6, 0.1, 0.45],
+      wall_seconds=1.0, run_key=["a", "b", "c"]))
+  assert compare._selected(s, trials).lam.tolist() == [10.0]
+  trials.loc[2, "validation_metric"] = math.inf
+  assert compare._selected(s, trials).lam.tolist() == [0.1]
+  accuracy = trials.assign(metric="accuracy", validation_metric=[0.5, math.nan, 0.7])
+  assert compare._selected(s, accuracy).lam.tolist() == [10.0]
+  assert compare._selected(s, trials.iloc[:2]).empty   # a cell not finished yet
+
+
+@pytest.mark.parametrize("flag, message", [
+    ("--preset=mnist", "--preset must be one of"),
+    ("--methods=ifca", "--methods must be among"),
+    ("--epsilons=0", "--epsilons must list numbers > 0"),
+    ("--epsilons=a", "--epsilons must be numbers or inf"),
+    ("--lams=-1", "--lams must list numbers > 0"),
+    ("--validation_fraction=1", "--validation_fraction must be in (0, 1)"),
+    ("--preset=school", "--preset=school needs --data_dir"),
+])
+def test_bad_flags_end_in_one_line(tmp_path, flag, message):
+  proc = _compare(tmp_path, flag, timeout=120)
+  lines = [l for l in proc.stderr.splitlines() if l.strip()]
+  assert proc.returncode == 2 and len(lines) == 1 and message in lines[0], proc.stderr
+
+
+def test_validation_split_holds_out_training_examples_only():
+  silos = data.heterogeneous_linear_silos(num_silos=3, num_examples=40, seed=0)
+  split = data.validation_split(silos, 0.2, seed=1)
+  for k in range(3):
+    assert len(split.y_train[k]) + len(split.y_test[k]) == len(silos.y_train[k])
+    assert len(split.y_test[k]) == round(0.2 * len(silos.y_train[k]))
+    pooled = np.concatenate([split.y_train[k], split.y_test[k]])
+    np.testing.assert_array_equal(np.sort(pooled), np.sort(silos.y_train[k]))
+    assert not set(split.y_test[k]) & set(silos.y_test[k])   # test never used
+  again = data.validation_split(silos, 0.2, seed=1)
+  np.testing.assert_array_equal(again.y_test[0], split.y_test[0])
+  one = data.make_silos("one", "regression", [np.zeros((1, 2))], [np.zeros(1)],
+                        [np.zeros((1, 2))], [np.zeros(1)])
+  with pytest.raises(data.DataError, match="silo 0 has 1 training example"):
+    data.validation_split(one, 0.2, seed=0)

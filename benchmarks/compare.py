@@ -10,11 +10,20 @@ examples less a validation part carved from them (`tff_silo.data.validation_spli
 the test split is never used to choose), selects the configuration with the best
 pooled validation metric and reports the test metric of that same model.
 
-Tuning here is `free`: the best of the grid, as papers report it. The validation
-scores are queries of private training data and the grid is searched in full, so a
-selected row's epsilon is that of one training run, not of the tuning; every row
-says so (`tuning`). `benchmarks.tuning_cost` and `tff_silo.privacy.tuning` measure
-what honest tuning costs.
+--tuning=free (the default) searches the grid in full and selects by the exact
+validation metric, as papers report it: the scores are queries of private training
+data, so a selected row's epsilon is that of one training run, not of the tuning,
+and every row says so (`tuning`). --tuning=private runs random-repeat tuning
+(thesis sec. 1.7, app. E; Papernot & Steinke Thm. 2) in every private cell: h ~
+TNB(--tuning_eta, E[h] = --mean_trials) trials, each a grid configuration drawn at
+random, trained with its own keys, and scored by each silo's sum of per-example
+validation metrics clipped to [0, --score_clip] with Gaussian noise (multiplier
+calibrated so that one score alone would spend --score_budget_share of epsilon);
+the training noise is calibrated so that releasing the best trial is (epsilon,
+delta)-DP for every silo (`tff_silo.privacy.tuning.calibrate_noise`), and the
+selected row's `epsilon_spent` is that total, recomputed from what the trials ran.
+Non-private cells search the grid in full either way, and a method with one
+configuration (local and FedAvg at one learning rate) runs once, untuned.
 
 Output: one CSV row per trial and one per selected cell (--output, resumable: a
 rerun skips finished trials), a markdown table (method x epsilon, mean +- sd over
@@ -45,7 +54,11 @@ from benchmarks.common import UsageError
 PRESETS = tuple(configs.COMPARE_PRESETS)
 METHODS = ("local", "fedavg", "finetune", "mrmtl", "ditto")
 LAMBDA_METHODS = ("mrmtl", "ditto")
+TUNING_MODES = ("free", "private")
 TUNING = "free: best validation metric of the grid; validation and tuning not accounted"
+UNTUNED = "none: one configuration, nothing tuned"
+TUNING_PRIVATE = ("private: best noisy validation score of h ~ TNB(eta={eta:g}, "
+                  "E[h]={mean:g}) random grid draws; accounted (Papernot & Steinke Thm. 2)")
 SIGNATURE = ("row_type", "run_key", "method", "test_metric")
 
 FLAGS = flags.FLAGS
@@ -63,6 +76,14 @@ flags.DEFINE_float("clip", None, "Per-example L2 clip under DP.")
 flags.DEFINE_float("delta", None, "Per-silo delta.")
 flags.DEFINE_float("validation_fraction", None, "Share of each silo's training "
                    "examples held out to tune on.")
+flags.DEFINE_string("tuning", "free", f"One of {TUNING_MODES} (see the module doc).")
+flags.DEFINE_float("tuning_eta", 1.0, "--tuning=private: shape eta (> -1) of the "
+                   "truncated negative binomial number of trials.")
+flags.DEFINE_float("mean_trials", 10.0, "--tuning=private: E[h], trials per cell (> 1).")
+flags.DEFINE_float("score_budget_share", 0.1, "--tuning=private: the share of epsilon "
+                   "one validation score alone would spend (sets its noise).")
+flags.DEFINE_float("score_clip", None, "--tuning=private: per-example validation "
+                   "metrics are clipped to [0, score_clip] (default: the preset's).")
 common.define_backend_flags("every method here")
 flags.adopt_module_key_flags(common)
 flags.DEFINE_string("output", None, "CSV rows are appended to (default: "
@@ -113,6 +134,25 @@ def _settings() -> dict:
     raise UsageError(f"--validation_fraction must be in (0, 1); got "
                      f"{s['validation_fraction']}")
   s["assumed_silo_size"] = preset.assumed_silo_size
+  common.check_one_of("tuning", FLAGS.tuning, TUNING_MODES)
+  s["tuning"] = FLAGS.tuning
+  if FLAGS.tuning == "private":
+    s.update(tuning_eta=FLAGS.tuning_eta, mean_trials=FLAGS.mean_trials,
+             score_budget_share=FLAGS.score_budget_share,
+             score_clip=preset.score_clip if FLAGS.score_clip is None else FLAGS.score_clip)
+    if not s["tuning_eta"] > -1:
+      raise UsageError(f"--tuning_eta must be > -1; got {s['tuning_eta']}")
+    if not s["mean_trials"] > 1:
+      raise UsageError(f"--mean_trials must be > 1; got {s['mean_trials']}")
+    if not 0 < s["score_budget_share"] < 1:
+      raise UsageError(f"--score_budget_share must be in (0, 1); got "
+                       f"{s['score_budget_share']}")
+    if not s["score_clip"] > 0:
+      raise UsageError(f"--score_clip must be > 0; got {s['score_clip']}")
+  else:
+    for name in ("tuning_eta", "mean_trials", "score_budget_share", "score_clip"):
+      if FLAGS[name].present:
+        raise UsageError(f"--{name} applies to --tuning=private only")
   if preset.dataset == "school" and not FLAGS.data_dir:
     raise UsageError("--preset=school needs --data_dir (the folder with school.mat)")
   common.check_backend(FLAGS.backend, FLAGS.device)
@@ -120,8 +160,7 @@ def _settings() -> dict:
   s["table"] = FLAGS.table or f"benchmarks/out/compare_{FLAGS.preset}.md"
   common.check_output(s["output"], SIGNATURE)
   for name in ("privacy_utility", "lambda"):
-    common.check_figure_path(os.path.join(FLAGS.figures_dir,
-                                          f"{name}_{FLAGS.preset}.png"), "figures_dir")
+    common.check_figure_path(_figure(s, name), "figures_dir")
   return s
 
 
@@ -135,23 +174,53 @@ def _data(s, seed):
   return silos, data.validation_split(silos, s["validation_fraction"], [seed, 1])
 
 
-def _trials(s):
-  """Every trial (method, epsilon, seed, lam, lr), a configuration's epsilons and
-  seeds one after another (they run stacked)."""
+def _grid(s, method) -> list:
+  """The (lam, lr) configurations of `method`, in grid order."""
+  return [(lam, lr) for lam in (s["lams"] if method in LAMBDA_METHODS else (0.0,))
+          for lr in s["lrs"]]
+
+
+def _trials(s) -> list:
+  """Every trial (method, epsilon, seed, lam, lr, trial, run_seed), sorted so that a
+  configuration's trials (epsilons, seeds, draws) are consecutive: they run stacked.
+  A cell of the full grid (free tuning, a non-private cell, a method with one
+  configuration) has trial -1 and runs with the cell's seed; a cell of private
+  tuning has trials 0..h-1, the plan (h and each trial's configuration) drawn from
+  the cell's seed, and each trial its own run seed (fresh keys)."""
+  from tff_silo import keys
+  from tff_silo.privacy import tuning
+  out = []
   for method in s["methods"]:
-    for lam in (s["lams"] if method in LAMBDA_METHODS else (0.0,)):
-      for lr in s["lrs"]:
-        for epsilon in s["epsilons"]:
-          for seed in s["seeds"]:
-            yield dict(method=method, epsilon=epsilon, seed=seed, lam=lam, lr=lr)
+    grid = _grid(s, method)
+    for epsilon in s["epsilons"]:
+      for seed in s["seeds"]:
+        if s["tuning"] == "free" or math.isinf(epsilon) or len(grid) == 1:
+          out += [dict(method=method, epsilon=epsilon, seed=seed, lam=lam, lr=lr,
+                       trial=-1, run_seed=seed) for lam, lr in grid]
+          continue
+        cell = (keys.TUNING, METHODS.index(method), round(epsilon * 1000))
+        plan = tuning.draw_trials(_tnb(s), len(grid), np.random.default_rng(
+            keys.child_seed(seed, *cell, 0)))
+        out += [dict(method=method, epsilon=epsilon, seed=seed, lam=grid[i][0],
+                     lr=grid[i][1], trial=j, run_seed=keys.child_seed(seed, *cell, j + 1))
+                for j, i in enumerate(plan)]
+  return sorted(out, key=lambda t: (METHODS.index(t["method"]), t["lam"], t["lr"]))
+
+
+def _tnb(s):
+  from tff_silo.privacy import tuning
+  return tuning.TruncatedNegativeBinomial.with_mean(s["tuning_eta"], s["mean_trials"])
 
 
 def _settings_key(s) -> dict:
-  return dict(preset=s["preset"], rounds=s["rounds"], batch_size=s["batch_size"],
-              clip=s["clip"], delta=s["delta"],
-              validation_fraction=s["validation_fraction"],
-              assumed_silo_size=s["assumed_silo_size"],
-              data=configs.QUICK_DATA if s["dataset"] == "quick" else s["dataset"])
+  key = dict(preset=s["preset"], rounds=s["rounds"], batch_size=s["batch_size"],
+             clip=s["clip"], delta=s["delta"], validation_fraction=s["validation_fraction"],
+             assumed_silo_size=s["assumed_silo_size"],
+             data=configs.QUICK_DATA if s["dataset"] == "quick" else s["dataset"])
+  if s["tuning"] == "private":
+    key.update(tuning="private", **{name: s[name] for name in (
+        "tuning_eta", "mean_trials", "score_budget_share", "score_clip")})
+  return key
 
 
 def _trial_key(s, trial) -> str:
@@ -163,6 +232,82 @@ def _cell_key(s, method, epsilon, seed) -> str:
                          epsilon=epsilon, seed=seed, lrs=s["lrs"],
                          lams=s["lams"] if method in LAMBDA_METHODS else None),
                     sort_keys=True)
+
+
+_TRIAL_PRIVACY = {}
+
+
+def _trial_privacy(s, definition, silos, epsilon):
+  """(training epsilon, score noise multiplier) of a private-tuning trial of a cell
+  at `epsilon`: the score's noise is what one score release alone would need for
+  share x epsilon; the training's the least with which the best of h ~ TNB trials of
+  (training, score) is (epsilon, delta)-DP, as the epsilon the run calibrates to
+  (its noise then is at least that)."""
+  import dp_accounting
+  from tff_silo.algorithms.local_training import sampling_rate, steps_per_epoch
+  from tff_silo.privacy import accounting, tuning
+  key = (definition.epochs_per_round, epsilon)
+  if key not in _TRIAL_PRIVACY:
+    protocol = _protocol(s)
+    size = int(protocol.silo_sizes(silos.train_sizes)[0])
+    rate = sampling_rate(size, s["batch_size"])
+    steps = steps_per_epoch(size, s["batch_size"]) * definition.epochs_per_round * s[
+        "rounds"]
+    score_z = tuning.calibrate_noise(s["score_budget_share"] * epsilon, s["delta"],
+                                     dp_accounting.GaussianDpEvent)
+    event_for = lambda z: dp_accounting.ComposedDpEvent([
+        accounting.silo_event(z, rate, steps, neighbouring=protocol.neighbouring,
+                              dataset_size=size), dp_accounting.GaussianDpEvent(score_z)])
+    z = tuning.calibrate_noise(epsilon, s["delta"], event_for, _tnb(s),
+                               protocol.neighbouring)
+    # a margin of 1e-5 in z: the run's own calibration to this epsilon then lands on
+    # noise above z, never below it
+    _TRIAL_PRIVACY[key] = (accounting.epsilon_spent(
+        z * (1 + 1e-5), rate, steps, s["delta"], neighbouring=protocol.neighbouring,
+        dataset_size=size), score_z)
+  return _TRIAL_PRIVACY[key]
+
+
+def _protocol(s):
+  from tff_silo.privacy import PrivacyProtocol
+  return PrivacyProtocol(assumed_silo_size=s["assumed_silo_size"])
+
+
+def _tuned_epsilon(s, privacy, score_z) -> float:
+  """The largest over silos of the epsilon of releasing the best of h ~ TNB trials of
+  what this trial ran (its silos' DP-SGD, selections and preprocessing as recorded in
+  `privacy`) and its noisy score."""
+  import dp_accounting
+  from tff_silo.privacy import accounting, tuning
+  spent = set()
+  for k in range(len(privacy.noise_multipliers)):
+    spent.add((float(privacy.noise_multipliers[k]), float(privacy.sampling_rates[k]),
+               int(privacy.steps[k]), float(privacy.target_delta[k]),
+               int(privacy.sizes[k]), privacy.preprocessing[k]))
+  worst = 0.0
+  for z, rate, steps, delta, size, extra in spent:
+    event = dp_accounting.ComposedDpEvent([
+        accounting.silo_event(z, rate, steps, neighbouring=privacy.protocol.neighbouring,
+                              dataset_size=size, extra_events=extra),
+        dp_accounting.GaussianDpEvent(score_z)])
+    worst = max(worst, tuning.tuned_epsilon(event, _tnb(s), delta,
+                                            privacy.protocol.neighbouring))
+  return worst
+
+
+def _noisy_score(s, model, weights, validation, run_seed, score_z) -> float:
+  """Each silo's sum of per-example validation metrics clipped to [0, score_clip]
+  plus N(0, (score_z x score_clip)^2), fresh for every trial and silo; their mean
+  over silos (a sum per silo, not a per-example mean: no silo's private count
+  enters it)."""
+  from tff_silo import keys
+  total = 0.0
+  for k, (x, y) in enumerate(zip(validation.x_test, validation.y_test)):
+    values = model.metric_values([np.asarray(w) for w in weights[k]], x, y).numpy()
+    rng = np.random.default_rng(keys.child_seed(run_seed, keys.VALIDATION_SCORE, k))
+    total += (np.clip(values, 0.0, s["score_clip"]).sum()
+              + rng.normal(0.0, score_z * s["score_clip"]))
+  return total / validation.num_silos
 
 
 def _definition(s, trial, silos):
@@ -178,61 +323,90 @@ def _definition(s, trial, silos):
 
 
 def _run_batch(s, batch, loaded, backend, device):
-  """Trial rows of `batch` (one configuration's epsilons and seeds), run together."""
+  """Trial rows of `batch` (one configuration's trials), run together."""
   from tff_silo import simulation
-  from tff_silo.privacy import PrivacyProtocol
-  runs = []
+  runs, scores = [], []
   for trial in batch:
     silos, validation = loaded[trial["seed"]]
+    definition = _definition(s, trial, silos)
     private = not math.isinf(trial["epsilon"])
+    epsilon, score_z = ((_trial_privacy(s, definition, validation, trial["epsilon"])
+                         if trial["trial"] >= 0 else (trial["epsilon"], None)))
+    scores.append(score_z)
     runs.append(simulation.Run(
-        _definition(s, trial, silos), validation,
-        target_epsilon=trial["epsilon"] if private else None,
-        target_delta=s["delta"] if private else None, seed=trial["seed"],
-        protocol=(PrivacyProtocol(assumed_silo_size=s["assumed_silo_size"])
-                  if private else None)))
+        definition, validation, target_epsilon=epsilon if private else None,
+        target_delta=s["delta"] if private else None, seed=trial["run_seed"],
+        protocol=_protocol(s) if private else None))
   results = simulation.run_simulations(runs, rounds=s["rounds"], backend=backend)
   rows = []
-  for trial, run, result in zip(batch, runs, results):
-    silos = loaded[trial["seed"]][0]
+  for trial, run, result, score_z in zip(batch, runs, results, scores):
+    silos, validation = loaded[trial["seed"]]
     test, _ = simulation.SiloEvaluator(run.process.model)(
         result.silo_weights, silos.x_test, silos.y_test)
+    tuned = trial["trial"] >= 0   # a draw of private tuning
+    # under private tuning only the noisy score is released, not the exact metric
+    validation_metric, noisy_score, epsilon_tuned = result.test_metric, math.nan, math.nan
+    if tuned:
+      validation_metric = math.nan
+      noisy_score = _noisy_score(s, run.process.model, result.silo_weights, validation,
+                                 trial["run_seed"], score_z)
+      epsilon_tuned = _tuned_epsilon(s, result.privacy, score_z)
+      if epsilon_tuned > trial["epsilon"]:
+        raise RuntimeError(f"tuning would spend epsilon {epsilon_tuned} > "
+                           f"{trial['epsilon']}: a calibration error; nothing reported")
     rows.append(dict(
         row_type="trial", run_key=_trial_key(s, trial), preset=s["preset"], **trial,
         rounds=result.rounds, metric=result.metric,
-        validation_metric=result.test_metric, test_metric=test,
+        validation_metric=validation_metric, noisy_validation_score=noisy_score,
+        test_metric=test,
         epsilon_spent=(float(np.max(result.privacy.epsilon_spent))
                        if result.privacy is not None else float("nan")),
+        noise_multiplier=(float(np.min(result.privacy.noise_multipliers))
+                          if result.privacy is not None else float("nan")),
+        epsilon_tuned=epsilon_tuned, score_noise_multiplier=score_z,
         delta=s["delta"] if result.privacy is not None else float("nan"),
-        tuning=TUNING, num_trials=1, wall_seconds=result.wall_seconds,
+        tuning=(TUNING_PRIVATE.format(eta=s["tuning_eta"], mean=s["mean_trials"])
+                if tuned else UNTUNED if len(_grid(s, trial["method"])) == 1 else TUNING),
+        num_trials=1, wall_seconds=result.wall_seconds,
         runs_stacked=result.runs_stacked, backend=backend, device=device,
         peak_memory_mb=common.peak_memory_mb()))
   return rows
 
 
-def _selected(s, trials):
-  """One row per (method, epsilon, seed) whose trials are all done: the trial with
-  the best validation metric (the first in grid order on a tie; a diverged trial,
-  NaN or inf, never wins unless all did)."""
+def _selected(s, trials, planned):
+  """One row per (method, epsilon, seed) whose `planned` trials are all done: the
+  trial with the best validation metric (noisy under private tuning; the first in
+  order on a tie; a diverged trial, NaN or inf, never wins unless all did). Under
+  private tuning its epsilon_spent is the tuning's total."""
   import pandas as pd
+  expected = {}
+  for t in planned:
+    cell = (t["method"], t["epsilon"], t["seed"])
+    expected[cell] = expected.get(cell, 0) + 1
   rows = []
   for (method, epsilon, seed), cell in trials.groupby(["method", "epsilon", "seed"],
                                                       sort=False):
-    expected = len(s["lrs"]) * (len(s["lams"]) if method in LAMBDA_METHODS else 1)
-    if len(cell) < expected:
+    if len(cell) < expected.get((method, epsilon, seed), math.inf):
       continue
-    best = cell.loc[_score(cell).idxmin()]
+    cell = cell.sort_values(["trial", "lam", "lr"], kind="stable")
+    best = dict(cell.loc[_score(cell).idxmin()])
+    if "epsilon_tuned" in cell and cell.epsilon_tuned.notna().any():
+      best["epsilon_spent"] = float(cell.epsilon_tuned.max())
     rows.append(dict(best, row_type="selected",
                      run_key=_cell_key(s, method, float(epsilon), int(seed)),
-                     num_trials=len(cell),
-                     wall_seconds=float(cell.wall_seconds.sum())))
+                     num_trials=len(cell), wall_seconds=float(cell.wall_seconds.sum())))
   return pd.DataFrame(rows)
 
 
 def _score(trials):
-  """Lower is better: the validation metric (negated for accuracy), NaN as inf."""
+  """Lower is better: the validation metric, or under private tuning the noisy
+  score (negated for accuracy), NaN as inf."""
   sign = -1.0 if trials.metric.iloc[0] == "accuracy" else 1.0
-  return (sign * trials.validation_metric).fillna(np.inf).replace(-np.inf, np.inf)
+  score = trials.validation_metric
+  if "noisy_validation_score" in trials:
+    score = score.where(trials.noisy_validation_score.isna(),
+                        trials.noisy_validation_score)
+  return (sign * score).fillna(np.inf).replace(-np.inf, np.inf)
 
 
 def _epsilon_label(epsilon) -> str:
@@ -259,8 +433,9 @@ def _table(selected) -> str:
       cells.append(text)
     lines.append(f"| {method} | " + " | ".join(cells) + " |")
   metric = selected.metric.iloc[0]
-  return ("\n".join(lines) + f"\n\nTest {metric}, mean +- sd over seeds ({TUNING}).\n"
-          + _wins(selected))
+  tunings = "; ".join(sorted(selected.tuning.unique()))
+  return ("\n".join(lines) + f"\n\nTest {metric}, mean +- sd over seeds; tuning "
+          f"{tunings}.\n" + _wins(selected))
 
 
 def _wins(selected) -> str:
@@ -281,6 +456,11 @@ def _wins(selected) -> str:
   return "".join(lines)
 
 
+def _figure(s, name) -> str:
+  suffix = "" if s["tuning"] == "free" else f"_{s['tuning']}"
+  return os.path.join(FLAGS.figures_dir, f"{name}_{s['preset']}{suffix}.png")
+
+
 def _plots(s, trials, selected):
   import matplotlib
   matplotlib.use("Agg")
@@ -295,10 +475,10 @@ def _plots(s, trials, selected):
   ax.set_xticks(range(len(epsilons)), [_epsilon_label(e) for e in epsilons])
   ax.set_xlabel("per-silo epsilon")
   ax.set_ylabel(f"test {metric} (tuned on validation)")
-  ax.set_title(f"{s['preset']}: tuning free (not accounted)", fontsize=9)
+  ax.set_title(f"{s['preset']}: tuning {s['tuning']}" + (
+      " (not accounted)" if s["tuning"] == "free" else " (accounted)"), fontsize=9)
   fig.tight_layout()
-  fig.savefig(os.path.join(FLAGS.figures_dir, f"privacy_utility_{s['preset']}.png"),
-              dpi=120)
+  fig.savefig(_figure(s, "privacy_utility"), dpi=120)
   plt.close(fig)
   lam_trials = trials[trials.method.isin(LAMBDA_METHODS)]
   if lam_trials.empty:
@@ -322,7 +502,7 @@ def _plots(s, trials, selected):
     ax.set_ylabel(f"test {metric}")
   axes[0][0].legend(fontsize=7)
   fig.tight_layout()
-  fig.savefig(os.path.join(FLAGS.figures_dir, f"lambda_{s['preset']}.png"), dpi=120)
+  fig.savefig(_figure(s, "lambda"), dpi=120)
   plt.close(fig)
 
 
@@ -334,7 +514,7 @@ def main(argv):
   from tff_silo import runtime
   runtime.exit_cleanly_on_sigterm()
   done = common.done_rows(s["output"], True, SIGNATURE)
-  trials = list(_trials(s))
+  trials = _trials(s)
   pending = [t for t in trials if _trial_key(s, t) not in done]
   try:
     loaded = {seed: _data(s, seed) for seed in s["seeds"]}
@@ -364,12 +544,12 @@ def main(argv):
     elapsed = time.perf_counter() - start
     left = elapsed / i * (len(batches) - i)
     print(f"[{i}/{len(batches)}] {first['method']} lam={first['lam']:g} "
-          f"lr={first['lr']:g}: {len(batch)} trials (epsilons x seeds), "
+          f"lr={first['lr']:g}: {len(batch)} trials, "
           f"{elapsed:.0f} s, ~{left:.0f} s left", file=sys.stderr, flush=True)
   table = common.read_rows(s["output"], SIGNATURE)
   keys = {_trial_key(s, t) for t in trials}
   ours = table[(table.row_type == "trial") & table.run_key.isin(keys)]
-  selected = _selected(s, ours)
+  selected = _selected(s, ours, trials)
   fresh = selected[~selected.run_key.isin(set(table.run_key))]
   if len(fresh):
     common.append_rows(s["output"], fresh.to_dict("records"))
@@ -379,8 +559,7 @@ def main(argv):
     f.write(markdown)
   _plots(s, ours, selected)
   print(markdown)
-  figures = [os.path.join(FLAGS.figures_dir, f"{name}_{s['preset']}.png")
-             for name in ("privacy_utility", "lambda")]
+  figures = [_figure(s, name) for name in ("privacy_utility", "lambda")]
   print(f"rows: {s['output']}; table: {s['table']}; figures: {', '.join(figures)}")
 
 

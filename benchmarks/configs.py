@@ -64,6 +64,8 @@ class ComparePreset:
   delta: float
   assumed_silo_size: int | None
   validation_fraction: float = 0.2
+  # --tuning=private: per-example validation metrics are clipped to [0, score_clip]
+  score_clip: float = 1.0
 
 
 # App. B.4's grids.
@@ -79,7 +81,7 @@ COMPARE_PRESETS = {
         dataset="quick", methods=("local", "fedavg", "mrmtl"),
         epsilons=(2.0, 4.0, 8.0, float("inf")), seeds=(0, 1, 2), lrs=(0.1,),
         lams=(0.001, 0.01, 0.1, 0.3, 1.0, 3.0, 10.0), rounds=30, batch_size=16,
-        clip=2.0, delta=1e-3, assumed_silo_size=48),
+        clip=2.0, delta=1e-3, assumed_silo_size=48, score_clip=4.0),
     # Thesis Fig. 1.3(a) and app. B.4: School, delta 1e-3.
     "school": ComparePreset(
         dataset="school", methods=("local", "fedavg", "finetune", "mrmtl", "ditto"),

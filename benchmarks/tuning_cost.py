@@ -77,16 +77,16 @@ def _settings():
 
 def _conditions(etas):
   """(name, eta or None, trials or None, noise multiplier) of every condition."""
+  import dp_accounting
   from tff_silo.privacy import tuning
-  out = [("non_private", None, None, 0.0),
-         ("private", None, None, tuning.calibrate_gaussian(FLAGS.epsilon, FLAGS.delta))]
+  calibrate = lambda trials: tuning.calibrate_noise(
+      FLAGS.epsilon, FLAGS.delta, dp_accounting.GaussianDpEvent, trials)
+  out = [("non_private", None, None, 0.0), ("private", None, None, calibrate(None))]
   for eta in etas:
     trials = tuning.TruncatedNegativeBinomial.with_mean(eta, FLAGS.mean_trials)
-    out.append((f"tnb_eta={eta:g}", eta, trials,
-                tuning.calibrate_gaussian(FLAGS.epsilon, FLAGS.delta, trials)))
+    out.append((f"tnb_eta={eta:g}", eta, trials, calibrate(trials)))
   trials = tuning.PoissonTrials(FLAGS.mean_trials)
-  out.append(("poisson", None, trials,
-              tuning.calibrate_gaussian(FLAGS.epsilon, FLAGS.delta, trials)))
+  out.append(("poisson", None, trials, calibrate(trials)))
   return out
 
 

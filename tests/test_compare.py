@@ -44,7 +44,10 @@ def test_a_tiny_grid_selects_on_validation_and_writes_its_outputs(tmp_path):
     best = cell.loc[cell.validation_metric.idxmin()]   # mse: lower is better
     assert (row.lam, row.test_metric) == (best.lam, best.test_metric)
     assert row.num_trials == len(cell)
-    assert row.tuning.startswith("free") and "not accounted" in row.tuning
+    if row.method == "mrmtl":
+      assert row.tuning.startswith("free") and "not accounted" in row.tuning
+    else:   # one configuration: nothing to tune
+      assert row.tuning.startswith("none")
   private = trials[np.isfinite(trials.epsilon)]
   assert np.all(private.epsilon_spent <= 4.0) and np.all(private.epsilon_spent > 3.9)
   assert trials[~np.isfinite(trials.epsilon)].epsilon_spent.isna().all()
@@ -75,21 +78,62 @@ def test_a_killed_run_resumes_without_redoing_finished_trials(tmp_path):
   pd.testing.assert_frame_equal(rows.iloc[:len(first)], first, check_dtype=False)
 
 
+def test_private_tuning_meets_its_budget_by_dp_accountings_own_bound(tmp_path):
+  """Each private cell draws h trials with their own seeds; the noisy score alone
+  selects; the selected row's epsilon is the tuning's total, and dp_accounting's
+  RepeatAndSelectDpEvent of what a trial ran (DP-SGD at its noise, the Gaussian
+  score) confirms it is within the target."""
+  import dp_accounting
+  from tff_silo.privacy import accounting
+  proc = _compare(tmp_path, *TINY, "--tuning=private", "--mean_trials=3",
+                  "--methods=local,mrmtl")
+  assert proc.returncode == 0, proc.stderr
+  rows = pd.read_csv(tmp_path / "c.csv")
+  drawn = rows[(rows.row_type == "trial") & (rows.trial >= 0)]
+  assert set(drawn.method) == {"mrmtl"} and set(drawn.epsilon) == {4.0}
+  assert drawn.run_seed.is_unique and drawn.validation_metric.isna().all()
+  assert drawn.noisy_validation_score.notna().all()
+  assert np.all(drawn.epsilon_spent < 3.0)   # each trial trains with less
+  rate, steps = 16 / 48, 3 * (48 // 16)   # the quick preset's B and m, 3 rounds
+  for _, trial in drawn.iterrows():
+    assert 0.999 * 4.0 < trial.epsilon_tuned <= 4.0
+    event = dp_accounting.ComposedDpEvent([
+        accounting.dp_sgd_event(trial.noise_multiplier, rate, steps),
+        dp_accounting.GaussianDpEvent(trial.score_noise_multiplier)])
+    orders = list(accounting.RDP_ORDERS) + [512.0, 1024.0, 2048.0, 4096.0, 8192.0]
+    accountant = dp_accounting.rdp.RdpAccountant(orders)
+    accountant.compose(dp_accounting.dp_event.RepeatAndSelectDpEvent(event, 3.0, 1.0))
+    assert accountant.get_epsilon(1e-3) <= 4.0 * (1 + 1e-3)
+  selected = rows[(rows.row_type == "selected") & (rows.method == "mrmtl")
+                  & (rows.epsilon == 4.0)].iloc[0]
+  assert selected.num_trials == len(drawn)
+  assert selected.noisy_validation_score == drawn.noisy_validation_score.min()
+  assert selected.epsilon_spent == pytest.approx(drawn.epsilon_tuned.max())
+  assert selected.tuning.startswith("private")
+  untuned = rows[(rows.row_type == "selected") & (rows.method == "local")]
+  assert untuned.tuning.str.startswith("none").all()
+  assert untuned[untuned.epsilon == 4.0].epsilon_spent.iloc[0] > 3.99
+  again = _compare(tmp_path, *TINY, "--tuning=private", "--mean_trials=3",
+                   "--methods=local,mrmtl")
+  assert "running 0 in 0 batches" in again.stderr   # the same plan: nothing to redo
+
+
 def test_selection_never_picks_a_diverged_trial():
   from benchmarks import compare
   s = dict(preset="quick", dataset="quick", rounds=3, batch_size=16, clip=1.0,
            delta=1e-3, validation_fraction=0.2, assumed_silo_size=48, lrs=(0.1,),
-           lams=(0.1, 1.0, 10.0))
+           lams=(0.1, 1.0, 10.0), tuning="free")
   trials = pd.DataFrame(dict(
-      method="mrmtl", epsilon=math.inf, seed=0, lam=[0.1, 1.0, 10.0], lr=0.1,
+      method="mrmtl", epsilon=math.inf, seed=0, lam=[0.1, 1.0, 10.0], lr=0.1, trial=-1,
       metric="mse", validation_metric=[0.5, math.nan, 0.4], test_metric=[0.6, 0.1, 0.45],
       wall_seconds=1.0, run_key=["a", "b", "c"]))
-  assert compare._selected(s, trials).lam.tolist() == [10.0]
+  planned = trials[["method", "epsilon", "seed"]].to_dict("records")
+  assert compare._selected(s, trials, planned).lam.tolist() == [10.0]
   trials.loc[2, "validation_metric"] = math.inf
-  assert compare._selected(s, trials).lam.tolist() == [0.1]
+  assert compare._selected(s, trials, planned).lam.tolist() == [0.1]
   accuracy = trials.assign(metric="accuracy", validation_metric=[0.5, math.nan, 0.7])
-  assert compare._selected(s, accuracy).lam.tolist() == [10.0]
-  assert compare._selected(s, trials.iloc[:2]).empty   # a cell not finished yet
+  assert compare._selected(s, accuracy, planned).lam.tolist() == [10.0]
+  assert compare._selected(s, trials.iloc[:2], planned).empty   # not finished yet
 
 
 @pytest.mark.parametrize("flag, message", [
@@ -100,6 +144,8 @@ def test_selection_never_picks_a_diverged_trial():
     ("--lams=-1", "--lams must list numbers > 0"),
     ("--validation_fraction=1", "--validation_fraction must be in (0, 1)"),
     ("--preset=school", "--preset=school needs --data_dir"),
+    ("--tuning=oracle", "--tuning must be one of"),
+    ("--mean_trials=3", "--mean_trials applies to --tuning=private only"),
 ])
 def test_bad_flags_end_in_one_line(tmp_path, flag, message):
   proc = _compare(tmp_path, flag, timeout=120)

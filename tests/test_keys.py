@@ -104,3 +104,11 @@ def test_unit_keys_are_computed_as_each_units_key():
   np.testing.assert_array_equal(np.stack(keys.unit_keys(5, 7)),
                                 np.stack([keys.unit_key(root, k) for k in range(7)]))
   assert keys.unit_keys(5, 0) == []
+
+
+def test_child_seeds_are_distinct_64_bit_and_reproducible():
+  seeds = [keys.child_seed(0, keys.TUNING, 3, 2000, j) for j in range(200)]
+  assert len(set(seeds)) == 200 and all(0 <= s < 2 ** 64 for s in seeds)
+  assert max(seeds) >= 2 ** 32   # all 64 bits are used
+  assert keys.child_seed(0, keys.TUNING, 3, 2000, 5) == seeds[5]
+  assert keys.child_seed(1, keys.TUNING, 3, 2000, 5) != seeds[5]

@@ -11,8 +11,9 @@ import scipy.stats
 
 from tff_silo.privacy import accounting
 from tff_silo.privacy.tuning import (PoissonTrials, TruncatedNegativeBinomial,
-                                     calibrate_gaussian, draw_trials, gaussian_rdp,
-                                     repeat_and_select_epsilon, repeat_and_select_rdp)
+                                     calibrate_noise, draw_trials, gaussian_rdp,
+                                     repeat_and_select_epsilon, repeat_and_select_rdp,
+                                     tuned_epsilon)
 
 ETAS = (-0.5, 0.0, 0.5, 1.0, 2.0, 5.0)   # thesis Fig. 1.7
 ORDERS = np.array(accounting.RDP_ORDERS)
@@ -132,7 +133,7 @@ def test_tuning_costs_more_than_one_run_and_less_with_smaller_eta():
 @pytest.mark.parametrize("trials", [None, TruncatedNegativeBinomial.with_mean(0.5, 10.0),
                                     PoissonTrials(10.0)])
 def test_the_calibration_never_overshoots_and_is_tight(trials):
-  z = calibrate_gaussian(0.25, 1e-5, trials)
+  z = calibrate_noise(0.25, 1e-5, dp_accounting.GaussianDpEvent, trials)
   orders = np.array(accounting.RDP_ORDERS + (512.0, 1024.0, 2048.0, 4096.0, 8192.0))
 
   def epsilon(noise):
@@ -145,7 +146,7 @@ def test_the_calibration_never_overshoots_and_is_tight(trials):
   assert epsilon(z) <= 0.25
   assert epsilon(z * (1 - 1e-5)) > 0.25
   if trials is not None:
-    assert z > calibrate_gaussian(0.25, 1e-5)
+    assert z > calibrate_noise(0.25, 1e-5, dp_accounting.GaussianDpEvent)
 
 
 def test_draw_trials_plans_h_random_candidates():
@@ -165,7 +166,8 @@ def test_draw_trials_plans_h_random_candidates():
     (lambda: PoissonTrials(0.0), "mu"),
     (lambda: repeat_and_select_rdp([3.0, 2.0], [1.0, 1.0], PoissonTrials(2.0)),
      "increasing"),
-    (lambda: calibrate_gaussian(0.0, 1e-5), "target_epsilon"),
+    (lambda: calibrate_noise(0.0, 1e-5, dp_accounting.GaussianDpEvent),
+     "target_epsilon"),
     (lambda: draw_trials(PoissonTrials(2.0), 0, np.random.default_rng(0)),
      "num_candidates"),
 ])
@@ -220,3 +222,22 @@ def test_the_tuning_cost_binary_refuses_bad_flags_in_one_line(flag, message):
   proc = _tuning_cost(flag)
   lines = [l for l in proc.stderr.splitlines() if l.strip()]
   assert proc.returncode == 2 and len(lines) == 1 and message in lines[0], proc.stderr
+
+
+def test_a_dp_sgd_trial_calibrated_for_tuning_meets_the_target():
+  """DP-SGD (Poisson-subsampled Gaussian) composed with a Gaussian score release,
+  tuned with h ~ TNB: the calibrated z meets the target by dp_accounting's own
+  RepeatAndSelectDpEvent, and is tight."""
+  score = dp_accounting.GaussianDpEvent(20.0)
+  trial = lambda z: dp_accounting.ComposedDpEvent([accounting.dp_sgd_event(z, 0.2, 150),
+                                                   score])
+  trials = TruncatedNegativeBinomial.with_mean(1.0, 10.0)
+  z = calibrate_noise(4.0, 1e-3, trial, trials)
+  assert tuned_epsilon(trial(z), trials, 1e-3) <= 4.0 < tuned_epsilon(
+      trial(z * (1 - 1e-5)), trials, 1e-3)
+  orders = list(accounting.RDP_ORDERS + (512.0, 1024.0, 2048.0, 4096.0, 8192.0))
+  accountant = dp_accounting.rdp.RdpAccountant(orders)
+  accountant.compose(dp_accounting.dp_event.RepeatAndSelectDpEvent(trial(z),
+                                                                    trials.mean, 1.0))
+  assert accountant.get_epsilon(1e-3) == pytest.approx(4.0, rel=1e-3)
+  assert z > calibrate_noise(4.0, 1e-3, trial)   # tuning costs noise

@@ -39,9 +39,12 @@ D_PRIVACY = 6         # Euclidean Laplace sanitization
 USER_SAMPLING = 7     # Poisson sampling of users (HyperNetFL)
 AGGREGATOR_NOISE = 8  # server-side noise (user-level DP)
 STANDARDIZE = 9       # DP estimate of standardization statistics
+TUNING = 10           # random-repeat tuning: its plan and each trial's run seed
+VALIDATION_SCORE = 11  # the Gaussian noise of a trial's validation score
 PURPOSES = dict(unit=UNIT, sampling=SAMPLING, dp_noise=DP_NOISE, shuffle=SHUFFLE,
                 selection=SELECTION, d_privacy=D_PRIVACY, user_sampling=USER_SAMPLING,
-                aggregator_noise=AGGREGATOR_NOISE, standardize=STANDARDIZE)
+                aggregator_noise=AGGREGATOR_NOISE, standardize=STANDARDIZE,
+                tuning=TUNING, validation_score=VALIDATION_SCORE)
 
 _DOMAIN = 0x7FF5_11D0   # second counter word: separates these keys from other uses
 _PHILOX = 1             # tf.random.Algorithm.PHILOX
@@ -74,6 +77,13 @@ def root_key(seed: Optional[int]) -> np.ndarray:
   if not 0 <= seed < 2 ** 64:
     raise ValueError(f"seed must be an integer in [0, 2**64) or None, got {seed}")
   return np.array([seed & 0xFFFF_FFFF, seed >> 32], np.uint32).view(np.int32)
+
+
+def child_seed(seed: int, *path) -> int:
+  """A 64-bit seed for a run derived from run `seed` along `path` (integers, the
+  first a purpose): `derive(root_key(seed), *path)` read as one unsigned integer.
+  Tuning gives each trial its own run this way (fresh keys, never a repeat)."""
+  return int(derive(root_key(seed), *path).numpy().view(np.uint64)[0])
 
 
 def unit_key(root, unit: int) -> np.ndarray:

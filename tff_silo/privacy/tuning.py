@@ -172,23 +172,39 @@ def gaussian_rdp(noise_multiplier: float, orders: Sequence[float]) -> np.ndarray
 TUNING_ORDERS = accounting.RDP_ORDERS + tuple(float(2 ** k) for k in range(9, 14))
 
 
-def calibrate_gaussian(target_epsilon: float, target_delta: float, trials=None,
-                       orders: Sequence[float] = TUNING_ORDERS) -> float:
-  """The smallest noise multiplier (to relative 1e-6, rounded up) with which one
-  Gaussian mechanism, or the best of h ~ `trials` runs of it (None: one run, no
-  tuning), is (target_epsilon, target_delta)-DP by RDP accounting at `orders`; the
-  epsilon it gives never exceeds the target."""
+def event_rdp(event: dp_accounting.DpEvent, neighbouring: str = "add_remove",
+              orders: Sequence[float] = TUNING_ORDERS) -> np.ndarray:
+  """dp_accounting's RDP curve of `event` at `orders`."""
+  accountant = dp_accounting.rdp.RdpAccountant(
+      list(orders), accounting.neighbouring_relation(neighbouring))
+  accountant.compose(event)
+  return accountant._rdp.copy()   # pylint: disable=protected-access
+
+
+def tuned_epsilon(trial_event: dp_accounting.DpEvent, trials, target_delta: float,
+                  neighbouring: str = "add_remove",
+                  orders: Sequence[float] = TUNING_ORDERS) -> float:
+  """Epsilon at `target_delta` of releasing the best of h ~ `trials` runs of a trial
+  whose queries are `trial_event` (None `trials`: one run, no tuning)."""
+  rdp = event_rdp(trial_event, neighbouring, orders)
+  if trials is None:
+    return float(_compute_epsilon(np.asarray(orders, np.float64), rdp, target_delta)[0])
+  return repeat_and_select_epsilon(orders, rdp, trials, target_delta)
+
+
+def calibrate_noise(target_epsilon: float, target_delta: float, event_for, trials=None,
+                    neighbouring: str = "add_remove",
+                    orders: Sequence[float] = TUNING_ORDERS) -> float:
+  """The smallest noise multiplier z (to relative 1e-6, rounded up) for which
+  `tuned_epsilon(event_for(z), trials, ...)` is at most `target_epsilon`: the
+  returned z never overshoots. `event_for(z)` is a trial's `DpEvent` at noise z
+  (e.g. `dp_accounting.GaussianDpEvent` for one Gaussian release)."""
   if not (math.isfinite(target_epsilon) and target_epsilon > 0):
     raise ValueError(f"target_epsilon must be a finite number > 0, got {target_epsilon}")
   if not 0 < target_delta < 1:
     raise ValueError(f"target_delta must be in (0, 1), got {target_delta}")
-
-  def epsilon(z):
-    rdp = gaussian_rdp(z, orders)
-    if trials is None:
-      return float(_compute_epsilon(np.asarray(orders, np.float64), rdp, target_delta)[0])
-    return repeat_and_select_epsilon(orders, rdp, trials, target_delta)
-
+  epsilon = lambda z: tuned_epsilon(event_for(z), trials, target_delta, neighbouring,
+                                    orders)
   low, high = 1e-3, 1.0
   while epsilon(high) > target_epsilon:
     low, high = high, high * 2

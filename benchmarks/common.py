@@ -64,6 +64,22 @@ def parse_seeds(values) -> list:
   return seeds
 
 
+MAX_EPSILON = 1000.0   # beyond it a guarantee promises nothing; run without DP instead
+MIN_EPSILON = 1e-3
+
+
+def check_epsilon(name: str, value: float, non_private: str) -> None:
+  """UsageError unless `value` of flag `--name` is an epsilon in [MIN_EPSILON,
+  MAX_EPSILON]; `non_private` says how to ask for a run without DP."""
+  if not value > 0:
+    raise UsageError(f"--{name} must be > 0 ({non_private}); got {value}")
+  if value > MAX_EPSILON:
+    raise UsageError(f"--{name} must be at most {MAX_EPSILON:g} (a larger epsilon "
+                     f"promises nothing); {non_private}")
+  if value < MIN_EPSILON:
+    raise UsageError(f"--{name} must be at least {MIN_EPSILON:g}; got {value:g}")
+
+
 def check_applies(name: str, applies_to, requested, what: str = "--algorithm") -> None:
   """UsageError if flag `--name` was given but none of `requested` (the values of
   `what`) is among `applies_to`, the values it affects."""

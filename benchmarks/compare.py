@@ -52,8 +52,9 @@ from benchmarks import common, configs
 from benchmarks.common import UsageError
 
 PRESETS = tuple(configs.COMPARE_PRESETS)
-METHODS = ("local", "fedavg", "finetune", "mrmtl", "ditto")
-LAMBDA_METHODS = ("mrmtl", "ditto")
+IFCA_METHODS = {"ifca": "fedavg", "ifca_mrmtl": "mrmtl"}   # method: what follows IFCA
+METHODS = ("local", "fedavg", "finetune", "mrmtl", "ditto", *IFCA_METHODS)
+LAMBDA_METHODS = ("mrmtl", "ditto", "ifca_mrmtl")
 TUNING_MODES = ("free", "private")
 TUNING = "free: best validation metric of the grid; validation and tuning not accounted"
 UNTUNED = "none: one configuration, nothing tuned"
@@ -90,7 +91,7 @@ flags.DEFINE_string("output", None, "CSV rows are appended to (default: "
                     "benchmarks/out/compare_<preset>.csv).")
 flags.DEFINE_string("figures_dir", "benchmarks/figures", "Folder of the figures.")
 flags.DEFINE_string("table", None, "Markdown table path (default: "
-                    "benchmarks/out/compare_<preset>.md).")
+                    "benchmarks/out/compare_<preset>[_private].md).")
 
 
 def _positive_list(name, values, kind):
@@ -116,9 +117,11 @@ def _settings() -> dict:
     except ValueError:
       raise UsageError(f"--epsilons must be numbers or inf; got "
                        f"{','.join(FLAGS.epsilons)}") from None
-    if not s["epsilons"] or any(not (e > 0) for e in s["epsilons"]):
-      raise UsageError(f"--epsilons must list numbers > 0 (inf: non-private); got "
-                       f"{','.join(FLAGS.epsilons)}")
+    if not s["epsilons"]:
+      raise UsageError("--epsilons must list at least one epsilon (inf: non-private)")
+    for epsilon in s["epsilons"]:
+      if epsilon != math.inf:
+        common.check_epsilon("epsilons", epsilon, "inf runs without DP")
     common.check_unique("epsilons", s["epsilons"])
   s["seeds"] = tuple(common.parse_seeds(FLAGS.seeds) if FLAGS.seeds else preset.seeds)
   s["lrs"] = _positive_list("lrs", FLAGS.lrs, float) if FLAGS.lrs else preset.lrs
@@ -126,14 +129,18 @@ def _settings() -> dict:
   for name in ("rounds", "batch_size", "clip", "delta", "validation_fraction"):
     value = FLAGS[name].value
     s[name] = getattr(preset, name) if value is None else value
-  if s["rounds"] < 1 or s["batch_size"] < 1 or s["clip"] <= 0:
-    raise UsageError("--rounds and --batch_size must be >= 1 and --clip > 0")
+  for name in ("rounds", "batch_size"):
+    if s[name] < 1:
+      raise UsageError(f"--{name} must be >= 1; got {s[name]}")
+  if not s["clip"] > 0:
+    raise UsageError(f"--clip must be > 0; got {s['clip']}")
   if not 0 < s["delta"] < 1:
     raise UsageError(f"--delta must be in (0, 1); got {s['delta']}")
   if not 0 < s["validation_fraction"] < 1:
     raise UsageError(f"--validation_fraction must be in (0, 1); got "
                      f"{s['validation_fraction']}")
   s["assumed_silo_size"] = preset.assumed_silo_size
+  s["num_clusters"] = preset.num_clusters
   common.check_one_of("tuning", FLAGS.tuning, TUNING_MODES)
   s["tuning"] = FLAGS.tuning
   if FLAGS.tuning == "private":
@@ -149,15 +156,24 @@ def _settings() -> dict:
                        f"{s['score_budget_share']}")
     if not s["score_clip"] > 0:
       raise UsageError(f"--score_clip must be > 0; got {s['score_clip']}")
+    ifca = [m for m in s["methods"] if m in IFCA_METHODS]
+    if ifca:
+      raise UsageError(f"--tuning=private does not run {','.join(ifca)} yet (a "
+                       "trial's cluster selections spend a share of its own epsilon, "
+                       "which the calibration does not solve for); leave them out")
   else:
     for name in ("tuning_eta", "mean_trials", "score_budget_share", "score_clip"):
       if FLAGS[name].present:
         raise UsageError(f"--{name} applies to --tuning=private only")
   if preset.dataset == "school" and not FLAGS.data_dir:
     raise UsageError("--preset=school needs --data_dir (the folder with school.mat)")
+  if preset.dataset != "school" and FLAGS.data_dir:
+    raise UsageError(f"--data_dir applies to --preset=school only; --preset="
+                     f"{FLAGS.preset} generates its data")
   common.check_backend(FLAGS.backend, FLAGS.device)
   s["output"] = FLAGS.output or f"benchmarks/out/compare_{FLAGS.preset}.csv"
-  s["table"] = FLAGS.table or f"benchmarks/out/compare_{FLAGS.preset}.md"
+  suffix = "" if s["tuning"] == "free" else f"_{s['tuning']}"
+  s["table"] = FLAGS.table or f"benchmarks/out/compare_{FLAGS.preset}{suffix}.md"
   common.check_output(s["output"], SIGNATURE)
   for name in ("privacy_utility", "lambda"):
     common.check_figure_path(_figure(s, name), "figures_dir")
@@ -165,13 +181,14 @@ def _settings() -> dict:
 
 
 def _data(s, seed):
-  """(silos with the test split, the same silos' validation split)."""
+  """(the silos a trial trains on, with their test split; validation features and
+  labels per silo), `data.validation_split` of the preset's silos."""
   from tff_silo import data
   if s["dataset"] == "quick":
     silos = data.heterogeneous_linear_silos(**configs.QUICK_DATA, seed=seed)
   else:
     silos = data.load_school(FLAGS.data_dir, seed=seed, standardize="public")
-  return silos, data.validation_split(silos, s["validation_fraction"], [seed, 1])
+  return data.validation_split(silos, s["validation_fraction"], [seed, 1])
 
 
 def _grid(s, method) -> list:
@@ -224,14 +241,18 @@ def _settings_key(s) -> dict:
 
 
 def _trial_key(s, trial) -> str:
-  return json.dumps(dict(_settings_key(s), row_type="trial", **trial), sort_keys=True)
+  clusters = (dict(num_clusters=s["num_clusters"]) if trial["method"] in IFCA_METHODS
+              else {})
+  return json.dumps(dict(_settings_key(s), row_type="trial", **trial, **clusters),
+                    sort_keys=True)
 
 
 def _cell_key(s, method, epsilon, seed) -> str:
+  clusters = dict(num_clusters=s["num_clusters"]) if method in IFCA_METHODS else {}
   return json.dumps(dict(_settings_key(s), row_type="selected", method=method,
                          epsilon=epsilon, seed=seed, lrs=s["lrs"],
-                         lams=s["lams"] if method in LAMBDA_METHODS else None),
-                    sort_keys=True)
+                         lams=s["lams"] if method in LAMBDA_METHODS else None,
+                         **clusters), sort_keys=True)
 
 
 _TRIAL_PRIVACY = {}
@@ -283,31 +304,44 @@ def _tuned_epsilon(s, privacy, score_z) -> float:
   for k in range(len(privacy.noise_multipliers)):
     spent.add((float(privacy.noise_multipliers[k]), float(privacy.sampling_rates[k]),
                int(privacy.steps[k]), float(privacy.target_delta[k]),
-               int(privacy.sizes[k]), privacy.preprocessing[k]))
+               int(privacy.sizes[k]), privacy.preprocessing[k],
+               float(privacy.selection_epsilon[k])))
   worst = 0.0
-  for z, rate, steps, delta, size, extra in spent:
+  for z, rate, steps, delta, size, extra, selection in spent:
     event = dp_accounting.ComposedDpEvent([
         accounting.silo_event(z, rate, steps, neighbouring=privacy.protocol.neighbouring,
-                              dataset_size=size, extra_events=extra),
+                              dataset_size=size, extra_events=extra,
+                              selection_epsilon=selection or None,
+                              num_selections=privacy.num_selections if selection else 0),
         dp_accounting.GaussianDpEvent(score_z)])
     worst = max(worst, tuning.tuned_epsilon(event, _tnb(s), delta,
                                             privacy.protocol.neighbouring))
   return worst
 
 
-def _noisy_score(s, model, weights, validation, run_seed, score_z) -> float:
+def _validation_metric(model, weights, x_val, y_val) -> float:
+  """The exact metric pooled over every validation example (silos without one add
+  nothing): free tuning's score, not released under private tuning."""
+  from tff_silo import simulation
+  kept = [k for k, y in enumerate(y_val) if len(y)]
+  return simulation.SiloEvaluator(model)([weights[k] for k in kept],
+                                         [x_val[k] for k in kept],
+                                         [y_val[k] for k in kept])[0]
+
+
+def _noisy_score(s, model, weights, x_val, y_val, run_seed, score_z) -> float:
   """Each silo's sum of per-example validation metrics clipped to [0, score_clip]
   plus N(0, (score_z x score_clip)^2), fresh for every trial and silo; their mean
   over silos (a sum per silo, not a per-example mean: no silo's private count
-  enters it)."""
+  enters it; a silo without validation examples adds its noise)."""
   from tff_silo import keys
   total = 0.0
-  for k, (x, y) in enumerate(zip(validation.x_test, validation.y_test)):
+  for k, (x, y) in enumerate(zip(x_val, y_val)):
     values = model.metric_values([np.asarray(w) for w in weights[k]], x, y).numpy()
     rng = np.random.default_rng(keys.child_seed(run_seed, keys.VALIDATION_SCORE, k))
     total += (np.clip(values, 0.0, s["score_clip"]).sum()
               + rng.normal(0.0, score_z * s["score_clip"]))
-  return total / validation.num_silos
+  return total / len(y_val)
 
 
 def _definition(s, trial, silos):
@@ -318,6 +352,11 @@ def _definition(s, trial, silos):
     kwargs["lam"] = trial["lam"]
   if trial["method"] == "finetune":
     kwargs["total_rounds"] = s["rounds"]
+  if trial["method"] in IFCA_METHODS:   # selection in the first 10% of rounds
+    return algorithms.ifca_algorithm(
+        models.model_for(silos), silos.feature_shape, total_rounds=s["rounds"],
+        num_clusters=s["num_clusters"], after=IFCA_METHODS[trial["method"]],
+        init_seed=trial["seed"], **kwargs)
   build = getattr(algorithms, f"{trial['method']}_algorithm")
   return build(models.model_for(silos), silos.feature_shape, **kwargs)
 
@@ -327,38 +366,39 @@ def _run_batch(s, batch, loaded, backend, device):
   from tff_silo import simulation
   runs, scores = [], []
   for trial in batch:
-    silos, validation = loaded[trial["seed"]]
+    silos = loaded[trial["seed"]][0]
     definition = _definition(s, trial, silos)
     private = not math.isinf(trial["epsilon"])
-    epsilon, score_z = ((_trial_privacy(s, definition, validation, trial["epsilon"])
+    epsilon, score_z = ((_trial_privacy(s, definition, silos, trial["epsilon"])
                          if trial["trial"] >= 0 else (trial["epsilon"], None)))
     scores.append(score_z)
     runs.append(simulation.Run(
-        definition, validation, target_epsilon=epsilon if private else None,
+        definition, silos, target_epsilon=epsilon if private else None,
         target_delta=s["delta"] if private else None, seed=trial["run_seed"],
         protocol=_protocol(s) if private else None))
   results = simulation.run_simulations(runs, rounds=s["rounds"], backend=backend)
   rows = []
   for trial, run, result, score_z in zip(batch, runs, results, scores):
-    silos, validation = loaded[trial["seed"]]
-    test, _ = simulation.SiloEvaluator(run.process.model)(
-        result.silo_weights, silos.x_test, silos.y_test)
+    _, x_val, y_val = loaded[trial["seed"]]
+    model = run.process.model
     tuned = trial["trial"] >= 0   # a draw of private tuning
     # under private tuning only the noisy score is released, not the exact metric
-    validation_metric, noisy_score, epsilon_tuned = result.test_metric, math.nan, math.nan
+    noisy_score, epsilon_tuned = math.nan, math.nan
     if tuned:
       validation_metric = math.nan
-      noisy_score = _noisy_score(s, run.process.model, result.silo_weights, validation,
+      noisy_score = _noisy_score(s, model, result.silo_weights, x_val, y_val,
                                  trial["run_seed"], score_z)
       epsilon_tuned = _tuned_epsilon(s, result.privacy, score_z)
       if epsilon_tuned > trial["epsilon"]:
         raise RuntimeError(f"tuning would spend epsilon {epsilon_tuned} > "
                            f"{trial['epsilon']}: a calibration error; nothing reported")
+    else:
+      validation_metric = _validation_metric(model, result.silo_weights, x_val, y_val)
     rows.append(dict(
         row_type="trial", run_key=_trial_key(s, trial), preset=s["preset"], **trial,
         rounds=result.rounds, metric=result.metric,
         validation_metric=validation_metric, noisy_validation_score=noisy_score,
-        test_metric=test,
+        test_metric=result.test_metric,
         epsilon_spent=(float(np.max(result.privacy.epsilon_spent))
                        if result.privacy is not None else float("nan")),
         noise_multiplier=(float(np.min(result.privacy.noise_multipliers))
@@ -457,6 +497,7 @@ def _wins(selected) -> str:
 
 
 def _figure(s, name) -> str:
+  """Figure `name` of this preset (and tuning mode, unless free)."""
   suffix = "" if s["tuning"] == "free" else f"_{s['tuning']}"
   return os.path.join(FLAGS.figures_dir, f"{name}_{s['preset']}{suffix}.png")
 

@@ -66,6 +66,7 @@ class ComparePreset:
   validation_fraction: float = 0.2
   # --tuning=private: per-example validation metrics are clipped to [0, score_clip]
   score_clip: float = 1.0
+  num_clusters: int = 4    # IFCA's G
 
 
 # App. B.4's grids.
@@ -84,7 +85,8 @@ COMPARE_PRESETS = {
         clip=2.0, delta=1e-3, assumed_silo_size=48, score_clip=4.0),
     # Thesis Fig. 1.3(a) and app. B.4: School, delta 1e-3.
     "school": ComparePreset(
-        dataset="school", methods=("local", "fedavg", "finetune", "mrmtl", "ditto"),
+        dataset="school", methods=("local", "fedavg", "finetune", "mrmtl", "ditto",
+                                   "ifca", "ifca_mrmtl"),
         epsilons=(1.0, 2.0, 3.0, 4.0, 6.0, 8.0, float("inf")), seeds=(0, 1, 2),
         lrs=PAPER_LRS, lams=PAPER_LAMS, rounds=200, batch_size=32, clip=1.0,
         delta=1e-3, assumed_silo_size=70),   # 88 training examples a silo, 80% kept

@@ -67,8 +67,6 @@ APPLIES_TO = {
 }
 # Flags of DP-SGD: giving one without --epsilon (a non-private run) is an error.
 DP_FLAGS = ("delta", "clip", "sampling", "ledger_csv", "outside_guarantee_metrics")
-MAX_EPSILON = 1000.0   # beyond it a guarantee promises nothing; unset it instead
-MIN_EPSILON = 1e-3
 
 FLAGS = flags.FLAGS
 flags.DEFINE_list("algorithm", ["local", "fedavg", "mrmtl"],
@@ -170,13 +168,8 @@ def _settings():
       lams=(common.parse_numbers(FLAGS.lam, float, "lam") if FLAGS.lam
             else [preset.lam]),
       seeds=common.parse_seeds(FLAGS.seeds))
-  if s["epsilon"] is not None and not s["epsilon"] > 0:
-    raise UsageError(f"--epsilon must be > 0 (or unset for no privacy); got {s['epsilon']}")
-  if s["epsilon"] is not None and s["epsilon"] > MAX_EPSILON:
-    raise UsageError(f"--epsilon must be at most {MAX_EPSILON:g} (a larger epsilon "
-                     f"promises nothing); unset it for a non-private run")
-  if s["epsilon"] is not None and s["epsilon"] < MIN_EPSILON:
-    raise UsageError(f"--epsilon must be at least {MIN_EPSILON:g}; got {s['epsilon']:g}")
+  if s["epsilon"] is not None:
+    common.check_epsilon("epsilon", s["epsilon"], "unset it for a non-private run")
   if not 0 < s["delta"] < 1:
     raise UsageError(f"--delta must be in (0, 1); got {s['delta']}")
   if s["rounds"] < 1:

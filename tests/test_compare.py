@@ -118,6 +118,16 @@ def test_private_tuning_meets_its_budget_by_dp_accountings_own_bound(tmp_path):
   assert "running 0 in 0 batches" in again.stderr   # the same plan: nothing to redo
 
 
+def test_ifca_methods_run_in_the_grid(tmp_path):
+  proc = _compare(tmp_path, "--methods=ifca,ifca_mrmtl", "--epsilons=4", "--seeds=0",
+                  "--lams=1", "--rounds=3")
+  assert proc.returncode == 0, proc.stderr
+  rows = pd.read_csv(tmp_path / "c.csv")
+  selected = rows[rows.row_type == "selected"]
+  assert sorted(selected.method) == ["ifca", "ifca_mrmtl"]
+  assert np.all((selected.epsilon_spent > 3.99) & (selected.epsilon_spent <= 4.0))
+
+
 def test_selection_never_picks_a_diverged_trial():
   from benchmarks import compare
   s = dict(preset="quick", dataset="quick", rounds=3, batch_size=16, clip=1.0,
@@ -138,8 +148,11 @@ def test_selection_never_picks_a_diverged_trial():
 
 @pytest.mark.parametrize("flag, message", [
     ("--preset=mnist", "--preset must be one of"),
-    ("--methods=ifca", "--methods must be among"),
-    ("--epsilons=0", "--epsilons must list numbers > 0"),
+    ("--methods=sgd", "--methods must be among"),
+    ("--tuning=private --methods=ifca", "--tuning=private does not run ifca"),
+    ("--epsilons=0", "--epsilons must be > 0 (inf runs without DP)"),
+    ("--epsilons=-inf", "--epsilons must be > 0"),
+    ("--epsilons=2000", "--epsilons must be at most 1000"),
     ("--epsilons=a", "--epsilons must be numbers or inf"),
     ("--lams=-1", "--lams must list numbers > 0"),
     ("--validation_fraction=1", "--validation_fraction must be in (0, 1)"),
@@ -148,23 +161,39 @@ def test_selection_never_picks_a_diverged_trial():
     ("--mean_trials=3", "--mean_trials applies to --tuning=private only"),
 ])
 def test_bad_flags_end_in_one_line(tmp_path, flag, message):
-  proc = _compare(tmp_path, flag, timeout=120)
+  proc = _compare(tmp_path, *flag.split(), timeout=120)
   lines = [l for l in proc.stderr.splitlines() if l.strip()]
   assert proc.returncode == 2 and len(lines) == 1 and message in lines[0], proc.stderr
 
 
 def test_validation_split_holds_out_training_examples_only():
-  silos = data.heterogeneous_linear_silos(num_silos=3, num_examples=40, seed=0)
-  split = data.validation_split(silos, 0.2, seed=1)
+  silos = data.heterogeneous_linear_silos(num_silos=3, num_examples=400, seed=0)
+  fit, x_val, y_val = data.validation_split(silos, 0.2, seed=1)
   for k in range(3):
-    assert len(split.y_train[k]) + len(split.y_test[k]) == len(silos.y_train[k])
-    assert len(split.y_test[k]) == round(0.2 * len(silos.y_train[k]))
-    pooled = np.concatenate([split.y_train[k], split.y_test[k]])
+    n = len(silos.y_train[k])
+    assert len(fit.y_train[k]) + len(y_val[k]) == n
+    assert abs(len(y_val[k]) - 0.2 * n) < 4 * np.sqrt(0.16 * n)   # a coin each
+    pooled = np.concatenate([fit.y_train[k], y_val[k]])
     np.testing.assert_array_equal(np.sort(pooled), np.sort(silos.y_train[k]))
-    assert not set(split.y_test[k]) & set(silos.y_test[k])   # test never used
+    np.testing.assert_array_equal(fit.y_test[k], silos.y_test[k])   # test untouched
+    assert len(x_val[k]) == len(y_val[k])
   again = data.validation_split(silos, 0.2, seed=1)
-  np.testing.assert_array_equal(again.y_test[0], split.y_test[0])
+  np.testing.assert_array_equal(again[2][0], y_val[0])
+
+
+def test_validation_coins_leave_other_examples_in_place():
+  """Adding an example (last) leaves every other example's side as it was: the
+  neighbouring relation private tuning's accounting needs."""
+  x = np.arange(40, dtype=np.float32)[:, None]
+  make = lambda n: data.make_silos("s", "regression", [x[:n]], [x[:n, 0]], [x[:2]],
+                                   [x[:2, 0]])
+  _, _, small = data.validation_split(make(39), 0.3, seed=4)
+  _, _, large = data.validation_split(make(40), 0.3, seed=4)
+  np.testing.assert_array_equal(large[0][large[0] < 39], small[0])
+
+
+def test_validation_split_refuses_a_silo_left_without_training_examples():
   one = data.make_silos("one", "regression", [np.zeros((1, 2))], [np.zeros(1)],
                         [np.zeros((1, 2))], [np.zeros(1)])
-  with pytest.raises(data.DataError, match="silo 0 has 1 training example"):
-    data.validation_split(one, 0.2, seed=0)
+  with pytest.raises(data.DataError, match="silo 0 drew all its 1 training"):
+    data.validation_split(one, 0.999, seed=0)

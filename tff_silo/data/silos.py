@@ -120,24 +120,34 @@ def split_silo(x: np.ndarray, y: np.ndarray, test_fraction: float,
   return x[train], y[train], x[test], y[test]
 
 
-def validation_split(data: SiloData, fraction: float, seed) -> SiloData:
-  """The silos for tuning: each silo's *training* examples split again, `fraction`
-  of them (at least one) held out. The result's train arrays are what a trial trains
-  on and its test arrays the validation examples; `data`'s test split is never
-  touched (thesis app. B.4 tunes on validation, reports test). Validation examples
-  are private training data: a score on them is a query outside the training's
-  guarantee unless accounted (`tff_silo.privacy.tuning`)."""
+def validation_split(data: SiloData, fraction: float, seed):
+  """Each silo's *training* examples split again for tuning: (the silos to train a
+  trial on, their train arrays the rest and their test arrays `data`'s own;
+  validation features per silo; validation labels per silo). `data`'s test split is
+  never tuned on (thesis app. B.4 tunes on validation, reports test).
+
+  Every training example goes to validation with probability `fraction`, on its own
+  coin (a silo may draw no validation example: its arrays are then empty). Unlike a
+  fixed count, independent coins keep the neighbouring relation: adding an example
+  leaves every other example where it was, so a trial's DP-SGD and a DP score on
+  the validation part see neighbouring inputs and their guarantees compose. Raises
+  `DataError` if a silo draws no example to train on."""
+  if not 0.0 < fraction < 1.0:
+    raise ValueError(f"fraction must be in (0, 1), got {fraction}")
   rng = np.random.default_rng(seed)
-  parts = ([], [], [], [])
+  x_fit, y_fit, x_val, y_val = [], [], [], []
   for k, (x, y) in enumerate(zip(data.x_train, data.y_train)):
-    if len(y) < 2:
-      raise DataError(f"{data.name}: silo {k} has {len(y)} training example(s), too "
-                      "few to hold out validation examples")
-    for part, value in zip(parts, split_silo(x, y, fraction, rng)):
-      part.append(value)
-  return dataclasses.replace(data, name=f"{data.name} (validation split)",
-                             x_train=tuple(parts[0]), y_train=tuple(parts[1]),
-                             x_test=tuple(parts[2]), y_test=tuple(parts[3]))
+    held = rng.random(len(y)) < fraction
+    if held.all():
+      raise DataError(f"{data.name}: silo {k} drew all its {len(y)} training examples "
+                      "for validation; use a smaller fraction")
+    x_fit.append(x[~held])
+    y_fit.append(y[~held])
+    x_val.append(x[held])
+    y_val.append(y[held])
+  fit = dataclasses.replace(data, name=f"{data.name} (less validation)",
+                            x_train=tuple(x_fit), y_train=tuple(y_fit))
+  return fit, tuple(x_val), tuple(y_val)
 
 
 def standardize(x_train: np.ndarray, x_test: np.ndarray):

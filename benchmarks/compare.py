@@ -61,10 +61,15 @@ UNTUNED = "none: one configuration, nothing tuned"
 TUNING_PRIVATE = ("private: best noisy validation score of h ~ TNB(eta={eta:g}, "
                   "E[h]={mean:g}) random grid draws; accounted (Papernot & Steinke Thm. 2)")
 SIGNATURE = ("row_type", "run_key", "method", "test_metric")
+# The presets' datasets read from --data_dir, and what they read there.
+DATA_FILES = {"school": "school.mat", "vehicle": "vehicle.mat or the Vehicle JSON",
+              "fmnist": "Fashion-MNIST's IDX files",
+              "fmnist_hetero": "Fashion-MNIST's IDX files"}
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string("preset", "quick", f"One of {PRESETS}: the grid and settings.")
-flags.DEFINE_string("data_dir", None, "Folder with school.mat (--preset=school).")
+flags.DEFINE_string("data_dir", None, "Folder with the preset's files (school.mat; "
+                    "vehicle.mat or the Vehicle JSON; Fashion-MNIST's IDX files).")
 flags.DEFINE_list("methods", None, f"Methods, of {METHODS} (default: the preset's).")
 flags.DEFINE_list("epsilons", None, "Per-silo epsilons; inf = non-private (default: "
                   "the preset's).")
@@ -165,11 +170,15 @@ def _settings() -> dict:
     for name in ("tuning_eta", "mean_trials", "score_budget_share", "score_clip"):
       if FLAGS[name].present:
         raise UsageError(f"--{name} applies to --tuning=private only")
-  if preset.dataset == "school" and not FLAGS.data_dir:
-    raise UsageError("--preset=school needs --data_dir (the folder with school.mat)")
-  if preset.dataset != "school" and FLAGS.data_dir:
-    raise UsageError(f"--data_dir applies to --preset=school only; --preset="
-                     f"{FLAGS.preset} generates its data")
+  needs = DATA_FILES.get(preset.dataset)
+  if needs and not FLAGS.data_dir:
+    raise UsageError(f"--preset={FLAGS.preset} needs --data_dir (the folder with "
+                     f"{needs})")
+  if not needs and FLAGS.data_dir:
+    readers = ",".join(name for name, p in configs.COMPARE_PRESETS.items()
+                       if p.dataset in DATA_FILES)
+    raise UsageError(f"--data_dir applies to --preset={readers} only; --preset="
+                     f"{FLAGS.preset} makes its data")
   common.check_backend(FLAGS.backend, FLAGS.device)
   s["output"] = FLAGS.output or f"benchmarks/out/compare_{FLAGS.preset}.csv"
   suffix = "" if s["tuning"] == "free" else f"_{s['tuning']}"
@@ -180,14 +189,27 @@ def _settings() -> dict:
   return s
 
 
+def load(dataset: str, seed: int, data_dir=None):
+  """The silos of a preset's dataset (see `benchmarks.configs.COMPARE_PRESETS`)."""
+  from tff_silo import data
+  if dataset == "quick":
+    return data.heterogeneous_linear_silos(**configs.QUICK_DATA, seed=seed)
+  if dataset == "digits":
+    return data.load_rotated_masked_digits(seed=seed)
+  if dataset == "school":
+    return data.load_school(data_dir, seed=seed, standardize="public")
+  if dataset == "vehicle":
+    return data.load_vehicle(data_dir, seed=seed, standardize="none")
+  if dataset == "fmnist":
+    return data.rotated_masked_fmnist_silos(data_dir, seed=seed)
+  return data.label_skewed_fmnist_silos(data_dir, seed=seed)
+
+
 def _data(s, seed):
   """(the silos a trial trains on, with their test split; validation features and
   labels per silo), `data.validation_split` of the preset's silos."""
   from tff_silo import data
-  if s["dataset"] == "quick":
-    silos = data.heterogeneous_linear_silos(**configs.QUICK_DATA, seed=seed)
-  else:
-    silos = data.load_school(FLAGS.data_dir, seed=seed, standardize="public")
+  silos = load(s["dataset"], seed, FLAGS.data_dir)
   return data.validation_split(silos, s["validation_fraction"], [seed, 1])
 
 

@@ -83,6 +83,38 @@ COMPARE_PRESETS = {
         epsilons=(2.0, 4.0, 8.0, float("inf")), seeds=(0, 1, 2), lrs=(0.1,),
         lams=(0.001, 0.01, 0.1, 0.3, 1.0, 3.0, 10.0), rounds=30, batch_size=16,
         clip=2.0, delta=1e-3, assumed_silo_size=48, score_clip=4.0),
+    # Vehicle (the training JSON: 23 silos of 5..400 examples, 75% for training,
+    # then 80% of that: 48 of the preset's 60), app. B.4: B = 64, c = 6, T = 400;
+    # delta 1e-7 (Fig. 1.2); features as read (no standardization: inside every
+    # guarantee).
+    "vehicle": ComparePreset(
+        dataset="vehicle", methods=("local", "fedavg", "finetune", "mrmtl", "ditto"),
+        epsilons=(1.0, 2.0, 4.0, 8.0, float("inf")), seeds=(0, 1, 2), lrs=PAPER_LRS,
+        lams=PAPER_LAMS, rounds=400, batch_size=64, clip=6.0, delta=1e-7,
+        assumed_silo_size=48),
+    # The rotated & masked digits of `benchmarks.run` (36 training images a silo,
+    # 29 after validation); its settings.
+    "digits": ComparePreset(
+        dataset="digits", methods=("local", "fedavg", "mrmtl", "ifca", "ifca_mrmtl"),
+        epsilons=(1.0, 4.0, float("inf")), seeds=(0, 1, 2), lrs=(0.1, 0.3),
+        lams=(0.01, 0.1, 1.0), rounds=60, batch_size=16, clip=1.0, delta=1e-3,
+        assumed_silo_size=29),
+    # Thesis Fig. 1.6 on Fashion-MNIST (app. B.1: 40 silos x 1,500 / 250 images in 4
+    # rotation groups, B = 100, c = 1, T = 200); 1,200 training images after
+    # validation.
+    "fmnist": ComparePreset(
+        dataset="fmnist", methods=("local", "fedavg", "mrmtl", "ifca", "ifca_mrmtl"),
+        epsilons=(1.0, 3.0, 8.0, float("inf")), seeds=(0, 1, 2), lrs=(0.03, 0.1),
+        lams=(0.01, 0.1, 1.0), rounds=200, batch_size=100, clip=1.0, delta=1e-5,
+        assumed_silo_size=1200),
+    # Thesis Fig. 1.3(d)'s heterogeneous CIFAR-10 (30 silos of 5 random classes) on
+    # Fashion-MNIST: ~2,333 images a silo, 80% training, 80% of that kept: ~1,490.
+    "fmnist_hetero": ComparePreset(
+        dataset="fmnist_hetero", methods=("local", "fedavg", "finetune", "mrmtl",
+                                          "ditto"),
+        epsilons=(1.0, 3.0, 8.0, float("inf")), seeds=(0, 1, 2), lrs=(0.03, 0.1),
+        lams=(0.01, 0.1, 1.0), rounds=200, batch_size=100, clip=1.0, delta=1e-5,
+        assumed_silo_size=1490),
     # Thesis Fig. 1.3(a) and app. B.4: School, delta 1e-3.
     "school": ComparePreset(
         dataset="school", methods=("local", "fedavg", "finetune", "mrmtl", "ditto",

@@ -24,6 +24,40 @@ def shared_data():
   return SHARED_DATA
 
 
+def _idx(array) -> bytes:
+  """`array` (uint8 or int32) in LeCun's IDX format."""
+  import numpy as np
+  code = {np.uint8: 0x08, np.int32: 0x0C}[array.dtype.type]
+  dtype = ">i4" if code == 0x0C else np.uint8
+  return (bytes([0, 0, code, array.ndim]) + np.array(array.shape, ">i4").tobytes()
+          + array.astype(dtype).tobytes())
+
+
+def _write_fashion_mnist(folder, n_train=80, n_test=24, gz=True, seed=0):
+  """Small Fashion-MNIST-shaped IDX files in `folder` (random images, labels
+  cycling 0..9); the arrays by file name."""
+  import gzip
+  import numpy as np
+  rng = np.random.default_rng(seed)
+  arrays = {"train-images-idx3-ubyte": rng.integers(0, 256, (n_train, 28, 28), np.uint8),
+            "train-labels-idx1-ubyte": (np.arange(n_train) % 10).astype(np.uint8),
+            "t10k-images-idx3-ubyte": rng.integers(0, 256, (n_test, 28, 28), np.uint8),
+            "t10k-labels-idx1-ubyte": (np.arange(n_test) % 10).astype(np.uint8)}
+  for name, array in arrays.items():
+    raw = _idx(array)
+    if gz:
+      (folder / f"{name}.gz").write_bytes(gzip.compress(raw))
+    else:
+      (folder / name).write_bytes(raw)
+  return arrays
+
+
+@pytest.fixture
+def idx_files():
+  """(write_fashion_mnist(folder, n_train, n_test, gz), to_idx(array))."""
+  return _write_fashion_mnist, _idx
+
+
 @pytest.fixture(scope="session", autouse=True)
 def _stop_tff_workers_at_end():
   yield

@@ -128,6 +128,27 @@ def test_ifca_methods_run_in_the_grid(tmp_path):
   assert np.all((selected.epsilon_spent > 3.99) & (selected.epsilon_spent <= 4.0))
 
 
+def test_vehicle_accuracy_is_tuned_upwards(tmp_path, shared_data):
+  """A preset read from --data_dir whose metric is accuracy (higher is better)."""
+  proc = _compare(tmp_path, "--preset=vehicle", f"--data_dir={shared_data}",
+                  "--methods=mrmtl", "--epsilons=inf", "--seeds=0", "--lrs=0.01,0.1",
+                  "--lams=0.1", "--rounds=3")
+  assert proc.returncode == 0, proc.stderr
+  rows = pd.read_csv(tmp_path / "c.csv")
+  trials, selected = rows[rows.row_type == "trial"], rows[rows.row_type == "selected"]
+  assert set(trials.metric) == {"accuracy"} and len(trials) == 2
+  assert selected.validation_metric.iloc[0] == trials.validation_metric.max()
+
+
+def test_the_fashion_mnist_presets_read_their_folder(tmp_path, idx_files):
+  from benchmarks import compare
+  idx_files[0](tmp_path, n_train=400, n_test=100)
+  silos = compare.load("fmnist_hetero", 0, str(tmp_path))
+  assert silos.num_silos == 30 and silos.feature_shape == (28, 28, 1)
+  with pytest.raises(data.DataError, match="fewer than 40 silos x 1500"):
+    compare.load("fmnist", 0, str(tmp_path))
+
+
 def test_selection_never_picks_a_diverged_trial():
   from benchmarks import compare
   s = dict(preset="quick", dataset="quick", rounds=3, batch_size=16, clip=1.0,
@@ -157,6 +178,8 @@ def test_selection_never_picks_a_diverged_trial():
     ("--lams=-1", "--lams must list numbers > 0"),
     ("--validation_fraction=1", "--validation_fraction must be in (0, 1)"),
     ("--preset=school", "--preset=school needs --data_dir"),
+    ("--preset=fmnist", "--preset=fmnist needs --data_dir (the folder with Fashion"),
+    ("--data_dir=/tmp", "--data_dir applies to --preset=vehicle,fmnist,fmnist_hetero,"),
     ("--tuning=oracle", "--tuning must be one of"),
     ("--mean_trials=3", "--mean_trials applies to --tuning=private only"),
 ])

@@ -25,13 +25,17 @@ selected row's `epsilon_spent` is that total, recomputed from what the trials ra
 Non-private cells search the grid in full either way, and a method with one
 configuration (local and FedAvg at one learning rate) runs once, untuned.
 
+--membership also attacks every trial's silo models (`attacks.membership`), so the
+selected rows, a second table and a figure show leakage beside utility.
+
 Output: one CSV row per trial and one per selected cell (--output, resumable: a
 rerun skips finished trials), a markdown table (method x epsilon, mean +- sd over
-seeds, the selected lambdas) and two figures in --figures_dir:
-`privacy_utility_<preset>.png` (test metric against epsilon, one line per method,
-a band over seeds) and `lambda_<preset>.png` (MR-MTL's test metric against lambda,
-one panel per epsilon, local and FedAvg as lines). On the vectorized backend a
-configuration's epsilons and seeds run stacked as one program.
+seeds, the selected lambdas) and figures in --figures_dir (`_private` added under
+private tuning): `privacy_utility_<preset>.png` (test metric against epsilon, one
+line per method, a band over seeds), `lambda_<preset>.png` (the lambda methods'
+test metric against lambda, one panel per epsilon, local and FedAvg as lines) and
+`leakage_<preset>.png` (membership AUC against epsilon, with --membership). On the
+vectorized backend a configuration's trials run stacked as one program.
 """
 
 from __future__ import annotations
@@ -83,6 +87,10 @@ flags.DEFINE_float("delta", None, "Per-silo delta.")
 flags.DEFINE_float("validation_fraction", None, "Share of each silo's training "
                    "examples held out to tune on.")
 flags.DEFINE_string("tuning", "free", f"One of {TUNING_MODES} (see the module doc).")
+flags.DEFINE_bool("membership", False, "Also attack every trial's silo models with "
+                  "membership inference (attacks.membership, threshold attack: each "
+                  "silo's training vs test examples); the selected rows and a table and "
+                  "figure of leakage report it beside utility.")
 flags.DEFINE_float("tuning_eta", 1.0, "--tuning=private: shape eta (> -1) of the "
                    "truncated negative binomial number of trials.")
 flags.DEFINE_float("mean_trials", 10.0, "--tuning=private: E[h], trials per cell (> 1).")
@@ -148,6 +156,7 @@ def _settings() -> dict:
   s["num_clusters"] = preset.num_clusters
   common.check_one_of("tuning", FLAGS.tuning, TUNING_MODES)
   s["tuning"] = FLAGS.tuning
+  s["membership"] = FLAGS.membership
   if FLAGS.tuning == "private":
     s.update(tuning_eta=FLAGS.tuning_eta, mean_trials=FLAGS.mean_trials,
              score_budget_share=FLAGS.score_budget_share,
@@ -184,7 +193,7 @@ def _settings() -> dict:
   suffix = "" if s["tuning"] == "free" else f"_{s['tuning']}"
   s["table"] = FLAGS.table or f"benchmarks/out/compare_{FLAGS.preset}{suffix}.md"
   common.check_output(s["output"], SIGNATURE)
-  for name in ("privacy_utility", "lambda"):
+  for name in ("privacy_utility", "lambda", "leakage"):
     common.check_figure_path(_figure(s, name), "figures_dir")
   return s
 
@@ -259,6 +268,8 @@ def _settings_key(s) -> dict:
   if s["tuning"] == "private":
     key.update(tuning="private", **{name: s[name] for name in (
         "tuning_eta", "mean_trials", "score_budget_share", "score_clip")})
+  if s["membership"]:
+    key.update(membership=True)
   return key
 
 
@@ -416,6 +427,12 @@ def _run_batch(s, batch, loaded, backend, device):
                            f"{trial['epsilon']}: a calibration error; nothing reported")
     else:
       validation_metric = _validation_metric(model, result.silo_weights, x_val, y_val)
+    leakage = {}
+    if s["membership"]:
+      from attacks import membership
+      pooled = membership.attack_silo_models(model, result.silo_weights, run.data)
+      pooled = pooled[pooled.silo == membership.ALL_SILOS].iloc[0]
+      leakage = dict(mia_auc=float(pooled.auc), mia_advantage=float(pooled.advantage))
     rows.append(dict(
         row_type="trial", run_key=_trial_key(s, trial), preset=s["preset"], **trial,
         rounds=result.rounds, metric=result.metric,
@@ -431,7 +448,7 @@ def _run_batch(s, batch, loaded, backend, device):
                 if tuned else UNTUNED if len(_grid(s, trial["method"])) == 1 else TUNING),
         num_trials=1, wall_seconds=result.wall_seconds,
         runs_stacked=result.runs_stacked, backend=backend, device=device,
-        peak_memory_mb=common.peak_memory_mb()))
+        peak_memory_mb=common.peak_memory_mb(), **leakage))
   return rows
 
 
@@ -475,29 +492,41 @@ def _epsilon_label(epsilon) -> str:
   return "non-private" if math.isinf(epsilon) else f"{epsilon:g}"
 
 
-def _table(selected) -> str:
-  """Markdown: method x epsilon, test metric mean +- sd over seeds and the lambdas
-  selected."""
+def _grid_table(selected, column: str, lambdas: bool) -> str:
+  """Markdown: method x epsilon, `column` mean +- sd over seeds (and the lambdas
+  selected)."""
   epsilons = sorted(selected.epsilon.unique())
   lines = ["| method | " + " | ".join(f"eps {_epsilon_label(e)}" for e in epsilons) + " |",
            "|---" * (len(epsilons) + 1) + "|"]
   for method, part in selected.groupby("method", sort=False):
     cells = []
     for epsilon in epsilons:
-      values = part[part.epsilon == epsilon]
+      values = part[part.epsilon == epsilon][column]
       if values.empty:
         cells.append("-")
         continue
-      text = f"{values.test_metric.mean():.4f} +- {values.test_metric.std(ddof=1):.4f}" \
-          if len(values) > 1 else f"{values.test_metric.mean():.4f}"
-      if method in LAMBDA_METHODS:
-        text += " (lam " + "/".join(f"{v:g}" for v in sorted(values.lam.unique())) + ")"
+      text = (f"{values.mean():.4f} +- {values.std(ddof=1):.4f}" if len(values) > 1
+              else f"{values.mean():.4f}")
+      if lambdas and method in LAMBDA_METHODS:
+        lams = part[part.epsilon == epsilon].lam
+        text += " (lam " + "/".join(f"{v:g}" for v in sorted(lams.unique())) + ")"
       cells.append(text)
     lines.append(f"| {method} | " + " | ".join(cells) + " |")
+  return "\n".join(lines) + "\n"
+
+
+def _table(selected) -> str:
+  """The markdown report: test metric (and, where attacks ran, membership
+  inference) of the selected models, and the paired wins."""
   metric = selected.metric.iloc[0]
   tunings = "; ".join(sorted(selected.tuning.unique()))
-  return ("\n".join(lines) + f"\n\nTest {metric}, mean +- sd over seeds; tuning "
-          f"{tunings}.\n" + _wins(selected))
+  out = (_grid_table(selected, "test_metric", True) + f"\nTest {metric}, mean +- sd "
+         f"over seeds; tuning {tunings}.\n" + _wins(selected))
+  if "mia_auc" in selected and selected.mia_auc.notna().any():
+    out += ("\n" + _grid_table(selected, "mia_auc", False) + "\nMembership inference "
+            "against the same models (threshold attack, every silo's training vs "
+            "test examples pooled): ROC AUC, 0.5 is a coin flip.\n")
+  return out
 
 
 def _wins(selected) -> str:
@@ -543,6 +572,18 @@ def _plots(s, trials, selected):
   fig.tight_layout()
   fig.savefig(_figure(s, "privacy_utility"), dpi=120)
   plt.close(fig)
+  if "mia_auc" in selected and selected.mia_auc.notna().any():
+    fig, ax = plt.subplots(figsize=(6.5, 4.2))
+    sns.lineplot(data=selected.assign(x=selected.epsilon.map(position)), x="x",
+                 y="mia_auc", hue="method", marker="o", errorbar="sd", ax=ax)
+    ax.axhline(0.5, ls=":", color="grey")
+    ax.set_xticks(range(len(epsilons)), [_epsilon_label(e) for e in epsilons])
+    ax.set_xlabel("per-silo epsilon")
+    ax.set_ylabel("membership inference AUC (pooled)")
+    ax.set_title(f"{s['preset']}: leakage of the selected models", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(_figure(s, "leakage"), dpi=120)
+    plt.close(fig)
   lam_trials = trials[trials.method.isin(LAMBDA_METHODS)]
   if lam_trials.empty:
     return
@@ -622,7 +663,8 @@ def main(argv):
     f.write(markdown)
   _plots(s, ours, selected)
   print(markdown)
-  figures = [_figure(s, name) for name in ("privacy_utility", "lambda")]
+  figures = [_figure(s, name) for name in ("privacy_utility", "lambda")
+             + (("leakage",) if s["membership"] else ())]
   print(f"rows: {s['output']}; table: {s['table']}; figures: {', '.join(figures)}")
 
 

@@ -118,6 +118,17 @@ def test_private_tuning_meets_its_budget_by_dp_accountings_own_bound(tmp_path):
   assert "running 0 in 0 batches" in again.stderr   # the same plan: nothing to redo
 
 
+def test_membership_inference_reports_leakage_beside_utility(tmp_path):
+  proc = _compare(tmp_path, "--methods=local,fedavg", "--epsilons=inf", "--seeds=0",
+                  "--rounds=3", "--membership")
+  assert proc.returncode == 0, proc.stderr
+  rows = pd.read_csv(tmp_path / "c.csv")
+  selected = rows[rows.row_type == "selected"]
+  assert selected.mia_auc.between(0, 1).all() and selected.mia_advantage.notna().all()
+  assert (tmp_path / "leakage_quick.png").stat().st_size > 0
+  assert "Membership inference" in proc.stdout
+
+
 def test_ifca_methods_run_in_the_grid(tmp_path):
   proc = _compare(tmp_path, "--methods=ifca,ifca_mrmtl", "--epsilons=4", "--seeds=0",
                   "--lams=1", "--rounds=3")

@@ -587,15 +587,19 @@ def _plots(s, trials, selected):
   lam_trials = trials[trials.method.isin(LAMBDA_METHODS)]
   if lam_trials.empty:
     return
-  fig, axes = plt.subplots(1, len(epsilons), figsize=(3.2 * len(epsilons), 3.4),
+  columns = min(4, len(epsilons))
+  rows = -(-len(epsilons) // columns)
+  fig, axes = plt.subplots(rows, columns, figsize=(3.2 * columns, 3.2 * rows),
                            sharey=True, squeeze=False)
-  for ax, epsilon in zip(axes[0], epsilons):
+  for ax in axes.flat[len(epsilons):]:
+    ax.set_visible(False)
+  for ax, epsilon in zip(axes.flat, epsilons):
     part = lam_trials[lam_trials.epsilon == epsilon]
     # per (method, lambda, seed) the lr with the best validation metric
     best = part.loc[_score(part).groupby([part.method, part.lam, part.seed]).idxmin()]
     best = best[np.isfinite(best.test_metric)]
     sns.lineplot(data=best, x="lam", y="test_metric", hue="method", marker="o",
-                 errorbar="sd", ax=ax, legend=ax is axes[0][0])
+                 errorbar="sd", ax=ax, legend=ax is axes.flat[0])
     for i, other in enumerate(("local", "fedavg")):
       line = selected[(selected.method == other) & (selected.epsilon == epsilon)]
       if len(line):

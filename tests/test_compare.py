@@ -30,11 +30,17 @@ def _compare(tmp_path, *flags, timeout=600, popen=False):
                         timeout=timeout, env=env)
 
 
-def test_a_tiny_grid_selects_on_validation_and_writes_its_outputs(tmp_path):
-  proc = _compare(tmp_path, *TINY)
+def _finished(tmp_path, *flags):
+  """(process, rows of the CSV, its selected rows) of a run that must succeed."""
+  proc = _compare(tmp_path, *flags)
   assert proc.returncode == 0, proc.stderr
   rows = pd.read_csv(tmp_path / "c.csv")
-  trials, selected = rows[rows.row_type == "trial"], rows[rows.row_type == "selected"]
+  return proc, rows, rows[rows.row_type == "selected"]
+
+
+def test_a_tiny_grid_selects_on_validation_and_writes_its_outputs(tmp_path):
+  proc, rows, selected = _finished(tmp_path, *TINY)
+  trials = rows[rows.row_type == "trial"]
   # local and fedavg: 1 configuration, mrmtl: 2 lambdas; x 2 epsilons x 1 seed
   assert len(trials) == (1 + 1 + 2) * 2 and len(selected) == 3 * 2
   assert trials.run_key.is_unique
@@ -85,10 +91,8 @@ def test_private_tuning_meets_its_budget_by_dp_accountings_own_bound(tmp_path):
   score) confirms it is within the target."""
   import dp_accounting
   from tff_silo.privacy import accounting
-  proc = _compare(tmp_path, *TINY, "--tuning=private", "--mean_trials=3",
-                  "--methods=local,mrmtl")
-  assert proc.returncode == 0, proc.stderr
-  rows = pd.read_csv(tmp_path / "c.csv")
+  _, rows, _ = _finished(tmp_path, *TINY, "--tuning=private", "--mean_trials=3",
+                         "--methods=local,mrmtl")
   drawn = rows[(rows.row_type == "trial") & (rows.trial >= 0)]
   assert set(drawn.method) == {"mrmtl"} and set(drawn.epsilon) == {4.0}
   assert drawn.run_seed.is_unique and drawn.validation_metric.isna().all()
@@ -119,34 +123,26 @@ def test_private_tuning_meets_its_budget_by_dp_accountings_own_bound(tmp_path):
 
 
 def test_membership_inference_reports_leakage_beside_utility(tmp_path):
-  proc = _compare(tmp_path, "--methods=local,fedavg", "--epsilons=inf", "--seeds=0",
-                  "--rounds=3", "--membership")
-  assert proc.returncode == 0, proc.stderr
-  rows = pd.read_csv(tmp_path / "c.csv")
-  selected = rows[rows.row_type == "selected"]
+  proc, _, selected = _finished(tmp_path, "--methods=local,fedavg", "--epsilons=inf",
+                                "--seeds=0", "--rounds=3", "--membership")
   assert selected.mia_auc.between(0, 1).all() and selected.mia_advantage.notna().all()
   assert (tmp_path / "leakage_quick.png").stat().st_size > 0
   assert "Membership inference" in proc.stdout
 
 
 def test_ifca_methods_run_in_the_grid(tmp_path):
-  proc = _compare(tmp_path, "--methods=ifca,ifca_mrmtl", "--epsilons=4", "--seeds=0",
-                  "--lams=1", "--rounds=3")
-  assert proc.returncode == 0, proc.stderr
-  rows = pd.read_csv(tmp_path / "c.csv")
-  selected = rows[rows.row_type == "selected"]
+  _, _, selected = _finished(tmp_path, "--methods=ifca,ifca_mrmtl", "--epsilons=4",
+                             "--seeds=0", "--lams=1", "--rounds=3")
   assert sorted(selected.method) == ["ifca", "ifca_mrmtl"]
   assert np.all((selected.epsilon_spent > 3.99) & (selected.epsilon_spent <= 4.0))
 
 
 def test_vehicle_accuracy_is_tuned_upwards(tmp_path, shared_data):
   """A preset read from --data_dir whose metric is accuracy (higher is better)."""
-  proc = _compare(tmp_path, "--preset=vehicle", f"--data_dir={shared_data}",
-                  "--methods=mrmtl", "--epsilons=inf", "--seeds=0", "--lrs=0.01,0.1",
-                  "--lams=0.1", "--rounds=3")
-  assert proc.returncode == 0, proc.stderr
-  rows = pd.read_csv(tmp_path / "c.csv")
-  trials, selected = rows[rows.row_type == "trial"], rows[rows.row_type == "selected"]
+  _, rows, selected = _finished(tmp_path, "--preset=vehicle", f"--data_dir={shared_data}",
+                                "--methods=mrmtl", "--epsilons=inf", "--seeds=0",
+                                "--lrs=0.01,0.1", "--lams=0.1", "--rounds=3")
+  trials = rows[rows.row_type == "trial"]
   assert set(trials.metric) == {"accuracy"} and len(trials) == 2
   assert selected.validation_metric.iloc[0] == trials.validation_metric.max()
 

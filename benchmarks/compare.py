@@ -52,18 +52,12 @@ import time
 from absl import flags
 import numpy as np
 
-from benchmarks import common, configs
+from benchmarks import common, configs, grid
+from benchmarks.grid import (IFCA_METHODS, LAMBDA_METHODS, METHODS, TUNING, TUNING_MODES,
+                             TUNING_PRIVATE, UNTUNED)
 from benchmarks.common import UsageError
 
 PRESETS = tuple(configs.COMPARE_PRESETS)
-IFCA_METHODS = {"ifca": "fedavg", "ifca_mrmtl": "mrmtl"}   # method: what follows IFCA
-METHODS = ("local", "fedavg", "finetune", "mrmtl", "ditto", *IFCA_METHODS)
-LAMBDA_METHODS = ("mrmtl", "ditto", "ifca_mrmtl")
-TUNING_MODES = ("free", "private")
-TUNING = "free: best validation metric of the grid; validation and tuning not accounted"
-UNTUNED = "none: one configuration, nothing tuned"
-TUNING_PRIVATE = ("private: best noisy validation score of h ~ TNB(eta={eta:g}, "
-                  "E[h]={mean:g}) random grid draws; accounted (Papernot & Steinke Thm. 2)")
 SIGNATURE = ("row_type", "run_key", "method", "test_metric")
 # The presets' datasets read from --data_dir, and what they read there.
 DATA_FILES = {"school": "school.mat", "vehicle": "vehicle.mat or the Vehicle JSON",
@@ -198,94 +192,12 @@ def _settings() -> dict:
   return s
 
 
-def load(dataset: str, seed: int, data_dir=None):
-  """The silos of a preset's dataset (see `benchmarks.configs.COMPARE_PRESETS`)."""
-  from tff_silo import data
-  if dataset == "quick":
-    return data.heterogeneous_linear_silos(**configs.QUICK_DATA, seed=seed)
-  if dataset == "digits":
-    return data.load_rotated_masked_digits(seed=seed)
-  if dataset == "school":
-    return data.load_school(data_dir, seed=seed, standardize="public")
-  if dataset == "vehicle":
-    return data.load_vehicle(data_dir, seed=seed, standardize="none")
-  if dataset == "fmnist":
-    return data.rotated_masked_fmnist_silos(data_dir, seed=seed)
-  return data.label_skewed_fmnist_silos(data_dir, seed=seed)
-
-
 def _data(s, seed):
   """(the silos a trial trains on, with their test split; validation features and
   labels per silo), `data.validation_split` of the preset's silos."""
   from tff_silo import data
-  silos = load(s["dataset"], seed, FLAGS.data_dir)
+  silos = grid.load(s["dataset"], seed, FLAGS.data_dir)
   return data.validation_split(silos, s["validation_fraction"], [seed, 1])
-
-
-def _grid(s, method) -> list:
-  """The (lam, lr) configurations of `method`, in grid order."""
-  return [(lam, lr) for lam in (s["lams"] if method in LAMBDA_METHODS else (0.0,))
-          for lr in s["lrs"]]
-
-
-def _trials(s) -> list:
-  """Every trial (method, epsilon, seed, lam, lr, trial, run_seed), sorted so that a
-  configuration's trials (epsilons, seeds, draws) are consecutive: they run stacked.
-  A cell of the full grid (free tuning, a non-private cell, a method with one
-  configuration) has trial -1 and runs with the cell's seed; a cell of private
-  tuning has trials 0..h-1, the plan (h and each trial's configuration) drawn from
-  the cell's seed, and each trial its own run seed (fresh keys)."""
-  from tff_silo import keys
-  from tff_silo.privacy import tuning
-  out = []
-  for method in s["methods"]:
-    grid = _grid(s, method)
-    for epsilon in s["epsilons"]:
-      for seed in s["seeds"]:
-        if s["tuning"] == "free" or math.isinf(epsilon) or len(grid) == 1:
-          out += [dict(method=method, epsilon=epsilon, seed=seed, lam=lam, lr=lr,
-                       trial=-1, run_seed=seed) for lam, lr in grid]
-          continue
-        cell = (keys.TUNING, METHODS.index(method), round(epsilon * 1000))
-        plan = tuning.draw_trials(_tnb(s), len(grid), np.random.default_rng(
-            keys.child_seed(seed, *cell, 0)))
-        out += [dict(method=method, epsilon=epsilon, seed=seed, lam=grid[i][0],
-                     lr=grid[i][1], trial=j, run_seed=keys.child_seed(seed, *cell, j + 1))
-                for j, i in enumerate(plan)]
-  return sorted(out, key=lambda t: (METHODS.index(t["method"]), t["lam"], t["lr"]))
-
-
-def _tnb(s):
-  from tff_silo.privacy import tuning
-  return tuning.TruncatedNegativeBinomial.with_mean(s["tuning_eta"], s["mean_trials"])
-
-
-def _settings_key(s) -> dict:
-  key = dict(preset=s["preset"], rounds=s["rounds"], batch_size=s["batch_size"],
-             clip=s["clip"], delta=s["delta"], validation_fraction=s["validation_fraction"],
-             assumed_silo_size=s["assumed_silo_size"],
-             data=configs.QUICK_DATA if s["dataset"] == "quick" else s["dataset"])
-  if s["tuning"] == "private":
-    key.update(tuning="private", **{name: s[name] for name in (
-        "tuning_eta", "mean_trials", "score_budget_share", "score_clip")})
-  if s["membership"]:
-    key.update(membership=True)
-  return key
-
-
-def _trial_key(s, trial) -> str:
-  clusters = (dict(num_clusters=s["num_clusters"]) if trial["method"] in IFCA_METHODS
-              else {})
-  return json.dumps(dict(_settings_key(s), row_type="trial", **trial, **clusters),
-                    sort_keys=True)
-
-
-def _cell_key(s, method, epsilon, seed) -> str:
-  clusters = dict(num_clusters=s["num_clusters"]) if method in IFCA_METHODS else {}
-  return json.dumps(dict(_settings_key(s), row_type="selected", method=method,
-                         epsilon=epsilon, seed=seed, lrs=s["lrs"],
-                         lams=s["lams"] if method in LAMBDA_METHODS else None,
-                         **clusters), sort_keys=True)
 
 
 _TRIAL_PRIVACY = {}
@@ -312,7 +224,7 @@ def _trial_privacy(s, definition, silos, epsilon):
     event_for = lambda z: dp_accounting.ComposedDpEvent([
         accounting.silo_event(z, rate, steps, neighbouring=protocol.neighbouring,
                               dataset_size=size), dp_accounting.GaussianDpEvent(score_z)])
-    z = tuning.calibrate_noise(epsilon, s["delta"], event_for, _tnb(s),
+    z = tuning.calibrate_noise(epsilon, s["delta"], event_for, grid.tnb(s),
                                protocol.neighbouring)
     # a margin of 1e-5 in z: the run's own calibration to this epsilon then lands on
     # noise above z, never below it
@@ -347,7 +259,7 @@ def _tuned_epsilon(s, privacy, score_z) -> float:
                               selection_epsilon=selection or None,
                               num_selections=privacy.num_selections if selection else 0),
         dp_accounting.GaussianDpEvent(score_z)])
-    worst = max(worst, tuning.tuned_epsilon(event, _tnb(s), delta,
+    worst = max(worst, tuning.tuned_epsilon(event, grid.tnb(s), delta,
                                             privacy.protocol.neighbouring))
   return worst
 
@@ -434,7 +346,7 @@ def _run_batch(s, batch, loaded, backend, device):
       pooled = pooled[pooled.silo == membership.ALL_SILOS].iloc[0]
       leakage = dict(mia_auc=float(pooled.auc), mia_advantage=float(pooled.advantage))
     rows.append(dict(
-        row_type="trial", run_key=_trial_key(s, trial), preset=s["preset"], **trial,
+        row_type="trial", run_key=grid.trial_key(s, trial), preset=s["preset"], **trial,
         rounds=result.rounds, metric=result.metric,
         validation_metric=validation_metric, noisy_validation_score=noisy_score,
         test_metric=result.test_metric,
@@ -445,47 +357,12 @@ def _run_batch(s, batch, loaded, backend, device):
         epsilon_tuned=epsilon_tuned, score_noise_multiplier=score_z,
         delta=s["delta"] if result.privacy is not None else float("nan"),
         tuning=(TUNING_PRIVATE.format(eta=s["tuning_eta"], mean=s["mean_trials"])
-                if tuned else UNTUNED if len(_grid(s, trial["method"])) == 1 else TUNING),
+                if tuned else UNTUNED
+                if len(grid.configurations(s, trial["method"])) == 1 else TUNING),
         num_trials=1, wall_seconds=result.wall_seconds,
         runs_stacked=result.runs_stacked, backend=backend, device=device,
         peak_memory_mb=common.peak_memory_mb(), **leakage))
   return rows
-
-
-def _selected(s, trials, planned):
-  """One row per (method, epsilon, seed) whose `planned` trials are all done: the
-  trial with the best validation metric (noisy under private tuning; the first in
-  order on a tie; a diverged trial, NaN or inf, never wins unless all did). Under
-  private tuning its epsilon_spent is the tuning's total."""
-  import pandas as pd
-  expected = {}
-  for t in planned:
-    cell = (t["method"], t["epsilon"], t["seed"])
-    expected[cell] = expected.get(cell, 0) + 1
-  rows = []
-  for (method, epsilon, seed), cell in trials.groupby(["method", "epsilon", "seed"],
-                                                      sort=False):
-    if len(cell) < expected.get((method, epsilon, seed), math.inf):
-      continue
-    cell = cell.sort_values(["trial", "lam", "lr"], kind="stable")
-    best = dict(cell.loc[_score(cell).idxmin()])
-    if "epsilon_tuned" in cell and cell.epsilon_tuned.notna().any():
-      best["epsilon_spent"] = float(cell.epsilon_tuned.max())
-    rows.append(dict(best, row_type="selected",
-                     run_key=_cell_key(s, method, float(epsilon), int(seed)),
-                     num_trials=len(cell), wall_seconds=float(cell.wall_seconds.sum())))
-  return pd.DataFrame(rows)
-
-
-def _score(trials):
-  """Lower is better: the validation metric, or under private tuning the noisy
-  score (negated for accuracy), NaN as inf."""
-  sign = -1.0 if trials.metric.iloc[0] == "accuracy" else 1.0
-  score = trials.validation_metric
-  if "noisy_validation_score" in trials:
-    score = score.where(trials.noisy_validation_score.isna(),
-                        trials.noisy_validation_score)
-  return (sign * score).fillna(np.inf).replace(-np.inf, np.inf)
 
 
 def _epsilon_label(epsilon) -> str:
@@ -554,6 +431,7 @@ def _figure(s, name) -> str:
 
 
 def _plots(s, trials, selected):
+  """The privacy-utility, leakage (with --membership) and lambda figures."""
   import matplotlib
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt
@@ -596,7 +474,7 @@ def _plots(s, trials, selected):
   for ax, epsilon in zip(axes.flat, epsilons):
     part = lam_trials[lam_trials.epsilon == epsilon]
     # per (method, lambda, seed) the lr with the best validation metric
-    best = part.loc[_score(part).groupby([part.method, part.lam, part.seed]).idxmin()]
+    best = part.loc[grid.score(part).groupby([part.method, part.lam, part.seed]).idxmin()]
     best = best[np.isfinite(best.test_metric)]
     sns.lineplot(data=best, x="lam", y="test_metric", hue="method", marker="o",
                  errorbar="sd", ax=ax, legend=ax is axes.flat[0])
@@ -618,12 +496,11 @@ def main(argv):
   if len(argv) > 1:
     raise UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
   s = _settings()
-  import pandas as pd
   from tff_silo import runtime
   runtime.exit_cleanly_on_sigterm()
   done = common.done_rows(s["output"], True, SIGNATURE)
-  trials = _trials(s)
-  pending = [t for t in trials if _trial_key(s, t) not in done]
+  trials = grid.trials(s)
+  pending = [t for t in trials if grid.trial_key(s, t) not in done]
   try:
     loaded = {seed: _data(s, seed) for seed in s["seeds"]}
   except ValueError as e:   # DataError: a missing or bad file, a silo too small
@@ -655,9 +532,9 @@ def main(argv):
           f"lr={first['lr']:g}: {len(batch)} trials, "
           f"{elapsed:.0f} s, ~{left:.0f} s left", file=sys.stderr, flush=True)
   table = common.read_rows(s["output"], SIGNATURE)
-  keys = {_trial_key(s, t) for t in trials}
+  keys = {grid.trial_key(s, t) for t in trials}
   ours = table[(table.row_type == "trial") & table.run_key.isin(keys)]
-  selected = _selected(s, ours, trials)
+  selected = grid.selected(s, ours, trials)
   fresh = selected[~selected.run_key.isin(set(table.run_key))]
   if len(fresh):
     common.append_rows(s["output"], fresh.to_dict("records"))

@@ -90,28 +90,6 @@ def _conditions(etas):
   return out
 
 
-def tuned_error(errors: np.ndarray, trials) -> float:
-  """E over h ~ trials and h uniform draws (with replacement) from the grid of the
-  smallest drawn error; h = 0 gives errors[0] (lambda = 0, local training).
-  With the grid's errors sorted e_1 <= ... <= e_G, P[min >= e_j | h] =
-  ((G - j + 1) / G)^h."""
-  sorted_errors = np.sort(errors)
-  g = len(errors)
-  above = (g - np.arange(g)) / g              # P[a draw >= e_j], j = 1..G
-  def given(h):
-    at_least = above ** h
-    return float(np.sum(sorted_errors * (at_least - np.append(at_least[1:], 0.0))))
-  if hasattr(trials, "pmf"):
-    h_max = max(64, int(50 * trials.mean))
-    pmf = trials.pmf(h_max)
-    return float(sum(p * given(h) for h, p in enumerate(pmf, 1) if p > 0)
-                 + (1 - pmf.sum()) * sorted_errors[0])
-  from scipy import stats
-  h = np.arange(0, int(trials.mu + 20 * math.sqrt(trials.mu) + 20))
-  pmf = stats.poisson.pmf(h, trials.mu)
-  return float(pmf[0] * errors[0] + sum(p * given(k) for k, p in zip(h[1:], pmf[1:])))
-
-
 def _plot(rows, summary, path):
   import matplotlib
   matplotlib.use("Agg")
@@ -143,6 +121,7 @@ def main(argv):
     raise UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
   etas = _settings()
   from tff_silo import theory
+  from tff_silo.privacy import tuning
   lams = np.concatenate([[0.0], np.logspace(-3, 2, FLAGS.num_lambdas)])
   k, tau2 = FLAGS.num_silos, FLAGS.tau ** 2
   settings = dict(num_silos=k, n=FLAGS.n, sigma=FLAGS.sigma, tau=FLAGS.tau,
@@ -163,7 +142,8 @@ def main(argv):
     best = int(np.argmin(errors))
     summary.append(dict(
         condition=name, noise_multiplier=z, best_lam=lams[best], best_error=errors[best],
-        tuned_error=(tuned_error(errors, trials) if trials is not None else float("nan")),
+        tuned_error=(tuning.expected_best(errors, trials) if trials is not None
+                     else float("nan")),
         local_error=errors[0], fedavg_error=theory.mrmtl_error(math.inf, k, sigma_loc2,
                                                                tau2)))
   common.append_rows(FLAGS.output, rows)

@@ -148,30 +148,30 @@ def test_vehicle_accuracy_is_tuned_upwards(tmp_path, shared_data):
 
 
 def test_the_fashion_mnist_presets_read_their_folder(tmp_path, idx_files):
-  from benchmarks import compare
+  from benchmarks import grid
   idx_files[0](tmp_path, n_train=400, n_test=100)
-  silos = compare.load("fmnist_hetero", 0, str(tmp_path))
+  silos = grid.load("fmnist_hetero", 0, str(tmp_path))
   assert silos.num_silos == 30 and silos.feature_shape == (28, 28, 1)
   with pytest.raises(data.DataError, match="fewer than 40 silos x 1500"):
-    compare.load("fmnist", 0, str(tmp_path))
+    grid.load("fmnist", 0, str(tmp_path))
 
 
 def test_selection_never_picks_a_diverged_trial():
-  from benchmarks import compare
+  from benchmarks import grid
   s = dict(preset="quick", dataset="quick", rounds=3, batch_size=16, clip=1.0,
            delta=1e-3, validation_fraction=0.2, assumed_silo_size=48, lrs=(0.1,),
-           lams=(0.1, 1.0, 10.0), tuning="free")
+           lams=(0.1, 1.0, 10.0), tuning="free", membership=False)
   trials = pd.DataFrame(dict(
       method="mrmtl", epsilon=math.inf, seed=0, lam=[0.1, 1.0, 10.0], lr=0.1, trial=-1,
       metric="mse", validation_metric=[0.5, math.nan, 0.4], test_metric=[0.6, 0.1, 0.45],
       wall_seconds=1.0, run_key=["a", "b", "c"]))
   planned = trials[["method", "epsilon", "seed"]].to_dict("records")
-  assert compare._selected(s, trials, planned).lam.tolist() == [10.0]
+  assert grid.selected(s, trials, planned).lam.tolist() == [10.0]
   trials.loc[2, "validation_metric"] = math.inf
-  assert compare._selected(s, trials, planned).lam.tolist() == [0.1]
+  assert grid.selected(s, trials, planned).lam.tolist() == [0.1]
   accuracy = trials.assign(metric="accuracy", validation_metric=[0.5, math.nan, 0.7])
-  assert compare._selected(s, accuracy, planned).lam.tolist() == [10.0]
-  assert compare._selected(s, trials.iloc[:2], planned).empty   # not finished yet
+  assert grid.selected(s, accuracy, planned).lam.tolist() == [10.0]
+  assert grid.selected(s, trials.iloc[:2], planned).empty   # not finished yet
 
 
 @pytest.mark.parametrize("flag, message", [

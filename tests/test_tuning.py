@@ -12,8 +12,8 @@ import scipy.stats
 from tff_silo.privacy import accounting
 from tff_silo.privacy.tuning import (PoissonTrials, TruncatedNegativeBinomial,
                                      calibrate_noise, draw_trials, gaussian_rdp,
-                                     repeat_and_select_epsilon, repeat_and_select_rdp,
-                                     tuned_epsilon)
+                                     expected_best, repeat_and_select_epsilon,
+                                     repeat_and_select_rdp, tuned_epsilon)
 
 ETAS = (-0.5, 0.0, 0.5, 1.0, 2.0, 5.0)   # thesis Fig. 1.7
 ORDERS = np.array(accounting.RDP_ORDERS)
@@ -176,15 +176,14 @@ def test_bad_arguments_are_named(make, message):
     make()
 
 
-def test_tuned_error_is_the_mean_best_of_random_draws():
-  """`benchmarks.tuning_cost.tuned_error` against sampling `draw_trials` plans."""
-  from benchmarks.tuning_cost import tuned_error
+def test_expected_best_is_the_mean_best_of_random_draws():
+  """`expected_best` against sampling `draw_trials` plans."""
   errors = np.array([0.5, 0.1, 0.3, 0.2, 0.9])
   rng = np.random.default_rng(3)
   for trials in (TruncatedNegativeBinomial.with_mean(-0.5, 3.0), PoissonTrials(1.5)):
     best = [errors[plan].min() if plan else errors[0]   # h = 0: lambda = 0
             for plan in (draw_trials(trials, len(errors), rng) for _ in range(40_000))]
-    assert tuned_error(errors, trials) == pytest.approx(
+    assert expected_best(errors, trials) == pytest.approx(
         np.mean(best), abs=4 * np.std(best) / math.sqrt(len(best)))
 
 

@@ -227,3 +227,28 @@ def draw_trials(trials: Trials, num_candidates: int, rng: np.random.Generator) -
   if num_candidates < 1:
     raise ValueError(f"num_candidates must be >= 1, got {num_candidates}")
   return [int(i) for i in rng.integers(0, num_candidates, trials.sample(rng))]
+
+
+def expected_best(values: Sequence[float], trials: Trials) -> float:
+  """E over h ~ `trials` and h uniform draws (with replacement) of `values` of the
+  smallest value drawn: what random-repeat tuning releases when it scores each
+  candidate exactly (an upper bound on what it can reach). h = 0 (Poisson) releases
+  the first candidate (in `benchmarks.tuning_cost`, lambda = 0: local training).
+  With the values sorted v_1 <= ... <= v_G, P[min >= v_j | h] = ((G - j + 1) / G)^h."""
+  values = np.asarray(values, np.float64)
+  ordered, g = np.sort(values), len(values)
+  above = (g - np.arange(g)) / g            # P[a draw >= v_j], j = 1..G
+
+  def given(h):
+    at_least = above ** h
+    return float(np.sum(ordered * (at_least - np.append(at_least[1:], 0.0))))
+
+  if isinstance(trials, TruncatedNegativeBinomial):
+    pmf = trials.pmf(max(64, int(50 * trials.mean)))
+    # the mass beyond: so many draws that the smallest value is all but certain
+    return float(sum(p * given(h) for h, p in enumerate(pmf, 1) if p > 0)
+                 + (1 - pmf.sum()) * ordered[0])
+  import scipy.stats   # pylint: disable=g-import-not-at-top
+  h = np.arange(0, int(trials.mu + 20 * math.sqrt(trials.mu) + 20))
+  pmf = scipy.stats.poisson.pmf(h, trials.mu)
+  return float(pmf[0] * values[0] + sum(p * given(k) for k, p in zip(h[1:], pmf[1:])))

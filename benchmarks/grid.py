@@ -1,0 +1,144 @@
+"""What `benchmarks.compare` runs and selects, without its flags (so that tests and
+other code import it freely): the methods, the presets' data, the trials of a grid
+(full or drawn by private tuning), the keys that make a run resumable, and the
+selection of each cell's configuration on validation."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+
+from benchmarks import configs
+
+IFCA_METHODS = {"ifca": "fedavg", "ifca_mrmtl": "mrmtl"}   # method: what follows IFCA
+METHODS = ("local", "fedavg", "finetune", "mrmtl", "ditto", *IFCA_METHODS)
+LAMBDA_METHODS = ("mrmtl", "ditto", "ifca_mrmtl")
+TUNING_MODES = ("free", "private")
+TUNING = "free: best validation metric of the grid; validation and tuning not accounted"
+UNTUNED = "none: one configuration, nothing tuned"
+TUNING_PRIVATE = ("private: best noisy validation score of h ~ TNB(eta={eta:g}, "
+                  "E[h]={mean:g}) random grid draws; accounted (Papernot & Steinke Thm. 2)")
+
+
+def load(dataset: str, seed: int, data_dir=None):
+  """The silos of a preset's dataset (see `benchmarks.configs.COMPARE_PRESETS`)."""
+  from tff_silo import data
+  if dataset == "quick":
+    return data.heterogeneous_linear_silos(**configs.QUICK_DATA, seed=seed)
+  if dataset == "digits":
+    return data.load_rotated_masked_digits(seed=seed)
+  if dataset == "school":
+    return data.load_school(data_dir, seed=seed, standardize="public")
+  if dataset == "vehicle":
+    return data.load_vehicle(data_dir, seed=seed, standardize="none")
+  if dataset == "fmnist":
+    return data.rotated_masked_fmnist_silos(data_dir, seed=seed)
+  return data.label_skewed_fmnist_silos(data_dir, seed=seed)
+
+
+def configurations(s, method) -> list:
+  """The (lam, lr) configurations of `method`, in grid order."""
+  return [(lam, lr) for lam in (s["lams"] if method in LAMBDA_METHODS else (0.0,))
+          for lr in s["lrs"]]
+
+
+def trials(s) -> list:
+  """Every trial (method, epsilon, seed, lam, lr, trial, run_seed), sorted so that a
+  configuration's trials (epsilons, seeds, draws) are consecutive: they run stacked.
+  A cell of the full grid (free tuning, a non-private cell, a method with one
+  configuration) has trial -1 and runs with the cell's seed; a cell of private
+  tuning has trials 0..h-1, the plan (h and each trial's configuration) drawn from
+  the cell's seed, and each trial its own run seed (fresh keys)."""
+  from tff_silo import keys
+  from tff_silo.privacy import tuning
+  out = []
+  for method in s["methods"]:
+    options = configurations(s, method)
+    for epsilon in s["epsilons"]:
+      for seed in s["seeds"]:
+        if s["tuning"] == "free" or math.isinf(epsilon) or len(options) == 1:
+          out += [dict(method=method, epsilon=epsilon, seed=seed, lam=lam, lr=lr,
+                       trial=-1, run_seed=seed) for lam, lr in options]
+          continue
+        cell = (keys.TUNING, METHODS.index(method), round(epsilon * 1000))
+        plan = tuning.draw_trials(tnb(s), len(options), np.random.default_rng(
+            keys.child_seed(seed, *cell, 0)))
+        out += [dict(method=method, epsilon=epsilon, seed=seed, lam=options[i][0],
+                     lr=options[i][1], trial=j, run_seed=keys.child_seed(seed, *cell, j + 1))
+                for j, i in enumerate(plan)]
+  return sorted(out, key=lambda t: (METHODS.index(t["method"]), t["lam"], t["lr"]))
+
+
+def tnb(s):
+  """The distribution of private tuning's number of trials."""
+  from tff_silo.privacy import tuning
+  return tuning.TruncatedNegativeBinomial.with_mean(s["tuning_eta"], s["mean_trials"])
+
+
+def settings_key(s) -> dict:
+  """What every trial of the run `s` shares and its results depend on."""
+  key = dict(preset=s["preset"], rounds=s["rounds"], batch_size=s["batch_size"],
+             clip=s["clip"], delta=s["delta"], validation_fraction=s["validation_fraction"],
+             assumed_silo_size=s["assumed_silo_size"],
+             data=configs.QUICK_DATA if s["dataset"] == "quick" else s["dataset"])
+  if s["tuning"] == "private":
+    key.update(tuning="private", **{name: s[name] for name in (
+        "tuning_eta", "mean_trials", "score_budget_share", "score_clip")})
+  if s["membership"]:
+    key.update(membership=True)
+  return key
+
+
+def trial_key(s, trial) -> str:
+  """A trial's row key: a rerun finding it skips the trial."""
+  clusters = (dict(num_clusters=s["num_clusters"]) if trial["method"] in IFCA_METHODS
+              else {})
+  return json.dumps(dict(settings_key(s), row_type="trial", **trial, **clusters),
+                    sort_keys=True)
+
+
+def cell_key(s, method, epsilon, seed) -> str:
+  """A selected row's key (the grid searched is part of it)."""
+  clusters = dict(num_clusters=s["num_clusters"]) if method in IFCA_METHODS else {}
+  return json.dumps(dict(settings_key(s), row_type="selected", method=method,
+                         epsilon=epsilon, seed=seed, lrs=s["lrs"],
+                         lams=s["lams"] if method in LAMBDA_METHODS else None,
+                         **clusters), sort_keys=True)
+
+
+def selected(s, trials, planned):
+  """One row per (method, epsilon, seed) whose `planned` trials are all done: the
+  trial with the best validation metric (noisy under private tuning; the first in
+  order on a tie; a diverged trial, NaN or inf, never wins unless all did). Under
+  private tuning its epsilon_spent is the tuning's total."""
+  import pandas as pd
+  expected = {}
+  for t in planned:
+    cell = (t["method"], t["epsilon"], t["seed"])
+    expected[cell] = expected.get(cell, 0) + 1
+  rows = []
+  for (method, epsilon, seed), cell in trials.groupby(["method", "epsilon", "seed"],
+                                                      sort=False):
+    if len(cell) < expected.get((method, epsilon, seed), math.inf):
+      continue
+    cell = cell.sort_values(["trial", "lam", "lr"], kind="stable")
+    best = dict(cell.loc[score(cell).idxmin()])
+    if "epsilon_tuned" in cell and cell.epsilon_tuned.notna().any():
+      best["epsilon_spent"] = float(cell.epsilon_tuned.max())
+    rows.append(dict(best, row_type="selected",
+                     run_key=cell_key(s, method, float(epsilon), int(seed)),
+                     num_trials=len(cell), wall_seconds=float(cell.wall_seconds.sum())))
+  return pd.DataFrame(rows)
+
+
+def score(trials):
+  """Lower is better: the validation metric, or under private tuning the noisy
+  score (negated for accuracy), NaN as inf."""
+  sign = -1.0 if trials.metric.iloc[0] == "accuracy" else 1.0
+  values = trials.validation_metric
+  if "noisy_validation_score" in trials:
+    values = values.where(trials.noisy_validation_score.isna(),
+                          trials.noisy_validation_score)
+  return (sign * values).fillna(np.inf).replace(-np.inf, np.inf)

@@ -164,11 +164,6 @@ def _settings() -> dict:
                        f"{s['score_budget_share']}")
     if not s["score_clip"] > 0:
       raise UsageError(f"--score_clip must be > 0; got {s['score_clip']}")
-    ifca = [m for m in s["methods"] if m in IFCA_METHODS]
-    if ifca:
-      raise UsageError(f"--tuning=private does not run {','.join(ifca)} yet (a "
-                       "trial's cluster selections spend a share of its own epsilon, "
-                       "which the calibration does not solve for); leave them out")
   else:
     for name in ("tuning_eta", "mean_trials", "score_budget_share", "score_clip"):
       if FLAGS[name].present:
@@ -206,13 +201,16 @@ _TRIAL_PRIVACY = {}
 def _trial_privacy(s, definition, silos, epsilon):
   """(training epsilon, score noise multiplier) of a private-tuning trial of a cell
   at `epsilon`: the score's noise is what one score release alone would need for
-  share x epsilon; the training's the least with which the best of h ~ TNB trials of
-  (training, score) is (epsilon, delta)-DP, as the epsilon the run calibrates to
-  (its noise then is at least that)."""
+  share x epsilon; the training's epsilon e is the largest with which the best of
+  h ~ TNB trials, each the run calibrated to e (DP-SGD and, for IFCA, its private
+  selections at their share of e, as `simulation.calibrate_silos` does) and its
+  score, is (epsilon, delta)-DP."""
   import dp_accounting
   from tff_silo.algorithms.local_training import sampling_rate, steps_per_epoch
   from tff_silo.privacy import accounting, tuning
-  key = (definition.epochs_per_round, epsilon)
+  selections = definition.num_selections(s["rounds"])
+  key = (definition.epochs_per_round, selections, definition.selection_budget_share,
+         epsilon)
   if key not in _TRIAL_PRIVACY:
     protocol = _protocol(s)
     size = int(protocol.silo_sizes(silos.train_sizes)[0])
@@ -221,16 +219,19 @@ def _trial_privacy(s, definition, silos, epsilon):
         "rounds"]
     score_z = tuning.calibrate_noise(s["score_budget_share"] * epsilon, s["delta"],
                                      dp_accounting.GaussianDpEvent)
-    event_for = lambda z: dp_accounting.ComposedDpEvent([
-        accounting.silo_event(z, rate, steps, neighbouring=protocol.neighbouring,
-                              dataset_size=size), dp_accounting.GaussianDpEvent(score_z)])
-    z = tuning.calibrate_noise(epsilon, s["delta"], event_for, grid.tnb(s),
-                               protocol.neighbouring)
-    # a margin of 1e-5 in z: the run's own calibration to this epsilon then lands on
-    # noise above z, never below it
-    _TRIAL_PRIVACY[key] = (accounting.epsilon_spent(
-        z * (1 + 1e-5), rate, steps, s["delta"], neighbouring=protocol.neighbouring,
-        dataset_size=size), score_z)
+
+    def event_for(e):
+      options = dict(
+          selection_epsilon=definition.selection_budget_share * e if selections else None,
+          num_selections=selections, neighbouring=protocol.neighbouring,
+          dataset_size=size)
+      z = accounting.calibrate_noise_multiplier(e, s["delta"], rate, steps, **options)
+      return dp_accounting.ComposedDpEvent([
+          accounting.silo_event(z, rate, steps, **options),
+          dp_accounting.GaussianDpEvent(score_z)])
+
+    _TRIAL_PRIVACY[key] = (tuning.calibrate_trial_epsilon(
+        epsilon, s["delta"], event_for, grid.tnb(s), protocol.neighbouring), score_z)
   return _TRIAL_PRIVACY[key]
 
 

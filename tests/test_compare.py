@@ -156,6 +156,19 @@ def test_the_fashion_mnist_presets_read_their_folder(tmp_path, idx_files):
     grid.load("fmnist", 0, str(tmp_path))
 
 
+def test_private_tuning_of_ifca_counts_its_selections(tmp_path):
+  """IFCA's private selections take a share of the trial's own epsilon; the
+  calibration solves for it and the total, recomputed from what ran, meets the
+  target."""
+  _, rows, selected = _finished(tmp_path, "--methods=ifca_mrmtl", "--epsilons=4",
+                                "--seeds=0", "--lams=0.1,1", "--rounds=10",
+                                "--tuning=private", "--mean_trials=2")
+  drawn = rows[(rows.row_type == "trial") & (rows.trial >= 0)]
+  assert len(drawn) >= 1
+  assert np.all((drawn.epsilon_tuned > 0.99 * 4.0) & (drawn.epsilon_tuned <= 4.0))
+  assert selected.epsilon_spent.iloc[0] <= 4.0
+
+
 def test_selection_never_picks_a_diverged_trial():
   from benchmarks import grid
   s = dict(preset="quick", dataset="quick", rounds=3, batch_size=16, clip=1.0,
@@ -177,7 +190,6 @@ def test_selection_never_picks_a_diverged_trial():
 @pytest.mark.parametrize("flag, message", [
     ("--preset=mnist", "--preset must be one of"),
     ("--methods=sgd", "--methods must be among"),
-    ("--tuning=private --methods=ifca", "--tuning=private does not run ifca"),
     ("--epsilons=0", "--epsilons must be > 0 (inf runs without DP)"),
     ("--epsilons=-inf", "--epsilons must be > 0"),
     ("--epsilons=2000", "--epsilons must be at most 1000"),

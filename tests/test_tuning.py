@@ -11,7 +11,8 @@ import scipy.stats
 
 from tff_silo.privacy import accounting
 from tff_silo.privacy.tuning import (PoissonTrials, TruncatedNegativeBinomial,
-                                     calibrate_noise, draw_trials, gaussian_rdp,
+                                     calibrate_noise, calibrate_trial_epsilon,
+                                     draw_trials, gaussian_rdp,
                                      expected_best, repeat_and_select_epsilon,
                                      repeat_and_select_rdp, tuned_epsilon)
 
@@ -240,3 +241,21 @@ def test_a_dp_sgd_trial_calibrated_for_tuning_meets_the_target():
                                                                     trials.mean, 1.0))
   assert accountant.get_epsilon(1e-3) == pytest.approx(4.0, rel=1e-3)
   assert z > calibrate_noise(4.0, 1e-3, trial)   # tuning costs noise
+
+
+def test_a_trial_budget_for_tuning_never_overshoots_and_is_tight():
+  """The per-trial epsilon of a tuning: DP-SGD calibrated to it, with selections at
+  a share of it, then tuned, meets the target; a little more budget would not."""
+  trials = TruncatedNegativeBinomial.with_mean(1.0, 10.0)
+
+  def event_for(e):
+    z = accounting.calibrate_noise_multiplier(e, 1e-3, 0.3, 60,
+                                              selection_epsilon=0.03 * e,
+                                              num_selections=2)
+    return accounting.silo_event(z, 0.3, 60, selection_epsilon=0.03 * e,
+                                 num_selections=2)
+
+  e = calibrate_trial_epsilon(3.0, 1e-3, event_for, trials)
+  assert 0 < e < 3.0
+  assert tuned_epsilon(event_for(e), trials, 1e-3) <= 3.0
+  assert tuned_epsilon(event_for(e * 1.01), trials, 1e-3) > 3.0

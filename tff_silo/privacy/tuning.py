@@ -220,6 +220,32 @@ def calibrate_noise(target_epsilon: float, target_delta: float, event_for, trial
   return high
 
 
+def calibrate_trial_epsilon(target_epsilon: float, target_delta: float, event_for,
+                            trials, neighbouring: str = "add_remove",
+                            orders: Sequence[float] = TUNING_ORDERS) -> float:
+  """The largest epsilon e (to relative 1e-4, rounded down) such that the best of
+  h ~ `trials` trials, each of queries `event_for(e)` (a run calibrated to spend e,
+  with whatever else it releases), is (target_epsilon, target_delta)-DP: the budget
+  to give each trial of a tuning. The result never overshoots."""
+  if not (math.isfinite(target_epsilon) and target_epsilon > 0):
+    raise ValueError(f"target_epsilon must be a finite number > 0, got {target_epsilon}")
+  total = lambda e: tuned_epsilon(event_for(e), trials, target_delta, neighbouring,
+                                  orders)
+  low, high = target_epsilon, target_epsilon
+  while total(low) > target_epsilon:
+    high, low = low, low / 2
+    if low < 1e-6 * target_epsilon:
+      raise ValueError(f"no trial budget reaches epsilon {target_epsilon} at delta "
+                       f"{target_delta} once tuned")
+  while high - low > 1e-4 * high:
+    middle = (low + high) / 2
+    if total(middle) > target_epsilon:
+      high = middle
+    else:
+      low = middle
+  return low
+
+
 def draw_trials(trials: Trials, num_candidates: int, rng: np.random.Generator) -> list:
   """Random-repeat tuning's plan: h ~ `trials`, then h candidate indices drawn
   uniformly with replacement from range(num_candidates) (each trial picks its

@@ -126,6 +126,7 @@ def test_membership_inference_reports_leakage_beside_utility(tmp_path):
   proc, _, selected = _finished(tmp_path, "--methods=local,fedavg", "--epsilons=inf",
                                 "--seeds=0", "--rounds=3", "--membership")
   assert selected.mia_auc.between(0, 1).all() and selected.mia_advantage.notna().all()
+  assert not selected.mia_inside_guarantee.any()
   assert (tmp_path / "leakage_quick.png").stat().st_size > 0
   assert "Membership inference" in proc.stdout
 

@@ -211,13 +211,19 @@ def calibrate_noise(target_epsilon: float, target_delta: float, event_for, trial
     if high > 1e7:
       raise ValueError(f"no noise multiplier up to 1e7 reaches epsilon "
                        f"{target_epsilon} at delta {target_delta}")
-  while high - low > 1e-6 * high:
-    middle = (low + high) / 2
-    if epsilon(middle) > target_epsilon:
-      low = middle
+  return _boundary(lambda z: epsilon(z) <= target_epsilon, low, high, 1e-6)
+
+
+def _boundary(holds, fails_at: float, holds_at: float, tolerance: float) -> float:
+  """Bisects between a point where the monotone condition `holds` fails and one
+  where it holds, to relative `tolerance`; returns the end where it holds."""
+  while abs(holds_at - fails_at) > tolerance * max(abs(holds_at), abs(fails_at)):
+    middle = (fails_at + holds_at) / 2
+    if holds(middle):
+      holds_at = middle
     else:
-      high = middle
-  return high
+      fails_at = middle
+  return holds_at
 
 
 def calibrate_trial_epsilon(target_epsilon: float, target_delta: float, event_for,
@@ -237,13 +243,7 @@ def calibrate_trial_epsilon(target_epsilon: float, target_delta: float, event_fo
     if low < 1e-6 * target_epsilon:
       raise ValueError(f"no trial budget reaches epsilon {target_epsilon} at delta "
                        f"{target_delta} once tuned")
-  while high - low > 1e-4 * high:
-    middle = (low + high) / 2
-    if total(middle) > target_epsilon:
-      high = middle
-    else:
-      low = middle
-  return low
+  return _boundary(lambda e: total(e) <= target_epsilon, high, low, 1e-4)
 
 
 def draw_trials(trials: Trials, num_candidates: int, rng: np.random.Generator) -> list:

@@ -5,10 +5,14 @@
     python -m benchmarks.compare --preset=school --data_dir=../shared/data
 
 For every (method, epsilon, seed) cell the binary trains each configuration of the
-grid (--lrs x --lams; lambda only for mrmtl and ditto) on each silo's training
-examples less a validation part carved from them (`tff_silo.data.validation_split`;
-the test split is never used to choose), selects the configuration with the best
-pooled validation metric and reports the test metric of that same model.
+grid (--lrs x --lams; lambda only for mrmtl, ditto and ifca_mrmtl) on each silo's
+training examples less a validation part carved from them
+(`tff_silo.data.validation_split`; the test split is never used to choose), selects
+the configuration with the best pooled validation metric and reports the test metric
+of that same model. Every method runs silo-specific example-level DP except
+`hypernet` (image presets: HyperNetFL's UDP-Alg, each silo a user, one
+configuration, `configs.HypernetSettings`), whose epsilon is user-level: the
+`privacy_unit` column says which.
 
 --tuning=free (the default) searches the grid in full and selects by the exact
 validation metric, as papers report it: the scores are queries of private training
@@ -50,12 +54,13 @@ import json
 import math
 import sys
 import time
+from typing import NamedTuple
 
 from absl import flags
 import numpy as np
 
 from benchmarks import common, configs, grid
-from benchmarks.grid import (IFCA_METHODS, LAMBDA_METHODS, METHODS, TUNING, TUNING_MODES,
+from benchmarks.grid import (LAMBDA_METHODS, METHODS, TUNING, TUNING_MODES,
                              TUNING_PRIVATE, UNTUNED)
 from benchmarks.common import UsageError
 
@@ -118,6 +123,13 @@ def _settings() -> dict:
   s = dict(preset=FLAGS.preset, dataset=preset.dataset)
   s["methods"] = tuple(FLAGS.methods or preset.methods)
   common.check_among("methods", list(s["methods"]), METHODS)
+  for method in s["methods"]:
+    if method in grid.IMAGE_METHODS and preset.dataset not in grid.IMAGE_DATASETS:
+      images = ",".join(name for name, p in configs.COMPARE_PRESETS.items()
+                        if p.dataset in grid.IMAGE_DATASETS)
+      raise UsageError(f"--methods={method} runs on image silos only (--preset="
+                       f"{images}); --preset={FLAGS.preset} is not one")
+  s["hypernet"] = preset.hypernet
   if FLAGS.epsilons is None:
     s["epsilons"] = preset.epsilons
   else:
@@ -204,37 +216,38 @@ def _trial_privacy(s, definition, silos, epsilon):
   """(training epsilon, score noise multiplier) of a private-tuning trial of a cell
   at `epsilon`: the score's noise is what one score release alone would need for
   share x epsilon; the training's epsilon e is the largest with which the best of
-  h ~ TNB trials, each the run calibrated to e (DP-SGD and, for IFCA, its private
-  selections at their share of e, as `simulation.calibrate_silos` does) and its
-  score, is (epsilon, delta)-DP."""
+  h ~ TNB trials, each the run calibrated to e (`simulation.calibrate_silos`: DP-SGD
+  and, for IFCA, its private selections at their share of e) and its score, is
+  (epsilon, delta)-DP. Every silo samples with the protocol's public size, so one
+  silo's calibration holds for all."""
   import dp_accounting
-  from tff_silo.algorithms.local_training import sampling_rate, steps_per_epoch
-  from tff_silo.privacy import accounting, tuning
+  from tff_silo import simulation
+  from tff_silo.privacy import tuning
   selections = definition.num_selections(s["rounds"])
   key = (definition.epochs_per_round, selections, definition.selection_budget_share,
          epsilon)
   if key not in _TRIAL_PRIVACY:
     protocol = _protocol(s)
-    size = int(protocol.silo_sizes(silos.train_sizes)[0])
-    rate = sampling_rate(size, s["batch_size"])
-    steps = steps_per_epoch(size, s["batch_size"]) * definition.epochs_per_round * s[
-        "rounds"]
     score_z = tuning.calibrate_noise(s["score_budget_share"] * epsilon, s["delta"],
                                      dp_accounting.GaussianDpEvent)
 
     def event_for(e):
-      options = dict(
-          selection_epsilon=definition.selection_budget_share * e if selections else None,
-          num_selections=selections, neighbouring=protocol.neighbouring,
-          dataset_size=size)
-      z = accounting.calibrate_noise_multiplier(e, s["delta"], rate, steps, **options)
-      return dp_accounting.ComposedDpEvent([
-          accounting.silo_event(z, rate, steps, **options),
-          dp_accounting.GaussianDpEvent(score_z)])
+      privacy = simulation.calibrate_silos(
+          silos.train_sizes[:1], batch_size=s["batch_size"],
+          epochs_per_round=definition.epochs_per_round, rounds=s["rounds"],
+          target_epsilon=e, target_delta=s["delta"], num_selections=selections,
+          selection_budget_share=definition.selection_budget_share, protocol=protocol)
+      return _scored(privacy.silo_event(0), score_z)
 
     _TRIAL_PRIVACY[key] = (tuning.calibrate_trial_epsilon(
         epsilon, s["delta"], event_for, grid.tnb(s), protocol.neighbouring), score_z)
   return _TRIAL_PRIVACY[key]
+
+
+def _scored(event, score_z):
+  """A trial's release: its training's queries and its noisy validation score."""
+  import dp_accounting
+  return dp_accounting.ComposedDpEvent([event, dp_accounting.GaussianDpEvent(score_z)])
 
 
 def _protocol(s):
@@ -244,27 +257,16 @@ def _protocol(s):
 
 def _tuned_epsilon(s, privacy, score_z) -> float:
   """The largest over silos of the epsilon of releasing the best of h ~ TNB trials of
-  what this trial ran (its silos' DP-SGD, selections and preprocessing as recorded in
-  `privacy`) and its noisy score."""
-  import dp_accounting
-  from tff_silo.privacy import accounting, tuning
-  spent = set()
+  what this trial ran (its silos' queries as recorded in `privacy`) and its noisy
+  score."""
+  from tff_silo.privacy import tuning
+  events = {}
   for k in range(len(privacy.noise_multipliers)):
-    spent.add((float(privacy.noise_multipliers[k]), float(privacy.sampling_rates[k]),
-               int(privacy.steps[k]), float(privacy.target_delta[k]),
-               int(privacy.sizes[k]), privacy.preprocessing[k],
-               float(privacy.selection_epsilon[k])))
-  worst = 0.0
-  for z, rate, steps, delta, size, extra, selection in spent:
-    event = dp_accounting.ComposedDpEvent([
-        accounting.silo_event(z, rate, steps, neighbouring=privacy.protocol.neighbouring,
-                              dataset_size=size, extra_events=extra,
-                              selection_epsilon=selection or None,
-                              num_selections=privacy.num_selections if selection else 0),
-        dp_accounting.GaussianDpEvent(score_z)])
-    worst = max(worst, tuning.tuned_epsilon(event, grid.tnb(s), delta,
-                                            privacy.protocol.neighbouring))
-  return worst
+    event = privacy.silo_event(k)
+    events[(repr(event), float(privacy.target_delta[k]))] = event
+  return max(tuning.tuned_epsilon(_scored(event, score_z), grid.tnb(s), delta,
+                                  privacy.protocol.neighbouring)
+             for (_, delta), event in events.items())
 
 
 def _validation_metric(model, weights, x_val, y_val) -> float:
@@ -294,23 +296,33 @@ def _noisy_score(s, model, weights, x_val, y_val, run_seed, score_z) -> float:
 
 def _definition(s, trial, silos):
   from tff_silo import algorithms, models
-  kwargs = dict(client_learning_rate=trial["lr"], batch_size=s["batch_size"],
-                l2_norm_clip=None if math.isinf(trial["epsilon"]) else s["clip"])
-  if trial["method"] in LAMBDA_METHODS:
-    kwargs["lam"] = trial["lam"]
-  if trial["method"] == "finetune":
-    kwargs["total_rounds"] = s["rounds"]
-  if trial["method"] in IFCA_METHODS:   # selection in the first 10% of rounds
-    return algorithms.ifca_algorithm(
-        models.model_for(silos), silos.feature_shape, total_rounds=s["rounds"],
-        num_clusters=s["num_clusters"], after=IFCA_METHODS[trial["method"]],
-        init_seed=trial["seed"], **kwargs)
-  build = getattr(algorithms, f"{trial['method']}_algorithm")
-  return build(models.model_for(silos), silos.feature_shape, **kwargs)
+  return algorithms.silo_definition(
+      trial["method"], models.model_for(silos), silos.feature_shape,
+      client_learning_rate=trial["lr"], batch_size=s["batch_size"], rounds=s["rounds"],
+      lam=trial["lam"], l2_norm_clip=None if math.isinf(trial["epsilon"]) else s["clip"],
+      num_clusters=s["num_clusters"], cluster_init_seed=trial["seed"])
 
 
-def _run_batch(s, batch, loaded, backend, device):
-  """Trial rows of `batch` (one configuration's trials), run together."""
+class _Outcome(NamedTuple):
+  """What a trial trained, whichever method: the silos' final models and figures."""
+  model: object
+  silo_weights: list
+  data: object                 # the SiloData trained on
+  rounds: int
+  metric: str
+  test_metric: float
+  privacy: object              # SiloPrivacy (example-level methods) or None
+  epsilon_spent: float         # nan without DP
+  noise_multiplier: float      # nan without DP
+  wall_seconds: float
+  runs_stacked: int
+
+
+def _simulate(s, batch, loaded, backend) -> list:
+  """(outcome, score noise multiplier or None) of each trial of `batch`."""
+  if batch[0]["method"] == "hypernet":
+    return [(_hypernet(s, trial, loaded[trial["seed"]][0], backend), None)
+            for trial in batch]
   from tff_silo import simulation
   runs, scores = [], []
   for trial in batch:
@@ -325,48 +337,95 @@ def _run_batch(s, batch, loaded, backend, device):
         target_delta=s["delta"] if private else None, seed=trial["run_seed"],
         protocol=_protocol(s) if private else None))
   results = simulation.run_simulations(runs, rounds=s["rounds"], backend=backend)
+  nan = float("nan")
+  return [(_Outcome(
+      run.process.model, result.silo_weights, run.data, result.rounds, result.metric,
+      result.test_metric, result.privacy,
+      float(np.max(result.privacy.epsilon_spent)) if result.privacy else nan,
+      float(np.min(result.privacy.noise_multipliers)) if result.privacy else nan,
+      result.wall_seconds, result.runs_stacked), score_z)
+          for run, result, score_z in zip(runs, results, scores)]
+
+
+def _hypernet(s, trial, silos, backend) -> _Outcome:
+  """HyperNetFL (UDP-Alg), each silo a user: under DP the noise multiplier z that
+  makes T Poisson-sampled (q) Gaussian rounds (trial epsilon, delta)-DP at the
+  user level (add/remove one user's whole data)."""
+  import hypernet
+  from tff_silo import models
+  from tff_silo.privacy import accounting, user_level
+  h = s["hypernet"]
+  private = not math.isinf(trial["epsilon"])
+  z = (accounting.calibrate_noise_multiplier(trial["epsilon"], s["delta"],
+                                             h.sampling_rate, s["rounds"])
+       if private else 0.0)
+  settings = user_level.UserDPSettings(
+      h.sampling_rate, h.l2_norm_clip if private else None, z)
+  target = models.model_for(silos)
+  network = hypernet.Hypernetwork(target, silos.num_silos,
+                                  hypernet.default_embedding_dim(silos.num_silos),
+                                  hidden_width=h.hidden_width)
+  algorithm = hypernet.hypernet_algorithm(
+      network, silos.feature_shape, silos.train_sizes, settings,
+      client_learning_rate=h.client_lr, batch_size=h.batch_size,
+      local_steps=h.local_steps, hypernet_learning_rate=h.hypernet_lr,
+      embedding_learning_rate=h.embedding_lr, init_seed=trial["run_seed"],
+      noise_seed=trial["run_seed"])
+  result = hypernet.run_hypernet(algorithm, silos, rounds=s["rounds"],
+                                 target_delta=s["delta"] if private else None,
+                                 seed=trial["run_seed"], backend=backend)
+  if result.epsilon > trial["epsilon"]:
+    raise RuntimeError(f"the hypernetwork spent epsilon {result.epsilon} > "
+                       f"{trial['epsilon']}: a calibration error; nothing reported")
+  nan = float("nan")
+  return _Outcome(target, list(result.user_weights), silos, result.rounds, "accuracy",
+                  result.test_accuracy, None, result.epsilon if private else nan,
+                  z if private else nan, result.wall_seconds, 1)
+
+
+def _run_batch(s, batch, loaded, backend, device):
+  """Trial rows of `batch` (one configuration's trials), run together."""
   rows = []
-  for trial, run, result, score_z in zip(batch, runs, results, scores):
+  for trial, (outcome, score_z) in zip(batch, _simulate(s, batch, loaded, backend)):
     _, x_val, y_val = loaded[trial["seed"]]
-    model = run.process.model
+    model = outcome.model
     tuned = trial["trial"] >= 0   # a draw of private tuning
     # under private tuning only the noisy score is released, not the exact metric
     noisy_score, epsilon_tuned = math.nan, math.nan
     if tuned:
       validation_metric = math.nan
-      noisy_score = _noisy_score(s, model, result.silo_weights, x_val, y_val,
+      noisy_score = _noisy_score(s, model, outcome.silo_weights, x_val, y_val,
                                  trial["run_seed"], score_z)
-      epsilon_tuned = _tuned_epsilon(s, result.privacy, score_z)
+      epsilon_tuned = _tuned_epsilon(s, outcome.privacy, score_z)
       if epsilon_tuned > trial["epsilon"]:
         raise RuntimeError(f"tuning would spend epsilon {epsilon_tuned} > "
                            f"{trial['epsilon']}: a calibration error; nothing reported")
     else:
-      validation_metric = _validation_metric(model, result.silo_weights, x_val, y_val)
+      validation_metric = _validation_metric(model, outcome.silo_weights, x_val, y_val)
     leakage = {}
     if s["membership"]:
       from attacks import membership
-      pooled = membership.attack_silo_models(model, result.silo_weights, run.data)
+      pooled = membership.attack_silo_models(model, outcome.silo_weights, outcome.data)
       pooled = pooled[pooled.silo == membership.ALL_SILOS].iloc[0]
       # an evaluator's measurement on the silos' training examples, un-noised: no
       # guarantee covers it (it says how much the models leak, it is not released)
       leakage = dict(mia_auc=float(pooled.auc), mia_advantage=float(pooled.advantage),
                      mia_inside_guarantee=False)
+    private = not math.isinf(trial["epsilon"])
     rows.append(dict(
         row_type="trial", run_key=grid.trial_key(s, trial), preset=s["preset"], **trial,
-        rounds=result.rounds, metric=result.metric,
+        privacy_unit=grid.privacy_unit(trial["method"]) if private else None,
+        rounds=outcome.rounds, metric=outcome.metric,
         validation_metric=validation_metric, noisy_validation_score=noisy_score,
-        test_metric=result.test_metric,
-        epsilon_spent=(float(np.max(result.privacy.epsilon_spent))
-                       if result.privacy is not None else float("nan")),
-        noise_multiplier=(float(np.min(result.privacy.noise_multipliers))
-                          if result.privacy is not None else float("nan")),
+        test_metric=outcome.test_metric, epsilon_spent=outcome.epsilon_spent,
+        noise_multiplier=outcome.noise_multiplier,
         epsilon_tuned=epsilon_tuned, score_noise_multiplier=score_z,
-        delta=s["delta"] if result.privacy is not None else float("nan"),
+        delta=s["delta"] if private else float("nan"),
         tuning=(TUNING_PRIVATE.format(eta=s["tuning_eta"], mean=s["mean_trials"])
                 if tuned else UNTUNED
                 if len(grid.configurations(s, trial["method"])) == 1 else TUNING),
-        num_trials=1, wall_seconds=result.wall_seconds,
-        runs_stacked=result.runs_stacked, backend=backend, device=device,
+        num_trials=1, wall_seconds=outcome.wall_seconds,
+        runs_stacked=outcome.runs_stacked, backend=backend, device=device,
         peak_memory_mb=common.peak_memory_mb(), **leakage))
   return rows
 
@@ -403,8 +462,13 @@ def _table(selected) -> str:
   inference) of the selected models, and the paired wins."""
   metric = selected.metric.iloc[0]
   tunings = "; ".join(sorted(selected.tuning.unique()))
+  units = ""
+  if "privacy_unit" in selected and (selected.privacy_unit == "user").any():
+    users = ", ".join(sorted(selected[selected.privacy_unit == "user"].method.unique()))
+    units = (f" Under DP the epsilon of {users} is user-level (a silo's whole data, "
+             "add/remove one silo), the others' example-level in each silo.")
   out = (_grid_table(selected, "test_metric", True) + f"\nTest {metric}, mean +- sd "
-         f"over seeds; tuning {tunings}.\n" + _wins(selected))
+         f"over seeds; tuning {tunings}.{units}\n" + _wins(selected))
   if "mia_auc" in selected and selected.mia_auc.notna().any():
     out += ("\n" + _grid_table(selected, "mia_auc", False) + "\nMembership inference "
             "against the same models (threshold attack, every silo's training vs "

@@ -49,6 +49,21 @@ PRESETS = {
 
 
 @dataclasses.dataclass(frozen=True)
+class HypernetSettings:
+  """The hypernetwork (UDP-Alg) among `benchmarks.compare`'s methods on image silos:
+  `benchmarks.hypernet`'s defaults (RESULTS: HyperNetFL) with q = 0.3, one
+  configuration (not tuned); S clips a user's contribution under DP only."""
+  sampling_rate: float = 0.3
+  l2_norm_clip: float = 0.2
+  local_steps: int = 20
+  batch_size: int = 16
+  client_lr: float = 0.05
+  hypernet_lr: float = 0.1
+  embedding_lr: float = 0.1
+  hidden_width: int = 100
+
+
+@dataclasses.dataclass(frozen=True)
 class ComparePreset:
   """A `benchmarks.compare` grid: what runs (methods x epsilons x seeds) and what
   is tuned on validation (lrs x lambdas); `inf` in epsilons is the non-private run."""
@@ -67,6 +82,7 @@ class ComparePreset:
   # --tuning=private: per-example validation metrics are clipped to [0, score_clip]
   score_clip: float = 1.0
   num_clusters: int = 4    # IFCA's G
+  hypernet: HypernetSettings = HypernetSettings()
 
 
 # App. B.4's grids.
@@ -93,9 +109,10 @@ COMPARE_PRESETS = {
         lams=PAPER_LAMS, rounds=400, batch_size=64, clip=6.0, delta=1e-7,
         assumed_silo_size=48),
     # The rotated & masked digits of `benchmarks.run` (36 training images a silo,
-    # 29 after validation); its settings.
+    # 29 after validation); its settings; the hypernetwork with user-level DP.
     "digits": ComparePreset(
-        dataset="digits", methods=("local", "fedavg", "mrmtl", "ifca", "ifca_mrmtl"),
+        dataset="digits", methods=("local", "fedavg", "mrmtl", "ifca", "ifca_mrmtl",
+                                   "hypernet"),
         epsilons=(1.0, 4.0, float("inf")), seeds=(0, 1, 2), lrs=(0.1, 0.3),
         lams=(0.01, 0.1, 1.0), rounds=60, batch_size=16, clip=1.0, delta=1e-3,
         assumed_silo_size=29),

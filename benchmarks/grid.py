@@ -5,16 +5,28 @@ selection of each cell's configuration on validation."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 
 import numpy as np
 
 from benchmarks import configs
+from tff_silo.algorithms import by_name
 
-IFCA_METHODS = {"ifca": "fedavg", "ifca_mrmtl": "mrmtl"}   # method: what follows IFCA
-METHODS = ("local", "fedavg", "finetune", "mrmtl", "ditto", *IFCA_METHODS)
-LAMBDA_METHODS = ("mrmtl", "ditto", "ifca_mrmtl")
+IFCA_METHODS = ("ifca", "ifca_mrmtl")   # IFCA's selection in the first 10% of rounds
+METHODS = ("local", "fedavg", "finetune", "mrmtl", "ditto", *IFCA_METHODS, "hypernet")
+LAMBDA_METHODS = tuple(m for m in METHODS if m in by_name.LAMBDA_NAMES)
+IMAGE_METHODS = ("hypernet",)   # on image silos only
+IMAGE_DATASETS = ("digits", "fmnist", "fmnist_hetero")
+# What a row's epsilon protects: one example of a silo (silo-specific example-level
+# DP, the thesis' granularity) or a user's whole data (HyperNetFL's user-level DP,
+# each silo a user: a stronger guarantee at the same epsilon).
+PRIVACY_UNITS = {"hypernet": "user"}
+
+
+def privacy_unit(method: str) -> str:
+  return PRIVACY_UNITS.get(method, "example")
 TUNING_MODES = ("free", "private")
 TUNING = "free: best validation metric of the grid; validation and tuning not accounted"
 UNTUNED = "none: one configuration, nothing tuned"
@@ -39,7 +51,10 @@ def load(dataset: str, seed: int, data_dir=None):
 
 
 def configurations(s, method) -> list:
-  """The (lam, lr) configurations of `method`, in grid order."""
+  """The (lam, lr) configurations of `method`, in grid order (the hypernetwork: its
+  one configuration, at its client learning rate)."""
+  if method == "hypernet":
+    return [(0.0, s["hypernet"].client_lr)]
   return [(lam, lr) for lam in (s["lams"] if method in LAMBDA_METHODS else (0.0,))
           for lr in s["lrs"]]
 
@@ -91,21 +106,29 @@ def settings_key(s) -> dict:
   return key
 
 
+def _method_settings(s, method) -> dict:
+  """Settings only some methods' results depend on."""
+  if method in IFCA_METHODS:
+    return dict(num_clusters=s["num_clusters"])
+  if method == "hypernet":
+    return dict(hypernet=dataclasses.asdict(s["hypernet"]))
+  return {}
+
+
 def trial_key(s, trial) -> str:
   """A trial's row key: a rerun finding it skips the trial."""
-  clusters = (dict(num_clusters=s["num_clusters"]) if trial["method"] in IFCA_METHODS
-              else {})
-  return json.dumps(dict(settings_key(s), row_type="trial", **trial, **clusters),
-                    sort_keys=True)
+  return json.dumps(dict(settings_key(s), row_type="trial", **trial,
+                         **_method_settings(s, trial["method"])), sort_keys=True)
 
 
 def cell_key(s, method, epsilon, seed) -> str:
   """A selected row's key (the grid searched is part of it)."""
-  clusters = dict(num_clusters=s["num_clusters"]) if method in IFCA_METHODS else {}
   return json.dumps(dict(settings_key(s), row_type="selected", method=method,
-                         epsilon=epsilon, seed=seed, lrs=s["lrs"],
+                         epsilon=epsilon, seed=seed,
+                         lrs=([s["hypernet"].client_lr] if method == "hypernet"
+                              else s["lrs"]),
                          lams=s["lams"] if method in LAMBDA_METHODS else None,
-                         **clusters), sort_keys=True)
+                         **_method_settings(s, method)), sort_keys=True)
 
 
 def selected(s, trials, planned):

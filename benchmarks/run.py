@@ -36,18 +36,17 @@ from absl import flags
 
 from benchmarks import common, configs
 from benchmarks.common import UsageError
+from tff_silo.algorithms import by_name   # names only: no TensorFlow imported
 from tff_silo.privacy.accounting import NEIGHBOURING   # no TensorFlow: dp_accounting
 
-IFCA_ALGORITHMS = {"ifca": "fedavg", "ifca_fedavg": "fedavg", "ifca_local": "local",
-                   "ifca_mrmtl": "mrmtl", "ifca_finetune": "finetune"}
-ALGORITHMS = ("local", "fedavg", "finetune", "mrmtl", "ditto", *IFCA_ALGORITHMS,
-              "dprivate_clustering")
+IFCA_ALGORITHMS = tuple(by_name.IFCA_VARIANTS)
+ALGORITHMS = (*by_name.NAMES, "dprivate_clustering")
 DATASETS = tuple(configs.PRESETS)
 SAMPLING = ("poisson", "without_replacement", "shuffle")
 TABULAR = ("school", "vehicle", "gleam")
 STANDARDIZE = ("none", "public", "dp", "silo")
 PROTOCOLS = ("custom", "paper")
-LAMBDA_ALGORITHMS = ("mrmtl", "ditto", "ifca_mrmtl")
+LAMBDA_ALGORITHMS = by_name.LAMBDA_NAMES
 CLUSTER_FLAGS = ("num_clusters", "selection_fraction", "selection_budget_share")
 DPRIVATE_FLAGS = ("num_clusters", "nu", "clients_per_round", "leakage_cap", "patience",
                   "kmeans_iterations")
@@ -353,25 +352,15 @@ def _build(algorithm, lam, seed, silos, s):
         batch_size=s["batch_size"], num_clusters=s["num_clusters"], nu=FLAGS.nu,
         local_epochs=FLAGS.local_epochs, kmeans_iterations=FLAGS.kmeans_iterations,
         init_seed=seed)
-  common = dict(client_learning_rate=s["lr"], batch_size=s["batch_size"],
-                local_epochs=FLAGS.local_epochs,
-                l2_norm_clip=s["clip"] if s["epsilon"] is not None else None,
-                sampling=s["sampling"],
-                aggregator="unweighted_mean" if FLAGS.unweighted else None)
-  if algorithm in IFCA_ALGORITHMS:
-    return algorithms.ifca_algorithm(
-        model, silos.feature_shape, total_rounds=s["rounds"],
-        num_clusters=s["num_clusters"], selection_fraction=FLAGS.selection_fraction,
-        after=IFCA_ALGORITHMS[algorithm], lam=lam,
-        finetune_fraction=FLAGS.finetune_fraction,
-        selection_budget_share=FLAGS.selection_budget_share, init_seed=seed,
-        **common)
-  if algorithm in LAMBDA_ALGORITHMS:
-    common["lam"] = lam
-  if algorithm == "finetune":
-    common.update(total_rounds=s["rounds"], fedavg_fraction=FLAGS.finetune_fraction)
-  build = getattr(algorithms, f"{algorithm}_algorithm")
-  return build(model, silos.feature_shape, **common)
+  return algorithms.silo_definition(
+      algorithm, model, silos.feature_shape, client_learning_rate=s["lr"],
+      batch_size=s["batch_size"], rounds=s["rounds"], lam=lam,
+      local_epochs=FLAGS.local_epochs,
+      l2_norm_clip=s["clip"] if s["epsilon"] is not None else None,
+      sampling=s["sampling"], aggregator="unweighted_mean" if FLAGS.unweighted else None,
+      finetune_fraction=FLAGS.finetune_fraction, num_clusters=s["num_clusters"],
+      selection_fraction=FLAGS.selection_fraction,
+      selection_budget_share=FLAGS.selection_budget_share, cluster_init_seed=seed)
 
 
 def _runs(s):

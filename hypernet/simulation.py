@@ -39,6 +39,7 @@ class HypernetResult:
   history: tuple                   # ((rounds_done, test_accuracy, mean_user_accuracy), ...)
   round_seconds: np.ndarray
   wall_seconds: float
+  user_weights: tuple = ()         # per user, the final generated model theta_u
 
 
 def sample_users(num_users: int, sampling_rate: float, seed: int, round_num: int):
@@ -136,7 +137,7 @@ def run_hypernet(process, data: SiloData, *, rounds: int,
     thetas = generator(state.phi, state.embeddings)
     test, per_user = evaluator(thetas, data.x_test, data.y_test)
     train, _ = evaluator(thetas, data.x_train, data.y_train)
-    return test, float(per_user.mean()), per_user, train
+    return test, float(per_user.mean()), per_user, train, thetas
 
   user_keys = keys.unit_keys(seed, hn.num_users)
   try:
@@ -155,7 +156,7 @@ def run_hypernet(process, data: SiloData, *, rounds: int,
         history.append((r + 1, *evaluate(state)[:2]))
       if progress is not None:
         progress(r + 1, rounds, time.perf_counter() - start)
-    test, mean_user, per_user, train = evaluate(state)
+    test, mean_user, per_user, train, thetas = evaluate(state)
     history.append((rounds, test, mean_user))
   finally:
     runtime.stop_tff_workers()
@@ -165,4 +166,5 @@ def run_hypernet(process, data: SiloData, *, rounds: int,
       epsilon=ledger.epsilon() if ledger is not None else math.inf,
       delta=target_delta, sigma=algorithm.sigma,
       users_per_round=np.array(users_per_round), history=tuple(history),
-      round_seconds=np.array(round_seconds), wall_seconds=time.perf_counter() - start)
+      round_seconds=np.array(round_seconds), wall_seconds=time.perf_counter() - start,
+      user_weights=tuple(thetas))

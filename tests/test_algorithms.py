@@ -113,6 +113,42 @@ def test_ditto_accounts_twice_the_epochs():
   assert np.all(r_ditto.privacy.epsilon_spent <= 2.0)
 
 
+@pytest.mark.parametrize("name, direct", [
+    ("local", lambda: algorithms.local_algorithm(MODEL, (3,), **COMMON)),
+    ("mrmtl", lambda: algorithms.mrmtl_algorithm(MODEL, (3,), lam=0.3, **COMMON)),
+    ("finetune", lambda: algorithms.finetune_algorithm(
+        MODEL, (3,), total_rounds=10, fedavg_fraction=0.2, **COMMON)),
+    ("ifca_mrmtl", lambda: algorithms.ifca_algorithm(
+        MODEL, (3,), total_rounds=10, after="mrmtl", lam=0.3, num_clusters=2,
+        init_seed=5, **COMMON)),
+    ("ifca", lambda: algorithms.ifca_algorithm(MODEL, (3,), total_rounds=10,
+                                               num_clusters=2, init_seed=5, **COMMON)),
+])
+def test_silo_definition_by_name_is_the_builder(name, direct):
+  built = algorithms.silo_definition(name, MODEL, (3,), rounds=10, lam=0.3,
+                                     finetune_fraction=0.2, num_clusters=2,
+                                     cluster_init_seed=5, **COMMON)
+  assert built == direct()
+
+
+def test_silo_definition_refuses_an_unknown_name():
+  with pytest.raises(ValueError, match="unknown method 'fedprox'; one of local"):
+    algorithms.silo_definition("fedprox", MODEL, (3,), rounds=1, **COMMON)
+
+
+def test_silo_event_is_what_the_ledger_spends():
+  import dp_accounting
+  from tff_silo.privacy import accounting
+  privacy = calibrate_silos([40, 90], batch_size=8, epochs_per_round=2, rounds=5,
+                            target_epsilon=[1.0, 3.0], target_delta=1e-4,
+                            num_selections=2, selection_budget_share=0.05,
+                            protocol=PAPER)
+  for k in range(2):
+    accountant = dp_accounting.rdp.RdpAccountant(list(accounting.RDP_ORDERS))
+    accountant.compose(privacy.silo_event(k))
+    assert accountant.get_epsilon(1e-4) == pytest.approx(privacy.epsilon_spent[k])
+
+
 def test_silo_specific_privacy_targets():
   process = algorithms.build_mrmtl_process(MODEL, SILOS.feature_shape, lam=1.0,
                                            l2_norm_clip=1.0, **COMMON)

@@ -138,6 +138,27 @@ def test_ifca_methods_run_in_the_grid(tmp_path):
   assert np.all((selected.epsilon_spent > 3.99) & (selected.epsilon_spent <= 4.0))
 
 
+def test_the_hypernetwork_runs_with_a_user_level_epsilon(tmp_path):
+  """UDP-Alg among the methods: one configuration, its noise calibrated so that T
+  user-sampled Gaussian rounds are (epsilon, delta)-DP at the user level, by
+  dp_accounting's own computation."""
+  import dp_accounting
+  from benchmarks import configs
+  _, rows, selected = _finished(tmp_path, "--preset=digits", "--methods=hypernet",
+                                "--epsilons=4,inf", "--seeds=0", "--rounds=2")
+  assert len(rows[rows.row_type == "trial"]) == 2
+  private = selected[np.isfinite(selected.epsilon)].iloc[0]
+  assert private.privacy_unit == "user" and private.tuning.startswith("none")
+  q = configs.COMPARE_PRESETS["digits"].hypernet.sampling_rate
+  accountant = dp_accounting.rdp.RdpAccountant()
+  accountant.compose(dp_accounting.PoissonSampledDpEvent(
+      q, dp_accounting.GaussianDpEvent(private.noise_multiplier)), 2)
+  assert 3.9 < accountant.get_epsilon(configs.COMPARE_PRESETS["digits"].delta) <= 4.0
+  assert 3.9 < private.epsilon_spent <= 4.0
+  assert selected[~np.isfinite(selected.epsilon)].privacy_unit.isna().all()
+  assert selected.test_metric.between(0, 1).all()
+
+
 def test_vehicle_accuracy_is_tuned_upwards(tmp_path, shared_data):
   """A preset read from --data_dir whose metric is accuracy (higher is better)."""
   _, rows, selected = _finished(tmp_path, "--preset=vehicle", f"--data_dir={shared_data}",
@@ -191,6 +212,7 @@ def test_selection_never_picks_a_diverged_trial():
 @pytest.mark.parametrize("flag, message", [
     ("--preset=mnist", "--preset must be one of"),
     ("--methods=sgd", "--methods must be among"),
+    ("--methods=hypernet", "--methods=hypernet runs on image silos only (--preset=digits"),
     ("--epsilons=0", "--epsilons must be > 0 (inf runs without DP)"),
     ("--epsilons=-inf", "--epsilons must be > 0"),
     ("--epsilons=2000", "--epsilons must be at most 1000"),

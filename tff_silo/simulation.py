@@ -61,6 +61,16 @@ class SiloPrivacy:
     """Whether `epsilon_spent` is a DP bound (not for shuffled batches)."""
     return self.sampling != "shuffle"
 
+  def silo_event(self, silo: int) -> dp_accounting.DpEvent:
+    """Everything silo `silo`'s data is queried for over the whole run: its
+    preprocessing, every DP-SGD step and every private selection."""
+    return accounting.silo_event(
+        float(self.noise_multipliers[silo]), float(self.sampling_rates[silo]),
+        int(self.steps[silo]), selection_epsilon=float(self.selection_epsilon[silo]),
+        num_selections=self.num_selections if self.selection_epsilon[silo] else 0,
+        neighbouring=self.protocol.neighbouring, dataset_size=int(self.sizes[silo]),
+        extra_events=self.preprocessing[silo] if self.preprocessing else ())
+
   def round_event(self, silo: int, epochs_steps: int, selecting: bool):
     """The queries silo `silo` makes in one round: `epochs_steps` DP-SGD steps and a
     selection when `selecting` (one object for silos with equal settings)."""

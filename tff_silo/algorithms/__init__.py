@@ -8,7 +8,8 @@ the vectorized backend. IFCA and its preconditioned variants keep G cluster mode
 (`ifca_algorithm`, `build_ifca_process`: `ifca`); d-private clustered FL (Galli et
 al.: `dprivate_clustering_algorithm`, `build_dprivate_clustering_process`) samples
 users and sends sanitized models (`tff_silo.dprivate_simulation`); both run on
-either backend too.
+either backend too. `silo_definition(name, ...)` builds any of the MR-MTL family and
+IFCA's variants by name (`by_name`).
 
 Names load on first use (PEP 562), so a run that needs no TFF process never
 imports TensorFlow Federated.
@@ -28,6 +29,7 @@ _WHERE = {
     "LocalTrainingConfig": "local_training", "train_locally": "local_training",
     "SiloAlgorithm": "rounds", "SiloInput": "rounds",
     "ServerState": "process", "SiloProcess": "process",
+    "silo_definition": "by_name",
 }
 
 ALGORITHMS = ("local", "fedavg", "finetune", "mrmtl", "ditto", "ifca",

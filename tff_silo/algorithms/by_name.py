@@ -1,0 +1,50 @@
+"""Any definition of the MR-MTL family or of IFCA by its name: the one place the
+benchmark binaries (`benchmarks.run`, `benchmarks.compare`) turn settings into a
+`SiloAlgorithm` or `ClusteredAlgorithm`."""
+
+from __future__ import annotations
+
+from typing import Optional
+
+# IFCA (thesis sec. 1.5.2) and the IFCA-preconditioned methods: name -> the method
+# that follows IFCA's cluster selection.
+IFCA_VARIANTS = {"ifca": "fedavg", "ifca_fedavg": "fedavg", "ifca_local": "local",
+                 "ifca_mrmtl": "mrmtl", "ifca_finetune": "finetune"}
+NAMES = ("local", "fedavg", "finetune", "mrmtl", "ditto", *IFCA_VARIANTS)
+LAMBDA_NAMES = ("mrmtl", "ditto", "ifca_mrmtl")   # those with a lambda to set
+
+
+def silo_definition(name: str, model, feature_shape, *, client_learning_rate: float,
+                    batch_size: int, rounds: int, lam: float = 0.0,
+                    l2_norm_clip: Optional[float] = None, local_epochs: int = 1,
+                    sampling: str = "poisson", aggregator=None,
+                    finetune_fraction: Optional[float] = None,
+                    num_clusters: Optional[int] = None,
+                    selection_fraction: Optional[float] = None,
+                    selection_budget_share: Optional[float] = None,
+                    cluster_init_seed: int = 0):
+  """The TF-only definition of method `name` (one of `NAMES`) for `rounds` rounds.
+
+  `lam` is used by `LAMBDA_NAMES` only, `finetune_fraction` by the finetuning
+  methods, the cluster settings and `cluster_init_seed` (of the G initial cluster
+  models) by IFCA's; None keeps the algorithm's default. The MR-MTL family starts from the model's initial weights of
+  seed 0 whatever the run's seed, so a sweep's seeds stack into one program."""
+  from tff_silo import algorithms   # pylint: disable=g-import-not-at-top
+  if name not in NAMES:
+    raise ValueError(f"unknown method {name!r}; one of {', '.join(NAMES)}")
+  common = dict(client_learning_rate=client_learning_rate, batch_size=batch_size,
+                local_epochs=local_epochs, l2_norm_clip=l2_norm_clip, sampling=sampling,
+                aggregator=aggregator)
+  given = lambda **options: {k: v for k, v in options.items() if v is not None}
+  if name in IFCA_VARIANTS:
+    return algorithms.ifca_algorithm(
+        model, feature_shape, total_rounds=rounds, after=IFCA_VARIANTS[name],
+        lam=lam if name in LAMBDA_NAMES else 0.0, init_seed=cluster_init_seed,
+        **given(num_clusters=num_clusters, selection_fraction=selection_fraction,
+                selection_budget_share=selection_budget_share,
+                finetune_fraction=finetune_fraction), **common)
+  if name in LAMBDA_NAMES:
+    common["lam"] = lam
+  if name == "finetune":
+    common.update(total_rounds=rounds, **given(fedavg_fraction=finetune_fraction))
+  return getattr(algorithms, f"{name}_algorithm")(model, feature_shape, **common)

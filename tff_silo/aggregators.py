@@ -1,0 +1,169 @@
+"""Server aggregators by name: the binaries' `--aggregator` choices, and a user's own
+`tff.aggregators` factory given as "module.path:callable".
+
+Built-ins (TFF 0.87's factories; any but the two plain means runs on TFF's runtime
+only):
+  mean             the mean weighted by the silos' public sizes (the default);
+  unweighted_mean  every silo weighs the same;
+  robust           `tff.learning.robust_aggregator`: adaptive zeroing of updates with
+                   outsized norms and adaptive norm clipping around the weighted mean;
+  dp_fixed         central Gaussian DP over silos with a fixed clip
+                   (`DifferentiallyPrivateFactory.gaussian_fixed`);
+  dp_adaptive      the same with its clip adapted to a quantile of the update norms
+                   (`gaussian_adaptive`; its noise multiplier covers the clipped-count
+                   queries too);
+  compressed       the weighted mean of updates whose every tensor is quantized to
+                   8 bits (uniform, stochastic rounding: TFF's
+                   `EncodedSumFactory.quantize_above_threshold` with threshold 0;
+                   `tff.learning.compression_aggregator` leaves tensors of fewer
+                   than 20,000 values, all of School's, unquantized).
+
+The DP factories give silo-level DP (thesis Fig. 1.1: a silo's whole update is the
+unit, add/remove one silo), another granularity than the silos' example-level DP:
+every silo takes part every round, so T rounds are T Gaussian releases of noise
+multiplier z, accounted with dp_accounting's RDP (`AggregatorChoice.silo_epsilon`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import math
+from typing import Optional
+
+BUILTINS = ("mean", "unweighted_mean", "robust", "dp_fixed", "dp_adaptive", "compressed")
+DP_BUILTINS = ("dp_fixed", "dp_adaptive")
+PLAIN = ("mean", "unweighted_mean")   # the vectorized backend runs these
+
+
+@dataclasses.dataclass(frozen=True)
+class AggregatorChoice:
+  """An aggregator as a run records it.
+
+  Attributes:
+    name: the built-in's name, or the "module.path:callable" given.
+    factory: what the algorithms take as `aggregator=` (a name for the plain means,
+      else a `tff.aggregators` factory).
+    params: the settings that determine it (recorded in a run's rows).
+    noise_multiplier: DP factories: z of each round's Gaussian release over silos.
+  """
+  name: str
+  factory: object
+  params: dict
+  noise_multiplier: Optional[float] = None
+
+  @property
+  def silo_level_dp(self) -> bool:
+    return self.noise_multiplier is not None
+
+  def silo_epsilon(self, rounds: int, delta: float) -> float:
+    """Silo-level epsilon at `delta` of `rounds` rounds (add/remove one silo); inf
+    for an aggregator without DP."""
+    if not self.silo_level_dp:
+      return math.inf
+    return _epsilon(self.noise_multiplier, rounds, delta)
+
+
+def _event(noise_multiplier: float, rounds: int):
+  import dp_accounting   # pylint: disable=g-import-not-at-top
+  return dp_accounting.SelfComposedDpEvent(
+      dp_accounting.GaussianDpEvent(noise_multiplier), rounds)
+
+
+def _epsilon(noise_multiplier: float, rounds: int, delta: float) -> float:
+  import dp_accounting   # pylint: disable=g-import-not-at-top
+  from tff_silo.privacy import accounting   # pylint: disable=g-import-not-at-top
+  accountant = dp_accounting.rdp.RdpAccountant(list(accounting.RDP_ORDERS))
+  accountant.compose(_event(noise_multiplier, rounds))
+  return float(accountant.get_epsilon(delta))
+
+
+def silo_noise_multiplier(epsilon: float, rounds: int, delta: float) -> float:
+  """The least z (never overshooting) with which `rounds` Gaussian releases over
+  silos are (epsilon, delta)-DP at the silo level."""
+  from tff_silo.privacy import accounting, tuning   # pylint: disable=g-import-not-at-top
+  return tuning.calibrate_noise(epsilon, delta, lambda z: _event(z, rounds),
+                                orders=accounting.RDP_ORDERS)
+
+
+def choose(spec: str, *, num_silos: int, rounds: int, silo_epsilon=None,
+           silo_delta=None, clip: float = 1.0) -> AggregatorChoice:
+  """The aggregator `spec` names (a built-in or "module.path:callable") for a run of
+  `rounds` rounds over `num_silos` silos. The DP built-ins need `silo_epsilon` and
+  `silo_delta` (their z is calibrated to them); `clip` is dp_fixed's clip of a
+  silo's update (dp_adaptive's initial one). Raises ValueError in one line."""
+  if not isinstance(spec, str) or not spec:
+    raise ValueError(f"aggregator must be one of {', '.join(BUILTINS)} or "
+                     f"module.path:callable; got {spec!r}")
+  if ":" in spec:
+    if silo_epsilon is not None:
+      raise ValueError("silo_epsilon applies to the built-in DP aggregators "
+                       f"({', '.join(DP_BUILTINS)}) only")
+    return AggregatorChoice(spec, user_factory(spec), {})
+  if spec not in BUILTINS:
+    raise ValueError(f"aggregator must be one of {', '.join(BUILTINS)} or "
+                     f"module.path:callable; got {spec!r}")
+  if (spec in DP_BUILTINS) != (silo_epsilon is not None):
+    raise ValueError(f"aggregator={spec}: " + (
+        "give its silo_epsilon (the silo-level budget its noise is calibrated to)"
+        if spec in DP_BUILTINS else
+        f"silo_epsilon applies to {', '.join(DP_BUILTINS)} only"))
+  if spec in PLAIN:
+    return AggregatorChoice(spec, spec, {})
+  import tensorflow_federated as tff   # pylint: disable=g-import-not-at-top
+  if spec == "robust":
+    return AggregatorChoice(spec, tff.learning.robust_aggregator(weighted=True),
+                            dict(zeroing=True, clipping=True, weighted=True))
+  if spec == "compressed":
+    encoded = tff.aggregators.EncodedSumFactory.quantize_above_threshold(
+        quantization_bits=8, threshold=0)
+    return AggregatorChoice(spec, tff.aggregators.MeanFactory(encoded),
+                            dict(quantization_bits=8, threshold=0, weighted=True))
+  if not (silo_delta is not None and 0 < silo_delta < 1):
+    raise ValueError(f"aggregator={spec} needs silo_delta in (0, 1); got {silo_delta}")
+  if not clip > 0:
+    raise ValueError(f"aggregator={spec} needs a clip > 0; got {clip}")
+  z = silo_noise_multiplier(silo_epsilon, rounds, silo_delta)
+  dp = tff.aggregators.DifferentiallyPrivateFactory
+  if spec == "dp_fixed":
+    factory = dp.gaussian_fixed(z, clients_per_round=num_silos, clip=clip)
+  else:
+    # The clipped-count query's noise std z (multiplier 2z: a count's sensitivity
+    # is 1/2) leaves the values z / sqrt(3/4); together they compose to z.
+    factory = dp.gaussian_adaptive(z, clients_per_round=num_silos,
+                                   initial_l2_norm_clip=clip, clipped_count_stddev=z)
+  return AggregatorChoice(spec, factory, dict(
+      silo_epsilon=silo_epsilon, silo_delta=silo_delta, clip=clip,
+      clip_kind="fixed" if spec == "dp_fixed" else "adaptive (median, initial clip)",
+      clients_per_round=num_silos,
+      **({} if spec == "dp_fixed" else dict(clipped_count_stddev=z))), z)
+
+
+def user_factory(spec: str):
+  """The `tff.aggregators` factory "module.path:callable" names: the attribute
+  itself if it is a factory, else what calling it with no arguments returns."""
+  import tensorflow_federated as tff   # pylint: disable=g-import-not-at-top
+  module_name, _, attribute = spec.partition(":")
+  try:
+    module = importlib.import_module(module_name)
+  except ImportError as e:
+    raise ValueError(f"aggregator {spec}: cannot import {module_name} ({e})") from None
+  if not hasattr(module, attribute):
+    raise ValueError(f"aggregator {spec}: {module_name} has no {attribute!r}")
+  value = getattr(module, attribute)
+  kinds = (tff.aggregators.WeightedAggregationFactory,
+           tff.aggregators.UnweightedAggregationFactory)
+  if not isinstance(value, kinds):
+    if not callable(value):
+      raise ValueError(f"aggregator {spec} is neither a tff.aggregators factory nor "
+                       "callable")
+    try:
+      value = value()
+    except TypeError as e:   # it needs arguments
+      first = str(e).splitlines()[0] if str(e) else type(e).__name__
+      raise ValueError(f"aggregator {spec}: calling it with no arguments failed "
+                       f"({first})") from None
+  if not isinstance(value, kinds):
+    raise ValueError(f"aggregator {spec} gave a {type(value).__name__}, not a "
+                     "tff.aggregators factory")
+  return value

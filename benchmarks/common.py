@@ -133,10 +133,68 @@ def _gpus() -> list:
   return tf.config.list_physical_devices("GPU")
 
 
-def backend_for(backend: str) -> str:
+def backend_for(backend: str, aggregator=None) -> str:
   """The backend a run uses: `auto` is the vectorized one (the same numbers, much
-  faster; it runs every algorithm of benchmarks.run and benchmarks.hypernet)."""
+  faster; it runs every algorithm of benchmarks.run and benchmarks.hypernet), or
+  TFF's runtime for an `aggregator` (`tff_silo.aggregators.AggregatorChoice`) other
+  than the plain means, which only TFF runs."""
+  if aggregator is not None and not aggregator.plain:
+    if backend == "vectorized":
+      raise UsageError(f"--aggregator={aggregator.name} runs on TFF's runtime only: "
+                       "use --backend=tff (or auto)")
+    return "tff"
   return "vectorized" if backend == "auto" else backend
+
+
+def define_aggregator_flags() -> None:
+  """--aggregator and its settings (`tff_silo.aggregators`)."""
+  from tff_silo import aggregators   # no TensorFlow: names only
+  flags.DEFINE_string("aggregator", "mean", f"The server's aggregator: one of "
+                      f"{', '.join(aggregators.BUILTINS)} (tff_silo.aggregators), or "
+                      "module.path:callable naming a tff.aggregators factory (or a "
+                      "callable returning one). Any but the plain means runs on TFF's "
+                      "runtime.")
+  flags.DEFINE_float("silo_epsilon", None, "--aggregator=dp_fixed|dp_adaptive: the "
+                     "silo-level epsilon (add/remove one silo's whole update) their "
+                     "noise is calibrated to over all rounds.")
+  flags.DEFINE_float("silo_delta", 1e-3, "--aggregator=dp_fixed|dp_adaptive: the "
+                     "silo-level delta.")
+  flags.DEFINE_float("aggregator_clip", 1.0, "--aggregator=dp_fixed: the L2 clip of a "
+                     "silo's update (dp_adaptive: its initial clip).")
+
+
+def check_aggregator_flags() -> None:
+  """UsageError for --aggregator settings that cannot go together."""
+  from tff_silo import aggregators
+  dp = FLAGS.aggregator in aggregators.DP_BUILTINS
+  if dp and FLAGS.silo_epsilon is None:
+    raise UsageError(f"--aggregator={FLAGS.aggregator} needs --silo_epsilon (the "
+                     "silo-level budget its noise is calibrated to)")
+  for name in ("silo_epsilon", "silo_delta", "aggregator_clip"):
+    if FLAGS[name].present and not dp:
+      raise UsageError(f"--{name} applies to --aggregator="
+                       f"{'|'.join(aggregators.DP_BUILTINS)} only")
+  if FLAGS.silo_epsilon is not None:
+    check_epsilon("silo_epsilon", FLAGS.silo_epsilon, "use --aggregator=mean for no "
+                  "silo-level DP")
+  if not 0 < FLAGS.silo_delta < 1:
+    raise UsageError(f"--silo_delta must be in (0, 1); got {FLAGS.silo_delta}")
+  if not FLAGS.aggregator_clip > 0:
+    raise UsageError(f"--aggregator_clip must be > 0; got {FLAGS.aggregator_clip}")
+
+
+def aggregator_choice(num_silos: int, rounds: int):
+  """The `tff_silo.aggregators.AggregatorChoice` the flags name for a run of
+  `rounds` rounds over `num_silos` silos; UsageError in one line."""
+  from tff_silo import aggregators
+  dp = FLAGS.aggregator in aggregators.DP_BUILTINS
+  try:
+    return aggregators.choose(
+        FLAGS.aggregator, num_silos=num_silos, rounds=rounds,
+        silo_epsilon=FLAGS.silo_epsilon if dp else None,
+        silo_delta=FLAGS.silo_delta if dp else None, clip=FLAGS.aggregator_clip)
+  except (ValueError, TypeError) as e:
+    raise UsageError(f"--{e}") from None
 
 
 def device_scope(device: str, backend: str):

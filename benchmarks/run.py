@@ -6,6 +6,8 @@
 
     python -m benchmarks.run --dataset=two_cluster --algorithm=dprivate_clustering \
         --nu=5 --clients_per_round=7 --patience=6
+    python -m benchmarks.run --dataset=school --data_dir=../shared/data \
+        --algorithm=mrmtl --aggregator=dp_fixed --silo_epsilon=4
 
 Appends one CSV row per (algorithm, lambda, seed) to --output and prints a table of
 means over seeds. Unset --epsilon trains without privacy. `dprivate_clustering`
@@ -20,6 +22,14 @@ q_k = B / n_k), whose epsilon assumes the sizes are public. Figures computed on
 training data without noise are not written under DP unless
 --outside_guarantee_metrics (then under names that say so); shuffled batches get no
 epsilon (only `epsilon_if_poisson_max`).
+
+--aggregator picks the server's aggregator (`tff_silo.aggregators`): the weighted
+mean (default), unweighted_mean, robust, compressed, central Gaussian DP over silos
+(dp_fixed, dp_adaptive: silo-level DP, its own guarantee in its own columns
+`silo_epsilon_spent` / `silo_delta`, beside the silos' example-level epsilon) or a
+user's factory as module.path:callable. Rows record it (`aggregator`,
+`aggregator_params`) and the last round's `aggregator_measurements`; any but the
+plain means runs on TFF's runtime.
 """
 
 from __future__ import annotations
@@ -61,6 +71,8 @@ APPLIES_TO = {
     "selection_fraction": tuple(IFCA_ALGORITHMS),
     "selection_budget_share": tuple(IFCA_ALGORITHMS),
     "finetune_fraction": ("finetune", "ifca_finetune"),
+    **{name: by_name.NAMES for name in ("aggregator", "silo_epsilon", "silo_delta",
+                                        "aggregator_clip")},
     **{name: ("dprivate_clustering",) for name in
        ("nu", "clients_per_round", "leakage_cap", "patience", "kmeans_iterations")},
 }
@@ -110,7 +122,7 @@ flags.DEFINE_string("ledger_csv", None, "Under DP, append every silo's epsilon a
 flags.DEFINE_bool("outside_guarantee_metrics", False, "Under DP, also write the "
                   "un-noised training metric (as train_metric_outside_guarantee).")
 flags.DEFINE_float("finetune_fraction", 0.5, "Fraction of rounds finetune runs FedAvg.")
-flags.DEFINE_bool("unweighted", False, "Average updates unweighted instead of by n_k.")
+common.define_aggregator_flags()
 flags.DEFINE_list("seeds", ["0"], "Comma-separated seeds (data split, sampling, noise).")
 flags.DEFINE_float("mask_probability", 0.1, "digits: probability of each white patch.")
 flags.DEFINE_integer("eval_every", 0, "Also evaluate every this many rounds (0: end).")
@@ -144,6 +156,7 @@ def _settings():
   common.check_one_of("protocol", FLAGS.protocol, PROTOCOLS)
   common.check_backend(FLAGS.backend, FLAGS.device)
   common.check_finite_floats()
+  common.check_aggregator_flags()
   for name, algorithms in APPLIES_TO.items():
     common.check_applies(name, algorithms, FLAGS.algorithm)
   if FLAGS.epsilon is None:
@@ -272,9 +285,6 @@ def _check_clustering(s):
   if clustered and not 0 < FLAGS.selection_budget_share < 1:
     raise UsageError(f"--selection_budget_share must be in (0, 1); got "
                      f"{FLAGS.selection_budget_share}")
-  if clustered and FLAGS.unweighted:
-    raise UsageError("--unweighted is not available for the ifca algorithms (their "
-                     "per-cluster means weigh non-members 0)")
   if not dprivate:
     return
   if s["epsilon"] is not None:
@@ -357,7 +367,7 @@ def _build(algorithm, lam, seed, silos, s):
       batch_size=s["batch_size"], rounds=s["rounds"], lam=lam,
       local_epochs=FLAGS.local_epochs,
       l2_norm_clip=s["clip"] if s["epsilon"] is not None else None,
-      sampling=s["sampling"], aggregator="unweighted_mean" if FLAGS.unweighted else None,
+      sampling=s["sampling"], aggregator=s["aggregator"].factory,
       finetune_fraction=FLAGS.finetune_fraction, num_clusters=s["num_clusters"],
       selection_fraction=FLAGS.selection_fraction,
       selection_budget_share=FLAGS.selection_budget_share, cluster_init_seed=seed)
@@ -387,7 +397,7 @@ def _run_key(seed, algorithm, lam, s):
       dataset=FLAGS.dataset, data_dir=FLAGS.data_dir, algorithm=algorithm, lam=lam,
       seed=seed, rounds=s["rounds"], epsilon=s["epsilon"], delta=s["delta"], lr=s["lr"],
       batch_size=s["batch_size"], clip=s["clip"], local_epochs=FLAGS.local_epochs,
-      sampling=s["sampling"], unweighted=FLAGS.unweighted,
+      sampling=s["sampling"], **_aggregator_flags(),
       **_protocol_columns(s, private=s["epsilon"] is not None),
       standardize=s["standardize"],
       standardize_clip=FLAGS.standardize_clip if s["standardize"] == "dp" else None,
@@ -445,9 +455,35 @@ def _protocol_columns(s, private=True):
               assumed_silo_size=protocol.assumed_silo_size)
 
 
+def _aggregator_flags() -> dict:
+  """The aggregator settings a run depends on (its run key)."""
+  from tff_silo import aggregators
+  dp = FLAGS.aggregator in aggregators.DP_BUILTINS
+  return dict(aggregator=FLAGS.aggregator,
+              **({name: FLAGS[name].value for name in
+                  ("silo_epsilon", "silo_delta", "aggregator_clip")} if dp else {}))
+
+
+def _aggregator_columns(s, result, algorithm):
+  """The aggregator, its parameters, silo-level DP (where it gives it: epsilon over
+  the rounds run) and its last measurements (where TFF reports them)."""
+  if algorithm == "dprivate_clustering":
+    return {}
+  choice = s["aggregator"]
+  columns = dict(aggregator=choice.name, aggregator_params=json.dumps(choice.params),
+                 aggregator_measurements=json.dumps(
+                     getattr(result, "aggregator_measurements", {})))
+  if choice.silo_level_dp:
+    columns.update(silo_epsilon=FLAGS.silo_epsilon,
+                   silo_epsilon_spent=choice.silo_epsilon(result.rounds, FLAGS.silo_delta),
+                   silo_delta=FLAGS.silo_delta,
+                   silo_noise_multiplier=choice.noise_multiplier)
+  return columns
+
+
 def _server_weights(s, privacy):
   """What weighs the server mean: n_k, the same public size for all, or nothing."""
-  if FLAGS.unweighted:
+  if not s["aggregator"].weighted:
     return "unweighted"
   if privacy is not None and not s["protocol"].sizes_public:
     return "equal (sizes private)"
@@ -495,7 +531,8 @@ def _row(result, seed, algorithm, lam, s, silos, backend, device):
       standardize=s["standardize"],
       standardize_inside_guarantee=(preprocessing.inside_guarantee(s["standardize"])
                                     if privacy is not None and s["standardize"] else None),
-      weighted=not FLAGS.unweighted, server_weights=_server_weights(s, privacy),
+      **_aggregator_columns(s, result, algorithm),
+      server_weights=_server_weights(s, privacy),
       num_silos=silos.num_silos, metric=result.metric,
       **_train_columns(result, privacy is not None), test_metric=result.test_metric,
       **_privacy_columns(result),
@@ -511,7 +548,8 @@ def _row(result, seed, algorithm, lam, s, silos, backend, device):
           "batch_size", "clip", "local_epochs", "sampling", "neighbouring",
           "public_silo_sizes", "assumed_silo_size", "protocol", "standardize",
           "standardize_clip", "standardize_budget_share", "finetune_fraction",
-          "unweighted", "seeds", "mask_probability", "backend", "device",
+          "aggregator", "silo_epsilon", "silo_delta", "aggregator_clip", "seeds",
+          "mask_probability", "backend", "device",
           *CLUSTER_FLAGS, *DPRIVATE_FLAGS)}),
       finished=time.strftime("%Y-%m-%dT%H:%M:%S"))
 
@@ -590,6 +628,13 @@ def main(argv):
       if seed not in loaded:
         loaded[seed] = _load(seed, s)
       silos = loaded[seed][0]
+      if "aggregator" not in s:   # DP factories need the number of silos
+        s["aggregator"] = common.aggregator_choice(silos.num_silos, s["rounds"])
+        if not s["aggregator"].weighted and any(a in IFCA_ALGORITHMS
+                                                for a in FLAGS.algorithm):
+          raise UsageError(f"--aggregator={FLAGS.aggregator} is unweighted; the ifca "
+                           "algorithms need a weighted one (mean, robust, compressed; "
+                           "their per-cluster means weigh non-members 0)")
       process = _build(algorithm, lam, seed, silos, s)
     except ValueError as e:  # includes DataError: a bad file or setting, not a bug
       raise UsageError(str(e)) from None
@@ -601,7 +646,7 @@ def main(argv):
       raise UsageError(f"--num_clusters={s['num_clusters']} is more than the "
                        f"{silos.num_silos} silos")
     planned.append((i, seed, algorithm, lam, process))
-  backend = common.backend_for(FLAGS.backend)
+  backend = common.backend_for(FLAGS.backend, s.get("aggregator"))
   scope, device = common.device_scope(FLAGS.device, backend)
   for batch in _batches(planned, backend):
     first, last = batch[0], batch[-1]

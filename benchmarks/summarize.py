@@ -19,13 +19,16 @@ flags.DEFINE_string("plot", None, "Write a PNG plot of the test metric here.")
 GROUP = ["dataset", "algorithm", "lam", "epsilon"]
 # Every privacy setting: rows differing in any of them are never averaged together.
 PRIVACY_GROUP = ["delta", "clip", "sampling", "protocol", "neighbouring",
-                 "public_silo_sizes", "assumed_silo_size", "standardize", "weighted"]
+                 "public_silo_sizes", "assumed_silo_size", "standardize", "weighted",
+                 "aggregator", "silo_epsilon", "silo_delta"]
 # Settings of the clustering algorithms, grouped by where a CSV has them.
 CLUSTER_GROUP = ["num_clusters", "selection_fraction", "nu", "patience"]
 # Clustering figures, averaged (leakage: the largest) where a CSV has them.
 CLUSTER_STATS = {"ari_mean": ("ari", "mean"),
                  "ari_outside_guarantee_mean": ("ari_outside_guarantee", "mean"), "leakage_max": ("leakage_max", "max"),
-                 "validation_loss": ("validation_loss", "mean")}
+                 "validation_loss": ("validation_loss", "mean"),
+                 # silo-level DP of a DP aggregator (the largest)
+                 "silo_eps_max": ("silo_epsilon_spent", "max")}
 
 
 def summary_table(df):

@@ -66,6 +66,11 @@ def test_every_builtin_runs_mrmtl_on_tffs_runtime(name):
   result = run_simulation(definition, SILOS, rounds=3, backend="tff")
   assert np.isfinite(result.test_metric)
   assert choice.silo_level_dp == (name in aggregators.DP_BUILTINS)
+  # what TFF's factories measure comes back with the result
+  expected = {"robust": {"zeroed_count", "zeroing_norm", "zeroing/clipping_norm",
+                         "zeroing/clipped_count"},
+              "dp_adaptive": {"dp_query_metrics/clip"}}.get(name, set())
+  assert set(result.aggregator_measurements) == expected
 
 
 def test_a_users_factory_by_module_path():

@@ -43,6 +43,17 @@ def _run(*flags, timeout=600):
     (["--backend=jax"], "--backend must be one of"),
     (["--device=tpu"], "--device must be one of"),
     (["--backend=tff", "--device=gpu"], "--device=gpu needs the vectorized backend"),
+    (["--aggregator=median"], "--aggregator must be one of mean, unweighted_mean"),
+    (["--aggregator=dp_fixed"], "--aggregator=dp_fixed needs --silo_epsilon"),
+    (["--silo_epsilon=2"], "--silo_epsilon applies to --aggregator=dp_fixed|dp_adaptive"),
+    (["--aggregator=dp_fixed", "--silo_epsilon=0"], "--silo_epsilon must be > 0"),
+    (["--aggregator=robust", "--backend=vectorized"],
+     "--aggregator=robust runs on TFF's runtime only"),
+    (["--aggregator=no_such_module_x:f"], "--aggregator no_such_module_x:f: cannot import"),
+    (["--algorithm=ifca", "--aggregator=dp_fixed", "--silo_epsilon=2"],
+     "--aggregator=dp_fixed is unweighted; the ifca algorithms need a weighted one"),
+    (["--algorithm=dprivate_clustering", "--aggregator=robust"],
+     "--aggregator applies to --algorithm=local,fedavg"),
 ])
 def test_bad_flags_end_in_one_line(flags, message):
   proc = _run(*flags, timeout=120)
@@ -91,6 +102,25 @@ def test_tiny_run_writes_a_row_and_exits(tmp_path):
   # auto picks the vectorized backend for these; the row says where it ran
   assert (rows.backend == "vectorized").all() and rows.device.isin(["cpu", "gpu"]).all()
   assert (rows.peak_memory_mb > 0).all()
+
+
+def test_aggregators_from_the_command_line(tmp_path):
+  """A built-in with silo-level DP and a user's factory by module path: each row
+  says which ran, its parameters, its measurements and its own guarantee."""
+  out = tmp_path / "agg.csv"
+  common = ["--dataset=synthetic", "--algorithm=mrmtl", "--rounds=3", f"--output={out}"]
+  proc = _run(*common, "--aggregator=dp_fixed", "--silo_epsilon=2",
+              "--aggregator_clip=0.5")
+  assert proc.returncode == 0, proc.stderr
+  user = "tensorflow_federated.python.aggregators.mean:UnweightedMeanFactory"
+  proc = _run(*common, f"--aggregator={user}")
+  assert proc.returncode == 0, proc.stderr
+  dp, own = pd.read_csv(out).to_dict("records")
+  assert dp["aggregator"] == "dp_fixed" and dp["backend"] == "tff"
+  assert 1.98 < dp["silo_epsilon_spent"] <= 2.0 and dp["silo_delta"] == 1e-3
+  assert '"clip": 0.5' in dp["aggregator_params"]
+  assert dp["server_weights"] == "unweighted"
+  assert own["aggregator"] == user and pd.isna(own["silo_epsilon_spent"])
 
 
 def test_paper_and_shuffled_rows_say_what_their_epsilon_is(tmp_path):

@@ -56,6 +56,19 @@ class AggregatorChoice:
   def silo_level_dp(self) -> bool:
     return self.noise_multiplier is not None
 
+  @property
+  def plain(self) -> bool:
+    """Whether it is one of the plain means (which the vectorized backend runs)."""
+    return self.name in PLAIN
+
+  @property
+  def weighted(self) -> bool:
+    """Whether the silos' public sizes weigh it (IFCA needs a weighted one)."""
+    if self.name in PLAIN:
+      return self.name == "mean"
+    import tensorflow_federated as tff   # pylint: disable=g-import-not-at-top
+    return isinstance(self.factory, tff.aggregators.WeightedAggregationFactory)
+
   def silo_epsilon(self, rounds: int, delta: float) -> float:
     """Silo-level epsilon at `delta` of `rounds` rounds (add/remove one silo); inf
     for an aggregator without DP."""

@@ -156,6 +156,9 @@ class SimulationResult:
   wall_seconds: float
   silo_weights: tuple      # each silo's model at the end, as evaluated
   runs_stacked: int = 1    # runs that shared these rounds and this wall time
+  # the last round's measurements of a `tff.aggregators` factory, flattened
+  # ("clipping/clip": value); empty where there are none (plain means, stacked runs)
+  aggregator_measurements: dict = dataclasses.field(default_factory=dict)
 
 
 class SiloEvaluator:
@@ -458,6 +461,7 @@ def _simulate(process, runs, rounds: int, eval_every: int, progress) -> list:
 
   active = [True] * len(runs)
   histories = [[] for _ in runs]
+  metrics = {}
   try:
     state = process.initialize()
     client_states = process.initial_client_states(state, int(bounds[-1]))
@@ -467,8 +471,9 @@ def _simulate(process, runs, rounds: int, eval_every: int, progress) -> list:
       if not any(active):
         break
       t0 = time.perf_counter()
-      state, client_states, _ = (process.next(state, client_states, inputs) if all(active)
-                                 else process.next(state, client_states, inputs, active))
+      state, client_states, metrics = (
+          process.next(state, client_states, inputs) if all(active)
+          else process.next(state, client_states, inputs, active))
       round_seconds.append(time.perf_counter() - t0)
       for run, account, on in zip(runs, accounts, active):
         if on:
@@ -503,8 +508,25 @@ def _simulate(process, runs, rounds: int, eval_every: int, progress) -> list:
         clusters=None if clusters is None else clusters[bounds[i]:bounds[i + 1]],
         round_seconds=np.array(round_seconds), wall_seconds=wall,
         silo_weights=tuple(tuple(np.asarray(w) for w in silo) for silo in weights),
-        runs_stacked=len(runs)))
+        runs_stacked=len(runs),
+        aggregator_measurements=(_flat(metrics.get("aggregator", {}))
+                                 if len(runs) == 1 and isinstance(metrics, dict) else {})))
   return results
+
+
+def _flat(measurements, prefix: str = "") -> dict:
+  """A nested structure of a factory's measurements as {"a/b": scalar or list}."""
+  if isinstance(measurements, dict) or hasattr(measurements, "_asdict"):
+    items = (measurements._asdict() if hasattr(measurements, "_asdict")
+             else measurements).items()
+    out = {}
+    for name, value in items:
+      out.update(_flat(value, f"{prefix}{name}/"))
+    return out
+  value = np.asarray(measurements)
+  if value.size == 0:
+    return {}
+  return {prefix.rstrip("/"): value.item() if value.ndim == 0 else value.tolist()}
 
 
 def _pooled(silo_means, ys) -> float:

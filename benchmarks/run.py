@@ -54,6 +54,7 @@ ALGORITHMS = (*by_name.NAMES, "dprivate_clustering")
 DATASETS = tuple(configs.PRESETS)
 SAMPLING = ("poisson", "without_replacement", "shuffle")
 TABULAR = ("school", "vehicle", "gleam")
+REGRESSION = ("school", "synthetic", "two_cluster")   # --corrupt_silos scales targets
 STANDARDIZE = ("none", "public", "dp", "silo")
 PROTOCOLS = ("custom", "paper")
 LAMBDA_ALGORITHMS = by_name.LAMBDA_NAMES
@@ -123,6 +124,11 @@ flags.DEFINE_bool("outside_guarantee_metrics", False, "Under DP, also write the 
                   "un-noised training metric (as train_metric_outside_guarantee).")
 flags.DEFINE_float("finetune_fraction", 0.5, "Fraction of rounds finetune runs FedAvg.")
 common.define_aggregator_flags()
+flags.DEFINE_integer("corrupt_silos", 0, "Robustness: this many silos (the first) "
+                     "misbehave, their training targets multiplied by --corruption "
+                     "(regression datasets); rows add the honest silos' test metric.")
+flags.DEFINE_float("corruption", -10.0, "--corrupt_silos: the factor on their targets "
+                   "(< 0: updates the opposite way).")
 flags.DEFINE_list("seeds", ["0"], "Comma-separated seeds (data split, sampling, noise).")
 flags.DEFINE_float("mask_probability", 0.1, "digits: probability of each white patch.")
 flags.DEFINE_integer("eval_every", 0, "Also evaluate every this many rounds (0: end).")
@@ -208,6 +214,11 @@ def _settings():
   else:
     common.check_applies("data_dir", TABULAR, [FLAGS.dataset], "--dataset")
   common.check_applies("mask_probability", ["digits"], [FLAGS.dataset], "--dataset")
+  common.check_applies("corrupt_silos", REGRESSION, [FLAGS.dataset], "--dataset")
+  if FLAGS.corrupt_silos < 0:
+    raise UsageError(f"--corrupt_silos must be >= 0; got {FLAGS.corrupt_silos}")
+  if FLAGS["corruption"].present and not FLAGS.corrupt_silos:
+    raise UsageError("--corruption applies with --corrupt_silos >= 1 only")
   common.check_output(FLAGS.output, SIGNATURE)
   return s
 
@@ -306,7 +317,19 @@ def _check_clustering(s):
 
 
 def _load(seed, s):
-  """(silos, per-silo preprocessing DpEvents or None)."""
+  """(silos, per-silo preprocessing DpEvents or None), the first --corrupt_silos
+  misbehaving."""
+  from tff_silo import data
+  silos, events = _clean(seed, s)
+  if not FLAGS.corrupt_silos:
+    return silos, events
+  if FLAGS.corrupt_silos >= silos.num_silos:
+    raise UsageError(f"--corrupt_silos={FLAGS.corrupt_silos} leaves no honest silo "
+                     f"(the data has {silos.num_silos})")
+  return data.corrupt_labels(silos, FLAGS.corrupt_silos, FLAGS.corruption), events
+
+
+def _clean(seed, s):
   from tff_silo import data
   name = FLAGS.dataset
   if name in TABULAR:
@@ -405,8 +428,26 @@ def _run_key(seed, algorithm, lam, s):
                                 if s["standardize"] == "dp" else None),
       finetune_fraction=(FLAGS.finetune_fraction
                          if algorithm in ("finetune", "ifca_finetune") else None),
-      mask_probability=FLAGS.mask_probability if FLAGS.dataset == "digits" else None),
-      sort_keys=True)
+      mask_probability=FLAGS.mask_probability if FLAGS.dataset == "digits" else None,
+      **_corruption()), sort_keys=True)
+
+
+def _corruption() -> dict:
+  """The misbehaving silos' settings (nothing when every silo is honest)."""
+  return (dict(corrupt_silos=FLAGS.corrupt_silos, corruption=FLAGS.corruption)
+          if FLAGS.corrupt_silos else {})
+
+
+def _honest_columns(result, silos) -> dict:
+  """With misbehaving silos: the pooled test metric of the honest ones."""
+  import numpy as np
+  if not FLAGS.corrupt_silos:
+    return {}
+  honest = slice(FLAGS.corrupt_silos, None)
+  sizes = np.array([len(y) for y in silos.y_test])[honest]
+  metric = np.asarray(result.silo_test_metric)[honest]
+  return dict(**_corruption(),
+              honest_test_metric=float(np.sum(metric * sizes) / sizes.sum()))
 
 
 def _clustering_columns(result, silos, algorithm):
@@ -531,7 +572,7 @@ def _row(result, seed, algorithm, lam, s, silos, backend, device):
       standardize=s["standardize"],
       standardize_inside_guarantee=(preprocessing.inside_guarantee(s["standardize"])
                                     if privacy is not None and s["standardize"] else None),
-      **_aggregator_columns(s, result, algorithm),
+      **_aggregator_columns(s, result, algorithm), **_honest_columns(result, silos),
       server_weights=_server_weights(s, privacy),
       num_silos=silos.num_silos, metric=result.metric,
       **_train_columns(result, privacy is not None), test_metric=result.test_metric,
@@ -549,7 +590,7 @@ def _row(result, seed, algorithm, lam, s, silos, backend, device):
           "public_silo_sizes", "assumed_silo_size", "protocol", "standardize",
           "standardize_clip", "standardize_budget_share", "finetune_fraction",
           "aggregator", "silo_epsilon", "silo_delta", "aggregator_clip", "seeds",
-          "mask_probability", "backend", "device",
+          "mask_probability", "corrupt_silos", "corruption", "backend", "device",
           *CLUSTER_FLAGS, *DPRIVATE_FLAGS)}),
       finished=time.strftime("%Y-%m-%dT%H:%M:%S"))
 

@@ -96,3 +96,31 @@ def test_bad_aggregators_fail_in_one_line(spec, kwargs, message):
   with pytest.raises((ValueError, TypeError)) as raised:
     aggregators.choose(spec, num_silos=6, rounds=3, **kwargs)
   assert message in str(raised.value) and "\n" not in str(raised.value)
+
+
+def test_the_trimmed_mean_is_scipys_per_coordinate():
+  from tff_silo.trimmed_mean import TrimmedMeanFactory
+  value_type = tff.to_type((tff.TensorType(np.float32, [3]),
+                            tff.TensorType(np.float32, [2, 2])))
+  process = TrimmedMeanFactory(0.2).create(value_type)
+  rng = np.random.default_rng(0)
+  values = [(rng.normal(size=3).astype(np.float32),
+             rng.normal(size=(2, 2)).astype(np.float32)) for _ in range(7)]
+  values[3] = (np.full(3, 1e6, np.float32), np.full((2, 2), -1e6, np.float32))
+  result = process.next(process.initialize(), values).result
+  for leaf, got in enumerate(result):
+    expected = stats.trim_mean(np.stack([v[leaf] for v in values]), 0.2, axis=0)
+    np.testing.assert_allclose(got, expected, rtol=1e-6)
+    assert np.all(np.abs(got) < 3)   # the outlier silo is trimmed away
+  with pytest.raises(ValueError, match=r"trim_fraction must be in \[0, 0.5\)"):
+    TrimmedMeanFactory(0.5)
+
+
+def test_the_trimmed_mean_runs_by_module_path():
+  choice = aggregators.choose("tff_silo.trimmed_mean:TrimmedMeanFactory", num_silos=6,
+                              rounds=3)
+  definition = algorithms.mrmtl_algorithm(
+      models.linear_regression(3), (3,), client_learning_rate=0.1, batch_size=8,
+      lam=1.0, aggregator=choice.factory)
+  assert np.isfinite(run_simulation(definition, SILOS, rounds=3, backend="tff").test_metric)
+  assert not choice.weighted

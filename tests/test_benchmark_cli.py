@@ -5,6 +5,7 @@ import os
 import subprocess
 import sys
 
+import numpy as np
 import pandas as pd
 import pytest
 
@@ -54,6 +55,11 @@ def _run(*flags, timeout=600):
      "--aggregator=dp_fixed is unweighted; the ifca algorithms need a weighted one"),
     (["--algorithm=dprivate_clustering", "--aggregator=robust"],
      "--aggregator applies to --algorithm=local,fedavg"),
+    (["--corrupt_silos=1"], "--corrupt_silos applies to --dataset=school,synthetic"),
+    (["--dataset=synthetic", "--corruption=-5"], "--corruption applies with "
+     "--corrupt_silos >= 1 only"),
+    (["--dataset=synthetic", "--corrupt_silos=20"], "--corrupt_silos=20 leaves no "
+     "honest silo (the data has 20)"),
 ])
 def test_bad_flags_end_in_one_line(flags, message):
   proc = _run(*flags, timeout=120)
@@ -113,9 +119,11 @@ def test_aggregators_from_the_command_line(tmp_path):
               "--aggregator_clip=0.5")
   assert proc.returncode == 0, proc.stderr
   user = "tensorflow_federated.python.aggregators.mean:UnweightedMeanFactory"
-  proc = _run(*common, f"--aggregator={user}")
+  proc = _run(*common, f"--aggregator={user}", "--corrupt_silos=2")
   assert proc.returncode == 0, proc.stderr
   dp, own = pd.read_csv(out).to_dict("records")
+  assert own["corrupt_silos"] == 2 and own["corruption"] == -10
+  assert np.isfinite(own["honest_test_metric"]) and pd.isna(dp["honest_test_metric"])
   assert dp["aggregator"] == "dp_fixed" and dp["backend"] == "tff"
   assert 1.98 < dp["silo_epsilon_spent"] <= 2.0 and dp["silo_delta"] == 1e-3
   assert '"clip": 0.5' in dp["aggregator_params"]

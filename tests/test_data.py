@@ -142,3 +142,17 @@ def test_synthetic_generators():
   assert c.task == "binary_pm1"
   with pytest.raises(ValueError, match="num_silos"):
     data.mean_estimation_silos(num_silos=0)
+
+
+def test_corrupt_labels_scales_the_first_silos_training_targets_only():
+  silos = data.heterogeneous_linear_silos(num_silos=5, num_examples=20, seed=0)
+  bad = data.corrupt_labels(silos, 2, -10.0)
+  for k in range(5):
+    factor = -10.0 if k < 2 else 1.0
+    np.testing.assert_array_equal(bad.y_train[k], silos.y_train[k] * np.float32(factor))
+    np.testing.assert_array_equal(bad.y_test[k], silos.y_test[k])
+    np.testing.assert_array_equal(bad.x_train[k], silos.x_train[k])
+  with pytest.raises(ValueError, match=r"num_silos must be in \[0, 5\)"):
+    data.corrupt_labels(silos, 5, -10.0)
+  with pytest.raises(ValueError, match="scales regression targets"):
+    data.corrupt_labels(data.load_rotated_masked_digits(num_silos=4, seed=0), 1, -1.0)

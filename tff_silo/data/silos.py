@@ -150,6 +150,22 @@ def validation_split(data: SiloData, fraction: float, seed):
   return fit, tuple(x_val), tuple(y_val)
 
 
+def corrupt_labels(data: SiloData, num_silos: int, factor: float) -> SiloData:
+  """`data` with the first `num_silos` silos misbehaving: their training targets
+  multiplied by `factor` (regression only), so their updates point elsewhere
+  (factor < 0: the opposite way, |factor| times as far). Their test data is left as
+  it was; a robustness experiment judges the other, honest silos."""
+  if data.task != "regression":
+    raise ValueError(f"corrupt_labels scales regression targets; {data.name} is "
+                     f"{data.task}")
+  if not 0 <= num_silos < data.num_silos:
+    raise ValueError(f"num_silos must be in [0, {data.num_silos}) (at least one honest "
+                     f"silo); got {num_silos}")
+  y_train = tuple(y * np.float32(factor) if k < num_silos else y
+                  for k, y in enumerate(data.y_train))
+  return dataclasses.replace(data, y_train=y_train)
+
+
 def standardize(x_train: np.ndarray, x_test: np.ndarray):
   """Standardizes features with the silo's own training mean and std.
 

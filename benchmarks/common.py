@@ -183,6 +183,30 @@ def check_aggregator_flags() -> None:
     raise UsageError(f"--aggregator_clip must be > 0; got {FLAGS.aggregator_clip}")
 
 
+def aggregator_key() -> dict:
+  """The aggregator settings a run's result depends on (part of its run key)."""
+  from tff_silo import aggregators
+  dp = FLAGS.aggregator in aggregators.DP_BUILTINS
+  return dict(aggregator=FLAGS.aggregator,
+              **({name: FLAGS[name].value for name in
+                  ("silo_epsilon", "silo_delta", "aggregator_clip")} if dp else {}))
+
+
+def aggregator_columns(choice, rounds_run: int, measurements: dict) -> dict:
+  """A row's aggregator: its name, parameters and last measurements (where TFF
+  reports them), and for a DP aggregator its silo-level guarantee over the rounds
+  run, in columns of its own."""
+  import json
+  columns = dict(aggregator=choice.name, aggregator_params=json.dumps(choice.params),
+                 aggregator_measurements=json.dumps(measurements))
+  if choice.silo_level_dp:
+    columns.update(silo_epsilon=FLAGS.silo_epsilon,
+                   silo_epsilon_spent=choice.silo_epsilon(rounds_run, FLAGS.silo_delta),
+                   silo_delta=FLAGS.silo_delta,
+                   silo_noise_multiplier=choice.noise_multiplier)
+  return columns
+
+
 def aggregator_choice(num_silos: int, rounds: int):
   """The `tff_silo.aggregators.AggregatorChoice` the flags name for a run of
   `rounds` rounds over `num_silos` silos; UsageError in one line."""

@@ -34,6 +34,11 @@ selected rows, a second table and a figure show leakage beside utility; the atta
 reads the silos' training examples without noise, so its figures lie outside every
 guarantee (`mia_inside_guarantee=False`): an evaluator's measurement.
 
+--aggregator (`tff_silo.aggregators`, as in benchmarks.run) replaces the server's
+weighted mean in every method but hypernet; a DP aggregator's silo-level epsilon is
+per trial, in its own columns (not with --tuning=private, whose accounting does not
+cover it).
+
 Output: one CSV row per trial and one per selected cell (--output, resumable: a
 rerun skips finished trials), a markdown table (method x epsilon, mean +- sd over
 seeds, the selected lambdas) and figures in --figures_dir (`_private` added under
@@ -54,7 +59,7 @@ import json
 import math
 import sys
 import time
-from typing import NamedTuple
+from typing import NamedTuple, Optional
 
 from absl import flags
 import numpy as np
@@ -100,6 +105,7 @@ flags.DEFINE_float("score_budget_share", 0.1, "--tuning=private: the share of ep
 flags.DEFINE_float("score_clip", None, "--tuning=private: per-example validation "
                    "metrics are clipped to [0, score_clip] (default: the preset's).")
 common.define_backend_flags("every method here")
+common.define_aggregator_flags()   # the server step of every method but hypernet
 flags.adopt_module_key_flags(common)
 flags.DEFINE_string("output", None, "CSV rows are appended to (default: "
                     "benchmarks/out/compare_<preset>.csv).")
@@ -192,6 +198,12 @@ def _settings() -> dict:
     raise UsageError(f"--data_dir applies to --preset={readers} only; --preset="
                      f"{FLAGS.preset} makes its data")
   common.check_backend(FLAGS.backend, FLAGS.device)
+  common.check_aggregator_flags()
+  if FLAGS.silo_epsilon is not None and FLAGS.tuning == "private":
+    raise UsageError(f"--aggregator={FLAGS.aggregator} with --tuning=private: the "
+                     "silo-level cost of tuning is not accounted; use --tuning=free")
+  # the default mean adds nothing to the run keys (rows written before it existed)
+  s["aggregator_key"] = common.aggregator_key() if FLAGS.aggregator != "mean" else {}
   s["output"] = FLAGS.output or f"benchmarks/out/compare_{FLAGS.preset}.csv"
   suffix = "" if s["tuning"] == "free" else f"_{s['tuning']}"
   s["table"] = FLAGS.table or f"benchmarks/out/compare_{FLAGS.preset}{suffix}.md"
@@ -300,7 +312,8 @@ def _definition(s, trial, silos):
       trial["method"], models.model_for(silos), silos.feature_shape,
       client_learning_rate=trial["lr"], batch_size=s["batch_size"], rounds=s["rounds"],
       lam=trial["lam"], l2_norm_clip=None if math.isinf(trial["epsilon"]) else s["clip"],
-      num_clusters=s["num_clusters"], cluster_init_seed=trial["seed"])
+      aggregator=s["aggregator"].factory, num_clusters=s["num_clusters"],
+      cluster_init_seed=trial["seed"])
 
 
 class _Outcome(NamedTuple):
@@ -316,6 +329,7 @@ class _Outcome(NamedTuple):
   noise_multiplier: float      # nan without DP
   wall_seconds: float
   runs_stacked: int
+  aggregator_measurements: Optional[dict] = None   # None: no server aggregator
 
 
 def _simulate(s, batch, loaded, backend) -> list:
@@ -343,7 +357,7 @@ def _simulate(s, batch, loaded, backend) -> list:
       result.test_metric, result.privacy,
       float(np.max(result.privacy.epsilon_spent)) if result.privacy else nan,
       float(np.min(result.privacy.noise_multipliers)) if result.privacy else nan,
-      result.wall_seconds, result.runs_stacked), score_z)
+      result.wall_seconds, result.runs_stacked, result.aggregator_measurements), score_z)
           for run, result, score_z in zip(runs, results, scores)]
 
 
@@ -426,7 +440,9 @@ def _run_batch(s, batch, loaded, backend, device):
                 if len(grid.configurations(s, trial["method"])) == 1 else TUNING),
         num_trials=1, wall_seconds=outcome.wall_seconds,
         runs_stacked=outcome.runs_stacked, backend=backend, device=device,
-        peak_memory_mb=common.peak_memory_mb(), **leakage))
+        peak_memory_mb=common.peak_memory_mb(), **leakage,
+        **({} if outcome.aggregator_measurements is None else common.aggregator_columns(
+            s["aggregator"], outcome.rounds, outcome.aggregator_measurements))))
   return rows
 
 
@@ -467,6 +483,13 @@ def _table(selected) -> str:
     users = ", ".join(sorted(selected[selected.privacy_unit == "user"].method.unique()))
     units = (f" Under DP the epsilon of {users} is user-level (a silo's whole data, "
              "add/remove one silo), the others' example-level in each silo.")
+  if "aggregator" in selected and (selected.aggregator.fillna("mean") != "mean").any():
+    names = ", ".join(sorted(selected.aggregator.dropna().unique()))
+    units += f" Server aggregator: {names}"
+    if "silo_epsilon_spent" in selected and selected.silo_epsilon_spent.notna().any():
+      units += (f", silo-level epsilon {selected.silo_epsilon_spent.max():.3g} at delta "
+                f"{selected.silo_delta.max():g} per trial (tuning not counted)")
+    units += "."
   out = (_grid_table(selected, "test_metric", True) + f"\nTest {metric}, mean +- sd "
          f"over seeds; tuning {tunings}.{units}\n" + _wins(selected))
   if "mia_auc" in selected and selected.mia_auc.notna().any():
@@ -575,7 +598,12 @@ def main(argv):
     loaded = {seed: _data(s, seed) for seed in s["seeds"]}
   except ValueError as e:   # DataError: a missing or bad file, a silo too small
     raise UsageError(str(e)) from None
-  backend = common.backend_for(FLAGS.backend)
+  silos = loaded[s["seeds"][0]][0]
+  s["aggregator"] = common.aggregator_choice(silos.num_silos, s["rounds"])
+  if not s["aggregator"].weighted and any(m in grid.IFCA_METHODS for m in s["methods"]):
+    raise UsageError(f"--aggregator={FLAGS.aggregator} is unweighted; the ifca methods "
+                     "need a weighted one (mean, robust, compressed)")
+  backend = common.backend_for(FLAGS.backend, s["aggregator"])
   scope, device = common.device_scope(FLAGS.device, backend)
   batches = []
   for trial in pending:

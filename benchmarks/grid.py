@@ -103,6 +103,7 @@ def settings_key(s) -> dict:
         "tuning_eta", "mean_trials", "score_budget_share", "score_clip")})
   if s["membership"]:
     key.update(membership=True)
+  key.update(s.get("aggregator_key", {}))   # empty for the default mean
   return key
 
 

@@ -420,7 +420,7 @@ def _run_key(seed, algorithm, lam, s):
       dataset=FLAGS.dataset, data_dir=FLAGS.data_dir, algorithm=algorithm, lam=lam,
       seed=seed, rounds=s["rounds"], epsilon=s["epsilon"], delta=s["delta"], lr=s["lr"],
       batch_size=s["batch_size"], clip=s["clip"], local_epochs=FLAGS.local_epochs,
-      sampling=s["sampling"], **_aggregator_flags(),
+      sampling=s["sampling"], **common.aggregator_key(),
       **_protocol_columns(s, private=s["epsilon"] is not None),
       standardize=s["standardize"],
       standardize_clip=FLAGS.standardize_clip if s["standardize"] == "dp" else None,
@@ -496,30 +496,11 @@ def _protocol_columns(s, private=True):
               assumed_silo_size=protocol.assumed_silo_size)
 
 
-def _aggregator_flags() -> dict:
-  """The aggregator settings a run depends on (its run key)."""
-  from tff_silo import aggregators
-  dp = FLAGS.aggregator in aggregators.DP_BUILTINS
-  return dict(aggregator=FLAGS.aggregator,
-              **({name: FLAGS[name].value for name in
-                  ("silo_epsilon", "silo_delta", "aggregator_clip")} if dp else {}))
-
-
 def _aggregator_columns(s, result, algorithm):
-  """The aggregator, its parameters, silo-level DP (where it gives it: epsilon over
-  the rounds run) and its last measurements (where TFF reports them)."""
-  if algorithm == "dprivate_clustering":
+  if algorithm == "dprivate_clustering":   # no server mean
     return {}
-  choice = s["aggregator"]
-  columns = dict(aggregator=choice.name, aggregator_params=json.dumps(choice.params),
-                 aggregator_measurements=json.dumps(
-                     getattr(result, "aggregator_measurements", {})))
-  if choice.silo_level_dp:
-    columns.update(silo_epsilon=FLAGS.silo_epsilon,
-                   silo_epsilon_spent=choice.silo_epsilon(result.rounds, FLAGS.silo_delta),
-                   silo_delta=FLAGS.silo_delta,
-                   silo_noise_multiplier=choice.noise_multiplier)
-  return columns
+  return common.aggregator_columns(s["aggregator"], result.rounds,
+                                   result.aggregator_measurements)
 
 
 def _server_weights(s, privacy):

@@ -159,6 +159,16 @@ def test_the_hypernetwork_runs_with_a_user_level_epsilon(tmp_path):
   assert selected.test_metric.between(0, 1).all()
 
 
+def test_a_dp_aggregator_reports_its_silo_level_epsilon(tmp_path):
+  proc, _, selected = _finished(tmp_path, "--methods=fedavg", "--epsilons=4", "--seeds=0",
+                                "--rounds=3", "--aggregator=dp_fixed", "--silo_epsilon=3")
+  row = selected.iloc[0]
+  assert row.aggregator == "dp_fixed" and row.backend == "tff"
+  assert 2.99 < row.silo_epsilon_spent <= 3.0 and row.silo_delta == 1e-3
+  assert 3.99 < row.epsilon_spent <= 4.0   # the silos' example-level DP beside it
+  assert "Server aggregator: dp_fixed, silo-level epsilon 3" in proc.stdout
+
+
 def test_vehicle_accuracy_is_tuned_upwards(tmp_path, shared_data):
   """A preset read from --data_dir whose metric is accuracy (higher is better)."""
   _, rows, selected = _finished(tmp_path, "--preset=vehicle", f"--data_dir={shared_data}",
@@ -224,6 +234,9 @@ def test_selection_never_picks_a_diverged_trial():
     ("--data_dir=/tmp", "--data_dir applies to --preset=vehicle,fmnist,fmnist_hetero,"),
     ("--tuning=oracle", "--tuning must be one of"),
     ("--mean_trials=3", "--mean_trials applies to --tuning=private only"),
+    ("--aggregator=dp_fixed --silo_epsilon=2 --tuning=private",
+     "--aggregator=dp_fixed with --tuning=private: the silo-level cost of tuning"),
+    ("--aggregator=median", "--aggregator must be one of mean"),
 ])
 def test_bad_flags_end_in_one_line(tmp_path, flag, message):
   proc = _compare(tmp_path, *flag.split(), timeout=120)

@@ -88,6 +88,16 @@ def hypernet_algorithm(hypernetwork: Hypernetwork, feature_shape, train_sizes,
     if not isinstance(aggregator, tff.aggregators.WeightedAggregationFactory):
       raise TypeError("aggregator must be a tff.aggregators.WeightedAggregationFactory, "
                       f"got {type(aggregator).__name__}")
+    from tff_silo.privacy.user_level_factory import UserLevelDPMeanFactory  # pylint: disable=g-import-not-at-top
+    if settings.private and not (
+        isinstance(aggregator, UserLevelDPMeanFactory)
+        and aggregator.mean == settings.mean(train_sizes, aggregator.mean.seed)):
+      # run_hypernet charges the settings' (q, z) to the user-level ledger: only the
+      # user-level DP mean of these very settings adds the noise that pays for it
+      raise ValueError("settings add noise (noise_multiplier > 0) but aggregator is "
+                       "not their user-level DP mean (settings.factory(train_sizes)): "
+                       "the user-level epsilon would not hold; use noise_multiplier 0 "
+                       "with another aggregator")
   config = LocalTrainingConfig(learning_rate=client_learning_rate, batch_size=batch_size,
                                steps=local_steps, sampling="shuffle")
   return HypernetAlgorithm(

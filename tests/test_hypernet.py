@@ -235,3 +235,17 @@ def test_vectorized_backend_refuses_other_aggregators_in_one_line():
     rounds_for(algorithm, "vectorized")
   with pytest.raises(ValueError, match="backend must be one of"):
     rounds_for(algorithm, "gpu")
+
+
+def test_another_aggregator_cannot_claim_the_settings_user_level_epsilon():
+  """run_hypernet charges (q, z) to the user-level ledger; only the settings' own
+  user-level DP mean adds that noise."""
+  users = _users()
+  noisy = UserDPSettings(sampling_rate=0.5, l2_norm_clip=0.1, noise_multiplier=3.0)
+  with pytest.raises(ValueError, match="the user-level epsilon would not hold"):
+    _algorithm(users, noisy, aggregator=tff.aggregators.MeanFactory())
+  other = UserDPSettings(sampling_rate=0.5, l2_norm_clip=0.1, noise_multiplier=1.0)
+  with pytest.raises(ValueError, match="the user-level epsilon would not hold"):
+    _algorithm(users, noisy, aggregator=other.factory(users.train_sizes, seed=0))
+  own = _algorithm(users, noisy, aggregator=noisy.factory(users.train_sizes, seed=0))
+  assert own.sigma == noisy.mean(users.train_sizes).sigma

@@ -44,7 +44,7 @@ import time
 
 from absl import flags
 
-from benchmarks import common, configs
+from benchmarks import common, configs, datasets
 from benchmarks.common import UsageError
 from tff_silo.algorithms import by_name   # names only: no TensorFlow imported
 from tff_silo.privacy.accounting import NEIGHBOURING   # no TensorFlow: dp_accounting
@@ -53,7 +53,7 @@ IFCA_ALGORITHMS = tuple(by_name.IFCA_VARIANTS)
 ALGORITHMS = (*by_name.NAMES, "dprivate_clustering")
 DATASETS = tuple(configs.PRESETS)
 SAMPLING = ("poisson", "without_replacement", "shuffle")
-TABULAR = ("school", "vehicle", "gleam")
+TABULAR = datasets.TABULAR
 REGRESSION = ("school", "synthetic", "two_cluster")   # --corrupt_silos scales targets
 STANDARDIZE = ("none", "public", "dp", "silo")
 PROTOCOLS = ("custom", "paper")
@@ -152,6 +152,9 @@ flags.adopt_module_key_flags(common)   # --help lists --backend and --device
 flags.DEFINE_string("output", "benchmarks/out/run.csv", "CSV file rows are appended to.")
 flags.DEFINE_bool("resume", True, "Skip runs whose row (same settings, algorithm, "
                   "lambda and seed) is already in --output.")
+flags.DEFINE_string("save_models", None, "Save every run's silo models, data recipe "
+                    "and privacy (tff_silo.runs) in a folder of its own under this one, "
+                    "for `benchmarks.attacks --run`; rows say where (`saved_to`).")
 
 
 def _settings():
@@ -220,6 +223,9 @@ def _settings():
   if FLAGS["corruption"].present and not FLAGS.corrupt_silos:
     raise UsageError("--corruption applies with --corrupt_silos >= 1 only")
   common.check_output(FLAGS.output, SIGNATURE)
+  if FLAGS.save_models is not None and (not FLAGS.save_models
+                                        or os.path.isfile(FLAGS.save_models)):
+    raise UsageError(f"--save_models must name a folder; got {FLAGS.save_models!r}")
   return s
 
 
@@ -316,63 +322,68 @@ def _check_clustering(s):
     raise UsageError(f"--kmeans_iterations must be >= 1; got {FLAGS.kmeans_iterations}")
 
 
+def _recipe(seed, s) -> dict:
+  """What the run's data is made of (`benchmarks.datasets`): saved with a run's
+  models instead of the data."""
+  recipe = dict(dataset=FLAGS.dataset, seed=seed, data_dir=FLAGS.data_dir,
+                standardize=s["standardize"])
+  if s["standardize"] == "dp":
+    from tff_silo.data import preprocessing
+    neighbouring = s["protocol"].neighbouring
+    recipe.update(
+        standardize_clip=FLAGS.standardize_clip, neighbouring=neighbouring,
+        standardize_noise_multiplier=preprocessing.dp_noise_multiplier(
+            s["epsilon"], s["delta"], FLAGS.standardize_budget_share, neighbouring))
+  if FLAGS.dataset == "digits":
+    recipe["mask_probability"] = FLAGS.mask_probability
+  return dict(recipe, **_corruption())
+
+
 def _load(seed, s):
   """(silos, per-silo preprocessing DpEvents or None), the first --corrupt_silos
   misbehaving."""
-  from tff_silo import data
-  silos, events = _clean(seed, s)
-  if not FLAGS.corrupt_silos:
-    return silos, events
-  if FLAGS.corrupt_silos >= silos.num_silos:
-    raise UsageError(f"--corrupt_silos={FLAGS.corrupt_silos} leaves no honest silo "
-                     f"(the data has {silos.num_silos})")
-  return data.corrupt_labels(silos, FLAGS.corrupt_silos, FLAGS.corruption), events
+  return datasets.load(_recipe(seed, s))
 
 
-def _clean(seed, s):
-  from tff_silo import data
-  name = FLAGS.dataset
-  if name in TABULAR:
-    loader = {"school": data.load_school, "vehicle": data.load_vehicle,
-              "gleam": data.load_gleam}[name]
-    mode = s["standardize"]
-    silos = loader(FLAGS.data_dir, seed=seed,
-                   standardize="none" if mode == "dp" else mode)
-    if mode != "dp":
-      return silos, None
-    return _dp_standardized(silos, seed, s)
-  return _generated(seed), None
-
-
-def _dp_standardized(silos, seed, s):
-  from tff_silo.data import preprocessing
-  neighbouring = s["protocol"].neighbouring
-  z = preprocessing.dp_noise_multiplier(s["epsilon"], s["delta"],
-                                        FLAGS.standardize_budget_share, neighbouring)
-  standardized = preprocessing.standardize_silos(
-      silos, "dp", clip=FLAGS.standardize_clip, noise_multipliers=[z] * silos.num_silos,
-      seed=seed)
-  return standardized, [preprocessing.dp_event(z, neighbouring)] * silos.num_silos
-
-
-def _generated(seed):
-  from tff_silo import data
-  name = FLAGS.dataset
-  if name == "digits":
-    return data.load_rotated_masked_digits(mask_probability=FLAGS.mask_probability,
-                                           seed=seed)
-  if name == "two_cluster":
-    return data.two_cluster_linear_silos(seed=seed)
-  return data.heterogeneous_linear_silos(seed=seed)
+def _model_builder(algorithm) -> dict:
+  """Keyword arguments of `models.linear_regression` where the run does not use
+  `models.model_for` (two_cluster: Galli et al.'s y = x^T theta, no bias)."""
+  if FLAGS.dataset != "two_cluster":
+    return {}
+  return dict(name="linear_regression", bias=False,
+              objective="rmse" if algorithm == "dprivate_clustering" else "squared")
 
 
 def _model(silos, algorithm):
   from tff_silo import models
-  if FLAGS.dataset == "two_cluster":   # Galli et al.: y = x^T theta, no bias
-    return models.linear_regression(
-        silos.feature_shape[0], bias=False,
-        objective="rmse" if algorithm == "dprivate_clustering" else "squared")
+  builder = _model_builder(algorithm)
+  if builder:
+    builder.pop("name")
+    return models.linear_regression(silos.feature_shape[0], **builder)
   return models.model_for(silos)
+
+
+def _save(result, seed, algorithm, lam, s, silos, row) -> str:
+  """Saves the run under --save_models (`tff_silo.runs`); its folder."""
+  import hashlib
+  from tff_silo import runs
+  key = row["run_key"]
+  folder = os.path.join(FLAGS.save_models, f"{algorithm}-lam{lam:g}-seed{seed}-"
+                        + hashlib.sha256(key.encode()).hexdigest()[:10])
+  if algorithm == "dprivate_clustering":   # each user's hypothesis
+    weights = [result.hypotheses[g] for g in result.assignments]
+  else:
+    weights = result.silo_weights
+  runs.save(folder, run_key=key, silo_weights=weights,
+            model=runs.model_spec(_model(silos, algorithm), silos,
+                                  **_model_builder(algorithm)),
+            data=_recipe(seed, s), silos=silos, privacy=getattr(result, "privacy", None),
+            info=dict(binary="benchmarks.run", algorithm=algorithm, lam=lam, seed=seed,
+                      rounds=row["rounds"], epsilon=row["epsilon"], delta=row["delta"],
+                      clip=row["clip"], lr=row["lr"], batch_size=row["batch_size"],
+                      metric=row["metric"], test_metric=row["test_metric"],
+                      aggregator=row.get("aggregator"), flags=json.loads(row["flags"])))
+  return folder
 
 
 def _build(algorithm, lam, seed, silos, s):
@@ -643,7 +654,9 @@ def main(argv):
     key = _run_key(seed, algorithm, lam, s)
     if key in done:
       print(f"[{i}/{len(runs)}] {algorithm} lam={lam} seed={seed}: already in "
-            f"{FLAGS.output}, skipped (--noresume reruns it)", file=sys.stderr)
+            f"{FLAGS.output}, skipped (--noresume reruns it)"
+            + ("; its models are not saved again" if FLAGS.save_models else ""),
+            file=sys.stderr)
       rows.append(done[key])
       continue
     try:
@@ -685,6 +698,8 @@ def main(argv):
       raise UsageError(str(e)) from None
     for (_, seed, algorithm, lam, _), result in zip(batch, results):
       row = _row(result, seed, algorithm, lam, s, loaded[seed][0], backend, device)
+      if FLAGS.save_models:
+        row["saved_to"] = _save(result, seed, algorithm, lam, s, loaded[seed][0], row)
       common.append_row(FLAGS.output, row)
       rows.append(row)
   _print_table(rows)

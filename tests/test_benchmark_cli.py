@@ -60,6 +60,7 @@ def _run(*flags, timeout=600):
      "--corrupt_silos >= 1 only"),
     (["--dataset=synthetic", "--corrupt_silos=20"], "--corrupt_silos=20 leaves no "
      "honest silo (the data has 20)"),
+    (["--save_models="], "--save_models must name a folder"),
 ])
 def test_bad_flags_end_in_one_line(flags, message):
   proc = _run(*flags, timeout=120)
@@ -129,6 +130,25 @@ def test_aggregators_from_the_command_line(tmp_path):
   assert '"clip": 0.5' in dp["aggregator_params"]
   assert dp["server_weights"] == "unweighted"
   assert own["aggregator"] == user and pd.isna(own["silo_epsilon_spent"])
+
+
+def test_saved_models_load_with_the_split_they_trained_on(tmp_path):
+  from benchmarks import datasets
+  from tff_silo import runs
+  out = tmp_path / "runs.csv"
+  proc = _run("--dataset=synthetic", "--algorithm=mrmtl,fedavg", "--rounds=2",
+              "--epsilon=4", f"--output={out}", f"--save_models={tmp_path / 'saved'}")
+  assert proc.returncode == 0, proc.stderr
+  rows = pd.read_csv(out)
+  for row in rows.to_dict("records"):
+    saved = runs.load(row["saved_to"])
+    assert saved.meta["run_key"] == row["run_key"]
+    assert max(saved.meta["privacy"]["epsilon_spent"]) == pytest.approx(
+        row["epsilon_spent_max"])
+    silos, _ = datasets.load(saved.meta["data"])
+    saved.check_data(silos)
+    assert len(saved.silo_weights) == silos.num_silos
+    assert saved.model().name == "linear_regression"
 
 
 def test_paper_and_shuffled_rows_say_what_their_epsilon_is(tmp_path):

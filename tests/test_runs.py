@@ -1,0 +1,81 @@
+"""`tff_silo.runs`: a saved run loads bit-exactly, is never replaced by another,
+and a file of another format or version fails in one line."""
+
+import json
+
+import numpy as np
+import pytest
+
+from benchmarks import datasets
+from tff_silo import algorithms, models, runs
+from tff_silo.privacy import PrivacyProtocol
+from tff_silo.simulation import SiloEvaluator, run_simulation
+
+RECIPE = dict(dataset="synthetic", seed=3)
+
+
+def _trained():
+  silos, _ = datasets.load(RECIPE)
+  model = models.model_for(silos)
+  definition = algorithms.mrmtl_algorithm(model, silos.feature_shape,
+                                          client_learning_rate=0.1, batch_size=8,
+                                          lam=1.0, l2_norm_clip=1.0)
+  result = run_simulation(definition, silos, rounds=2, target_epsilon=4.0,
+                          target_delta=1e-3, backend="vectorized",
+                          protocol=PrivacyProtocol(assumed_silo_size=30))
+  return silos, model, result
+
+
+def _save(folder, silos, model, result, key="k1"):
+  return runs.save(str(folder), run_key=key, silo_weights=result.silo_weights,
+                   model=runs.model_spec(model, silos), data=RECIPE, silos=silos,
+                   privacy=result.privacy, info=dict(test_metric=result.test_metric))
+
+
+def test_a_saved_run_loads_bit_exactly_and_evaluates_the_same(tmp_path):
+  silos, model, result = _trained()
+  assert _save(tmp_path / "run", silos, model, result)
+  saved = runs.load(str(tmp_path / "run"))
+  for ours, theirs in zip(saved.silo_weights, result.silo_weights):
+    for a, b in zip(ours, theirs):
+      assert a.dtype == np.float32 and np.array_equal(a, b)
+  metric, _ = SiloEvaluator(saved.model())(list(saved.silo_weights), silos.x_test,
+                                           silos.y_test)
+  assert metric == pytest.approx(result.test_metric, rel=1e-6)
+  assert saved.meta["privacy"]["epsilon_spent"] == [
+      float(e) for e in result.privacy.epsilon_spent]
+  saved.check_data(datasets.load(RECIPE)[0])   # the recipe rebuilds the same split
+  with pytest.raises(ValueError, match="fingerprint mismatch"):
+    saved.check_data(datasets.load(dict(RECIPE, seed=4))[0])
+
+
+def test_a_saved_run_is_never_replaced(tmp_path):
+  silos, model, result = _trained()
+  assert _save(tmp_path / "run", silos, model, result)
+  assert not _save(tmp_path / "run", silos, model, result)   # the same run: kept
+  with pytest.raises(ValueError, match="holds another run; a saved run is never "
+                     "replaced"):
+    _save(tmp_path / "run", silos, model, result, key="k2")
+  (tmp_path / "other").mkdir()
+  (tmp_path / "other" / "notes.txt").write_text("mine")
+  with pytest.raises(ValueError, match="exists and is not a saved run"):
+    _save(tmp_path / "other", silos, model, result)
+
+
+@pytest.mark.parametrize("change, message", [
+    (lambda m: m.update(version=0), "has format version 0; this tff_silo reads version 1"),
+    (lambda m: m.pop("version"), "has format version None"),
+    (lambda m: m.update(format="other"), "is not a tff_silo.run file"),
+])
+def test_other_formats_and_versions_fail_in_one_line(tmp_path, change, message):
+  silos, model, result = _trained()
+  _save(tmp_path / "run", silos, model, result)
+  path = tmp_path / "run" / "run.json"
+  meta = json.loads(path.read_text())
+  change(meta)
+  path.write_text(json.dumps(meta))
+  with pytest.raises(ValueError, match=message) as raised:
+    runs.load(str(tmp_path / "run"))
+  assert "\n" not in str(raised.value)
+  with pytest.raises(ValueError, match="is not a saved run"):
+    runs.load(str(tmp_path))

@@ -1,0 +1,188 @@
+"""Saved runs: what a run trained, kept so that it can be attacked later.
+
+Format (version 1), one folder per run:
+  run.json     {"format": "tff_silo.run", "version": 1, "run_key", "saved",
+               "versions" (tff_silo, tensorflow, tensorflow-federated, dp-accounting),
+               "model" (how to rebuild the model: `build_model`), "data" (the
+               recipe the binary rebuilds the silos from; no copy of the data),
+               "fingerprint" (SHA-256 of every silo's train and test arrays: the
+               member / non-member split), "privacy" (per silo: epsilon spent,
+               delta, noise multiplier, sampling rate, steps; the neighbouring
+               relation), "info" (flags, seed, method, metrics)}
+  weights.npz  "silo/<k>/<i>": weight tensor i of silo k's final model (the model
+               it was evaluated with: personalized, or the global one for FedAvg)
+
+`save` writes into a temporary folder and renames it, and never replaces a
+different run: a folder holding the same run_key is left as it is (a rerun), one
+holding another run is an error. `load` returns a `SavedRun`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+import time
+import types
+from typing import Optional
+
+import numpy as np
+
+FORMAT = "tff_silo.run"
+VERSION = 1
+
+
+@dataclasses.dataclass(frozen=True)
+class SavedRun:
+  """A loaded run: its metadata and every silo's final weights."""
+  directory: str
+  meta: dict
+  silo_weights: tuple   # per silo, a tuple of np.float32 arrays
+
+  def model(self):
+    """The `SiloModel` the weights belong to."""
+    return build_model(self.meta["model"])
+
+  def check_data(self, silos) -> None:
+    """ValueError unless `silos` are the very split the run trained and was tested
+    on (its fingerprint): members are their training examples."""
+    if fingerprint(silos) != self.meta["fingerprint"]:
+      raise ValueError(f"the silos rebuilt from {self.directory}'s recipe differ from "
+                       "those it trained on (fingerprint mismatch): another data file "
+                       "or version")
+
+
+def model_spec(model, silos, **builder) -> dict:
+  """How `build_model` rebuilds `model`: by default `models.model_for` of the silos'
+  task and shape; `builder` names another (`linear_regression` with its keyword
+  arguments)."""
+  spec = dict(name=model.name, task=silos.task,
+              feature_shape=list(silos.feature_shape), num_classes=silos.num_classes,
+              weight_shapes=[list(s) for s in model.weight_shapes])
+  if builder:
+    spec["builder"] = builder
+  return spec
+
+
+def build_model(spec: dict):
+  from tff_silo import models   # pylint: disable=g-import-not-at-top
+  builder = dict(spec.get("builder", {}))
+  if builder:
+    name = builder.pop("name")
+    if name != "linear_regression":
+      raise ValueError(f"unknown model builder {name!r} in a saved run")
+    model = models.linear_regression(spec["feature_shape"][0], **builder)
+  else:
+    model = models.model_for(types.SimpleNamespace(
+        task=spec["task"], feature_shape=tuple(spec["feature_shape"]),
+        num_classes=spec["num_classes"]))
+  if [list(s) for s in model.weight_shapes] != spec["weight_shapes"]:
+    raise ValueError(f"the rebuilt {model.name} has weight shapes "
+                     f"{model.weight_shapes}, the saved run {spec['weight_shapes']}")
+  return model
+
+
+def fingerprint(silos) -> list:
+  """Per silo, the SHA-256 of its train and of its test arrays (x then y)."""
+  def digest(*arrays):
+    h = hashlib.sha256()
+    for a in arrays:
+      a = np.ascontiguousarray(a)
+      h.update(str((a.dtype.str, a.shape)).encode())
+      h.update(a.tobytes())
+    return h.hexdigest()
+  return [dict(train=digest(x, y), test=digest(xt, yt)) for x, y, xt, yt in zip(
+      silos.x_train, silos.y_train, silos.x_test, silos.y_test)]
+
+
+def privacy_summary(privacy) -> Optional[dict]:
+  """The per-silo privacy of a `simulation.SiloPrivacy` (None without DP)."""
+  if privacy is None:
+    return None
+  return dict(epsilon_spent=[float(e) for e in privacy.epsilon_spent],
+              target_delta=[float(d) for d in privacy.target_delta],
+              noise_multipliers=[float(z) for z in privacy.noise_multipliers],
+              sampling_rates=[float(q) for q in privacy.sampling_rates],
+              steps=[int(s) for s in privacy.steps],
+              num_selections=int(privacy.num_selections),
+              neighbouring=privacy.protocol.neighbouring, protocol=privacy.protocol.name,
+              sampling=privacy.sampling, bounded=bool(privacy.bounded))
+
+
+def _versions() -> dict:
+  from importlib import metadata   # pylint: disable=g-import-not-at-top
+  out = {}
+  for package in ("tensorflow", "tensorflow-federated", "dp-accounting"):
+    try:
+      out[package] = metadata.version(package)
+    except metadata.PackageNotFoundError:
+      out[package] = None
+  from tff_silo import __version__   # pylint: disable=g-import-not-at-top
+  out["tff_silo"] = __version__
+  return out
+
+
+def save(directory: str, *, run_key: str, silo_weights, model: dict, data: dict,
+         silos, privacy=None, info: Optional[dict] = None) -> bool:
+  """Writes a run to `directory` (created); True if written, False if it already
+  holds this run. ValueError if it holds another run."""
+  existing = os.path.join(directory, "run.json")
+  if os.path.exists(existing):
+    with open(existing) as f:
+      held = json.load(f).get("run_key")
+    if held == run_key:
+      return False
+    raise ValueError(f"{directory} holds another run; a saved run is never replaced")
+  if os.path.exists(directory) and os.listdir(directory):
+    raise ValueError(f"{directory} exists and is not a saved run; choose another folder")
+  meta = dict(format=FORMAT, version=VERSION, run_key=run_key,
+              saved=time.strftime("%Y-%m-%dT%H:%M:%S"), versions=_versions(),
+              model=model, data=data, fingerprint=fingerprint(silos),
+              privacy=privacy_summary(privacy), info=info or {},
+              num_silos=len(silo_weights))
+  parent = os.path.dirname(os.path.abspath(directory))
+  os.makedirs(parent, exist_ok=True)
+  staging = tempfile.mkdtemp(dir=parent, prefix=".saving-")
+  try:
+    np.savez(os.path.join(staging, "weights.npz"), **{
+        f"silo/{k}/{i}": np.asarray(w, np.float32)
+        for k, weights in enumerate(silo_weights) for i, w in enumerate(weights)})
+    with open(os.path.join(staging, "run.json"), "w") as f:
+      json.dump(meta, f, indent=1, sort_keys=True)
+    if os.path.exists(directory):
+      os.rmdir(directory)   # empty (checked above)
+    os.rename(staging, directory)
+  except BaseException:
+    shutil.rmtree(staging, ignore_errors=True)
+    raise
+  return True
+
+
+def load(directory: str) -> SavedRun:
+  """The run saved in `directory`; ValueError in one line for anything else (no
+  run.json, another format, a version this code does not read)."""
+  path = os.path.join(directory, "run.json")
+  if not os.path.isfile(path):
+    raise ValueError(f"{directory} is not a saved run (no run.json)")
+  try:
+    with open(path) as f:
+      meta = json.load(f)
+  except (OSError, json.JSONDecodeError) as e:
+    raise ValueError(f"{path} cannot be read as JSON ({e})") from None
+  if not isinstance(meta, dict) or meta.get("format") != FORMAT:
+    raise ValueError(f"{path} is not a {FORMAT} file")
+  version = meta.get("version")
+  if version != VERSION:
+    raise ValueError(f"{path} has format version {version!r}; this tff_silo reads "
+                     f"version {VERSION} only")
+  with np.load(os.path.join(directory, "weights.npz")) as arrays:
+    count = {}
+    for name in arrays.files:
+      _, k, i = name.split("/")
+      count[int(k)] = max(count.get(int(k), 0), int(i) + 1)
+    silo_weights = tuple(tuple(arrays[f"silo/{k}/{i}"] for i in range(count[k]))
+                         for k in range(meta["num_silos"]))
+  return SavedRun(directory, meta, silo_weights)

@@ -112,3 +112,21 @@ def attack_silo_models(model: SiloModel, silo_weights, data: SiloData, *,
             for part in (members, non_members)]
   rows.append(dict(silo=ALL_SILOS, **_attack(*pooled, attacks)))
   return pd.DataFrame(rows)
+
+
+def loss_threshold_tpr(model: SiloModel, silo_weights, data: SiloData,
+                       fprs=(0.001, 0.01)) -> dict:
+  """The loss-threshold attack over all silos pooled (each example scored by its
+  own silo's model; lower loss: member) at low false-positive rates, as the field
+  now reports (Carlini et al. 2022): {fpr: the largest TPR of a threshold whose FPR
+  is at most fpr}. With n non-members an FPR below 1/n is reached only at FPR 0."""
+  from sklearn.metrics import roc_curve   # pylint: disable=g-import-not-at-top
+  scores, labels = [], []
+  for k, weights in enumerate(silo_weights):
+    for x, y, member in ((data.x_train[k], data.y_train[k], 1),
+                         (data.x_test[k], data.y_test[k], 0)):
+      if len(y):
+        scores.append(-_scores(model, weights, x, y)["loss"])
+        labels.append(np.full(len(y), member))
+  fpr, tpr, _ = roc_curve(np.concatenate(labels), np.concatenate(scores))
+  return {target: float(tpr[fpr <= target].max()) for target in fprs}

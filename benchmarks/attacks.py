@@ -21,6 +21,15 @@ DP-SGD at each --mia_epsilon, attacked with tensorflow-privacy's tools:
 
 One row per silo and one `silo=all` row per model set (AUC, attacker advantage,
 epsilon spent per silo).
+
+Membership inference against saved runs (`benchmarks.run --save_models=DIR`):
+
+    python -m benchmarks.attacks --run=DIR
+
+attacks every saved run in DIR (or the one DIR is) with --mia_attack on the silos
+rebuilt from the run's data recipe (checked against its fingerprint; --data_dir
+replaces the recipe's folder), per silo and pooled, and adds the pooled
+loss-threshold attack's TPR at 0.1% and 1% FPR.
 """
 
 from __future__ import annotations
@@ -94,6 +103,8 @@ flags.DEFINE_string("mia_output", "benchmarks/out/membership.csv", "Membership C
 flags.DEFINE_string("mia_backend", "vectorized", "Backend training the membership "
                     "targets: vectorized (one TF program for all silos) or tff.")
 flags.DEFINE_bool("resume", True, "Skip runs whose row is already in the CSV.")
+flags.DEFINE_string("run", None, "Attack the saved runs in this folder (or the one it "
+                    "is) with membership inference instead of training new models.")
 
 FLAGS = flags.FLAGS
 
@@ -118,7 +129,19 @@ def _settings():
   for name in ("attack_lr", "clip", "client_lr"):
     _positive(name, FLAGS[name].value)
   common.check_finite_floats()
-  common.check_applies("data_dir", ["cifar10"], [FLAGS.dataset], "--dataset")
+  if FLAGS.run is not None:
+    if FLAGS["parts"].present and FLAGS.parts != ["membership"]:
+      raise UsageError("--run attacks saved models with --parts=membership only "
+                       "(gradient inversion of saved runs is not built yet)")
+    FLAGS.parts = ["membership"]
+    for name in ("mia_algorithm", "mia_epsilon", "mia_rounds", "mia_lam",
+                 "mia_test_fraction", "mia_backend"):
+      if FLAGS[name].present:
+        raise UsageError(f"--{name} sets how new targets are trained; --run attacks "
+                         "saved ones")
+    _saved_runs()   # a UsageError if there are none
+  else:
+    common.check_applies("data_dir", ["cifar10"], [FLAGS.dataset], "--dataset")
   if FLAGS.seed < 0:
     raise UsageError(f"--seed must be >= 0; got {FLAGS.seed}")
   if not 0 < FLAGS.delta < 1:
@@ -451,6 +474,76 @@ def _run_membership(s):
       index=False, float_format=lambda v: f"{v:.3f}"))
 
 
+def _saved_runs() -> list:
+  """The saved run folders --run names (itself, or those directly inside it)."""
+  path = FLAGS.run
+  if os.path.isfile(os.path.join(path, "run.json")):
+    return [path]
+  found = (sorted(os.path.join(path, name) for name in os.listdir(path)
+                  if os.path.isfile(os.path.join(path, name, "run.json")))
+           if os.path.isdir(path) else [])
+  if not found:
+    raise UsageError(f"--run {path} holds no saved run (no run.json in it or its "
+                     "folders; write them with benchmarks.run --save_models)")
+  return found
+
+
+def _saved_rows(folder):
+  """Membership rows of one saved run: per silo, pooled, and TPR at low FPR."""
+  from benchmarks import datasets
+  from tff_silo import runs
+  try:
+    saved = runs.load(folder)
+    recipe = dict(saved.meta["data"])
+    if FLAGS.data_dir is not None:
+      recipe["data_dir"] = FLAGS.data_dir
+    silos, _ = datasets.load(recipe)
+    saved.check_data(silos)
+  except ValueError as e:   # DataError too: a file moved, another version
+    raise UsageError(f"--run {folder}: {e}") from None
+  model = saved.model()
+  table = membership.attack_silo_models(model, saved.silo_weights, silos,
+                                        attacks=FLAGS.mia_attack)
+  low = membership.loss_threshold_tpr(model, saved.silo_weights, silos)
+  info, privacy = saved.meta["info"], saved.meta["privacy"]
+  spent = (np.asarray(privacy["epsilon_spent"]) if privacy
+           else np.full(silos.num_silos, math.inf))
+  key = json.dumps(dict(saved_run=saved.meta["run_key"],
+                        attacks=sorted(FLAGS.mia_attack)), sort_keys=True)
+  rows = []
+  for row in table.to_dict("records"):
+    whole = row["silo"] == membership.ALL_SILOS
+    rows.append(dict(
+        algorithm=info.get("algorithm"), saved_run=folder,
+        target_epsilon=info.get("epsilon") or math.inf,
+        epsilon_spent=float(spent.max() if whole else spent[int(row["silo"])]),
+        delta=(privacy["target_delta"][0] if privacy else math.nan),
+        lam=info.get("lam"), seed=info.get("seed"), run_key=key, **row,
+        **({f"tpr_at_fpr_{fpr:g}": tpr for fpr, tpr in low.items()} if whole else {})))
+  return rows
+
+
+def _run_saved():
+  done = common.done_rows(FLAGS.mia_output, FLAGS.resume, MEMBERSHIP_SIGNATURE,
+                          "mia_output")
+  folders = _saved_runs()
+  rows = []
+  for k, folder in enumerate(folders, 1):
+    part = _saved_rows(folder)
+    if part[0]["run_key"] not in done:
+      common.append_rows(FLAGS.mia_output, part)
+    rows.append(part[-1])
+    print(f"[{k}/{len(folders)}] {folder}: AUC {part[-1]['auc']:.3f}, TPR at 0.1% / 1% "
+          f"FPR {part[-1]['tpr_at_fpr_0.001']:.4f} / {part[-1]['tpr_at_fpr_0.01']:.4f}",
+          file=sys.stderr, flush=True)
+  print("\nmembership inference against saved runs (silos pooled, each example "
+        "scored by its silo's model):")
+  columns = ["saved_run", "algorithm", "target_epsilon", "epsilon_spent", "auc",
+             "advantage", "tpr_at_fpr_0.001", "tpr_at_fpr_0.01"]
+  print(pd.DataFrame(rows)[columns].to_string(index=False,
+                                              float_format=lambda v: f"{v:.4f}"))
+
+
 def main(argv):
   if len(argv) > 1:
     raise UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
@@ -459,7 +552,9 @@ def main(argv):
   runtime.exit_cleanly_on_sigterm()
   if "inversion" in FLAGS.parts:
     _run_inversion(s)
-  if "membership" in FLAGS.parts:
+  if FLAGS.run is not None:
+    _run_saved()
+  elif "membership" in FLAGS.parts:
     _run_membership(s)
   sys.stdout.flush()
 

@@ -23,12 +23,36 @@ def _run(*args):
     (["--defense=blur"], "error: --defense must be among none, dp_sgd, clip, laplace; got blur"),
     (["--method=idlg", "--batch_size=2", "--images=2"],
      "error: --method=idlg reads one example's label"),
+    (["--run=/nonexistent_runs"], "error: --run /nonexistent_runs holds no saved run"),
+    (["--run=/tmp", "--parts=inversion"], "error: --run attacks saved models with "
+     "--parts=membership only"),
+    (["--run=/tmp", "--mia_epsilon=1"], "error: --mia_epsilon sets how new targets"),
 ])
 def test_bad_flags_end_in_one_line(args, message):
   done = _run(*args)
   assert done.returncode == 2
   assert done.stderr.strip().splitlines()[-1].startswith(message)
   assert "Traceback" not in done.stderr
+
+
+def test_saved_runs_are_attacked_from_their_files(tmp_path):
+  """benchmarks.run --save_models, then --run: per-silo and pooled rows with the
+  TPR at low FPR, the epsilon each saved silo spent."""
+  saved = tmp_path / "saved"
+  trained = subprocess.run(
+      [sys.executable, "-m", "benchmarks.run", "--dataset=synthetic",
+       "--algorithm=local", "--rounds=2", "--epsilon=4", f"--output={tmp_path}/r.csv",
+       f"--save_models={saved}"], cwd=ROOT, capture_output=True, text=True,
+      timeout=600, env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"})
+  assert trained.returncode == 0, trained.stderr
+  done = _run(f"--run={saved}", f"--mia_output={tmp_path}/m.csv")
+  assert done.returncode == 0, done.stderr
+  rows = pd.read_csv(tmp_path / "m.csv", dtype={"silo": str})
+  assert len(rows) == 21 and rows.silo.iloc[-1] == "all"
+  pooled = rows.iloc[-1]
+  assert 0 <= pooled["tpr_at_fpr_0.001"] <= pooled["tpr_at_fpr_0.01"] <= 1
+  assert 3.9 < pooled.epsilon_spent <= 4.0 and pooled.algorithm == "local"
+  assert "TPR at 0.1% / 1%" in done.stderr
 
 
 def test_a_tiny_run_writes_rows_figures_and_the_membership_table(tmp_path):

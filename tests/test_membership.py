@@ -40,6 +40,32 @@ def test_a_model_that_did_not_memorize_leaves_a_coin_flip():
   assert abs(overall.auc - 0.5) < 0.08 and overall.advantage < 0.15
 
 
+def _brute_force_tpr(member, non_member, target):
+  """The largest TPR over every threshold t (member if score >= t) with FPR <= target."""
+  best = 0.0
+  for t in np.concatenate([member, non_member]):
+    if np.mean(non_member >= t) <= target:
+      best = max(best, float(np.mean(member >= t)))
+  return best
+
+
+@pytest.mark.parametrize("memorized", [True, False])
+def test_tpr_at_low_fpr_is_the_best_threshold_within_the_fpr(memorized):
+  model = models.linear_regression(2)
+  silos, weights = _linear_silos(np.random.default_rng(2), memorized=memorized)
+  got = membership.loss_threshold_tpr(model, weights, silos, fprs=(0.0025, 0.01, 0.1))
+  member = np.concatenate([-membership._scores(model, w, x, y)["loss"] for w, x, y in
+                           zip(weights, silos.x_train, silos.y_train)])
+  non_member = np.concatenate([-membership._scores(model, w, x, y)["loss"] for w, x, y
+                               in zip(weights, silos.x_test, silos.y_test)])
+  for target, tpr in got.items():
+    assert tpr == pytest.approx(_brute_force_tpr(member, non_member, target))
+  if memorized:   # zero-loss members: all found before any non-member
+    assert got[0.0025] == 1.0
+  else:
+    assert got[0.1] < 0.3
+
+
 def test_silo_models_of_a_simulation_are_attacked_with_logits():
   silos = load_rotated_masked_digits(num_silos=4, test_fraction=0.5, seed=0)
   model = models.model_for(silos)

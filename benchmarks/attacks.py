@@ -105,6 +105,9 @@ flags.DEFINE_string("mia_backend", "vectorized", "Backend training the membershi
 flags.DEFINE_bool("resume", True, "Skip runs whose row is already in the CSV.")
 flags.DEFINE_string("run", None, "Attack the saved runs in this folder (or the one it "
                     "is) with membership inference instead of training new models.")
+flags.DEFINE_integer("lira_shadows", 0, "--run: also the offline likelihood-ratio "
+                     "attack (attacks.lira) with this many shadow runs, trained as the "
+                     "saved run was on random halves of every silo (0: off).")
 
 FLAGS = flags.FLAGS
 
@@ -140,8 +143,13 @@ def _settings():
         raise UsageError(f"--{name} sets how new targets are trained; --run attacks "
                          "saved ones")
     _saved_runs()   # a UsageError if there are none
+    if FLAGS.lira_shadows < 0 or FLAGS.lira_shadows == 1:
+      raise UsageError(f"--lira_shadows must be 0 (off) or >= 2; got "
+                       f"{FLAGS.lira_shadows}")
   else:
     common.check_applies("data_dir", ["cifar10"], [FLAGS.dataset], "--dataset")
+    if FLAGS["lira_shadows"].present:
+      raise UsageError("--lira_shadows applies with --run only")
   if FLAGS.seed < 0:
     raise UsageError(f"--seed must be >= 0; got {FLAGS.seed}")
   if not 0 < FLAGS.delta < 1:
@@ -504,12 +512,18 @@ def _saved_rows(folder):
   model = saved.model()
   table = membership.attack_silo_models(model, saved.silo_weights, silos,
                                         attacks=FLAGS.mia_attack)
-  low = membership.loss_threshold_tpr(model, saved.silo_weights, silos)
+  pooled = membership.loss_threshold_tpr(model, saved.silo_weights, silos)
+  if FLAGS.lira_shadows:
+    try:
+      pooled.update(_lira(saved, model, silos))
+    except ValueError as e:   # a run that cannot be retrained from its settings
+      raise UsageError(f"--lira_shadows: {e}") from None
   info, privacy = saved.meta["info"], saved.meta["privacy"]
   spent = (np.asarray(privacy["epsilon_spent"]) if privacy
            else np.full(silos.num_silos, math.inf))
   key = json.dumps(dict(saved_run=saved.meta["run_key"],
-                        attacks=sorted(FLAGS.mia_attack)), sort_keys=True)
+                        attacks=sorted(FLAGS.mia_attack), lira_shadows=FLAGS.lira_shadows,
+                        seed=FLAGS.seed), sort_keys=True)
   rows = []
   for row in table.to_dict("records"):
     whole = row["silo"] == membership.ALL_SILOS
@@ -519,8 +533,27 @@ def _saved_rows(folder):
         epsilon_spent=float(spent.max() if whole else spent[int(row["silo"])]),
         delta=(privacy["target_delta"][0] if privacy else math.nan),
         lam=info.get("lam"), seed=info.get("seed"), run_key=key, **row,
-        **({f"tpr_at_fpr_{fpr:g}": tpr for fpr, tpr in low.items()} if whole else {})))
+        **({(f"tpr_at_fpr_{k:g}" if isinstance(k, float) else k): v
+            for k, v in pooled.items()} if whole else {})))
   return rows
+
+
+def _lira(saved, model, silos) -> dict:
+  """The offline LiRA figures of a saved run, from --lira_shadows shadow runs."""
+  from attacks import lira
+  from tff_silo import simulation
+  masks = lira.splits(silos, FLAGS.lira_shadows, seed=FLAGS.seed)
+  runs = [saved.training_run(lira.shadow_silos(silos, m), seed=10_000 + j)
+          for j, m in enumerate(masks)]
+  rounds = saved.meta["info"]["training"]["definition"]["rounds"]
+  print(f"{saved.directory}: training {len(runs)} shadow runs ({rounds} rounds each)",
+        file=sys.stderr, flush=True)
+  results = simulation.run_simulations(runs, rounds=rounds,
+                                       backend=common.backend_for("auto"))
+  scores, members = lira.offline_scores(model, saved.silo_weights, silos,
+                                        [r.silo_weights for r in results], masks)
+  return {f"lira_{k}": v for k, v in lira.summary(scores, members).items()} | dict(
+      lira_shadows=FLAGS.lira_shadows)
 
 
 def _run_saved():
@@ -539,8 +572,10 @@ def _run_saved():
   print("\nmembership inference against saved runs (silos pooled, each example "
         "scored by its silo's model):")
   columns = ["saved_run", "algorithm", "target_epsilon", "epsilon_spent", "auc",
-             "advantage", "tpr_at_fpr_0.001", "tpr_at_fpr_0.01"]
-  print(pd.DataFrame(rows)[columns].to_string(index=False,
+             "advantage", "tpr_at_fpr_0.001", "tpr_at_fpr_0.01", "lira_auc",
+             "lira_tpr_at_fpr_0.001", "lira_tpr_at_fpr_0.01"]
+  table = pd.DataFrame(rows)
+  print(table[[c for c in columns if c in table]].to_string(index=False,
                                               float_format=lambda v: f"{v:.4f}"))
 
 

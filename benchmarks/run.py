@@ -382,8 +382,31 @@ def _save(result, seed, algorithm, lam, s, silos, row) -> str:
                       rounds=row["rounds"], epsilon=row["epsilon"], delta=row["delta"],
                       clip=row["clip"], lr=row["lr"], batch_size=row["batch_size"],
                       metric=row["metric"], test_metric=row["test_metric"],
-                      aggregator=row.get("aggregator"), flags=json.loads(row["flags"])))
+                      aggregator=row.get("aggregator"), flags=json.loads(row["flags"]),
+                      training=_training(algorithm, lam, s)))
   return folder
+
+
+def _training(algorithm, lam, s):
+  """How to train the same way again (`tff_silo.runs.SavedRun.training_run`, for
+  shadow models), or None where it cannot be redone from settings alone."""
+  if (algorithm == "dprivate_clustering" or not s["aggregator"].plain
+      or FLAGS.dataset == "two_cluster"):
+    return None
+  private = s["epsilon"] is not None
+  protocol = s["protocol"]
+  return dict(
+      definition=dict(
+          name=algorithm, client_learning_rate=s["lr"], batch_size=s["batch_size"],
+          rounds=s["rounds"], lam=lam, local_epochs=FLAGS.local_epochs,
+          l2_norm_clip=s["clip"] if private else None, sampling=s["sampling"],
+          aggregator=s["aggregator"].name, finetune_fraction=FLAGS.finetune_fraction,
+          num_clusters=s["num_clusters"], selection_fraction=FLAGS.selection_fraction,
+          selection_budget_share=FLAGS.selection_budget_share),
+      target_epsilon=s["epsilon"], target_delta=s["delta"] if private else None,
+      protocol=dict(neighbouring=protocol.neighbouring,
+                    public_silo_sizes=protocol.public_silo_sizes,
+                    assumed_silo_size=protocol.assumed_silo_size) if private else None)
 
 
 def _build(algorithm, lam, seed, silos, s):

@@ -27,6 +27,7 @@ def _run(*args):
     (["--run=/tmp", "--parts=inversion"], "error: --run attacks saved models with "
      "--parts=membership only"),
     (["--run=/tmp", "--mia_epsilon=1"], "error: --mia_epsilon sets how new targets"),
+    (["--lira_shadows=4"], "error: --lira_shadows applies with --run only"),
 ])
 def test_bad_flags_end_in_one_line(args, message):
   done = _run(*args)
@@ -45,13 +46,14 @@ def test_saved_runs_are_attacked_from_their_files(tmp_path):
        f"--save_models={saved}"], cwd=ROOT, capture_output=True, text=True,
       timeout=600, env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"})
   assert trained.returncode == 0, trained.stderr
-  done = _run(f"--run={saved}", f"--mia_output={tmp_path}/m.csv")
+  done = _run(f"--run={saved}", f"--mia_output={tmp_path}/m.csv", "--lira_shadows=2")
   assert done.returncode == 0, done.stderr
   rows = pd.read_csv(tmp_path / "m.csv", dtype={"silo": str})
   assert len(rows) == 21 and rows.silo.iloc[-1] == "all"
   pooled = rows.iloc[-1]
   assert 0 <= pooled["tpr_at_fpr_0.001"] <= pooled["tpr_at_fpr_0.01"] <= 1
   assert 3.9 < pooled.epsilon_spent <= 4.0 and pooled.algorithm == "local"
+  assert 0 <= pooled.lira_auc <= 1 and pooled.lira_shadows == 2
   assert "TPR at 0.1% / 1%" in done.stderr
 
 

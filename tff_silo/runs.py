@@ -46,6 +46,28 @@ class SavedRun:
     """The `SiloModel` the weights belong to."""
     return build_model(self.meta["model"])
 
+  def training_run(self, silos, seed: int):
+    """A `simulation.Run` training on `silos` as this run trained (its method,
+    settings, DP target and protocol; fresh keys from `seed`): LiRA's shadow models.
+    ValueError for a run saved without its training settings."""
+    from tff_silo import algorithms, simulation   # pylint: disable=g-import-not-at-top
+    from tff_silo.privacy import PrivacyProtocol   # pylint: disable=g-import-not-at-top
+    training = self.meta["info"].get("training")
+    if not training:
+      raise ValueError(f"{self.directory} cannot be retrained from its settings (a "
+                       "d-private, two_cluster or custom-aggregator run)")
+    settings = dict(training["definition"])
+    name = settings.pop("name")
+    definition = algorithms.silo_definition(name, self.model(), silos.feature_shape,
+                                            cluster_init_seed=seed, **settings)
+    protocol = training["protocol"]
+    return simulation.Run(
+        definition, silos, target_epsilon=training["target_epsilon"],
+        target_delta=training["target_delta"], seed=seed,
+        protocol=None if protocol is None else PrivacyProtocol(
+            protocol["neighbouring"], protocol["public_silo_sizes"],
+            protocol["assumed_silo_size"]))
+
   def check_data(self, silos) -> None:
     """ValueError unless `silos` are the very split the run trained and was tested
     on (its fingerprint): members are their training examples."""

@@ -45,6 +45,8 @@ def test_a_saved_run_loads_bit_exactly_and_evaluates_the_same(tmp_path):
   assert saved.meta["privacy"]["epsilon_spent"] == [
       float(e) for e in result.privacy.epsilon_spent]
   saved.check_data(datasets.load(RECIPE)[0])   # the recipe rebuilds the same split
+  with pytest.raises(ValueError, match="keras_model needs an image model"):
+    saved.keras_model(0)
   with pytest.raises(ValueError, match="fingerprint mismatch"):
     saved.check_data(datasets.load(dict(RECIPE, seed=4))[0])
 
@@ -79,3 +81,15 @@ def test_other_formats_and_versions_fail_in_one_line(tmp_path, change, message):
   assert "\n" not in str(raised.value)
   with pytest.raises(ValueError, match="is not a saved run"):
     runs.load(str(tmp_path))
+
+
+@pytest.mark.parametrize("shape, hidden", [((8, 8, 1), None), ((28, 28, 1), 16)])
+def test_the_keras_model_computes_what_the_cnn_computes(shape, hidden):
+  import tensorflow as tf
+  from tff_silo.models import cnn
+  model = models.small_cnn(shape, 10, channels=(4, 8), hidden=hidden)
+  weights = model.init_fn(3)
+  x = np.random.default_rng(0).uniform(size=(5, *shape)).astype(np.float32)
+  ours = model.apply_fn([tf.constant(w) for w in weights], tf.constant(x)).numpy()
+  theirs = cnn.to_keras(weights, shape)(x).numpy()
+  np.testing.assert_allclose(theirs, ours, rtol=1e-5, atol=1e-6)

@@ -46,6 +46,15 @@ class SavedRun:
     """The `SiloModel` the weights belong to."""
     return build_model(self.meta["model"])
 
+  def keras_model(self, silo: int):
+    """Silo `silo`'s final model as a `tf.keras.Model` (logits out; image models
+    only)."""
+    from tff_silo.models import cnn   # pylint: disable=g-import-not-at-top
+    if self.meta["model"]["name"] not in ("small_cnn", "lenet"):
+      raise ValueError(f"keras_model needs an image model; {self.directory} holds a "
+                       f"{self.meta['model']['name']}")
+    return cnn.to_keras(self.silo_weights[silo], self.meta["model"]["feature_shape"])
+
   def training_run(self, silos, seed: int):
     """A `simulation.Run` training on `silos` as this run trained (its method,
     settings, DP target and protocol; fresh keys from `seed`): LiRA's shadow models.

@@ -109,3 +109,27 @@ def _stacked_pool(y):
   pooled = tf.nn.max_pool2d(tf.reshape(y, tf.concat([[-1], shape[2:]], 0)), POOL, POOL,
                             "VALID")
   return tf.reshape(pooled, tf.concat([shape[:2], tf.shape(pooled)[1:]], 0))
+
+
+def to_keras(weights, input_shape):
+  """A `tf.keras.Sequential` computing what `small_cnn` (or its `hidden` LeNet
+  variant) computes with `weights` on (H, W, C) = `input_shape` images (logits out):
+  Keras' Conv2D, max-pooling and channels-last Flatten use the same layouts, so the
+  weights are set as they are."""
+  weights = [np.asarray(w, np.float32) for w in weights]
+  if len(weights) not in (6, 8) or weights[0].ndim != 4 or weights[2].ndim != 4:
+    raise ValueError("weights must be small_cnn's: two conv kernels and biases, then "
+                     "one or two dense layers")
+  padding = _padding_for(min(input_shape[0], input_shape[1])).lower()
+  layers = [tf.keras.Input(shape=tuple(input_shape))]
+  for kernel in (weights[0], weights[2]):
+    layers += [tf.keras.layers.Conv2D(kernel.shape[-1], KERNEL, padding=padding,
+                                      activation="relu"),
+               tf.keras.layers.MaxPool2D(POOL, POOL, "valid")]
+  layers.append(tf.keras.layers.Flatten())
+  if len(weights) == 8:
+    layers.append(tf.keras.layers.Dense(weights[5].shape[0], activation="relu"))
+  layers.append(tf.keras.layers.Dense(weights[-1].shape[0]))
+  model = tf.keras.Sequential(layers, name="small_cnn")
+  model.set_weights(weights)
+  return model

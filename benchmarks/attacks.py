@@ -29,7 +29,10 @@ Membership inference against saved runs (`benchmarks.run --save_models=DIR`):
 attacks every saved run in DIR (or the one DIR is) with --mia_attack on the silos
 rebuilt from the run's data recipe (checked against its fingerprint; --data_dir
 replaces the recipe's folder), per silo and pooled, and adds the pooled
-loss-threshold attack's TPR at 0.1% and 1% FPR.
+loss-threshold attack's TPR at 0.1% and 1% FPR (--lira_shadows=N adds the offline
+likelihood-ratio attack); with --parts=inversion it inverts the update silo 0 would
+send (one example's step) at round 0 and from the saved model, under the run's own
+defense (its DP-SGD clip and silo 0's noise multiplier, or none).
 """
 
 from __future__ import annotations
@@ -133,10 +136,12 @@ def _settings():
     _positive(name, FLAGS[name].value)
   common.check_finite_floats()
   if FLAGS.run is not None:
-    if FLAGS["parts"].present and FLAGS.parts != ["membership"]:
-      raise UsageError("--run attacks saved models with --parts=membership only "
-                       "(gradient inversion of saved runs is not built yet)")
-    FLAGS.parts = ["membership"]
+    for name in ("dataset", "image_size", "defense", "nu", "noise_multiplier", "clip",
+                 "client_lr"):
+      if FLAGS[name].present:
+        raise UsageError(f"--{name} sets the inversion of a fresh model; --run attacks "
+                         "saved runs with their own data, model, learning rate and "
+                         "defense")
     for name in ("mia_algorithm", "mia_epsilon", "mia_rounds", "mia_lam",
                  "mia_test_fraction", "mia_backend"):
       if FLAGS[name].present:
@@ -247,22 +252,28 @@ def _image_path(key):
   return os.path.join(folder, hashlib.sha1(key.encode()).hexdigest()[:16] + ".npy")
 
 
-def _attack_rows(model, x, y, method, defense, batch):
-  """Attacks batch `batch` under `defense`: one row per image of the batch."""
+def _attack_rows(model, x, y, method, defense, batch, learning_rate=None,
+                 saved=None):
+  """Attacks batch `batch` under `defense`: one row per image of the batch. `saved`
+  (columns naming a saved run's model) replaces the dataset's columns in the key."""
+  learning_rate = FLAGS.client_lr if learning_rate is None else learning_rate
   lo = batch * FLAGS.batch_size
   xb, yb = x[lo:lo + FLAGS.batch_size], y[lo:lo + FLAGS.batch_size]
   start = time.perf_counter()
-  update = defenses.observed_update(model, xb, yb, learning_rate=FLAGS.client_lr,
+  update = defenses.observed_update(model, xb, yb, learning_rate=learning_rate,
                                     defense=defense, seed=(FLAGS.seed, batch))
   clip = defense.l2_norm_clip if FLAGS.clip_aware else None
   result = dlg.reconstruct(
-      model, models.gradients_from_update(update, FLAGS.client_lr), method=method,
+      model, models.gradients_from_update(update, learning_rate), method=method,
       optimizer=FLAGS.optimizer, iterations=FLAGS.iterations, seed=FLAGS.seed,
       batch_size=FLAGS.batch_size, learning_rate=FLAGS.attack_lr, l2_norm_clip=clip)
   seconds = time.perf_counter() - start
   scores = metrics.score(xb, yb, result.images, result.labels)
   images, labels = result.images[scores.order], result.labels[scores.order]
   key = _attack_key(method, defense, batch)
+  if saved is not None:
+    key = json.dumps(dict(json.loads(key), **saved, client_lr=learning_rate),
+                     sort_keys=True)
   path = _image_path(key)
   os.makedirs(os.path.dirname(path), exist_ok=True)
   np.save(path, images)
@@ -272,10 +283,11 @@ def _attack_rows(model, x, y, method, defense, batch):
       iterations_run=len(result.loss_curve) - 1, batch_size=FLAGS.batch_size,
       defense=defense.name, parameter=defense.parameter,
       l2_norm_clip=defense.l2_norm_clip, noise_multiplier=defense.noise_multiplier,
-      nu=defense.nu, clip_aware=FLAGS.clip_aware, client_lr=FLAGS.client_lr,
+      nu=defense.nu, clip_aware=FLAGS.clip_aware, client_lr=learning_rate,
       epsilon=defense.epsilon(FLAGS.delta), delta=FLAGS.delta,
       leakage=defense.leakage(model), final_matching_loss=float(result.loss_curve[-1]),
       seconds=seconds, seed=FLAGS.seed, batch=batch, images_file=path, run_key=key)
+  common_columns.update(saved or {})
   return [dict(image=lo + i, true_label=int(yb[i]), inferred_label=int(labels[i]),
                label_correct=bool(labels[i] == yb[i]), mse=float(scores.mse[i]),
                psnr=float(scores.psnr[i]), ssim=float(scores.ssim[i]), **common_columns)
@@ -496,8 +508,8 @@ def _saved_runs() -> list:
   return found
 
 
-def _saved_rows(folder):
-  """Membership rows of one saved run: per silo, pooled, and TPR at low FPR."""
+def _load_saved(folder):
+  """(the saved run, its silos rebuilt from the recipe and checked)."""
   from benchmarks import datasets
   from tff_silo import runs
   try:
@@ -509,6 +521,64 @@ def _saved_rows(folder):
     saved.check_data(silos)
   except ValueError as e:   # DataError too: a file moved, another version
     raise UsageError(f"--run {folder}: {e}") from None
+  return saved, silos
+
+
+def _saved_inversion():
+  """iDLG / DLG against the update silo 0 would send from a saved run's model, at
+  round 0 (the initial weights every silo of the MR-MTL family starts from) and
+  after the run's rounds (its saved model), under the run's own defense: DP-SGD with
+  its clip and silo 0's noise multiplier (one example's step: the per-example
+  signal-to-noise of any batch), or none. Attacked: the first --images training
+  images of silo 0 (members)."""
+  done = common.done_rows(FLAGS.output, FLAGS.resume, INVERSION_SIGNATURE)
+  rows = []
+  for folder in _saved_runs():
+    saved, silos = _load_saved(folder)
+    if saved.meta["model"]["name"] not in ("small_cnn", "lenet"):
+      print(f"{folder}: not an image model; no inversion", file=sys.stderr)
+      continue
+    from tff_silo.models import cnn
+    info, privacy = saved.meta["info"], saved.meta["privacy"]
+    x = silos.x_train[0][:FLAGS.images]
+    y = silos.y_train[0][:FLAGS.images].astype(np.int64)
+    if len(y) < FLAGS.images:
+      raise UsageError(f"--images must be at most {len(y)} (silo 0's training images)")
+    defense = (Defense("dp_sgd", l2_norm_clip=info["clip"],
+                       noise_multiplier=privacy["noise_multipliers"][0])
+               if privacy else Defense())
+    shape = saved.meta["model"]["feature_shape"]
+    for stage, weights in (("round 0", saved.model().init_fn(0)),
+                           (f"round {info['rounds']}", saved.silo_weights[0])):
+      keras = cnn.to_keras(weights, shape)
+      for method in FLAGS.method:
+        for batch in range(FLAGS.images // FLAGS.batch_size):
+          columns = dict(saved_run=folder, saved_run_key=saved.meta["run_key"],
+                         stage=stage, dataset=saved.meta["data"]["dataset"],
+                         image_size=shape[0], epsilon=info["epsilon"],
+                         delta=info["delta"])
+          key = json.dumps(dict(json.loads(_attack_key(method, defense, batch)),
+                                **columns, client_lr=info["lr"]), sort_keys=True)
+          if key in done:
+            rows.append(done[key])
+            continue
+          part = _attack_rows(keras, x, y, method, defense, batch,
+                              learning_rate=info["lr"], saved=columns)
+          common.append_rows(FLAGS.output, part)
+          rows += part
+          print(f"{folder} {stage} {method} image {batch}: PSNR {part[0]['psnr']:.1f} "
+                f"SSIM {part[0]['ssim']:.3f}", file=sys.stderr, flush=True)
+  if rows:
+    df = pd.DataFrame(rows)
+    print("\ngradient inversion of saved runs (mean over images):")
+    print(df.groupby(["saved_run", "stage", "method", "defense"], sort=False)[
+        ["psnr", "ssim", "label_correct"]].mean().to_string(
+            float_format=lambda v: f"{v:.3f}"))
+
+
+def _saved_rows(folder):
+  """Membership rows of one saved run: per silo, pooled, and TPR at low FPR."""
+  saved, silos = _load_saved(folder)
   model = saved.model()
   table = membership.attack_silo_models(model, saved.silo_weights, silos,
                                         attacks=FLAGS.mia_attack)
@@ -585,10 +655,13 @@ def main(argv):
   s = _settings()
   from tff_silo import runtime
   runtime.exit_cleanly_on_sigterm()
-  if "inversion" in FLAGS.parts:
+  if "inversion" in FLAGS.parts and FLAGS.run is None:
     _run_inversion(s)
   if FLAGS.run is not None:
-    _run_saved()
+    if "inversion" in FLAGS.parts:
+      _saved_inversion()
+    if "membership" in FLAGS.parts:
+      _run_saved()
   elif "membership" in FLAGS.parts:
     _run_membership(s)
   sys.stdout.flush()

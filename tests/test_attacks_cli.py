@@ -24,8 +24,8 @@ def _run(*args):
     (["--method=idlg", "--batch_size=2", "--images=2"],
      "error: --method=idlg reads one example's label"),
     (["--run=/nonexistent_runs"], "error: --run /nonexistent_runs holds no saved run"),
-    (["--run=/tmp", "--parts=inversion"], "error: --run attacks saved models with "
-     "--parts=membership only"),
+    (["--run=/tmp", "--defense=none"], "error: --defense sets the inversion of a fresh "
+     "model"),
     (["--run=/tmp", "--mia_epsilon=1"], "error: --mia_epsilon sets how new targets"),
     (["--lira_shadows=4"], "error: --lira_shadows applies with --run only"),
 ])
@@ -55,6 +55,22 @@ def test_saved_runs_are_attacked_from_their_files(tmp_path):
   assert 3.9 < pooled.epsilon_spent <= 4.0 and pooled.algorithm == "local"
   assert 0 <= pooled.lira_auc <= 1 and pooled.lira_shadows == 2
   assert "TPR at 0.1% / 1%" in done.stderr
+
+
+def test_a_saved_image_run_is_inverted_at_round_0_and_after_training(tmp_path):
+  saved = tmp_path / "saved"
+  trained = subprocess.run(
+      [sys.executable, "-m", "benchmarks.run", "--dataset=digits", "--algorithm=local",
+       "--rounds=1", f"--output={tmp_path}/r.csv", f"--save_models={saved}"], cwd=ROOT,
+      capture_output=True, text=True, timeout=600,
+      env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"})
+  assert trained.returncode == 0, trained.stderr
+  done = _run(f"--run={saved}", "--parts=inversion", "--images=1", "--iterations=3",
+              "--method=idlg", f"--output={tmp_path}/inv.csv", f"--figures={tmp_path}")
+  assert done.returncode == 0, done.stderr
+  rows = pd.read_csv(tmp_path / "inv.csv")
+  assert list(rows.stage) == ["round 0", "round 1"] and set(rows.defense) == {"none"}
+  assert rows.psnr.notna().all() and (rows.dataset == "digits").all()
 
 
 def test_a_tiny_run_writes_rows_figures_and_the_membership_table(tmp_path):

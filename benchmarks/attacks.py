@@ -107,7 +107,9 @@ flags.DEFINE_string("mia_backend", "vectorized", "Backend training the membershi
                     "targets: vectorized (one TF program for all silos) or tff.")
 flags.DEFINE_bool("resume", True, "Skip runs whose row is already in the CSV.")
 flags.DEFINE_string("run", None, "Attack the saved runs in this folder (or the one it "
-                    "is) with membership inference instead of training new models.")
+                    "is) instead of training new models: membership inference (the "
+                    "default --parts here) and, with --parts=inversion, gradient "
+                    "inversion of image runs.")
 flags.DEFINE_integer("lira_shadows", 0, "--run: also the offline likelihood-ratio "
                      "attack (attacks.lira) with this many shadow runs, trained as the "
                      "saved run was on random halves of every silo (0: off).")
@@ -136,6 +138,8 @@ def _settings():
     _positive(name, FLAGS[name].value)
   common.check_finite_floats()
   if FLAGS.run is not None:
+    if not FLAGS["parts"].present:
+      FLAGS.parts = ["membership"]
     for name in ("dataset", "image_size", "defense", "nu", "noise_multiplier", "clip",
                  "client_lr"):
       if FLAGS[name].present:

@@ -110,6 +110,9 @@ flags.adopt_module_key_flags(common)
 flags.DEFINE_string("output", None, "CSV rows are appended to (default: "
                     "benchmarks/out/compare_<preset>.csv).")
 flags.DEFINE_string("figures_dir", "benchmarks/figures", "Folder of the figures.")
+flags.DEFINE_string("save_models", None, "Save every trial's silo models, data recipe "
+                    "and privacy (tff_silo.runs) in a folder of its own under this one, "
+                    "for `benchmarks.attacks --run`; rows say where (`saved_to`).")
 flags.DEFINE_string("table", None, "Markdown table path (default: "
                     "benchmarks/out/compare_<preset>[_private].md).")
 
@@ -208,17 +211,25 @@ def _settings() -> dict:
   suffix = "" if s["tuning"] == "free" else f"_{s['tuning']}"
   s["table"] = FLAGS.table or f"benchmarks/out/compare_{FLAGS.preset}{suffix}.md"
   common.check_output(s["output"], SIGNATURE)
+  if FLAGS.save_models is not None and (not FLAGS.save_models
+                                        or os.path.isfile(FLAGS.save_models)):
+    raise UsageError(f"--save_models must name a folder; got {FLAGS.save_models!r}")
   for name in ("privacy_utility", "lambda", "leakage"):
     common.check_figure_path(_figure(s, name), "figures_dir")
   return s
 
 
+def _recipe(s, seed) -> dict:
+  """What a trial's silos are made of (`benchmarks.datasets`)."""
+  return dict(preset_dataset=s["dataset"], seed=seed, data_dir=FLAGS.data_dir,
+              validation_fraction=s["validation_fraction"])
+
+
 def _data(s, seed):
   """(the silos a trial trains on, with their test split; validation features and
-  labels per silo), `data.validation_split` of the preset's silos."""
-  from tff_silo import data
-  silos = grid.load(s["dataset"], seed, FLAGS.data_dir)
-  return data.validation_split(silos, s["validation_fraction"], [seed, 1])
+  labels per silo)."""
+  from benchmarks import datasets
+  return datasets.compare_split(_recipe(s, seed))
 
 
 _TRIAL_PRIVACY = {}
@@ -330,6 +341,7 @@ class _Outcome(NamedTuple):
   wall_seconds: float
   runs_stacked: int
   aggregator_measurements: Optional[dict] = None   # None: no server aggregator
+  run_epsilon: Optional[float] = None   # the epsilon the run was calibrated to
 
 
 def _simulate(s, batch, loaded, backend) -> list:
@@ -357,7 +369,8 @@ def _simulate(s, batch, loaded, backend) -> list:
       result.test_metric, result.privacy,
       float(np.max(result.privacy.epsilon_spent)) if result.privacy else nan,
       float(np.min(result.privacy.noise_multipliers)) if result.privacy else nan,
-      result.wall_seconds, result.runs_stacked, result.aggregator_measurements), score_z)
+      result.wall_seconds, result.runs_stacked, result.aggregator_measurements,
+      run.target_epsilon), score_z)
           for run, result, score_z in zip(runs, results, scores)]
 
 
@@ -443,7 +456,44 @@ def _run_batch(s, batch, loaded, backend, device):
         peak_memory_mb=common.peak_memory_mb(), **leakage,
         **({} if outcome.aggregator_measurements is None else common.aggregator_columns(
             s["aggregator"], outcome.rounds, outcome.aggregator_measurements))))
+    if FLAGS.save_models:
+      rows[-1]["saved_to"] = _save(s, trial, outcome, rows[-1])
   return rows
+
+
+def _save(s, trial, outcome, row) -> str:
+  """Saves a trial's silo models under --save_models (`tff_silo.runs`); its folder."""
+  import hashlib
+  from tff_silo import runs
+  key = row["run_key"]
+  folder = os.path.join(FLAGS.save_models, "-".join([
+      trial["method"], f"eps{trial['epsilon']:g}", f"lam{trial['lam']:g}",
+      f"lr{trial['lr']:g}", f"seed{trial['seed']}", f"t{trial['trial']}",
+      hashlib.sha256(key.encode()).hexdigest()[:10]]))
+  private = not math.isinf(trial["epsilon"])
+  training = None
+  if trial["method"] != "hypernet" and s["aggregator"].plain:
+    training = dict(
+        definition=dict(name=trial["method"], client_learning_rate=trial["lr"],
+                        batch_size=s["batch_size"], rounds=s["rounds"], lam=trial["lam"],
+                        l2_norm_clip=s["clip"] if private else None,
+                        aggregator=s["aggregator"].name, num_clusters=s["num_clusters"]),
+        target_epsilon=outcome.run_epsilon if private else None,
+        target_delta=s["delta"] if private else None,
+        protocol=dict(neighbouring="add_remove", public_silo_sizes=False,
+                      assumed_silo_size=s["assumed_silo_size"]) if private else None)
+  runs.save(folder, run_key=key, silo_weights=outcome.silo_weights,
+            model=runs.model_spec(outcome.model, outcome.data),
+            data=_recipe(s, trial["seed"]), silos=outcome.data, privacy=outcome.privacy,
+            info=dict(binary="benchmarks.compare", algorithm=trial["method"],
+                      lam=trial["lam"], lr=trial["lr"], seed=trial["seed"],
+                      trial=trial["trial"], rounds=outcome.rounds,
+                      epsilon=None if not private else trial["epsilon"],
+                      delta=s["delta"] if private else None,
+                      clip=s["clip"] if private else None,
+                      privacy_unit=row["privacy_unit"], metric=outcome.metric,
+                      test_metric=outcome.test_metric, training=training))
+  return folder
 
 
 def _epsilon_label(epsilon) -> str:

@@ -7,7 +7,9 @@ non-members.
 Recipe keys: dataset (school, vehicle, gleam, digits, synthetic, two_cluster), seed,
 data_dir, standardize (tabular: none, public, dp, silo), for `dp` standardize_clip,
 standardize_noise_multiplier and neighbouring, mask_probability (digits),
-corrupt_silos and corruption (misbehaving silos).
+corrupt_silos and corruption (misbehaving silos). A `benchmarks.compare` recipe has
+preset_dataset (quick, digits, school, vehicle, fmnist, fmnist_hetero), seed,
+data_dir and validation_fraction: the silos its trials train on (`compare_silos`).
 """
 
 from __future__ import annotations
@@ -19,6 +21,8 @@ def load(recipe: dict):
   """(silos, per-silo preprocessing DpEvents or None) of `recipe`; the first
   `corrupt_silos` silos misbehave. Raises DataError / ValueError in one line."""
   from tff_silo import data
+  if "preset_dataset" in recipe:   # benchmarks.compare's: no preprocessing events
+    return compare_silos(recipe), None
   silos, events = _clean(recipe)
   corrupt = recipe.get("corrupt_silos") or 0
   if not corrupt:
@@ -27,6 +31,40 @@ def load(recipe: dict):
     raise ValueError(f"--corrupt_silos={corrupt} leaves no honest silo (the data has "
                      f"{silos.num_silos})")
   return data.corrupt_labels(silos, corrupt, recipe["corruption"]), events
+
+
+def compare_preset_silos(dataset: str, seed: int, data_dir=None):
+  """The silos of a `benchmarks.compare` preset's dataset, before validation."""
+  from benchmarks import configs
+  from tff_silo import data
+  if dataset == "quick":
+    return data.heterogeneous_linear_silos(**configs.QUICK_DATA, seed=seed)
+  if dataset == "digits":
+    return data.load_rotated_masked_digits(seed=seed)
+  if dataset == "school":
+    return data.load_school(data_dir, seed=seed, standardize="public")
+  if dataset == "vehicle":
+    return data.load_vehicle(data_dir, seed=seed, standardize="none")
+  if dataset == "fmnist":
+    return data.rotated_masked_fmnist_silos(data_dir, seed=seed)
+  if dataset == "fmnist_hetero":
+    return data.label_skewed_fmnist_silos(data_dir, seed=seed)
+  raise ValueError(f"unknown compare dataset {dataset!r}")
+
+
+def compare_split(recipe: dict):
+  """(the silos a compare trial trains on, with their test split; validation
+  features and labels per silo): `data.validation_split` of the preset's silos."""
+  from tff_silo import data
+  silos = compare_preset_silos(recipe["preset_dataset"], recipe["seed"],
+                               recipe.get("data_dir"))
+  return data.validation_split(silos, recipe["validation_fraction"],
+                               [recipe["seed"], 1])
+
+
+def compare_silos(recipe: dict):
+  """The silos a compare trial trained on (members: their training examples)."""
+  return compare_split(recipe)[0]
 
 
 def _clean(recipe):

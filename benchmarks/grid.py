@@ -1,7 +1,7 @@
 """What `benchmarks.compare` runs and selects, without its flags (so that tests and
-other code import it freely): the methods, the presets' data, the trials of a grid
-(full or drawn by private tuning), the keys that make a run resumable, and the
-selection of each cell's configuration on validation."""
+other code import it freely): the methods, the trials of a grid (full or drawn by
+private tuning), the keys that make a run resumable, and the selection of each
+cell's configuration on validation. Its data: `benchmarks.datasets`."""
 
 from __future__ import annotations
 
@@ -32,22 +32,6 @@ TUNING = "free: best validation metric of the grid; validation and tuning not ac
 UNTUNED = "none: one configuration, nothing tuned"
 TUNING_PRIVATE = ("private: best noisy validation score of h ~ TNB(eta={eta:g}, "
                   "E[h]={mean:g}) random grid draws; accounted (Papernot & Steinke Thm. 2)")
-
-
-def load(dataset: str, seed: int, data_dir=None):
-  """The silos of a preset's dataset (see `benchmarks.configs.COMPARE_PRESETS`)."""
-  from tff_silo import data
-  if dataset == "quick":
-    return data.heterogeneous_linear_silos(**configs.QUICK_DATA, seed=seed)
-  if dataset == "digits":
-    return data.load_rotated_masked_digits(seed=seed)
-  if dataset == "school":
-    return data.load_school(data_dir, seed=seed, standardize="public")
-  if dataset == "vehicle":
-    return data.load_vehicle(data_dir, seed=seed, standardize="none")
-  if dataset == "fmnist":
-    return data.rotated_masked_fmnist_silos(data_dir, seed=seed)
-  return data.label_skewed_fmnist_silos(data_dir, seed=seed)
 
 
 def configurations(s, method) -> list:

@@ -169,6 +169,22 @@ def test_a_dp_aggregator_reports_its_silo_level_epsilon(tmp_path):
   assert "Server aggregator: dp_fixed, silo-level epsilon 3" in proc.stdout
 
 
+def test_saved_trials_load_with_the_silos_they_trained_on(tmp_path):
+  from benchmarks import datasets
+  from tff_silo import runs, simulation
+  _, rows, _ = _finished(tmp_path, "--methods=mrmtl", "--epsilons=4", "--seeds=0",
+                         "--lams=0.1,1", "--rounds=2", f"--save_models={tmp_path / 's'}")
+  trials = rows[rows.row_type == "trial"]
+  assert len(trials) == 2 and trials.saved_to.notna().all()
+  saved = runs.load(trials.saved_to.iloc[0])
+  silos = datasets.load(saved.meta["data"])[0]
+  saved.check_data(silos)   # the training part of the validation split
+  assert saved.meta["info"]["lam"] == trials.lam.iloc[0]
+  shadow = simulation.run_simulations([saved.training_run(silos, seed=5)], rounds=2,
+                                      backend="vectorized")[0]
+  assert 3.99 < max(shadow.privacy.epsilon_spent) <= 4.0
+
+
 def test_vehicle_accuracy_is_tuned_upwards(tmp_path, shared_data):
   """A preset read from --data_dir whose metric is accuracy (higher is better)."""
   _, rows, selected = _finished(tmp_path, "--preset=vehicle", f"--data_dir={shared_data}",
@@ -180,12 +196,12 @@ def test_vehicle_accuracy_is_tuned_upwards(tmp_path, shared_data):
 
 
 def test_the_fashion_mnist_presets_read_their_folder(tmp_path, idx_files):
-  from benchmarks import grid
+  from benchmarks import datasets
   idx_files[0](tmp_path, n_train=400, n_test=100)
-  silos = grid.load("fmnist_hetero", 0, str(tmp_path))
+  silos = datasets.compare_preset_silos("fmnist_hetero", 0, str(tmp_path))
   assert silos.num_silos == 30 and silos.feature_shape == (28, 28, 1)
   with pytest.raises(data.DataError, match="fewer than 40 silos x 1500"):
-    grid.load("fmnist", 0, str(tmp_path))
+    datasets.compare_preset_silos("fmnist", 0, str(tmp_path))
 
 
 def test_private_tuning_of_ifca_counts_its_selections(tmp_path):

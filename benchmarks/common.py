@@ -183,6 +183,19 @@ def check_aggregator_flags() -> None:
     raise UsageError(f"--aggregator_clip must be > 0; got {FLAGS.aggregator_clip}")
 
 
+def define_save_models_flag(what: str) -> None:
+  """--save_models: where `what` (each run or trial) is saved (`tff_silo.runs`)."""
+  flags.DEFINE_string("save_models", None, f"Save {what}'s silo models, data recipe "
+                      "and privacy (tff_silo.runs) in a folder of its own under this "
+                      "one, for `benchmarks.attacks --run`; rows say where (`saved_to`).")
+
+
+def check_save_models() -> None:
+  if FLAGS.save_models is not None and (not FLAGS.save_models
+                                        or os.path.isfile(FLAGS.save_models)):
+    raise UsageError(f"--save_models must name a folder; got {FLAGS.save_models!r}")
+
+
 def aggregator_key() -> dict:
   """The aggregator settings a run's result depends on (part of its run key)."""
   from tff_silo import aggregators

@@ -110,9 +110,7 @@ flags.adopt_module_key_flags(common)
 flags.DEFINE_string("output", None, "CSV rows are appended to (default: "
                     "benchmarks/out/compare_<preset>.csv).")
 flags.DEFINE_string("figures_dir", "benchmarks/figures", "Folder of the figures.")
-flags.DEFINE_string("save_models", None, "Save every trial's silo models, data recipe "
-                    "and privacy (tff_silo.runs) in a folder of its own under this one, "
-                    "for `benchmarks.attacks --run`; rows say where (`saved_to`).")
+common.define_save_models_flag("every trial")
 flags.DEFINE_string("table", None, "Markdown table path (default: "
                     "benchmarks/out/compare_<preset>[_private].md).")
 
@@ -211,9 +209,7 @@ def _settings() -> dict:
   suffix = "" if s["tuning"] == "free" else f"_{s['tuning']}"
   s["table"] = FLAGS.table or f"benchmarks/out/compare_{FLAGS.preset}{suffix}.md"
   common.check_output(s["output"], SIGNATURE)
-  if FLAGS.save_models is not None and (not FLAGS.save_models
-                                        or os.path.isfile(FLAGS.save_models)):
-    raise UsageError(f"--save_models must name a folder; got {FLAGS.save_models!r}")
+  common.check_save_models()
   for name in ("privacy_utility", "lambda", "leakage"):
     common.check_figure_path(_figure(s, name), "figures_dir")
   return s
@@ -463,25 +459,22 @@ def _run_batch(s, batch, loaded, backend, device):
 
 def _save(s, trial, outcome, row) -> str:
   """Saves a trial's silo models under --save_models (`tff_silo.runs`); its folder."""
-  import hashlib
   from tff_silo import runs
   key = row["run_key"]
-  folder = os.path.join(FLAGS.save_models, "-".join([
+  folder = runs.run_folder(FLAGS.save_models, "-".join([
       trial["method"], f"eps{trial['epsilon']:g}", f"lam{trial['lam']:g}",
-      f"lr{trial['lr']:g}", f"seed{trial['seed']}", f"t{trial['trial']}",
-      hashlib.sha256(key.encode()).hexdigest()[:10]]))
+      f"lr{trial['lr']:g}", f"seed{trial['seed']}", f"t{trial['trial']}"]), key)
   private = not math.isinf(trial["epsilon"])
   training = None
   if trial["method"] != "hypernet" and s["aggregator"].plain:
-    training = dict(
-        definition=dict(name=trial["method"], client_learning_rate=trial["lr"],
-                        batch_size=s["batch_size"], rounds=s["rounds"], lam=trial["lam"],
-                        l2_norm_clip=s["clip"] if private else None,
-                        aggregator=s["aggregator"].name, num_clusters=s["num_clusters"]),
+    training = runs.training_settings(
+        dict(name=trial["method"], client_learning_rate=trial["lr"],
+             batch_size=s["batch_size"], rounds=s["rounds"], lam=trial["lam"],
+             l2_norm_clip=s["clip"] if private else None,
+             aggregator=s["aggregator"].name, num_clusters=s["num_clusters"]),
         target_epsilon=outcome.run_epsilon if private else None,
         target_delta=s["delta"] if private else None,
-        protocol=dict(neighbouring="add_remove", public_silo_sizes=False,
-                      assumed_silo_size=s["assumed_silo_size"]) if private else None)
+        protocol=_protocol(s) if private else None)
   runs.save(folder, run_key=key, silo_weights=outcome.silo_weights,
             model=runs.model_spec(outcome.model, outcome.data),
             data=_recipe(s, trial["seed"]), silos=outcome.data, privacy=outcome.privacy,

@@ -152,9 +152,7 @@ flags.adopt_module_key_flags(common)   # --help lists --backend and --device
 flags.DEFINE_string("output", "benchmarks/out/run.csv", "CSV file rows are appended to.")
 flags.DEFINE_bool("resume", True, "Skip runs whose row (same settings, algorithm, "
                   "lambda and seed) is already in --output.")
-flags.DEFINE_string("save_models", None, "Save every run's silo models, data recipe "
-                    "and privacy (tff_silo.runs) in a folder of its own under this one, "
-                    "for `benchmarks.attacks --run`; rows say where (`saved_to`).")
+common.define_save_models_flag("every run")
 
 
 def _settings():
@@ -223,9 +221,7 @@ def _settings():
   if FLAGS["corruption"].present and not FLAGS.corrupt_silos:
     raise UsageError("--corruption applies with --corrupt_silos >= 1 only")
   common.check_output(FLAGS.output, SIGNATURE)
-  if FLAGS.save_models is not None and (not FLAGS.save_models
-                                        or os.path.isfile(FLAGS.save_models)):
-    raise UsageError(f"--save_models must name a folder; got {FLAGS.save_models!r}")
+  common.check_save_models()
   return s
 
 
@@ -365,11 +361,9 @@ def _model(silos, algorithm):
 
 def _save(result, seed, algorithm, lam, s, silos, row) -> str:
   """Saves the run under --save_models (`tff_silo.runs`); its folder."""
-  import hashlib
   from tff_silo import runs
   key = row["run_key"]
-  folder = os.path.join(FLAGS.save_models, f"{algorithm}-lam{lam:g}-seed{seed}-"
-                        + hashlib.sha256(key.encode()).hexdigest()[:10])
+  folder = runs.run_folder(FLAGS.save_models, f"{algorithm}-lam{lam:g}-seed{seed}", key)
   if algorithm == "dprivate_clustering":   # each user's hypothesis
     weights = [result.hypotheses[g] for g in result.assignments]
   else:
@@ -390,23 +384,20 @@ def _save(result, seed, algorithm, lam, s, silos, row) -> str:
 def _training(algorithm, lam, s):
   """How to train the same way again (`tff_silo.runs.SavedRun.training_run`, for
   shadow models), or None where it cannot be redone from settings alone."""
+  from tff_silo import runs
   if (algorithm == "dprivate_clustering" or not s["aggregator"].plain
       or FLAGS.dataset == "two_cluster"):
     return None
   private = s["epsilon"] is not None
-  protocol = s["protocol"]
-  return dict(
-      definition=dict(
-          name=algorithm, client_learning_rate=s["lr"], batch_size=s["batch_size"],
-          rounds=s["rounds"], lam=lam, local_epochs=FLAGS.local_epochs,
-          l2_norm_clip=s["clip"] if private else None, sampling=s["sampling"],
-          aggregator=s["aggregator"].name, finetune_fraction=FLAGS.finetune_fraction,
-          num_clusters=s["num_clusters"], selection_fraction=FLAGS.selection_fraction,
-          selection_budget_share=FLAGS.selection_budget_share),
+  return runs.training_settings(
+      dict(name=algorithm, client_learning_rate=s["lr"], batch_size=s["batch_size"],
+           rounds=s["rounds"], lam=lam, local_epochs=FLAGS.local_epochs,
+           l2_norm_clip=s["clip"] if private else None, sampling=s["sampling"],
+           aggregator=s["aggregator"].name, finetune_fraction=FLAGS.finetune_fraction,
+           num_clusters=s["num_clusters"], selection_fraction=FLAGS.selection_fraction,
+           selection_budget_share=FLAGS.selection_budget_share),
       target_epsilon=s["epsilon"], target_delta=s["delta"] if private else None,
-      protocol=dict(neighbouring=protocol.neighbouring,
-                    public_silo_sizes=protocol.public_silo_sizes,
-                    assumed_silo_size=protocol.assumed_silo_size) if private else None)
+      protocol=s["protocol"] if private else None)
 
 
 def _build(algorithm, lam, seed, silos, s):

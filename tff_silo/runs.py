@@ -73,9 +73,7 @@ class SavedRun:
     return simulation.Run(
         definition, silos, target_epsilon=training["target_epsilon"],
         target_delta=training["target_delta"], seed=seed,
-        protocol=None if protocol is None else PrivacyProtocol(
-            protocol["neighbouring"], protocol["public_silo_sizes"],
-            protocol["assumed_silo_size"]))
+        protocol=None if protocol is None else PrivacyProtocol(**protocol))
 
   def check_data(self, silos) -> None:
     """ValueError unless `silos` are the very split the run trained and was tested
@@ -84,6 +82,22 @@ class SavedRun:
       raise ValueError(f"the silos rebuilt from {self.directory}'s recipe differ from "
                        "those it trained on (fingerprint mismatch): another data file "
                        "or version")
+
+
+def run_folder(parent: str, label: str, run_key: str) -> str:
+  """The folder a binary saves a run in: `label` (method, settings) and a hash of
+  the run key, so that different runs never share one."""
+  return os.path.join(parent, f"{label}-" + hashlib.sha256(run_key.encode()).hexdigest()[:10])
+
+
+def training_settings(definition: dict, *, target_epsilon=None, target_delta=None,
+                      protocol=None) -> dict:
+  """What `SavedRun.training_run` retrains with: `silo_definition`'s keyword
+  arguments (`name` included) and the run's DP target and `PrivacyProtocol` (None
+  without DP)."""
+  return dict(definition=definition, target_epsilon=target_epsilon,
+              target_delta=target_delta,
+              protocol=None if protocol is None else dataclasses.asdict(protocol))
 
 
 def model_spec(model, silos, **builder) -> dict:

@@ -84,11 +84,10 @@ def _event(noise_multiplier: float, rounds: int):
 
 
 def _epsilon(noise_multiplier: float, rounds: int, delta: float) -> float:
-  import dp_accounting   # pylint: disable=g-import-not-at-top
-  from tff_silo.privacy import accounting   # pylint: disable=g-import-not-at-top
-  accountant = dp_accounting.rdp.RdpAccountant(list(accounting.RDP_ORDERS))
-  accountant.compose(_event(noise_multiplier, rounds))
-  return float(accountant.get_epsilon(delta))
+  """What `silo_noise_multiplier` calibrates: the same RDP computation."""
+  from tff_silo.privacy import accounting, tuning   # pylint: disable=g-import-not-at-top
+  return tuning.tuned_epsilon(_event(noise_multiplier, rounds), None, delta,
+                              orders=accounting.RDP_ORDERS)
 
 
 def silo_noise_multiplier(epsilon: float, rounds: int, delta: float) -> float:

@@ -93,7 +93,8 @@ def offline_scores(model, target_weights, silos: SiloData, shadow_weights,
 
 def summary(scores, members, fprs=(0.001, 0.01)) -> dict:
   """ROC AUC and the TPR at each FPR (the largest with FPR at most it)."""
-  from sklearn.metrics import roc_auc_score, roc_curve   # pylint: disable=g-import-not-at-top
-  fpr, tpr, _ = roc_curve(members, scores)
+  from attacks import membership   # pylint: disable=g-import-not-at-top
+  from sklearn.metrics import roc_auc_score   # pylint: disable=g-import-not-at-top
   return dict(auc=float(roc_auc_score(members, scores)),
-              **{f"tpr_at_fpr_{f:g}": float(tpr[fpr <= f].max()) for f in fprs})
+              **{f"tpr_at_fpr_{f:g}": tpr for f, tpr in
+                 membership.tpr_at_fpr(members, scores, fprs).items()})

@@ -120,7 +120,6 @@ def loss_threshold_tpr(model: SiloModel, silo_weights, data: SiloData,
   own silo's model; lower loss: member) at low false-positive rates, as the field
   now reports (Carlini et al. 2022): {fpr: the largest TPR of a threshold whose FPR
   is at most fpr}. With n non-members an FPR below 1/n is reached only at FPR 0."""
-  from sklearn.metrics import roc_curve   # pylint: disable=g-import-not-at-top
   scores, labels = [], []
   for k, weights in enumerate(silo_weights):
     for x, y, member in ((data.x_train[k], data.y_train[k], 1),
@@ -128,5 +127,12 @@ def loss_threshold_tpr(model: SiloModel, silo_weights, data: SiloData,
       if len(y):
         scores.append(-_scores(model, weights, x, y)["loss"])
         labels.append(np.full(len(y), member))
-  fpr, tpr, _ = roc_curve(np.concatenate(labels), np.concatenate(scores))
+  return tpr_at_fpr(np.concatenate(labels), np.concatenate(scores), fprs)
+
+
+def tpr_at_fpr(is_member, scores, fprs) -> dict:
+  """{fpr: the largest TPR of a threshold on `scores` (higher: member) whose FPR is
+  at most fpr}."""
+  from sklearn.metrics import roc_curve   # pylint: disable=g-import-not-at-top
+  fpr, tpr, _ = roc_curve(is_member, scores)
   return {target: float(tpr[fpr <= target].max()) for target in fprs}

@@ -27,6 +27,8 @@ PRIVACY_UNITS = {"hypernet": "user"}
 
 def privacy_unit(method: str) -> str:
   return PRIVACY_UNITS.get(method, "example")
+
+
 TUNING_MODES = ("free", "private")
 TUNING = "free: best validation metric of the grid; validation and tuning not accounted"
 UNTUNED = "none: one configuration, nothing tuned"

@@ -580,9 +580,17 @@ def _saved_inversion():
             float_format=lambda v: f"{v:.3f}"))
 
 
-def _saved_rows(folder):
+def _membership_key(saved) -> str:
+  """The membership rows' key of a saved run: its run and the attack settings."""
+  return json.dumps(dict(saved_run=saved.meta["run_key"],
+                         attacks=sorted(FLAGS.mia_attack),
+                         lira_shadows=FLAGS.lira_shadows, seed=FLAGS.seed),
+                    sort_keys=True)
+
+
+def _saved_rows(saved, silos):
   """Membership rows of one saved run: per silo, pooled, and TPR at low FPR."""
-  saved, silos = _load_saved(folder)
+  folder = saved.directory
   model = saved.model()
   table = membership.attack_silo_models(model, saved.silo_weights, silos,
                                         attacks=FLAGS.mia_attack)
@@ -595,9 +603,7 @@ def _saved_rows(folder):
   info, privacy = saved.meta["info"], saved.meta["privacy"]
   spent = (np.asarray(privacy["epsilon_spent"]) if privacy
            else np.full(silos.num_silos, math.inf))
-  key = json.dumps(dict(saved_run=saved.meta["run_key"],
-                        attacks=sorted(FLAGS.mia_attack), lira_shadows=FLAGS.lira_shadows,
-                        seed=FLAGS.seed), sort_keys=True)
+  key = _membership_key(saved)
   rows = []
   for row in table.to_dict("records"):
     whole = row["silo"] == membership.ALL_SILOS
@@ -636,9 +642,13 @@ def _run_saved():
   folders = _saved_runs()
   rows = []
   for k, folder in enumerate(folders, 1):
-    part = _saved_rows(folder)
-    if part[0]["run_key"] not in done:
-      common.append_rows(FLAGS.mia_output, part)
+    saved, silos = _load_saved(folder)
+    key = _membership_key(saved)
+    if key in done:   # its pooled row (the last of its rows): not attacked again
+      rows.append(done[key])
+      continue
+    part = _saved_rows(saved, silos)
+    common.append_rows(FLAGS.mia_output, part)
     rows.append(part[-1])
     print(f"[{k}/{len(folders)}] {folder}: AUC {part[-1]['auc']:.3f}, TPR at 0.1% / 1% "
           f"FPR {part[-1]['tpr_at_fpr_0.001']:.4f} / {part[-1]['tpr_at_fpr_0.01']:.4f}",

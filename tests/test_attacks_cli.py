@@ -55,6 +55,10 @@ def test_saved_runs_are_attacked_from_their_files(tmp_path):
   assert 3.9 < pooled.epsilon_spent <= 4.0 and pooled.algorithm == "local"
   assert 0 <= pooled.lira_auc <= 1 and pooled.lira_shadows == 2
   assert "TPR at 0.1% / 1%" in done.stderr
+  again = _run(f"--run={saved}", f"--mia_output={tmp_path}/m.csv", "--lira_shadows=2")
+  assert again.returncode == 0, again.stderr
+  assert "shadow runs" not in again.stderr   # a finished attack is not redone
+  assert len(pd.read_csv(tmp_path / "m.csv")) == 21
 
 
 def test_a_saved_image_run_is_inverted_at_round_0_and_after_training(tmp_path):

@@ -19,8 +19,10 @@ DP-SGD at each --mia_epsilon, attacked with tensorflow-privacy's tools:
 
     python -m benchmarks.attacks --parts=membership
 
-One row per silo and one `silo=all` row per model set (AUC, attacker advantage,
-epsilon spent per silo).
+Each target is trained, saved under --mia_models (`tff_silo.runs`) and attacked
+from its files as `--run` attacks any saved run: one row per silo and one
+`silo=all` row per model set (AUC, attacker advantage, epsilon spent per silo, the
+pooled TPR at 0.1% and 1% FPR, LiRA's with --lira_shadows).
 
 Membership inference against saved runs (`benchmarks.run --save_models=DIR`):
 
@@ -57,6 +59,7 @@ from attacks.dlg import METHODS, OPTIMIZERS
 from attacks.membership import ATTACKS as MIA_ATTACKS
 from benchmarks import common, configs
 from benchmarks.common import UsageError
+from tff_silo.simulation import SiloEvaluator
 
 PARTS = ("inversion", "membership")
 DATASETS = ("digits", "cifar10")
@@ -103,6 +106,9 @@ flags.DEFINE_float("mia_lam", None, "MR-MTL lambda (default: the digits preset).
 flags.DEFINE_float("mia_test_fraction", 0.5, "Each silo's held-out share (the "
                    "non-members).")
 flags.DEFINE_string("mia_output", "benchmarks/out/membership.csv", "Membership CSV.")
+flags.DEFINE_string("mia_models", "benchmarks/out/mia_runs", "Where the fresh "
+                    "membership targets are saved (tff_silo.runs) before they are "
+                    "attacked; `--run` attacks them again.")
 flags.DEFINE_string("mia_backend", "vectorized", "Backend training the membership "
                     "targets: vectorized (one TF program for all silos) or tff.")
 flags.DEFINE_bool("resume", True, "Skip runs whose row is already in the CSV.")
@@ -110,9 +116,10 @@ flags.DEFINE_string("run", None, "Attack the saved runs in this folder (or the o
                     "is) instead of training new models: membership inference (the "
                     "default --parts here) and, with --parts=inversion, gradient "
                     "inversion of image runs.")
-flags.DEFINE_integer("lira_shadows", 0, "--run: also the offline likelihood-ratio "
-                     "attack (attacks.lira) with this many shadow runs, trained as the "
-                     "saved run was on random halves of every silo (0: off).")
+flags.DEFINE_integer("lira_shadows", 0, "Membership: also the offline "
+                     "likelihood-ratio attack (attacks.lira) with this many shadow "
+                     "runs, trained as the attacked run was on random halves of every "
+                     "silo (0: off).")
 
 FLAGS = flags.FLAGS
 
@@ -147,18 +154,19 @@ def _settings():
                          "saved runs with their own data, model, learning rate and "
                          "defense")
     for name in ("mia_algorithm", "mia_epsilon", "mia_rounds", "mia_lam",
-                 "mia_test_fraction", "mia_backend"):
+                 "mia_test_fraction", "mia_backend", "mia_models"):
       if FLAGS[name].present:
         raise UsageError(f"--{name} sets how new targets are trained; --run attacks "
                          "saved ones")
     _saved_runs()   # a UsageError if there are none
-    if FLAGS.lira_shadows < 0 or FLAGS.lira_shadows == 1:
-      raise UsageError(f"--lira_shadows must be 0 (off) or >= 2; got "
-                       f"{FLAGS.lira_shadows}")
   else:
     common.check_applies("data_dir", ["cifar10"], [FLAGS.dataset], "--dataset")
-    if FLAGS["lira_shadows"].present:
-      raise UsageError("--lira_shadows applies with --run only")
+    if FLAGS["lira_shadows"].present and "membership" not in FLAGS.parts:
+      raise UsageError("--lira_shadows applies to --parts=membership only")
+    if not FLAGS.mia_models or os.path.isfile(FLAGS.mia_models):
+      raise UsageError(f"--mia_models must name a folder; got {FLAGS.mia_models!r}")
+  if FLAGS.lira_shadows < 0 or FLAGS.lira_shadows == 1:
+    raise UsageError(f"--lira_shadows must be 0 (off) or >= 2; got {FLAGS.lira_shadows}")
   if FLAGS.seed < 0:
     raise UsageError(f"--seed must be >= 0; got {FLAGS.seed}")
   if not 0 < FLAGS.delta < 1:
@@ -413,79 +421,95 @@ def _curves(df, path):
 # --- membership inference -----------------------------------------------------------
 
 def _mia_key(algorithm, epsilon, s):
+  """The run key of a fresh membership target (what it was trained with)."""
   return json.dumps(dict(
       algorithm=algorithm, epsilon=str(epsilon), rounds=s["rounds"],
       lam=s["lam"] if algorithm == "mrmtl" else None, seed=FLAGS.seed,
-      test_fraction=FLAGS.mia_test_fraction, attacks=sorted(FLAGS.mia_attack),
+      test_fraction=FLAGS.mia_test_fraction,
       protocol="add_remove" if math.isfinite(epsilon) else None,
       assumed_silo_size=s["preset"].assumed_silo_size if math.isfinite(epsilon) else None),
       sort_keys=True)
 
 
-def _mia_rows(algorithm, epsilon, silos, s, progress):
-  from tff_silo import algorithms, simulation
+def _mia_recipe() -> dict:
+  """The fresh targets' silos (`benchmarks.datasets`): the digits silos with
+  --mia_test_fraction of each held out (the non-members)."""
+  from tff_silo.data import digits
+  return dict(dataset="digits", seed=FLAGS.seed,
+              mask_probability=digits.MASK_PROBABILITY,
+              test_fraction=FLAGS.mia_test_fraction)
+
+
+def _mia_train(algorithm, epsilon, silos, s, progress, folder):
+  """Trains a fresh membership target on the vectorized or TFF backend and saves
+  it in `folder` (`tff_silo.runs`), as `benchmarks.run --save_models` would."""
+  from tff_silo import algorithms, runs, simulation
   from tff_silo.models import model_for
   from tff_silo.privacy import PrivacyProtocol
   preset = s["preset"]
   private = math.isfinite(epsilon)
   model = model_for(silos)
-  kwargs = dict(client_learning_rate=preset.lr, batch_size=preset.batch_size,
-                l2_norm_clip=preset.clip if private else None, init_seed=FLAGS.seed)
-  build = {"local": algorithms.build_local_process,
-           "fedavg": algorithms.build_fedavg_process,
-           "mrmtl": algorithms.build_mrmtl_process}[algorithm]
-  if algorithm == "mrmtl":
-    kwargs["lam"] = s["lam"]
-  process = build(model, silos.feature_shape, **kwargs)
+  settings = dict(name=algorithm, client_learning_rate=preset.lr,
+                  batch_size=preset.batch_size, rounds=s["rounds"],
+                  lam=s["lam"] if algorithm == "mrmtl" else 0.0,
+                  l2_norm_clip=preset.clip if private else None)
+  protocol = (PrivacyProtocol(assumed_silo_size=preset.assumed_silo_size)
+              if private else None)
+  definition = dict(settings)
   result = simulation.run_simulation(
-      process, silos, rounds=s["rounds"], seed=FLAGS.seed,
+      algorithms.silo_definition(definition.pop("name"), model, silos.feature_shape,
+                                 **definition),
+      silos, rounds=s["rounds"], seed=FLAGS.seed,
       target_epsilon=epsilon if private else None,
       target_delta=preset.delta if private else None, progress=progress,
-      protocol=PrivacyProtocol(assumed_silo_size=preset.assumed_silo_size)
-      if private else None, backend=FLAGS.mia_backend)
-  table = membership.attack_silo_models(model, result.silo_weights, silos,
-                                        attacks=FLAGS.mia_attack)
-  spent = (result.privacy.epsilon_spent if private
-           else np.full(silos.num_silos, math.inf))
-  key = _mia_key(algorithm, epsilon, s)
-  rows = []
-  for row in table.to_dict("records"):
-    silo = row["silo"]
-    whole = silo == membership.ALL_SILOS
-    rows.append(dict(
-        algorithm=algorithm, target_epsilon=epsilon,
-        epsilon_spent=float(spent.max() if whole else spent[int(silo)]),
-        delta=preset.delta if private else math.nan, rounds=s["rounds"],
-        lam=s["lam"] if algorithm == "mrmtl" else math.nan,
-        # Un-noised accuracy on the members: outside the DP guarantee.
-        **{"train_accuracy_outside_guarantee" if private else "train_accuracy":
-           result.train_metric if whole else float(result.silo_train_metric[int(silo)])},
-        test_accuracy=result.test_metric if whole
-        else float(result.silo_test_metric[int(silo)]),
-        seed=FLAGS.seed, backend=FLAGS.mia_backend, run_key=key, **row))
-  return rows
+      protocol=protocol, backend=FLAGS.mia_backend)
+  runs.save(folder, run_key=_mia_key(algorithm, epsilon, s),
+            silo_weights=result.silo_weights, server_weights=result.server_weights,
+            model=runs.model_spec(model, silos), data=_mia_recipe(), silos=silos,
+            privacy=result.privacy,
+            info=dict(binary="benchmarks.attacks", algorithm=algorithm,
+                      lam=settings["lam"] if algorithm == "mrmtl" else None,
+                      seed=FLAGS.seed, rounds=result.rounds,
+                      epsilon=epsilon if private else None,
+                      delta=preset.delta if private else None,
+                      clip=settings["l2_norm_clip"], lr=preset.lr,
+                      batch_size=preset.batch_size, metric=result.metric,
+                      test_metric=result.test_metric,
+                      training=runs.training_settings(
+                          settings, target_epsilon=epsilon if private else None,
+                          target_delta=preset.delta if private else None,
+                          protocol=protocol)))
 
 
 def _run_membership(s):
-  from tff_silo import data
-  silos = data.load_rotated_masked_digits(test_fraction=FLAGS.mia_test_fraction,
-                                          seed=FLAGS.seed)
+  """Trains each (--mia_algorithm, --mia_epsilon) target, saves it under
+  --mia_models and attacks the saved run as --run does (train, save, attack)."""
+  from benchmarks import datasets
+  from tff_silo import runs as runs_lib
+  silos, _ = datasets.load(_mia_recipe())
   done = common.done_rows(FLAGS.mia_output, FLAGS.resume, MEMBERSHIP_SIGNATURE,
                           "mia_output")
-  runs = [(a, e) for a in FLAGS.mia_algorithm for e in s["epsilons"]]
-  for k, (algorithm, epsilon) in enumerate(runs, 1):
-    if _mia_key(algorithm, epsilon, s) in done:
+  targets = [(a, e) for a in FLAGS.mia_algorithm for e in s["epsilons"]]
+  keys = []
+  for k, (algorithm, epsilon) in enumerate(targets, 1):
+    run_key = _mia_key(algorithm, epsilon, s)
+    keys.append(_membership_key(run_key))
+    if keys[-1] in done:
       continue
     start = time.perf_counter()
-    tag = f"[{k}/{len(runs)}] {algorithm} epsilon={epsilon:g}"
-    progress = common.round_progress(tag, s["rounds"])
-    rows = _mia_rows(algorithm, epsilon, silos, s, progress)
+    tag = f"[{k}/{len(targets)}] {algorithm} epsilon={epsilon:g}"
+    folder = runs_lib.run_folder(FLAGS.mia_models, f"{algorithm}-eps{epsilon:g}", run_key)
+    if not os.path.isfile(os.path.join(folder, "run.json")):   # else saved, unattacked
+      _mia_train(algorithm, epsilon, silos, s, common.round_progress(tag, s["rounds"]),
+                 folder)
+    saved = runs_lib.load(folder)
+    saved.check_data(silos)
+    rows = _saved_rows(saved, silos)
     common.append_rows(FLAGS.mia_output, rows)   # all of a run's rows or none
-    print(f"{tag}: AUC {rows[-1]['auc']:.3f} "
-          f"advantage {rows[-1]['advantage']:.3f} "
-          f"({time.perf_counter() - start:.0f}s)", flush=True)
+    print(f"{tag}: AUC {rows[-1]['auc']:.3f} advantage {rows[-1]['advantage']:.3f}, "
+          f"saved in {folder} ({time.perf_counter() - start:.0f}s)", flush=True)
   df = pd.read_csv(FLAGS.mia_output, dtype={"silo": str})
-  df = df[df.run_key.isin({_mia_key(a, e, s) for a, e in runs})]
+  df = df[df.run_key.isin(keys)]
   per_silo = df[df.silo != "all"].groupby("run_key").auc.agg(
       silo_auc_median="median", silo_auc_max="max")
   overall = df[df.silo == "all"].set_index("run_key").join(per_silo)
@@ -493,7 +517,8 @@ def _run_membership(s):
         "silo's model):")
   columns = ["algorithm", "target_epsilon", "epsilon_spent", "test_accuracy",
              "train_accuracy", "train_accuracy_outside_guarantee", "auc", "advantage",
-             "silo_auc_median", "silo_auc_max"]
+             "silo_auc_median", "silo_auc_max", "tpr_at_fpr_0.001", "tpr_at_fpr_0.01",
+             "lira_auc", "lira_tpr_at_fpr_0.001", "lira_tpr_at_fpr_0.01"]
   print(overall[[c for c in columns if c in overall.columns]].to_string(
       index=False, float_format=lambda v: f"{v:.3f}"))
 
@@ -544,6 +569,10 @@ def _saved_inversion():
       continue
     from tff_silo.models import cnn
     info, privacy = saved.meta["info"], saved.meta["privacy"]
+    if privacy and privacy.get("unit") == "user":
+      print(f"{folder}: user-level DP noises the aggregate, not one user's update; no "
+            "inversion under its defense", file=sys.stderr)
+      continue
     x = silos.x_train[0][:FLAGS.images]
     y = silos.y_train[0][:FLAGS.images].astype(np.int64)
     if len(y) < FLAGS.images:
@@ -552,8 +581,10 @@ def _saved_inversion():
                        noise_multiplier=privacy["noise_multipliers"][0])
                if privacy else Defense())
     shape = saved.meta["model"]["feature_shape"]
-    for stage, weights in (("round 0", saved.model().init_fn(0)),
-                           (f"round {info['rounds']}", saved.silo_weights[0])):
+    stages = [(f"round {info['rounds']}", saved.silo_weights[0])]
+    if saved.hypernetwork_weights is None:   # the MR-MTL family starts from init_fn(0)
+      stages.insert(0, ("round 0", saved.model().init_fn(0)))
+    for stage, weights in stages:
       keras = cnn.to_keras(weights, shape)
       for method in FLAGS.method:
         for batch in range(FLAGS.images // FLAGS.batch_size):
@@ -580,9 +611,10 @@ def _saved_inversion():
             float_format=lambda v: f"{v:.3f}"))
 
 
-def _membership_key(saved) -> str:
-  """The membership rows' key of a saved run: its run and the attack settings."""
-  return json.dumps(dict(saved_run=saved.meta["run_key"],
+def _membership_key(run_key: str) -> str:
+  """The membership rows' key of a saved run: its run key and the attack
+  settings."""
+  return json.dumps(dict(saved_run=run_key,
                          attacks=sorted(FLAGS.mia_attack),
                          lira_shadows=FLAGS.lira_shadows, seed=FLAGS.seed),
                     sort_keys=True)
@@ -603,15 +635,24 @@ def _saved_rows(saved, silos):
   info, privacy = saved.meta["info"], saved.meta["privacy"]
   spent = (np.asarray(privacy["epsilon_spent"]) if privacy
            else np.full(silos.num_silos, math.inf))
-  key = _membership_key(saved)
+  key = _membership_key(saved.meta["run_key"])
+  evaluate = SiloEvaluator(model)
+  train, silo_train = evaluate(list(saved.silo_weights), silos.x_train, silos.y_train)
+  test, silo_test = evaluate(list(saved.silo_weights), silos.x_test, silos.y_test)
+  # the un-noised metric on the members is outside any DP guarantee: named so
+  train_column = f"train_{model.metric}" + ("_outside_guarantee" if privacy else "")
   rows = []
   for row in table.to_dict("records"):
     whole = row["silo"] == membership.ALL_SILOS
+    silo = None if whole else int(row["silo"])
     rows.append(dict(
+        **{f"test_{model.metric}": test if whole else float(silo_test[silo]),
+           train_column: train if whole else float(silo_train[silo])},
         algorithm=info.get("algorithm"), saved_run=folder,
         target_epsilon=info.get("epsilon") or math.inf,
-        epsilon_spent=float(spent.max() if whole else spent[int(row["silo"])]),
+        epsilon_spent=float(spent.max() if whole else spent[silo]),
         delta=(privacy["target_delta"][0] if privacy else math.nan),
+        privacy_unit=privacy.get("unit", "example") if privacy else None,
         lam=info.get("lam"), seed=info.get("seed"), run_key=key, **row,
         **({(f"tpr_at_fpr_{k:g}" if isinstance(k, float) else k): v
             for k, v in pooled.items()} if whole else {})))
@@ -643,7 +684,7 @@ def _run_saved():
   rows = []
   for k, folder in enumerate(folders, 1):
     saved, silos = _load_saved(folder)
-    key = _membership_key(saved)
+    key = _membership_key(saved.meta["run_key"])
     if key in done:   # its pooled row (the last of its rows): not attacked again
       rows.append(done[key])
       continue

@@ -338,6 +338,9 @@ class _Outcome(NamedTuple):
   runs_stacked: int
   aggregator_measurements: Optional[dict] = None   # None: no server aggregator
   run_epsilon: Optional[float] = None   # the epsilon the run was calibrated to
+  server_weights: tuple = ()            # the server's models (global, clusters)
+  hypernetwork: Optional[tuple] = None  # (phi, embeddings) of a hypernetwork
+  saved_privacy: Optional[dict] = None  # a user-level run's privacy (tff_silo.runs)
 
 
 def _simulate(s, batch, loaded, backend) -> list:
@@ -366,7 +369,7 @@ def _simulate(s, batch, loaded, backend) -> list:
       float(np.max(result.privacy.epsilon_spent)) if result.privacy else nan,
       float(np.min(result.privacy.noise_multipliers)) if result.privacy else nan,
       result.wall_seconds, result.runs_stacked, result.aggregator_measurements,
-      run.target_epsilon), score_z)
+      run.target_epsilon, result.server_weights), score_z)
           for run, result, score_z in zip(runs, results, scores)]
 
 
@@ -401,9 +404,14 @@ def _hypernet(s, trial, silos, backend) -> _Outcome:
     raise RuntimeError(f"the hypernetwork spent epsilon {result.epsilon} > "
                        f"{trial['epsilon']}: a calibration error; nothing reported")
   nan = float("nan")
+  from tff_silo import runs
   return _Outcome(target, list(result.user_weights), silos, result.rounds, "accuracy",
                   result.test_accuracy, None, result.epsilon if private else nan,
-                  z if private else nan, result.wall_seconds, 1)
+                  z if private else nan, result.wall_seconds, 1,
+                  hypernetwork=(result.phi, result.embeddings),
+                  saved_privacy=runs.user_level_privacy(
+                      settings, result.epsilon, s["delta"], silos.num_silos)
+                  if private else None)
 
 
 def _run_batch(s, batch, loaded, backend, device):
@@ -475,9 +483,16 @@ def _save(s, trial, outcome, row) -> str:
         target_epsilon=outcome.run_epsilon if private else None,
         target_delta=s["delta"] if private else None,
         protocol=_protocol(s) if private else None)
+  model = runs.model_spec(outcome.model, outcome.data)
+  if outcome.hypernetwork is not None:
+    embeddings = outcome.hypernetwork[1]
+    model["hypernetwork"] = dict(num_users=embeddings.shape[0],
+                                 embedding_dim=embeddings.shape[1],
+                                 hidden_width=s["hypernet"].hidden_width)
   runs.save(folder, run_key=key, silo_weights=outcome.silo_weights,
-            model=runs.model_spec(outcome.model, outcome.data),
-            data=_recipe(s, trial["seed"]), silos=outcome.data, privacy=outcome.privacy,
+            server_weights=outcome.server_weights, hypernetwork=outcome.hypernetwork,
+            model=model, data=_recipe(s, trial["seed"]), silos=outcome.data,
+            privacy=outcome.privacy or outcome.saved_privacy,
             info=dict(binary="benchmarks.compare", algorithm=trial["method"],
                       lam=trial["lam"], lr=trial["lr"], seed=trial["seed"],
                       trial=trial["trial"], rounds=outcome.rounds,

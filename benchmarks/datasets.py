@@ -6,10 +6,13 @@ non-members.
 
 Recipe keys: dataset (school, vehicle, gleam, digits, synthetic, two_cluster), seed,
 data_dir, standardize (tabular: none, public, dp, silo), for `dp` standardize_clip,
-standardize_noise_multiplier and neighbouring, mask_probability (digits),
-corrupt_silos and corruption (misbehaving silos). A `benchmarks.compare` recipe has
+standardize_noise_multiplier and neighbouring, mask_probability and test_fraction
+(digits), corrupt_silos and corruption (misbehaving silos). A `benchmarks.compare` recipe has
 preset_dataset (quick, digits, school, vehicle, fmnist, fmnist_hetero), seed,
 data_dir and validation_fraction: the silos its trials train on (`compare_silos`).
+A `benchmarks.hypernet` recipe has hypernet_dataset (digits, cifar10, femnist),
+seed, num_users, classes_per_user, data_dir and cache_dir: its users
+(`hypernet_users`).
 """
 
 from __future__ import annotations
@@ -23,6 +26,8 @@ def load(recipe: dict):
   from tff_silo import data
   if "preset_dataset" in recipe:   # benchmarks.compare's: no preprocessing events
     return compare_silos(recipe), None
+  if "hypernet_dataset" in recipe:
+    return hypernet_users(recipe), None
   silos, events = _clean(recipe)
   corrupt = recipe.get("corrupt_silos") or 0
   if not corrupt:
@@ -67,6 +72,30 @@ def compare_silos(recipe: dict):
   return compare_split(recipe)[0]
 
 
+HYPERNET_NUM_CLASSES = {"digits": 10, "cifar10": 10}
+
+
+def hypernet_users(recipe: dict):
+  """The users of a `benchmarks.hypernet` run: label-skewed partitions of digits or
+  CIFAR-10, or FEMNIST's writers."""
+  from tff_silo import data
+  name, seed = recipe["hypernet_dataset"], recipe["seed"]
+  if name == "femnist":
+    return data.load_emnist_users(recipe.get("cache_dir"), num_users=recipe["num_users"],
+                                  seed=seed)
+  if name == "cifar10":
+    import numpy as np   # pylint: disable=g-import-not-at-top
+    x_train, y_train, x_test, y_test = data.load_cifar10(recipe.get("data_dir"))
+    x, y = np.concatenate([x_train, x_test]), np.concatenate([y_train, y_test])
+  elif name == "digits":
+    x, y = data.digits_images()
+  else:
+    raise ValueError(f"unknown hypernet dataset {name!r} in the recipe")
+  return data.label_skewed_silos(name, x, y, num_classes=HYPERNET_NUM_CLASSES[name],
+                                 num_users=recipe["num_users"],
+                                 classes_per_user=recipe["classes_per_user"], seed=seed)
+
+
 def _clean(recipe):
   from tff_silo import data
   name, seed = recipe["dataset"], recipe["seed"]
@@ -80,8 +109,9 @@ def _clean(recipe):
       return silos, None
     return _dp_standardized(silos, recipe)
   if name == "digits":
+    held_out = {"test_fraction": recipe["test_fraction"]} if "test_fraction" in recipe else {}
     return data.load_rotated_masked_digits(mask_probability=recipe["mask_probability"],
-                                           seed=seed), None
+                                           seed=seed, **held_out), None
   if name == "two_cluster":
     return data.two_cluster_linear_silos(seed=seed), None
   if name == "synthetic":

@@ -35,7 +35,6 @@ from benchmarks.common import UsageError
 
 ALGORITHMS = ("hypernet", "fedavg")
 DATASETS = ("digits", "cifar10", "femnist")
-NUM_CLASSES = {"digits": 10, "cifar10": 10}
 
 FLAGS = flags.FLAGS
 flags.DEFINE_list("algorithm", ["hypernet", "fedavg"], f"Comma-separated, of {ALGORITHMS}.")
@@ -69,6 +68,8 @@ common.define_backend_flags("both algorithms; the user-level DP mean")
 flags.adopt_module_key_flags(common)   # --help lists --backend and --device
 flags.DEFINE_string("output", "benchmarks/out/hypernet.csv", "CSV rows are appended to.")
 flags.DEFINE_bool("resume", True, "Skip runs whose row is already in --output.")
+common.define_save_models_flag("every run (and a hypernetwork run's phi and "
+                               "embeddings; FedAvg's global model)")
 # --plot (defined by `benchmarks.summarize`, imported above): a PNG of mean user
 # accuracy against epsilon for this command's runs.
 # Columns every row of this binary has: an existing --output without them is refused.
@@ -81,7 +82,7 @@ FLAG_NAMES = ("algorithm", "dataset", "data_dir", "cache_dir", "num_users",
               "weight_cap", "delta", "rounds", "local_steps", "batch_size", "client_lr",
               "hypernet_lr", "embedding_lr", "hidden_width", "embedding_dim", "channels",
               "dense", "fedavg_local_epochs", "seeds", "eval_every", "plot", "backend",
-              "device")
+              "device", "save_models")
 
 
 def _settings():
@@ -138,24 +139,23 @@ def _settings():
     except ValueError as e:
       raise UsageError(str(e)) from None
   common.check_output(FLAGS.output, SIGNATURE)
+  common.check_save_models()
   if FLAGS.plot:
     common.check_figure_path(FLAGS.plot)
   return dict(seeds=seeds, grid=grid, channels=tuple(channels))
 
 
+def _recipe(seed) -> dict:
+  """The users' recipe (`benchmarks.datasets.hypernet_users`): how the binary loads
+  them, saved with a run's models instead of the data."""
+  return dict(hypernet_dataset=FLAGS.dataset, seed=seed, num_users=FLAGS.num_users,
+              classes_per_user=FLAGS.classes_per_user, data_dir=FLAGS.data_dir,
+              cache_dir=FLAGS.cache_dir)
+
+
 def _users(seed):
-  from tff_silo import data
-  if FLAGS.dataset == "femnist":
-    return data.load_emnist_users(FLAGS.cache_dir, num_users=FLAGS.num_users, seed=seed)
-  if FLAGS.dataset == "cifar10":
-    import numpy as np
-    x_train, y_train, x_test, y_test = data.load_cifar10(FLAGS.data_dir)
-    x, y = np.concatenate([x_train, x_test]), np.concatenate([y_train, y_test])
-  else:
-    x, y = data.digits_images()
-  return data.label_skewed_silos(FLAGS.dataset, x, y, num_classes=NUM_CLASSES[FLAGS.dataset],
-                                 num_users=FLAGS.num_users,
-                                 classes_per_user=FLAGS.classes_per_user, seed=seed)
+  from benchmarks import datasets
+  return datasets.hypernet_users(_recipe(seed))
 
 
 def _target(users, s):
@@ -165,7 +165,9 @@ def _target(users, s):
 
 
 def _run_hypernet(users, settings, seed, s, progress, backend):
+  """(the row's measured columns, what --save_models keeps)."""
   import hypernet
+  from tff_silo import runs
   target = _target(users, s)
   hn = hypernet.Hypernetwork(
       target, users.num_silos,
@@ -180,26 +182,46 @@ def _run_hypernet(users, settings, seed, s, progress, backend):
       algorithm, users, rounds=FLAGS.rounds,
       target_delta=FLAGS.delta if settings.private else None, seed=seed,
       eval_every=FLAGS.eval_every, progress=progress, backend=backend)
-  return _measured(result, result.test_accuracy, result.user_test_accuracy,
-                   result.train_accuracy, [(r, a) for r, a, _ in result.history],
-                   private=settings.private, epsilon=result.epsilon, sigma=result.sigma,
-                   mean_users_per_round=float(result.users_per_round.mean()),
-                   hypernet_parameters=hn.num_parameters)
+  measured = _measured(result, result.test_accuracy, result.user_test_accuracy,
+                       result.train_accuracy, [(r, a) for r, a, _ in result.history],
+                       private=settings.private, epsilon=result.epsilon,
+                       sigma=result.sigma,
+                       mean_users_per_round=float(result.users_per_round.mean()),
+                       hypernet_parameters=hn.num_parameters)
+  model = _model_spec(target, users, s)
+  model["hypernetwork"] = dict(num_users=hn.num_users, embedding_dim=hn.embedding_dim,
+                               hidden_width=hn.hidden_width)
+  return measured, dict(
+      silo_weights=result.user_weights, model=model,
+      hypernetwork=(result.phi, result.embeddings),
+      privacy=runs.user_level_privacy(settings, result.epsilon, FLAGS.delta,
+                                      users.num_silos) if settings.private else None)
 
 
 def _run_fedavg(users, seed, s, progress, backend):
+  """(the row's measured columns, what --save_models keeps)."""
   from tff_silo import algorithms, simulation
+  target = _target(users, s)
   algorithm = algorithms.fedavg_algorithm(
-      _target(users, s), users.feature_shape, client_learning_rate=FLAGS.client_lr,
+      target, users.feature_shape, client_learning_rate=FLAGS.client_lr,
       batch_size=FLAGS.batch_size, local_epochs=FLAGS.fedavg_local_epochs,
       init_seed=seed)
   result = simulation.run_simulation(algorithm, users, rounds=FLAGS.rounds, seed=seed,
                                      eval_every=FLAGS.eval_every, progress=progress,
                                      backend=backend)
-  return _measured(result, result.test_metric, result.silo_test_metric,
-                   result.train_metric, [(r, te) for r, _, te in result.history],
-                   epsilon=math.inf, sigma=0.0,
-                   mean_users_per_round=float(users.num_silos))
+  measured = _measured(result, result.test_metric, result.silo_test_metric,
+                       result.train_metric, [(r, te) for r, _, te in result.history],
+                       epsilon=math.inf, sigma=0.0,
+                       mean_users_per_round=float(users.num_silos))
+  return measured, dict(silo_weights=result.silo_weights,
+                        server_weights=result.server_weights,
+                        model=_model_spec(target, users, s), privacy=None)
+
+
+def _model_spec(target, users, s) -> dict:
+  from tff_silo import runs
+  return runs.model_spec(target, users, name="small_cnn", channels=list(s["channels"]),
+                         hidden=FLAGS.dense)
 
 
 def _measured(result, test, per_user, train, history, private=False, **extra):
@@ -267,6 +289,30 @@ def _row(seed, algorithm, settings, s, users, measured, backend, device):
       finished=time.strftime("%Y-%m-%dT%H:%M:%S"))
 
 
+def _save(seed, algorithm, users, row, trained) -> str:
+  """Saves the run under --save_models (`tff_silo.runs`); its folder."""
+  from tff_silo import runs
+  key = row["run_key"]
+  label = f"{algorithm}-seed{seed}" + ("" if algorithm == "fedavg" else "-" + "-".join(
+      f"{name}{row[column]:g}" for name, column in (
+          ("q", "sampling_rate"), ("S", "l2_norm_clip"), ("z", "noise_multiplier"))
+      if row[column] is not None))
+  folder = runs.run_folder(FLAGS.save_models, label, key)
+  private = trained["privacy"] is not None
+  runs.save(folder, run_key=key, silo_weights=trained["silo_weights"],
+            server_weights=trained.get("server_weights", ()),
+            hypernetwork=trained.get("hypernetwork"), model=trained["model"],
+            data=_recipe(seed), silos=users, privacy=trained["privacy"],
+            info=dict(binary="benchmarks.hypernet", algorithm=algorithm, seed=seed,
+                      rounds=FLAGS.rounds, epsilon=row["epsilon"] if private else None,
+                      delta=FLAGS.delta if private else None,
+                      clip=row["l2_norm_clip"], lr=FLAGS.client_lr,
+                      batch_size=FLAGS.batch_size, metric="accuracy",
+                      test_metric=row["test_accuracy"], privacy_unit="user",
+                      flags=json.loads(row["flags"]), training=None))
+  return folder
+
+
 def _print_table(rows):
   import pandas as pd
   df = pd.DataFrame(rows)
@@ -332,7 +378,8 @@ def main(argv):
         f"S={settings.l2_norm_clip} z={settings.noise_multiplier}")
     key = _run_key(seed, algorithm, settings, s)
     if key in done:
-      print(f"{tag}: already in {FLAGS.output}, skipped (--noresume reruns it)",
+      print(f"{tag}: already in {FLAGS.output}, skipped (--noresume reruns it)"
+            + ("; its models are not saved again" if FLAGS.save_models else ""),
             file=sys.stderr)
       rows.append(done[key])
       continue
@@ -343,12 +390,14 @@ def main(argv):
     try:
       users = users_by_seed[seed]
       with scope:
-        measured = (_run_hypernet(users, settings, seed, s, progress, backend)
-                    if algorithm == "hypernet"
-                    else _run_fedavg(users, seed, s, progress, backend))
+        measured, trained = (_run_hypernet(users, settings, seed, s, progress, backend)
+                             if algorithm == "hypernet"
+                             else _run_fedavg(users, seed, s, progress, backend))
     except ValueError as e:   # includes DataError: a bad file or setting, not a bug
       raise UsageError(str(e)) from None
     row = _row(seed, algorithm, settings, s, users, measured, backend, device)
+    if FLAGS.save_models:
+      row["saved_to"] = _save(seed, algorithm, users, row, trained)
     common.append_row(FLAGS.output, row)
     rows.append(row)
   _print_table(rows)

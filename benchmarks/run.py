@@ -366,9 +366,10 @@ def _save(result, seed, algorithm, lam, s, silos, row) -> str:
   folder = runs.run_folder(FLAGS.save_models, f"{algorithm}-lam{lam:g}-seed{seed}", key)
   if algorithm == "dprivate_clustering":   # each user's hypothesis
     weights = [result.hypotheses[g] for g in result.assignments]
+    server = result.hypotheses
   else:
-    weights = result.silo_weights
-  runs.save(folder, run_key=key, silo_weights=weights,
+    weights, server = result.silo_weights, result.server_weights
+  runs.save(folder, run_key=key, silo_weights=weights, server_weights=server,
             model=runs.model_spec(_model(silos, algorithm), silos,
                                   **_model_builder(algorithm)),
             data=_recipe(seed, s), silos=silos, privacy=getattr(result, "privacy", None),

@@ -40,6 +40,8 @@ class HypernetResult:
   round_seconds: np.ndarray
   wall_seconds: float
   user_weights: tuple = ()         # per user, the final generated model theta_u
+  phi: tuple = ()                  # the final hypernetwork weights
+  embeddings: Optional[np.ndarray] = None   # the final user embeddings [N, E]
 
 
 def sample_users(num_users: int, sampling_rate: float, seed: int, round_num: int):
@@ -158,6 +160,8 @@ def run_hypernet(process, data: SiloData, *, rounds: int,
         progress(r + 1, rounds, time.perf_counter() - start)
     test, mean_user, per_user, train, thetas = evaluate(state)
     history.append((rounds, test, mean_user))
+    phi = tuple(np.asarray(p) for p in state.phi)
+    embeddings = np.asarray(state.embeddings)
   finally:
     runtime.stop_tff_workers()
   return HypernetResult(
@@ -167,4 +171,4 @@ def run_hypernet(process, data: SiloData, *, rounds: int,
       delta=target_delta, sigma=algorithm.sigma,
       users_per_round=np.array(users_per_round), history=tuple(history),
       round_seconds=np.array(round_seconds), wall_seconds=time.perf_counter() - start,
-      user_weights=tuple(thetas))
+      user_weights=tuple(thetas), phi=phi, embeddings=embeddings)

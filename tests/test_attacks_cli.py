@@ -27,7 +27,10 @@ def _run(*args):
     (["--run=/tmp", "--defense=none"], "error: --defense sets the inversion of a fresh "
      "model"),
     (["--run=/tmp", "--mia_epsilon=1"], "error: --mia_epsilon sets how new targets"),
-    (["--lira_shadows=4"], "error: --lira_shadows applies with --run only"),
+    (["--lira_shadows=4", "--parts=inversion"],
+     "error: --lira_shadows applies to --parts=membership only"),
+    (["--lira_shadows=1"], "error: --lira_shadows must be 0 (off) or >= 2"),
+    (["--mia_models="], "error: --mia_models must name a folder"),
 ])
 def test_bad_flags_end_in_one_line(args, message):
   done = _run(*args)
@@ -83,7 +86,7 @@ def test_a_tiny_run_writes_rows_figures_and_the_membership_table(tmp_path):
           "--defense=none,laplace,dp_sgd", "--nu=1", "--noise_multiplier=0.01",
           f"--output={out}/attacks.csv", f"--figures={out}", "--mia_rounds=1",
           "--mia_algorithm=local", "--mia_epsilon=inf,1",
-          f"--mia_output={out}/membership.csv"]
+          f"--mia_output={out}/membership.csv", f"--mia_models={out}/targets"]
   done = _run(*args)
   assert done.returncode == 0, done.stderr[-2000:]
   rows = pd.read_csv(f"{out}/attacks.csv")
@@ -98,6 +101,12 @@ def test_a_tiny_run_writes_rows_figures_and_the_membership_table(tmp_path):
   assert len(mia) == 2 * 41 and (mia.silo == "all").sum() == 2
   private = mia[mia.target_epsilon == 1]
   assert (private.epsilon_spent <= 1.0).all()
+  # train, save, attack: each target is a saved run, its rows those of --run
+  assert sorted(os.listdir(f"{out}/targets")) == sorted(set(mia.saved_run.map(
+      os.path.basename)))
+  pooled = mia[mia.silo == "all"]
+  assert pooled["tpr_at_fpr_0.01"].between(0, 1).all()
+  assert pooled.train_accuracy_outside_guarantee.notna().iloc[1]
   # A rerun resumes: nothing new is appended.
   again = _run(*args)
   assert again.returncode == 0

@@ -19,7 +19,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TRAINING = {
     "run": ["_simulate"],
     "hypernet": ["_run_hypernet", "_run_fedavg"],
-    "attacks": ["_attack_rows", "_mia_rows"],
+    "attacks": ["_attack_rows", "_mia_train"],
     "speed": ["_fresh_run", "_sweep", "_warm"],
     "summarize": [],
 }

@@ -73,7 +73,7 @@ def test_tiny_grid_writes_rows_with_the_accounted_epsilon(tmp_path):
   done = _run("--rounds=2", "--num_users=6", "--sampling_rate=0.5",
               "--l2_norm_clip=0.1", "--noise_multiplier=0,2", "--channels=4,8",
               "--dense=8", "--hidden_width=8", "--local_steps=2", f"--output={out}",
-              f"--plot={tmp_path / 'grid.png'}")
+              f"--plot={tmp_path / 'grid.png'}", f"--save_models={tmp_path / 'saved'}")
   assert done.returncode == 0, done.stderr[-2000:]
   assert (tmp_path / "grid.png").stat().st_size > 0
   rows = pd.read_csv(out)
@@ -93,3 +93,31 @@ def test_tiny_grid_writes_rows_with_the_accounted_epsilon(tmp_path):
                "--dense=8", "--hidden_width=8", "--local_steps=2", f"--output={out}")
   assert again.returncode == 0 and "skipped" in again.stderr
   assert len(pd.read_csv(out)) == 3
+  _check_saved(rows, expected)
+
+
+def _check_saved(rows, epsilon):
+  """The saved runs: the hypernetwork regenerates every user's model, the noisy
+  one carries its user-level epsilon, FedAvg's global model is every user's."""
+  import numpy as np
+  from tff_silo import runs
+  noisy = runs.load(rows.saved_to[1])
+  assert noisy.meta["privacy"]["unit"] == "user"
+  assert noisy.meta["privacy"]["epsilon_spent"] == pytest.approx([epsilon] * 6)
+  network, phi, embeddings = noisy.hypernetwork()
+  for u in range(6):
+    for ours, theirs in zip(network.generate(phi, embeddings[u]), noisy.silo_weights[u]):
+      np.testing.assert_allclose(ours.numpy(), theirs, rtol=1e-5, atol=1e-6)
+  fedavg = runs.load(rows.saved_to[2])
+  assert fedavg.meta["privacy"] is None and len(fedavg.server_weights) == 1
+  for ours, theirs in zip(fedavg.server_weights[0], fedavg.silo_weights[5]):
+    assert np.array_equal(ours, theirs)
+  attacked = subprocess.run(
+      [sys.executable, "-m", "benchmarks.attacks", f"--run={rows.saved_to[1]}",
+       "--parts=membership", f"--mia_output={os.path.dirname(rows.saved_to[1])}/m.csv"],
+      cwd=ROOT, capture_output=True, text=True, timeout=600,
+      env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"})
+  assert attacked.returncode == 0, attacked.stderr[-2000:]
+  pooled = pd.read_csv(f"{os.path.dirname(rows.saved_to[1])}/m.csv").iloc[-1]
+  assert pooled.privacy_unit == "user" and pooled.algorithm == "hypernet"
+  assert pooled.epsilon_spent == pytest.approx(epsilon)

@@ -1,5 +1,6 @@
-"""`tff_silo.runs`: a saved run loads bit-exactly, is never replaced by another,
-and a file of another format or version fails in one line."""
+"""`tff_silo.runs`: a saved run (silo, server and hypernetwork weights) loads
+bit-exactly, is never replaced by another, a version-1 run still loads, and a file
+of another format or version fails in one line."""
 
 import json
 
@@ -28,6 +29,7 @@ def _trained():
 
 def _save(folder, silos, model, result, key="k1"):
   return runs.save(str(folder), run_key=key, silo_weights=result.silo_weights,
+                   server_weights=result.server_weights,
                    model=runs.model_spec(model, silos), data=RECIPE, silos=silos,
                    privacy=result.privacy, info=dict(test_metric=result.test_metric))
 
@@ -36,7 +38,9 @@ def test_a_saved_run_loads_bit_exactly_and_evaluates_the_same(tmp_path):
   silos, model, result = _trained()
   assert _save(tmp_path / "run", silos, model, result)
   saved = runs.load(str(tmp_path / "run"))
-  for ours, theirs in zip(saved.silo_weights, result.silo_weights):
+  assert len(saved.silo_weights) == silos.num_silos and len(saved.server_weights) == 1
+  for ours, theirs in zip(saved.silo_weights + saved.server_weights,
+                          result.silo_weights + result.server_weights):
     for a, b in zip(ours, theirs):
       assert a.dtype == np.float32 and np.array_equal(a, b)
   metric, _ = SiloEvaluator(saved.model())(list(saved.silo_weights), silos.x_test,
@@ -65,7 +69,8 @@ def test_a_saved_run_is_never_replaced(tmp_path):
 
 
 @pytest.mark.parametrize("change, message", [
-    (lambda m: m.update(version=0), "has format version 0; this tff_silo reads version 1"),
+    (lambda m: m.update(version=0), "has format version 0; this tff_silo reads "
+     "versions 1, 2"),
     (lambda m: m.pop("version"), "has format version None"),
     (lambda m: m.update(format="other"), "is not a tff_silo.run file"),
 ])
@@ -81,6 +86,67 @@ def test_other_formats_and_versions_fail_in_one_line(tmp_path, change, message):
   assert "\n" not in str(raised.value)
   with pytest.raises(ValueError, match="is not a saved run"):
     runs.load(str(tmp_path))
+
+
+def test_a_version_1_run_loads_without_server_models(tmp_path):
+  """Version 1 wrote silo models only: it loads, with no server models."""
+  silos, model, result = _trained()
+  folder = tmp_path / "run"
+  runs.save(str(folder), run_key="k1", silo_weights=result.silo_weights,
+            model=runs.model_spec(model, silos), data=RECIPE, silos=silos)
+  meta = json.loads((folder / "run.json").read_text())
+  (folder / "run.json").write_text(json.dumps(dict(meta, version=1)))
+  saved = runs.load(str(folder))
+  assert saved.server_weights == () and saved.hypernetwork_weights is None
+  assert np.array_equal(saved.silo_weights[2][0], result.silo_weights[2][0])
+  with pytest.raises(ValueError, match="holds no hypernetwork"):
+    saved.hypernetwork()
+
+
+def test_fedavg_saves_the_global_model_every_silo_is_evaluated_with():
+  """(The backends' server models are tied by tests/test_vectorized.py.)"""
+  silos, _ = datasets.load(RECIPE)
+  definition = algorithms.fedavg_algorithm(models.model_for(silos), silos.feature_shape,
+                                           client_learning_rate=0.1, batch_size=8)
+  result = run_simulation(definition, silos, rounds=2, backend="vectorized")
+  assert len(result.server_weights) == 1
+  for a, b in zip(result.server_weights[0], result.silo_weights[4]):
+    assert np.array_equal(a, b)
+
+
+def test_a_hypernetwork_run_round_trips_and_regenerates_its_users(tmp_path):
+  import hypernet
+  from tff_silo.privacy.user_level import UserDPSettings
+  silos = datasets.hypernet_users(dict(hypernet_dataset="digits", seed=0, num_users=4,
+                                       classes_per_user=2))
+  target = models.small_cnn(silos.feature_shape, 10, channels=(2, 4), hidden=8)
+  network = hypernet.Hypernetwork(target, 4, 2, hidden_width=8)
+  settings = UserDPSettings(sampling_rate=0.5, l2_norm_clip=0.1, noise_multiplier=1.0)
+  algorithm = hypernet.hypernet_algorithm(
+      network, silos.feature_shape, silos.train_sizes, settings,
+      client_learning_rate=0.05, batch_size=8, local_steps=1,
+      hypernet_learning_rate=0.1, embedding_learning_rate=0.1)
+  result = hypernet.run_hypernet(algorithm, silos, rounds=2, target_delta=1e-5,
+                                 backend="vectorized")
+  model = runs.model_spec(target, silos, name="small_cnn", channels=[2, 4], hidden=8)
+  model["hypernetwork"] = dict(num_users=4, embedding_dim=2, hidden_width=8)
+  privacy = runs.user_level_privacy(settings, result.epsilon, 1e-5, 4)
+  runs.save(str(tmp_path / "hn"), run_key="hn", silo_weights=result.user_weights,
+            model=model, hypernetwork=(result.phi, result.embeddings),
+            data=dict(hypernet_dataset="digits", seed=0, num_users=4,
+                      classes_per_user=2), silos=silos, privacy=privacy)
+  saved = runs.load(str(tmp_path / "hn"))
+  network, phi, embeddings = saved.hypernetwork()
+  assert np.array_equal(embeddings, result.embeddings)
+  regenerated = network.generate(phi, embeddings[3])
+  for ours, theirs in zip(regenerated, saved.silo_weights[3]):
+    np.testing.assert_allclose(ours.numpy(), theirs, rtol=1e-5, atol=1e-6)
+  assert saved.meta["privacy"]["unit"] == "user"
+  assert saved.meta["privacy"]["epsilon_spent"] == [result.epsilon] * 4
+  assert saved.keras_model(0)(silos.x_test[0][:2]).shape == (2, 10)
+  with pytest.raises(ValueError, match="saved together"):
+    runs.save(str(tmp_path / "bad"), run_key="x", silo_weights=result.user_weights,
+              model=model, data={}, silos=silos)
 
 
 @pytest.mark.parametrize("shape, hidden", [((8, 8, 1), None), ((28, 28, 1), 16)])

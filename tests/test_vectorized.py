@@ -87,7 +87,9 @@ def _both(process, silos, **run):
 
 def _assert_same(reference, vectorized, atol=1e-6):
   assert reference.rounds == vectorized.rounds
-  for ref, vec in zip(reference.silo_weights, vectorized.silo_weights):
+  assert len(reference.server_weights) == len(vectorized.server_weights) >= 1
+  for ref, vec in zip(reference.silo_weights + reference.server_weights,
+                      vectorized.silo_weights + vectorized.server_weights):
     for a, b in zip(ref, vec):
       np.testing.assert_allclose(b, a, rtol=1e-5, atol=atol)
   np.testing.assert_allclose(vectorized.silo_test_metric, reference.silo_test_metric,

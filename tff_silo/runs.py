@@ -1,17 +1,23 @@
 """Saved runs: what a run trained, kept so that it can be attacked later.
 
-Format (version 1), one folder per run:
-  run.json     {"format": "tff_silo.run", "version": 1, "run_key", "saved",
+Format (version 2), one folder per run:
+  run.json     {"format": "tff_silo.run", "version": 2, "run_key", "saved",
                "versions" (tff_silo, tensorflow, tensorflow-federated, dp-accounting),
-               "model" (how to rebuild the model: `build_model`), "data" (the
-               recipe the binary rebuilds the silos from; no copy of the data),
+               "model" (how to rebuild the model: `build_model`; a hypernetwork run
+               adds "hypernetwork": num_users, embedding_dim, hidden_width), "data"
+               (the recipe the binary rebuilds the silos from; no copy of the data),
                "fingerprint" (SHA-256 of every silo's train and test arrays: the
                member / non-member split), "privacy" (per silo: epsilon spent,
                delta, noise multiplier, sampling rate, steps; the neighbouring
-               relation), "info" (flags, seed, method, metrics)}
-  weights.npz  "silo/<k>/<i>": weight tensor i of silo k's final model (the model
-               it was evaluated with: personalized, or the global one for FedAvg)
+               relation; a hypernetwork run: its user-level epsilon), "info" (flags,
+               seed, method, metrics)}
+  weights.npz  "silo/<k>/<i>": weight tensor i of silo k's (user k's) final model
+               (the model it was evaluated with: personalized, or the global one
+               for FedAvg); "server/<g>/<i>": the server's model g (the global
+               model, or IFCA's cluster g); "hypernetwork/phi/<i>" and
+               "hypernetwork/embeddings": a hypernetwork and its user embeddings.
 
+Version 1 (no server or hypernetwork arrays) is read as version 2 with none.
 `save` writes into a temporary folder and renames it, and never replaces a
 different run: a folder holding the same run_key is left as it is (a rerun), one
 holding another run is an error. `load` returns a `SavedRun`.
@@ -32,28 +38,49 @@ from typing import Optional
 import numpy as np
 
 FORMAT = "tff_silo.run"
-VERSION = 1
+VERSION = 2
+READABLE_VERSIONS = (1, 2)
 
 
 @dataclasses.dataclass(frozen=True)
 class SavedRun:
-  """A loaded run: its metadata and every silo's final weights."""
+  """A loaded run: its metadata, every silo's final weights, the server's models
+  and, for a hypernetwork run, (phi, embeddings)."""
   directory: str
   meta: dict
   silo_weights: tuple   # per silo, a tuple of np.float32 arrays
+  server_weights: tuple = ()   # per server model, a tuple of np.float32 arrays
+  hypernetwork_weights: Optional[tuple] = None   # (phi tuple, embeddings [N, E])
 
   def model(self):
     """The `SiloModel` the weights belong to."""
     return build_model(self.meta["model"])
 
-  def keras_model(self, silo: int):
-    """Silo `silo`'s final model as a `tf.keras.Model` (logits out; image models
-    only)."""
+  def keras_model(self, silo: Optional[int] = None, *, server: Optional[int] = None):
+    """Silo `silo`'s final model, or the server's model `server`, as a
+    `tf.keras.Model` (logits out; image models only)."""
     from tff_silo.models import cnn   # pylint: disable=g-import-not-at-top
     if self.meta["model"]["name"] not in ("small_cnn", "lenet"):
       raise ValueError(f"keras_model needs an image model; {self.directory} holds a "
                        f"{self.meta['model']['name']}")
-    return cnn.to_keras(self.silo_weights[silo], self.meta["model"]["feature_shape"])
+    if (silo is None) == (server is None):
+      raise ValueError("keras_model takes one of silo and server")
+    weights = self.silo_weights[silo] if server is None else self.server_weights[server]
+    return cnn.to_keras(weights, self.meta["model"]["feature_shape"])
+
+  def hypernetwork(self):
+    """(the `hypernet.Hypernetwork`, phi, embeddings) of a hypernetwork run;
+    ValueError for another run."""
+    spec = self.meta["model"].get("hypernetwork")
+    if spec is None or self.hypernetwork_weights is None:
+      raise ValueError(f"{self.directory} holds no hypernetwork")
+    import hypernet   # pylint: disable=g-import-not-at-top
+    network = hypernet.Hypernetwork(self.model(), **spec)
+    phi, embeddings = self.hypernetwork_weights
+    if [list(p.shape) for p in phi] != [list(s) for s in network.phi_shapes]:
+      raise ValueError(f"{self.directory}: the saved phi does not fit the hypernetwork "
+                       "its spec describes")
+    return network, phi, embeddings
 
   def training_run(self, silos, seed: int):
     """A `simulation.Run` training on `silos` as this run trained (its method,
@@ -102,8 +129,8 @@ def training_settings(definition: dict, *, target_epsilon=None, target_delta=Non
 
 def model_spec(model, silos, **builder) -> dict:
   """How `build_model` rebuilds `model`: by default `models.model_for` of the silos'
-  task and shape; `builder` names another (`linear_regression` with its keyword
-  arguments)."""
+  task and shape; `builder` names another with its keyword arguments
+  (`linear_regression`: bias, objective; `small_cnn`: channels, hidden)."""
   spec = dict(name=model.name, task=silos.task,
               feature_shape=list(silos.feature_shape), num_classes=silos.num_classes,
               weight_shapes=[list(s) for s in model.weight_shapes])
@@ -117,9 +144,14 @@ def build_model(spec: dict):
   builder = dict(spec.get("builder", {}))
   if builder:
     name = builder.pop("name")
-    if name != "linear_regression":
+    if name == "linear_regression":
+      model = models.linear_regression(spec["feature_shape"][0], **builder)
+    elif name == "small_cnn":
+      model = models.small_cnn(tuple(spec["feature_shape"]), spec["num_classes"],
+                               channels=tuple(builder["channels"]),
+                               hidden=builder["hidden"])
+    else:
       raise ValueError(f"unknown model builder {name!r} in a saved run")
-    model = models.linear_regression(spec["feature_shape"][0], **builder)
   else:
     model = models.model_for(types.SimpleNamespace(
         task=spec["task"], feature_shape=tuple(spec["feature_shape"]),
@@ -147,7 +179,7 @@ def privacy_summary(privacy) -> Optional[dict]:
   """The per-silo privacy of a `simulation.SiloPrivacy` (None without DP)."""
   if privacy is None:
     return None
-  return dict(epsilon_spent=[float(e) for e in privacy.epsilon_spent],
+  return dict(unit="example", epsilon_spent=[float(e) for e in privacy.epsilon_spent],
               target_delta=[float(d) for d in privacy.target_delta],
               noise_multipliers=[float(z) for z in privacy.noise_multipliers],
               sampling_rates=[float(q) for q in privacy.sampling_rates],
@@ -155,6 +187,17 @@ def privacy_summary(privacy) -> Optional[dict]:
               num_selections=int(privacy.num_selections),
               neighbouring=privacy.protocol.neighbouring, protocol=privacy.protocol.name,
               sampling=privacy.sampling, bounded=bool(privacy.bounded))
+
+
+def user_level_privacy(settings, epsilon: float, delta: float, num_users: int) -> dict:
+  """The privacy of a user-level DP run (`user_level.UserDPSettings`, UDP-Alg):
+  every user's epsilon is the run's, for adding or removing one user's data."""
+  return dict(unit="user", neighbouring="add_remove_user",
+              epsilon_spent=[float(epsilon)] * num_users,
+              target_delta=[float(delta)] * num_users,
+              noise_multiplier=float(settings.noise_multiplier),
+              sampling_rate=float(settings.sampling_rate),
+              l2_norm_clip=float(settings.l2_norm_clip))
 
 
 def _versions() -> dict:
@@ -171,9 +214,14 @@ def _versions() -> dict:
 
 
 def save(directory: str, *, run_key: str, silo_weights, model: dict, data: dict,
-         silos, privacy=None, info: Optional[dict] = None) -> bool:
+         silos, privacy=None, info: Optional[dict] = None, server_weights=(),
+         hypernetwork=None) -> bool:
   """Writes a run to `directory` (created); True if written, False if it already
-  holds this run. ValueError if it holds another run."""
+  holds this run. ValueError if it holds another run.
+
+  `privacy`: a `simulation.SiloPrivacy` or a JSON-able dict (user-level runs);
+  `server_weights`: the server's models; `hypernetwork`: (phi, embeddings), with
+  `model["hypernetwork"]` its spec."""
   existing = os.path.join(directory, "run.json")
   if os.path.exists(existing):
     with open(existing) as f:
@@ -186,15 +234,25 @@ def save(directory: str, *, run_key: str, silo_weights, model: dict, data: dict,
   meta = dict(format=FORMAT, version=VERSION, run_key=run_key,
               saved=time.strftime("%Y-%m-%dT%H:%M:%S"), versions=_versions(),
               model=model, data=data, fingerprint=fingerprint(silos),
-              privacy=privacy_summary(privacy), info=info or {},
-              num_silos=len(silo_weights))
+              privacy=privacy if isinstance(privacy, dict) else privacy_summary(privacy),
+              info=info or {}, num_silos=len(silo_weights))
+  if (hypernetwork is None) != ("hypernetwork" not in model):
+    raise ValueError("a hypernetwork's weights and its spec (model['hypernetwork']) "
+                     "are saved together")
+  arrays = {f"silo/{k}/{i}": w for k, weights in enumerate(silo_weights)
+            for i, w in enumerate(weights)}
+  arrays.update({f"server/{g}/{i}": w for g, weights in enumerate(server_weights)
+                 for i, w in enumerate(weights)})
+  if hypernetwork is not None:
+    phi, embeddings = hypernetwork
+    arrays.update({f"hypernetwork/phi/{i}": p for i, p in enumerate(phi)})
+    arrays["hypernetwork/embeddings"] = embeddings
   parent = os.path.dirname(os.path.abspath(directory))
   os.makedirs(parent, exist_ok=True)
   staging = tempfile.mkdtemp(dir=parent, prefix=".saving-")
   try:
-    np.savez(os.path.join(staging, "weights.npz"), **{
-        f"silo/{k}/{i}": np.asarray(w, np.float32)
-        for k, weights in enumerate(silo_weights) for i, w in enumerate(weights)})
+    np.savez(os.path.join(staging, "weights.npz"),
+             **{name: np.asarray(w, np.float32) for name, w in arrays.items()})
     with open(os.path.join(staging, "run.json"), "w") as f:
       json.dump(meta, f, indent=1, sort_keys=True)
     if os.path.exists(directory):
@@ -220,14 +278,33 @@ def load(directory: str) -> SavedRun:
   if not isinstance(meta, dict) or meta.get("format") != FORMAT:
     raise ValueError(f"{path} is not a {FORMAT} file")
   version = meta.get("version")
-  if version != VERSION:
+  if version not in READABLE_VERSIONS:
     raise ValueError(f"{path} has format version {version!r}; this tff_silo reads "
-                     f"version {VERSION} only")
-  with np.load(os.path.join(directory, "weights.npz")) as arrays:
-    count = {}
-    for name in arrays.files:
-      _, k, i = name.split("/")
-      count[int(k)] = max(count.get(int(k), 0), int(i) + 1)
-    silo_weights = tuple(tuple(arrays[f"silo/{k}/{i}"] for i in range(count[k]))
-                         for k in range(meta["num_silos"]))
-  return SavedRun(directory, meta, silo_weights)
+                     f"versions {', '.join(map(str, READABLE_VERSIONS))}")
+  try:
+    with np.load(os.path.join(directory, "weights.npz")) as arrays:
+      stored = {name: arrays[name] for name in arrays.files}
+  except (OSError, ValueError) as e:
+    raise ValueError(f"{directory}/weights.npz cannot be read ({e})") from None
+  silo_weights = _models(stored, "silo")
+  if len(silo_weights) != meta["num_silos"]:
+    raise ValueError(f"{directory}/weights.npz holds {len(silo_weights)} silo models, "
+                     f"run.json says {meta['num_silos']}")
+  hypernetwork = None
+  if "hypernetwork/embeddings" in stored:
+    phi = tuple(stored[f"hypernetwork/phi/{i}"] for i in range(
+        sum(name.startswith("hypernetwork/phi/") for name in stored)))
+    hypernetwork = (phi, stored["hypernetwork/embeddings"])
+  return SavedRun(directory, meta, silo_weights, _models(stored, "server"),
+                  hypernetwork)
+
+
+def _models(stored: dict, part: str) -> tuple:
+  """The models stored as "<part>/<index>/<tensor>", in order."""
+  count = {}
+  for name in stored:
+    fields = name.split("/")
+    if fields[0] == part:
+      count[int(fields[1])] = max(count.get(int(fields[1]), 0), int(fields[2]) + 1)
+  return tuple(tuple(stored[f"{part}/{k}/{i}"] for i in range(count[k]))
+               for k in range(len(count)))

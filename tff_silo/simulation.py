@@ -155,6 +155,9 @@ class SimulationResult:
   round_seconds: np.ndarray
   wall_seconds: float
   silo_weights: tuple      # each silo's model at the end, as evaluated
+  # the server's models at the end: (the global model,) for the MR-MTL family (for
+  # local training, the untrained initial one), the G cluster models for IFCA
+  server_weights: tuple = ()
   runs_stacked: int = 1    # runs that shared these rounds and this wall time
   # the last round's measurements of a `tff.aggregators` factory, flattened
   # ("clipping/clip": value); empty where there are none (plain means, stacked runs)
@@ -488,6 +491,7 @@ def _simulate(process, runs, rounds: int, eval_every: int, progress) -> list:
       if progress is not None:
         progress(r, rounds, time.perf_counter() - start)
     final = evaluate(state, client_states, [a.rounds_done for a in accounts])
+    server = process.server_models(state)
   finally:
     runtime.stop_tff_workers()
   clusters = process.cluster_assignments(client_states)
@@ -508,7 +512,7 @@ def _simulate(process, runs, rounds: int, eval_every: int, progress) -> list:
         clusters=None if clusters is None else clusters[bounds[i]:bounds[i + 1]],
         round_seconds=np.array(round_seconds), wall_seconds=wall,
         silo_weights=tuple(tuple(np.asarray(w) for w in silo) for silo in weights),
-        runs_stacked=len(runs),
+        server_weights=server[i], runs_stacked=len(runs),
         aggregator_measurements=(_flat(metrics.get("aggregator", {}))
                                  if len(runs) == 1 and isinstance(metrics, dict) else {})))
   return results

@@ -498,6 +498,10 @@ class VectorizedProcess(_Runner):
     models = _unstacked(state.global_weights)
     return [models[r] for r in self._silo_runs(int(client_states[0].shape[0]))]
 
+  def server_models(self, state) -> list:
+    """Per stacked run, the server's models: (its global model,)."""
+    return [(model,) for model in _unstacked(state.global_weights)]
+
   def cluster_assignments(self, client_states):
     del client_states
     return None
@@ -541,6 +545,10 @@ class VectorizedClusteredProcess(_Runner):
 
   def cluster_assignments(self, client_states):
     return client_states.cluster.numpy()
+
+  def server_models(self, state) -> list:
+    """Per run (one here), the server's models: the G cluster models."""
+    return [tuple(tuple(w.numpy() for w in model) for model in state.cluster_weights)]
 
 
 class HypothesesState(NamedTuple):

@@ -68,6 +68,10 @@ class ClusteredProcess(SiloProcess):
   def cluster_assignments(self, client_states):
     return np.array([int(c.cluster) for c in client_states])
 
+  def server_models(self, state) -> list:
+    """Per run (one here), the server's models: the G cluster models."""
+    return [tuple(tuple(np.asarray(w) for w in model) for model in state.cluster_weights)]
+
 
 def initial_cluster_models(model, num_clusters: int, init_seed: int, init_std: float):
   """A TF computation of `ifca.initial_cluster_weights`."""

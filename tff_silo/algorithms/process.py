@@ -101,6 +101,10 @@ class SiloProcess(tff.templates.IterativeProcess):
     del client_states
     return None
 
+  def server_models(self, state) -> list:
+    """Per run (one here), the server's models: (the global model,)."""
+    return [(tuple(np.asarray(w) for w in state.global_weights),)]
+
 
 def weights_type(model) -> tff.Type:
   return tff.StructWithPythonType(

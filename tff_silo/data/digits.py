@@ -39,7 +39,11 @@ def digits_images():
   return x, digits.target.astype(np.int64)
 
 
-def load_rotated_masked_digits(*, num_silos: int = 40, mask_probability: float = 0.1,
+MASK_PROBABILITY = 0.1   # each white 2x2 patch's probability (thesis sec. 1.5)
+
+
+def load_rotated_masked_digits(*, num_silos: int = 40,
+                               mask_probability: float = MASK_PROBABILITY,
                                patch_size: int = 2, test_fraction: float = 0.2,
                                seed: int = 0) -> SiloData:
   """Builds the silos; `groups` holds each silo's rotation group (0..3)."""

@@ -69,7 +69,8 @@ class SiloPrivacy:
         int(self.steps[silo]), selection_epsilon=float(self.selection_epsilon[silo]),
         num_selections=self.num_selections if self.selection_epsilon[silo] else 0,
         neighbouring=self.protocol.neighbouring, dataset_size=int(self.sizes[silo]),
-        extra_events=self.preprocessing[silo] if self.preprocessing else ())
+        extra_events=self.preprocessing[silo] if self.preprocessing else (),
+        node_examples=self.protocol.node_examples)
 
   def round_event(self, silo: int, epochs_steps: int, selecting: bool):
     """The queries silo `silo` makes in one round: `epochs_steps` DP-SGD steps and a
@@ -77,13 +78,16 @@ class SiloPrivacy:
     return _round_event(
         float(self.noise_multipliers[silo]), float(self.sampling_rates[silo]),
         int(epochs_steps), self.protocol.neighbouring, int(self.sizes[silo]),
-        float(self.selection_epsilon[silo]) if selecting else None)
+        float(self.selection_epsilon[silo]) if selecting else None,
+        self.protocol.node_examples)
 
 
 @functools.lru_cache(maxsize=4096)
-def _round_event(noise_multiplier, rate, steps, neighbouring, size, selection_epsilon):
+def _round_event(noise_multiplier, rate, steps, neighbouring, size, selection_epsilon,
+                 node_examples=None):
   events = [accounting.dp_sgd_event(noise_multiplier, rate, steps,
-                                    neighbouring=neighbouring, dataset_size=size)]
+                                    neighbouring=neighbouring, dataset_size=size,
+                                    node_examples=node_examples)]
   if selection_epsilon is not None:
     events.append(accounting.selection_event(selection_epsilon, 1))
   return dp_accounting.ComposedDpEvent(events)
@@ -128,7 +132,8 @@ def calibrate_silos(train_sizes: Sequence[int], *, batch_size: int, epochs_per_r
     raise ValueError(f"preprocessing_events must have one entry per silo ({k})")
   options = [dict(selection_epsilon=float(s) if num_selections else None,
                   num_selections=num_selections, neighbouring=protocol.neighbouring,
-                  dataset_size=int(n), extra_events=e)
+                  dataset_size=int(n), extra_events=e,
+                  node_examples=protocol.node_examples)
              for s, n, e in zip(select, sizes, extra)]
   z = np.array([accounting.calibrate_noise_multiplier(e, d, q, int(s), **o)
                 for e, d, q, s, o in zip(eps, delta, rates, steps, options)])

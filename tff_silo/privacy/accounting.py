@@ -23,6 +23,11 @@ Neighbouring relations (`NEIGHBOURING`, DESIGN.md sec. 6):
 Other queries (standardization statistics) come as `extra_events`: Gaussian
 mechanisms composed with the rest.
 
+Node-level DP (`node_examples` = S, replace_one only): the protected unit is a node
+that lies in at most S of the silo's examples (a neighbourhood and its neighbours'
+ones, thesis ch. 2); each step of B of the n examples drawn without replacement is
+a `node_level.NodeLevelDpEvent` (Theorem 2.4.4 as printed).
+
 `calibrate_noise_multiplier` brackets and bisects the noise multiplier and returns the
 upper end of the bracket, rounded up to the next float32 (the processes run in
 float32), so the epsilon it implies never exceeds the target. Results are kept on
@@ -86,11 +91,21 @@ def _check_common(sampling_rate, steps, target_delta, selection_epsilon, num_sel
 
 def dp_sgd_event(noise_multiplier: float, sampling_rate: float, steps: int, *,
                  neighbouring: str = "add_remove",
-                 dataset_size: Optional[int] = None) -> dp_accounting.DpEvent:
+                 dataset_size: Optional[int] = None,
+                 node_examples: Optional[int] = None) -> dp_accounting.DpEvent:
   """`steps` DP-SGD steps with noise std z C: Poisson-subsampled Gaussians at rate q
   (`add_remove`), or round(q n) of the `dataset_size` n examples sampled without
-  replacement, multiplier z / 2 (`replace_one`)."""
+  replacement, multiplier z / 2 (`replace_one`); with `node_examples` S, node-level
+  steps (`node_level`, replace_one)."""
   check_neighbouring(neighbouring)
+  if node_examples is not None:
+    from tff_silo.privacy import node_level   # pylint: disable=g-import-not-at-top
+    if neighbouring != "replace_one" or dataset_size is None:
+      raise ValueError("node-level accounting (node_examples) needs replace_one and "
+                       "the public dataset_size (uniform batches of a fixed size)")
+    return node_level.training_event(noise_multiplier, int(dataset_size),
+                                     int(node_examples),
+                                     int(round(sampling_rate * dataset_size)), int(steps))
   if neighbouring == "add_remove":
     step = dp_accounting.PoissonSampledDpEvent(
         sampling_rate, dp_accounting.GaussianDpEvent(noise_multiplier))
@@ -123,13 +138,15 @@ def _check_extra(extra_events):
 def silo_event(noise_multiplier: float, sampling_rate: float, steps: int, *,
                selection_epsilon: Optional[float] = None, num_selections: int = 0,
                neighbouring: str = "add_remove", dataset_size: Optional[int] = None,
-               extra_events: tuple = ()) -> dp_accounting.DpEvent:
+               extra_events: tuple = (),
+               node_examples: Optional[int] = None) -> dp_accounting.DpEvent:
   """Everything one silo's data is queried for: DP-SGD (when it runs steps), private
   selections and `extra_events` (Gaussian mechanisms, e.g. standardization)."""
   events = list(extra_events)
   if steps > 0:
     events.append(dp_sgd_event(noise_multiplier, sampling_rate, steps,
-                               neighbouring=neighbouring, dataset_size=dataset_size))
+                               neighbouring=neighbouring, dataset_size=dataset_size,
+                               node_examples=node_examples))
   if num_selections > 0:
     events.append(selection_event(selection_epsilon, num_selections))
   return dp_accounting.ComposedDpEvent(events)
@@ -138,20 +155,23 @@ def silo_event(noise_multiplier: float, sampling_rate: float, steps: int, *,
 @functools.lru_cache(maxsize=65536)
 def _epsilon(noise_multiplier, sampling_rate, steps, target_delta, selection_epsilon,
              num_selections, neighbouring="add_remove", dataset_size=None,
-             extra_events=()) -> float:
-  accountant = dp_accounting.rdp.RdpAccountant(list(RDP_ORDERS),
-                                               neighbouring_relation(neighbouring))
+             extra_events=(), node_examples=None) -> float:
+  from tff_silo.privacy import node_level   # pylint: disable=g-import-not-at-top
+  accountant = node_level.NodeLevelRdpAccountant(list(RDP_ORDERS),
+                                                 neighbouring_relation(neighbouring))
   accountant.compose(silo_event(noise_multiplier, sampling_rate, steps,
                                 selection_epsilon=selection_epsilon,
                                 num_selections=num_selections, neighbouring=neighbouring,
-                                dataset_size=dataset_size, extra_events=extra_events))
+                                dataset_size=dataset_size, extra_events=extra_events,
+                                node_examples=node_examples))
   return float(accountant.get_epsilon(target_delta))
 
 
 def epsilon_spent(noise_multiplier: float, sampling_rate: float, steps: int,
                   target_delta: float, *, selection_epsilon: Optional[float] = None,
                   num_selections: int = 0, neighbouring: str = "add_remove",
-                  dataset_size: Optional[int] = None, extra_events: tuple = ()) -> float:
+                  dataset_size: Optional[int] = None, extra_events: tuple = (),
+                  node_examples: Optional[int] = None) -> float:
   """Epsilon at `target_delta` of DP-SGD, selections and `extra_events`; inf when
   DP-SGD runs steps without noise; 0 when nothing is queried."""
   _check_common(sampling_rate, steps, target_delta, selection_epsilon, num_selections)
@@ -162,7 +182,8 @@ def epsilon_spent(noise_multiplier: float, sampling_rate: float, steps: int,
     return math.inf
   return _epsilon(float(noise_multiplier), float(sampling_rate), int(steps),
                   float(target_delta), selection_epsilon, int(num_selections),
-                  check_neighbouring(neighbouring), dataset_size, tuple(extra_events))
+                  check_neighbouring(neighbouring), dataset_size, tuple(extra_events),
+                  node_examples)
 
 
 def calibrate_noise_multiplier(target_epsilon: float, target_delta: float,
@@ -171,7 +192,8 @@ def calibrate_noise_multiplier(target_epsilon: float, target_delta: float,
                                num_selections: int = 0,
                                neighbouring: str = "add_remove",
                                dataset_size: Optional[int] = None,
-                               extra_events: tuple = ()) -> float:
+                               extra_events: tuple = (),
+                               node_examples: Optional[int] = None) -> float:
   """The smallest noise multiplier (to a relative tolerance, rounded up to a float32)
   whose epsilon at `target_delta`, with the selections and `extra_events` composed,
   is at most `target_epsilon`; never overshoots the target.
@@ -186,7 +208,7 @@ def calibrate_noise_multiplier(target_epsilon: float, target_delta: float,
   args = (float(sampling_rate), int(steps), float(target_delta),
           None if selection_epsilon is None else float(selection_epsilon),
           int(num_selections), check_neighbouring(neighbouring), dataset_size,
-          tuple(extra_events))
+          tuple(extra_events), node_examples)
   if num_selections > 0 or extra_events:
     floor = _epsilon(_MAX_NOISE_MULTIPLIER, *args)
     if floor > target_epsilon:
@@ -204,7 +226,7 @@ _INTEGER_ORDERS = np.array([a for a in RDP_ORDERS if a == int(a)])
 
 def _search_epsilon(noise_multiplier, sampling_rate, steps, target_delta,
                     selection_epsilon, num_selections, neighbouring="add_remove",
-                    dataset_size=None, extra_events=()) -> float:
+                    dataset_size=None, extra_events=(), node_examples=None) -> float:
   """Epsilon from the integer orders only, in closed form (vectorized numpy).
 
   For integer alpha the Poisson-subsampled Gaussian has RDP
@@ -212,12 +234,13 @@ def _search_epsilon(noise_multiplier, sampling_rate, steps, target_delta,
   (Mironov, Talwar, Zhang 2019). Fewer orders can only give a larger epsilon than
   `_epsilon`, so a noise multiplier found with this function also meets the target
   under `dp_accounting`; it is only used to search, `_epsilon` has the last word.
-  `replace_one` has no closed form here and searches on `_epsilon` itself.
+  `replace_one` (node-level included) has no closed form here and searches on
+  `_epsilon` itself.
   """
-  if neighbouring != "add_remove":
+  if neighbouring != "add_remove" or node_examples is not None:
     return _epsilon(noise_multiplier, sampling_rate, steps, target_delta,
                     selection_epsilon, num_selections, neighbouring, dataset_size,
-                    extra_events)
+                    extra_events, node_examples)
   q, z = sampling_rate, noise_multiplier
   alphas = _INTEGER_ORDERS
   k = np.arange(int(alphas.max()) + 1)

@@ -1,8 +1,8 @@
 """One privacy ledger per protected unit (a silo, a user, a node).
 
 Every query of a unit's private data is charged to its ledger as a `dp_accounting`
-`DpEvent` (DP-SGD steps, cluster selections, standardization statistics, a private
-metric) or, for d-privacy, as an explicit leakage (Galli et al., Theorem 1: leakages
+`DpEvent` (DP-SGD steps, node-level DP-SGD steps (`node_level`), cluster selections,
+standardization statistics, a private metric) or, for d-privacy, as an explicit leakage (Galli et al., Theorem 1: leakages
 add up). The ledger composes the events with the RDP accountant under its
 neighbouring relation, reports epsilon at its delta at any time, and answers whether
 a further charge would exceed its budget. Run drivers take their `epsilon_spent`
@@ -22,12 +22,12 @@ from typing import Optional
 import dp_accounting
 import numpy as np
 
-from tff_silo.privacy import accounting
+from tff_silo.privacy import accounting, node_level
 
 
 @functools.lru_cache(maxsize=4096)
 def _rdp_curve(event: dp_accounting.DpEvent, neighbouring: str) -> np.ndarray:
-  accountant = dp_accounting.rdp.RdpAccountant(
+  accountant = node_level.NodeLevelRdpAccountant(   # dp_accounting's, node events too
       list(accounting.RDP_ORDERS), accounting.neighbouring_relation(neighbouring))
   if not accountant.supports(event):
     raise ValueError(f"{event} cannot be accounted under the {neighbouring} "

@@ -13,6 +13,11 @@ A `PrivacyProtocol` fixes the neighbouring relation and what is public about a s
   value, n_k is public by definition, DP-SGD draws B of n_k examples each step
   (`SampledWithoutReplacementDpEvent`), the mean is n_k-weighted as in the paper.
 
+Node-level DP (thesis ch. 2): with `node_examples` = S the protected unit is a
+node (a person with their contacts) that lies in at most S of a silo's examples
+(its neighbourhood and S - 1 others'); replace_one with batches drawn without
+replacement, accounted by `node_level` (Theorem 2.4.4).
+
 `PAPER` is the protocol of the paper's code (Liu et al., NeurIPS'22): n_k-weighted
 mean, q_k = B / n_k and Poisson add/remove accounting; it treats n_k as public even
 though add/remove changes it, so its epsilon holds only for an adversary who is
@@ -42,11 +47,14 @@ class PrivacyProtocol:
     public_silo_sizes: add_remove only: the silos' sizes are declared public.
     assumed_silo_size: add_remove with private sizes: m, the public size every silo
       samples with (q = min(B, m) / m) and is weighted by.
+    node_examples: node-level DP: the most examples one protected node lies in
+      (replace_one only); None: example-level DP.
   """
 
   neighbouring: str = "add_remove"
   public_silo_sizes: bool = False
   assumed_silo_size: Optional[int] = None
+  node_examples: Optional[int] = None
 
   def __post_init__(self):
     accounting.check_neighbouring(self.neighbouring)
@@ -56,6 +64,10 @@ class PrivacyProtocol:
     if self.sizes_public and m is not None:
       raise ValueError("assumed_silo_size is for add_remove with private silo sizes; "
                        "with public sizes each silo uses its own")
+    s = self.node_examples
+    if s is not None and (int(s) != s or s < 1 or self.neighbouring != "replace_one"):
+      raise ValueError(f"node_examples must be a positive integer with replace_one, got "
+                       f"{s} with {self.neighbouring}")
 
   @property
   def sizes_public(self) -> bool:
@@ -67,7 +79,8 @@ class PrivacyProtocol:
     if self == PAPER:
       return "paper"
     if self.neighbouring == "replace_one":
-      return "replace_one"
+      return ("replace_one" if self.node_examples is None
+              else f"replace_one_node_{self.node_examples}")
     return "add_remove_public_sizes" if self.public_silo_sizes else "add_remove"
 
   def check_sampling(self, sampling: str) -> None:

@@ -1,0 +1,272 @@
+"""Pandemic forecasting (thesis ch. 2, the PETs Prize pandemic track): MR-MTL with
+node-level DP-SGD across regional silos, scored by pooled average precision.
+
+    python -m benchmarks.pandemic      # generates the `small` profile (50,000
+                                       # persons) and runs the default grid
+
+With `--data_dir` it reads the challenge's own layout (real files or a generated
+set); otherwise it generates `--profile` with `--seed` into `--generated_dir`
+(reused when already there). Every combination of --modes, --sample_sizes,
+--methods, --noise_multipliers, --lams, --losses x --alphas, --architectures and
+--seeds is one run and one CSV row (profile, mode, S1, sigma, clip, lambda, rounds,
+epsilon by the printed theorem and by the authors' code with what it guarantees,
+AP, lift over the positive rate, recall at 0.5, load / train time, peak memory);
+finished runs are skipped on a rerun. Figures: AP against epsilon, and time against
+persons over every profile in --output.
+"""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+import itertools
+import json
+import math
+import sys
+import time
+
+from absl import flags
+
+from benchmarks import common
+from benchmarks.common import UsageError
+
+FLAGS = flags.FLAGS
+flags.DEFINE_string("data_dir", None, "A folder in the challenge's layout (scenarios.txt, "
+                    "centralized/, scenarioNN/); unset: generate --profile.")
+flags.DEFINE_string("profile", "small", "Generated profile: tiny, small, medium, large "
+                    "or smoke (2,000 to 2,600,000 persons).")
+flags.DEFINE_integer("seed", 0, "Seed of the generated data.")
+flags.DEFINE_float("final_week_rate", 0.003, "Generated data: the share of persons "
+                   "newly infected in days 57..63 the outbreak is calibrated to.")
+flags.DEFINE_string("generated_dir", "benchmarks/out/pandemic_data", "Where generated "
+                    "data sets are kept (one folder per profile and seed).")
+flags.DEFINE_string("scenario", "scenario01", "The federated scenario (its clients are "
+                    "the silos).")
+flags.DEFINE_list("methods", ["mrmtl", "local", "fedavg", "centralized"], "Of mrmtl, "
+                  "local, fedavg, centralized (one silo of everyone, two epochs).")
+flags.DEFINE_list("modes", ["honest"], "Of honest (degree cap, uniform batches: the "
+                  "epsilon holds) and faithful (the authors' pipeline).")
+flags.DEFINE_list("sample_sizes", ["20"], "S1, the neighbours sampled per person.")
+flags.DEFINE_list("noise_multipliers", ["0", "1"], "DP-SGD noise multipliers sigma "
+                  "(0: no DP).")
+flags.DEFINE_float("clip", 15.0, "Per-example clip C.")
+flags.DEFINE_list("lams", ["0.0003"], "MR-MTL lambdas.")
+flags.DEFINE_integer("rounds", 2, "Rounds T (one local epoch each).")
+flags.DEFINE_integer("batch_size", 512, "Batch size.")
+flags.DEFINE_float("lr", 0.2, "Learning rate.")
+flags.DEFINE_list("losses", ["focal"], "Of focal, bce.")
+flags.DEFINE_list("alphas", ["0.75"], "Focal loss alphas.")
+flags.DEFINE_list("architectures", ["logistic"], "Of logistic, mlp.")
+flags.DEFINE_list("seeds", ["0"], "Training seeds (windows, batches, noise).")
+common.define_backend_flags("every method")
+flags.adopt_module_key_flags(common)
+flags.DEFINE_string("output", "benchmarks/out/pandemic.csv", "CSV rows are appended to.")
+flags.DEFINE_string("figures_dir", "benchmarks/out", "Folder of pandemic_ap_epsilon.png "
+                    "and pandemic_time.png.")
+flags.DEFINE_bool("resume", True, "Skip runs whose row is already in --output.")
+
+SIGNATURE = ("run_key", "average_precision", "mode")
+PROFILE_NAMES = ("tiny", "small", "medium", "large", "smoke")
+
+
+def _settings() -> dict:
+  from tff_silo.pandemic import features, graph, pipeline
+  common.check_one_of("profile", FLAGS.profile, PROFILE_NAMES)
+  common.check_among("methods", FLAGS.methods, pipeline.METHODS)
+  common.check_among("modes", FLAGS.modes, graph.MODES)
+  common.check_among("losses", FLAGS.losses, features.LOSSES)
+  common.check_among("architectures", FLAGS.architectures, features.ARCHITECTURES)
+  common.check_backend(FLAGS.backend, FLAGS.device)
+  if FLAGS.data_dir is not None:
+    if not os.path.isdir(FLAGS.data_dir):
+      raise UsageError(f"--data_dir {FLAGS.data_dir} is not a directory")
+    for name in ("profile", "seed", "final_week_rate"):
+      if FLAGS[name].present:
+        raise UsageError(f"--{name} sets generated data; --data_dir reads given files")
+  grid = dict(
+      sample_sizes=common.parse_numbers(FLAGS.sample_sizes, int, "sample_sizes"),
+      noise_multipliers=common.parse_numbers(FLAGS.noise_multipliers, float,
+                                             "noise_multipliers"),
+      lams=common.parse_numbers(FLAGS.lams, float, "lams"),
+      alphas=common.parse_numbers(FLAGS.alphas, float, "alphas"),
+      seeds=common.parse_seeds(FLAGS.seeds))
+  if min(grid["sample_sizes"]) < 1:
+    raise UsageError(f"--sample_sizes must be positive; got {FLAGS.sample_sizes}")
+  if min(grid["noise_multipliers"]) < 0 or min(grid["lams"]) < 0:
+    raise UsageError("--noise_multipliers and --lams must be >= 0")
+  if not all(0 < a < 1 for a in grid["alphas"]):
+    raise UsageError(f"--alphas must be in (0, 1); got {FLAGS.alphas}")
+  for name in ("rounds", "batch_size"):
+    if FLAGS[name].value < 1:
+      raise UsageError(f"--{name} must be >= 1; got {FLAGS[name].value}")
+  for name in ("clip", "lr"):
+    if not FLAGS[name].value > 0:
+      raise UsageError(f"--{name} must be > 0; got {FLAGS[name].value}")
+  if not 0 < FLAGS.final_week_rate < 0.5:
+    raise UsageError(f"--final_week_rate must be in (0, 0.5); got {FLAGS.final_week_rate}")
+  common.check_output(FLAGS.output, SIGNATURE)
+  return grid
+
+
+def _data_dir() -> tuple:
+  """(the data folder, its generator metadata or {}), generating it if needed."""
+  if FLAGS.data_dir is not None:
+    path = os.path.join(FLAGS.data_dir, "synthetic_meta.json")
+    meta = json.load(open(path)) if os.path.isfile(path) else {}
+    return FLAGS.data_dir, meta
+  from tff_silo.pandemic import synth
+  folder = os.path.join(FLAGS.generated_dir, f"{FLAGS.profile}-seed{FLAGS.seed}-rate"
+                        f"{FLAGS.final_week_rate:g}")
+  meta_path = os.path.join(folder, "synthetic_meta.json")
+  if os.path.isfile(meta_path):
+    with open(meta_path) as f:
+      return folder, json.load(f)
+  print(f"generating the {FLAGS.profile} profile in {folder}", file=sys.stderr, flush=True)
+  staging = folder + ".partial"
+  import shutil
+  shutil.rmtree(staging, ignore_errors=True)
+  meta = synth.generate(staging, FLAGS.profile, FLAGS.seed,
+                        final_week_rate=FLAGS.final_week_rate,
+                        progress=lambda m: print(f"  {m}", file=sys.stderr, flush=True))
+  os.rename(staging, folder)
+  return folder, meta
+
+
+def _runs(grid):
+  for seed, mode, s1, method, sigma, lam, loss, alpha, architecture in itertools.product(
+      grid["seeds"], FLAGS.modes, grid["sample_sizes"], FLAGS.methods,
+      grid["noise_multipliers"], grid["lams"], FLAGS.losses, grid["alphas"],
+      FLAGS.architectures):
+    if method != "mrmtl" and lam != grid["lams"][0]:
+      continue   # lambda is MR-MTL's alone
+    if loss == "bce" and alpha != grid["alphas"][0]:
+      continue
+    yield dict(seed=seed, mode=mode, sample_size=s1, method=method, sigma=sigma,
+               lam=lam if method == "mrmtl" else None, loss=loss,
+               alpha=alpha if loss == "focal" else None, architecture=architecture)
+
+
+def _run_key(run, data_key) -> str:
+  return json.dumps(dict(run, data=data_key, scenario=FLAGS.scenario, clip=FLAGS.clip,
+                         rounds=FLAGS.rounds, batch_size=FLAGS.batch_size, lr=FLAGS.lr),
+                    sort_keys=True)
+
+
+def main(argv):
+  if len(argv) > 1:
+    raise UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
+  grid = _settings()
+  from tff_silo import runtime
+  runtime.exit_cleanly_on_sigterm()
+  from tff_silo.pandemic import pipeline
+  from tff_silo.pandemic.files import DataError
+  start = time.perf_counter()
+  data_dir, meta = _data_dir()
+  stats = meta.get("statistics", {})
+  data_key = dict(data_dir=os.path.abspath(data_dir),
+                  files=meta.get("files_sha256", {}).get(
+                      "centralized/train/va_person.csv.gz"))
+  done = common.done_rows(FLAGS.output, FLAGS.resume, SIGNATURE)
+  runs = list(_runs(grid))
+  scenarios, rows = {}, []
+  backend = common.backend_for(FLAGS.backend)
+  scope, device = common.device_scope(FLAGS.device, backend)
+  for i, run in enumerate(runs, 1):
+    key = _run_key(run, data_key)
+    tag = (f"[{i}/{len(runs)}] {run['method']} {run['mode']} S1={run['sample_size']} "
+           f"sigma={run['sigma']:g}" + (f" lam={run['lam']:g}" if run["lam"] else ""))
+    if key in done:
+      print(f"{tag}: already in {FLAGS.output}, skipped", file=sys.stderr)
+      rows.append(done[key])
+      continue
+    name = "centralized" if run["method"] == "centralized" else FLAGS.scenario
+    loaded = (name, run["mode"], run["sample_size"], run["seed"])
+    load_seconds = 0.0
+    try:
+      if loaded not in scenarios:
+        t0 = time.perf_counter()
+        scenarios[loaded] = pipeline.load_scenario(
+            data_dir, name, sample_size=run["sample_size"], mode=run["mode"],
+            seed=run["seed"])
+        load_seconds = time.perf_counter() - t0
+      scenario = scenarios[loaded]
+      settings = pipeline.Settings(
+          method=run["method"], noise_multiplier=run["sigma"], clip=FLAGS.clip,
+          lam=run["lam"] or 0.0, rounds=FLAGS.rounds, batch_size=FLAGS.batch_size,
+          learning_rate=FLAGS.lr, loss=run["loss"], alpha=run["alpha"] or 0.75,
+          architecture=run["architecture"], seed=run["seed"])
+      with scope:
+        measured = pipeline.train(scenario, settings, backend=backend,
+                                  progress=common.round_progress(tag, FLAGS.rounds))
+    except (DataError, ValueError) as e:
+      raise UsageError(str(e)) from None
+    row = dict(run_key=key, profile=meta.get("profile", {}).get("name", "given files"),
+               persons=stats.get("persons"), contacts=stats.get("contacts"),
+               scenario=name, **run, clip=FLAGS.clip if run["sigma"] else None,
+               **measured, load_seconds=load_seconds, backend=backend, device=device,
+               peak_memory_mb=common.peak_memory_mb(),
+               finished=time.strftime("%Y-%m-%dT%H:%M:%S"))
+    common.append_row(FLAGS.output, row)
+    rows.append(row)
+    print(f"{tag}: AP {row.get('average_precision', math.nan):.4f} (lift "
+          f"{row.get('lift', math.nan):.2f}), epsilon {row['epsilon_theorem']:.4g} "
+          f"({time.perf_counter() - start:.0f} s so far)", file=sys.stderr, flush=True)
+  _print_table(rows)
+  _figures()
+  print(f"rows appended to {FLAGS.output}")
+
+
+def _print_table(rows):
+  import pandas as pd
+  table = pd.DataFrame(rows)
+  columns = ["method", "mode", "sample_size", "sigma", "lam", "loss", "alpha",
+             "architecture", "epsilon_theorem", "epsilon_code", "average_precision",
+             "lift", "recall_at_half", "train_seconds"]
+  print(table[[c for c in columns if c in table]].to_string(
+      index=False, float_format=lambda v: f"{v:.4g}"))
+
+
+def _figures():
+  """AP against the theorem's epsilon (this data set's rows), and time against
+  persons (every profile's rows in --output)."""
+  import matplotlib
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt
+  import numpy as np
+  import pandas as pd
+  df = pd.read_csv(FLAGS.output)
+  os.makedirs(FLAGS.figures_dir, exist_ok=True)
+  fig, ax = plt.subplots(figsize=(6, 4))
+  private = df[np.isfinite(df.epsilon_theorem)]
+  for (method, mode), part in private.groupby(["method", "mode"]):
+    part = part.sort_values("epsilon_theorem")
+    ax.plot(part.epsilon_theorem, part.average_precision, "o-", label=f"{method} ({mode})")
+  for (method, mode), part in df[~np.isfinite(df.epsilon_theorem)].groupby(
+      ["method", "mode"]):
+    ax.axhline(part.average_precision.mean(), ls="--", lw=0.8,
+               label=f"{method} ({mode}), no DP")
+  ax.set_xscale("log")
+  ax.set_xlabel("node-level epsilon (Theorem 2.4.4 as printed), delta = 1/n")
+  ax.set_ylabel("average precision (pooled)")
+  ax.legend(fontsize=6)
+  fig.tight_layout()
+  fig.savefig(os.path.join(FLAGS.figures_dir, "pandemic_ap_epsilon.png"), dpi=120)
+  fig, ax = plt.subplots(figsize=(5, 3.5))
+  timed = df.dropna(subset=["persons"]).assign(
+      seconds=lambda d: d.train_seconds + d.load_seconds.fillna(0))
+  for method, part in timed.groupby("method"):
+    part = part.groupby("persons").seconds.median()
+    ax.plot(part.index, part.values, "o-", label=method)
+  ax.set_xscale("log")
+  ax.set_yscale("log")
+  ax.set_xlabel("persons")
+  ax.set_ylabel("seconds (load + train, median)")
+  ax.legend(fontsize=7)
+  fig.tight_layout()
+  fig.savefig(os.path.join(FLAGS.figures_dir, "pandemic_time.png"), dpi=120)
+
+
+if __name__ == "__main__":
+  common.run_main(main)

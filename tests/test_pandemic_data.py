@@ -1,0 +1,259 @@
+"""The synthetic pandemic data (`tff_silo.pandemic.synth`): the challenge's schema,
+cross-table integrity, the partition rules, byte-reproducibility and a plausible
+outbreak; the loader on generated files and on a hand-written file set; the degree
+cap; bad files end in one line naming the file."""
+
+import os
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from tff_silo.pandemic import epidemic, files, graph, synth
+from tff_silo.pandemic.files import DataError
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+  out = str(tmp_path_factory.mktemp("pandemic"))
+  meta = synth.generate(out, "tiny", seed=0, final_week_rate=0.01)
+  return out, meta
+
+
+def _read(folder, argument):
+  return pd.read_csv(os.path.join(folder, files.FILES[argument]))
+
+
+def test_every_file_has_the_challenge_columns_and_the_tables_agree(tiny):
+  out, meta = tiny
+  folder = os.path.join(out, "centralized", "train")
+  tables = {a: _read(folder, a) for a in files.FILES}
+  for argument, table in tables.items():
+    assert tuple(table.columns) == files.COLUMNS[argument], argument
+  person, household = tables["person_data_path"], tables["household_data_path"]
+  n = meta["profile"]["persons"]
+  assert list(person.pid) == list(range(n)) and set(person.sex) <= {1, 2}
+  assert person.hid.isin(household.hid).all()
+  assert (person.groupby("hid").size() == household.set_index("hid").hh_size).all()
+  assert household.rlid.isin(tables["residence_location_data_path"].rlid).all()
+  assert (tables["residence_location_data_path"].rlid > files.RESIDENCE_LID_BASE).all()
+  places = tables["activity_location_data_path"]
+  assert places.alid.min() == 1 and places.alid.max() < files.RESIDENCE_LID_BASE
+  assert (places[list(files.LOCATION_FLAGS)].sum(1) == 1).all()
+  visits = tables["activity_location_assignment_data_path"]
+  lids = set(places.alid) | set(tables["residence_location_data_path"].rlid)
+  assert visits.lid.isin(lids).all() and set(visits.pid) == set(range(n))
+  assert visits.activity_type.between(1, 7).all() and (visits.start_time < 86_400).all()
+  network = tables["population_network_data_path"]
+  assert network.pid1.isin(person.pid).all() and network.pid2.isin(person.pid).all()
+  assert network.lid.isin(lids).all() and (network.duration > 0).all()
+  assert network.activity1.between(1, 7).all() and (network.pid1 != network.pid2).all()
+  pairs = np.sort(network[["pid1", "pid2"]].to_numpy(), 1)
+  assert len(np.unique(pairs, axis=0)) == len(pairs)   # each contact once
+  outcome = tables["disease_outcome_data_path"]
+  assert len(outcome) == n * 57 and set(outcome.state) <= set("SIR")
+  assert (outcome.day.to_numpy() == np.repeat(np.arange(57), n)).all()
+  assert (outcome.pid.to_numpy() == np.tile(np.arange(n), 57)).all()
+  test = os.path.join(out, "centralized", "test")
+  target = pd.read_csv(os.path.join(test, files.TARGET))
+  assert list(target.columns) == ["pid", "infected"] and len(target) == n
+  assert list(pd.read_csv(os.path.join(test, files.PREDICTIONS_FORMAT)).columns) == [
+      "pid", "score"]
+
+
+def test_the_partition_rules_hold(tiny):
+  out, meta = tiny
+  assert meta["scenarios"] == ["scenario01"]   # 3 counties: no 10 clients, no tenfold
+  clients = files.read_scenario(out, "scenario01", "train")
+  assert sorted(clients) == ["client01", "client02", "client03"]
+  persons = []
+  for name, paths in clients.items():
+    mine = set(pd.read_csv(paths["person_data_path"]).pid)
+    persons.append(mine)
+    network = pd.read_csv(paths["population_network_data_path"])
+    assert network.pid1.isin(mine).all() and network.pid2.isin(mine).all()
+    outcome = pd.read_csv(paths["disease_outcome_data_path"])
+    assert set(outcome.pid) == mine and len(outcome) == 57 * len(mine)
+    test = os.path.join(out, "scenario01", "test", name)
+    for argument in files.FILES:   # train and test feature files are identical
+      with open(paths[argument], "rb") as a, open(os.path.join(
+          test, files.FILES[argument]), "rb") as b:
+        assert a.read() == b.read()
+    assert set(pd.read_csv(os.path.join(test, files.PREDICTIONS_FORMAT)).pid) == mine
+  assert sum(map(len, persons)) == meta["profile"]["persons"]
+  assert not set.intersection(*persons)
+
+
+def test_generation_is_byte_reproducible(tiny, tmp_path):
+  out, meta = tiny
+  again = synth.generate(str(tmp_path / "a"), "tiny", seed=0, final_week_rate=0.01)
+  assert again["files_sha256"] == meta["files_sha256"]
+  other = synth.generate(str(tmp_path / "b"), "tiny", seed=1, final_week_rate=0.01)
+  assert other["files_sha256"] != meta["files_sha256"]
+  with open(os.path.join(out, "centralized", "train", files.FILES["person_data_path"]),
+            "rb") as f:
+    assert f.read()[4:8] == b"\0\0\0\0"   # gzip mtime 0
+
+
+def test_the_outbreak_is_plausible(tiny):
+  out, meta = tiny
+  stats = meta["statistics"]
+  outcome = _read(os.path.join(out, "centralized", "train"), "disease_outcome_data_path")
+  states = files.states_to_codes(outcome.state).reshape(57, -1).T
+  assert (np.diff(states, axis=1) >= 0).all()   # S* I* R* or S* R*, never back
+  assert 0.2 <= stats["asymptomatic_share"] <= 0.5
+  assert 3 <= stats["mean_i_days"] <= 8 and stats["max_i_days"] <= 14
+  assert 0.05 <= stats["ever_infected_by_day_63"] <= 0.5
+  assert stats["final_week_positive_rate"] == pytest.approx(0.01, rel=0.5)
+  assert 20 <= stats["mean_degree"] <= 60
+
+
+def test_a_contact_heuristic_beats_random(tiny):
+  """Learnability: 'a contact was infectious in the last 7 days' ranks the final
+  week's positives above the positive rate (PANDEMIC.md 4.5, 5)."""
+  from sklearn.metrics import average_precision_score
+  out, _ = tiny
+  folder = os.path.join(out, "centralized", "train")
+  outcome = _read(folder, "disease_outcome_data_path")
+  states = files.states_to_codes(outcome.state).reshape(57, -1).T
+  network = _read(folder, "population_network_data_path")
+  infectious = (states[:, 50:57] == 1).any(1).astype(float)
+  exposure = (np.bincount(network.pid1, infectious[network.pid2], len(states))
+              + np.bincount(network.pid2, infectious[network.pid1], len(states)))
+  target = pd.read_csv(os.path.join(out, "centralized", "test", files.TARGET)).infected
+  ap = average_precision_score(target, exposure * (states[:, 56] == 0))
+  assert ap > 2 * target.mean()
+
+
+def _greedy(a, b, cap, seed):
+  order = np.random.default_rng([seed, 31]).permutation(len(a))
+  count, kept = {}, []
+  for e in order:
+    if count.get(a[e], 0) < cap and count.get(b[e], 0) < cap:
+      count[a[e]] = count.get(a[e], 0) + 1
+      count[b[e]] = count.get(b[e], 0) + 1
+      kept.append(e)
+  return np.sort(kept)
+
+
+@pytest.mark.parametrize("nodes, edges, cap", [(50, 400, 3), (200, 3000, 7), (30, 60, 1)])
+def test_the_degree_cap_is_the_sequential_greedy(nodes, edges, cap):
+  rng = np.random.default_rng(nodes)
+  pairs = np.unique(np.sort(rng.integers(0, nodes, (edges, 2)), 1), axis=0)
+  a, b = pairs[pairs[:, 0] != pairs[:, 1]].T
+  kept = graph.degree_cap(a, b, cap, seed=5)
+  np.testing.assert_array_equal(kept, _greedy(a, b, cap, 5))
+  assert np.bincount(np.r_[a[kept], b[kept]]).max() <= cap
+
+
+def test_generated_clients_load_in_both_modes(tiny):
+  out, _ = tiny
+  paths = files.read_scenario(out, "centralized")["centralized"]
+  honest = graph.load_client(paths, sample_size=20, mode="honest")
+  faithful = graph.load_client(paths, sample_size=20, mode="faithful")
+  assert honest.max_neighbourhoods <= 21 < faithful.max_neighbourhoods
+  assert (honest.static[:, :2] == 0).all() and faithful.static[:, :2].max() == 1.0
+  for g in (honest, faithful):
+    assert g.static.shape == (2000, 10) and np.isfinite(g.static).all()
+    assert g.history.shape == (2000, 57) and g.neighbours.shape == (2000, 20)
+  # faithful placeholders carry the authors' quirk, honest ones nothing
+  empty = faithful.neighbours < 0
+  assert np.allclose(faithful.contact_time[empty], -1 / 86_400)
+  assert (honest.contact_place[honest.neighbours < 0] == -1).all()
+
+
+def _write_tiny_set(folder):
+  """Four persons in two households, three contacts, 57 days."""
+  tables = {
+      "person_data_path": pd.DataFrame(dict(hid=[0, 0, 1, 1], pid=[10, 11, 12, 13],
+                                            person_number=[1, 2, 1, 2],
+                                            age=[40, 38, 70, 8], sex=[1, 2, 2, 1])),
+      "household_data_path": pd.DataFrame(dict(hid=[0, 1], rlid=[1_000_000_001,
+                                                                 1_000_000_002],
+                                               admin1=51, admin2=[1, 3], hh_size=[2, 2])),
+      "residence_location_data_path": pd.DataFrame(dict(
+          rlid=[1_000_000_001, 1_000_000_002], longitude=[-77.0, -78.0],
+          latitude=[38.0, 37.0], admin1=51, admin2=[1, 3])),
+      "activity_location_data_path": pd.DataFrame(dict(
+          alid=[1], longitude=[-77.5], latitude=[37.5], work=[1], shopping=[0],
+          school=[0], other=[0], college=[0], religion=[0])),
+      "activity_location_assignment_data_path": pd.DataFrame(dict(
+          hid=[0, 0, 0, 1, 1], pid=[10, 10, 11, 12, 13], activity_number=[1, 2, 1, 1, 1],
+          activity_type=[1, 2, 1, 1, 1], start_time=[0, 28_800, 0, 0, 0],
+          duration=[28_800, 43_200, 86_400, 86_400, 86_400],
+          lid=[1_000_000_001, 1, 1_000_000_001, 1_000_000_002, 1_000_000_002])),
+      "population_network_data_path": pd.DataFrame(dict(
+          pid1=[10, 12, 10], pid2=[11, 13, 13], lid=[1_000_000_001, 1_000_000_002, 1],
+          start_time=[0, 0, 30_000], duration=[28_800, 86_400, 3_600],
+          activity1=[1, 1, 2], activity2=[1, 1, 2])),
+      "disease_outcome_data_path": pd.DataFrame(dict(
+          pid=np.tile([10, 11, 12, 13], 57), day=np.repeat(np.arange(57), 4),
+          state=np.where((np.tile([10, 11, 12, 13], 57) == 13)
+                         & (np.repeat(np.arange(57), 4) >= 30), "I", "S"))),
+  }
+  for argument, table in tables.items():
+    files.write_csv_gz(table, os.path.join(folder, files.FILES[argument]))
+  return files.client_files(folder)
+
+
+def test_a_hand_written_file_set_gives_the_expected_tables(tmp_path):
+  from tff_silo.pandemic import features
+  paths = _write_tiny_set(str(tmp_path))
+  g = graph.load_client(paths, sample_size=3, mode="honest")
+  assert list(g.pids) == [10, 11, 12, 13]
+  np.testing.assert_allclose(g.static[:, 3], [-0.5, 0.5, 0.5, -0.5])    # sex - 1.5
+  np.testing.assert_allclose(g.static[:, 5], [0.5, -0.5, -0.5, -0.5])   # worked
+  np.testing.assert_allclose(g.static[:, 8], [-0.5, 0.5, 0.5, 0.5])     # home only
+  np.testing.assert_allclose(g.static[:, 9], [0.5, 0, 0, 0])            # out of home
+  assert sorted(g.neighbours[0][g.neighbours[0] >= 0]) == [1, 3]
+  assert sorted(g.neighbours[3][g.neighbours[3] >= 0]) == [0, 2]
+  # person 13 turns I on day 30: a window of days 8..28 has label 1 (day 30 is in
+  # the next 7), one of days 0..20 has 0
+  assert list(features.labels(g.history[[3, 3]], np.array([8, 0]))) == [1.0, 0.0]
+  tables = features.stack([g])
+  x = np.array([[0, 10], [3, 20]], np.float32)
+  built = features.example_builder(tables)(x).numpy()
+  assert built.shape == (2, features.input_size(3)) == (2, 11 + 83 * 3)
+  assert built[0, 10] == 1.0 and built[1, 10] == 0.0   # S all window: 13 is I on 30..
+  slot = list(g.neighbours[0]).index(3)                # person 13 as 10's neighbour
+  start = 11 + 83 * slot + 10                          # its one-hot history
+  onehot = built[0, start:start + 63].reshape(21, 3)
+  assert (onehot[:20].argmax(1) == 0).all() and onehot.sum() == 21   # S on 10..29
+  assert onehot[20].tolist() == [0.0, 1.0, 0.0]                       # I on day 30
+
+
+@pytest.mark.parametrize("damage, message", [
+    (lambda f: os.remove(f["household_data_path"]), "va_household.csv.gz: missing"),
+    (lambda f: _rewrite(f["person_data_path"], lambda t: t.drop(columns="age")),
+     "va_person.csv.gz: lacks column(s) age"),
+    (lambda f: _rewrite(f["population_network_data_path"],
+                        lambda t: t.assign(pid2=[11, 13, 99])),
+     "va_population_network.csv.gz: a contact with an unknown pid (99"),
+    (lambda f: _rewrite(f["disease_outcome_data_path"], lambda t: t[t.day != 12]),
+     "va_disease_outcome_training.csv.gz: day 12 is missing"),
+    (lambda f: _rewrite(f["population_network_data_path"],
+                        lambda t: t[["pid2", "pid1", "lid", "start_time", "duration",
+                                     "activity1", "activity2"]]),
+     "va_population_network.csv.gz: the columns must be pid1, pid2"),
+    (lambda f: open(f["person_data_path"], "wb").write(b"\x1f\x8bnot gzip"),
+     "va_person.csv.gz: cannot be read as a CSV"),
+])
+def test_bad_files_end_in_one_line_naming_the_file(tmp_path, damage, message):
+  paths = _write_tiny_set(str(tmp_path))
+  damage(paths)
+  with pytest.raises(DataError) as raised:
+    graph.load_client(paths, sample_size=3)
+  assert message in str(raised.value) and "\n" not in str(raised.value)
+
+
+def _rewrite(path, change):
+  files.write_csv_gz(change(pd.read_csv(path)), path)
+
+
+def test_the_epidemic_target_counts_new_symptomatic_cases():
+  reported = np.zeros((3, 64), np.int8)
+  reported[0, 60:] = 1        # S on day 56, I on day 60: positive
+  reported[1, 50:] = 1        # already I on day 56: not new
+  reported[2, 58:] = 2        # asymptomatic: S -> R
+  assert list(epidemic.target(reported)) == [1, 0, 0]
+  assert list(epidemic.target(reported, count_asymptomatic=True)) == [1, 0, 1]

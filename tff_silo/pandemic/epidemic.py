@@ -1,0 +1,144 @@
+"""A daily outbreak on a fixed contact graph (`../shared/PANDEMIC.md` 4.3).
+
+Internal states S -> E -> {A (asymptomatic), P (symptomatic)} -> R, reported as S
+for S, E and A, I for P, R for R: an asymptomatic infection shows as S -> R, the
+"secretly infectious" case of the thesis. On day t a susceptible j is infected with
+probability 1 - exp(-H_j),
+
+    H_j = beta * sus(age_j) * sum over contacts (i, j) of inf_i(t) * hours_ij,
+
+inf = 1 for P and 0.5 for A, plus an importation probability per person-day.
+Latent (2/3/4 days) and infectious (3..10, mode 5) durations and the asymptomatic
+coin are drawn per person once, and the day's uniforms from the seed and the day,
+so runs with different beta share their random numbers (bisection on beta in
+`calibrate` is then nearly monotone). The parameters are COVID-like assumptions,
+not the challenge's (UVA's disease model is not public).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+
+DAYS = 64                     # days 0..63
+S, E, A, P, R = range(5)
+REPORTED = np.array([0, 0, 0, 1, 2], np.int8)   # S, E, A -> S; P -> I; R -> R
+
+
+@dataclasses.dataclass(frozen=True)
+class EpidemicConfig:
+  """The disease model's parameters (PANDEMIC.md 4.3 defaults)."""
+  beta: float = 5e-3                 # per contact-hour with a symptomatic person
+  asymptomatic_probability: float = 0.35
+  asymptomatic_infectiousness: float = 0.5
+  latent_days: tuple = (2, 3, 4)
+  latent_probabilities: tuple = (0.3, 0.4, 0.3)
+  infectious_days: tuple = (3, 4, 5, 6, 7, 8, 9, 10)
+  infectious_probabilities: tuple = (0.08, 0.16, 0.22, 0.17, 0.13, 0.10, 0.08, 0.06)
+  seed_fraction: float = 5e-4        # I0 = max(min_seeds, fraction * N) on day 0
+  min_seeds: int = 20
+  seed_counties: int = 3
+  importation: float = 1e-6          # per person-day
+
+
+def susceptibility(age) -> np.ndarray:
+  """0.5 under 10 years, 0.75 for 10-19, 1 from 20."""
+  age = np.asarray(age)
+  return np.where(age < 10, 0.5, np.where(age < 20, 0.75, 1.0))
+
+
+@dataclasses.dataclass(frozen=True)
+class Outbreak:
+  """Reported states [N, DAYS] (0 S, 1 I, 2 R) and the internal timeline."""
+  reported: np.ndarray
+  infected_day: np.ndarray      # day of infection (-1: never; seeds: -1 too)
+  asymptomatic: np.ndarray      # bool, per person
+  seeds: np.ndarray             # the persons infectious on day 0
+
+
+def simulate(pid1, pid2, hours, age, county, config: EpidemicConfig, seed: int
+             ) -> Outbreak:
+  """The outbreak over `DAYS` days on the undirected contacts (pid1, pid2, hours)."""
+  n = len(age)
+  rng = np.random.default_rng([seed, 0])
+  latent = rng.choice(config.latent_days, n, p=config.latent_probabilities)
+  infectious = rng.choice(config.infectious_days, n, p=config.infectious_probabilities)
+  asymptomatic = rng.random(n) < config.asymptomatic_probability
+  counties = rng.choice(np.unique(county), min(config.seed_counties,
+                                               len(np.unique(county))), replace=False)
+  candidates = np.flatnonzero(np.isin(county, counties))
+  seeds = rng.choice(candidates, min(len(candidates), max(
+      config.min_seeds, int(config.seed_fraction * n))), replace=False)
+  sus = susceptibility(age) * config.beta
+  weight = np.where(asymptomatic, config.asymptomatic_infectiousness, 1.0)
+  state = np.full(n, S, np.int8)
+  # day on which the current state ends (the next one begins)
+  ends = np.full(n, np.iinfo(np.int32).max, np.int64)
+  state[seeds] = np.where(asymptomatic[seeds], A, P)
+  ends[seeds] = infectious[seeds]
+  infected_day = np.full(n, -1, np.int64)
+  reported = np.empty((n, DAYS), np.int8)
+  for day in range(DAYS):
+    # transitions due today
+    due = ends <= day
+    moving = due & (state == E)
+    state[moving] = np.where(asymptomatic[moving], A, P)
+    ends[moving] = day + infectious[moving]
+    recovering = due & ((state == A) | (state == P)) & ~moving
+    state[recovering] = R
+    ends[recovering] = np.iinfo(np.int32).max
+    reported[:, day] = REPORTED[state]
+    # today's infections (E from tomorrow)
+    force = np.where((state == A) | (state == P), weight, 0.0)
+    pressure = (np.bincount(pid2, weights=force[pid1] * hours, minlength=n)
+                + np.bincount(pid1, weights=force[pid2] * hours, minlength=n))
+    day_rng = np.random.default_rng([seed, 1, day])
+    draws, imported = day_rng.random(n), day_rng.random(n)
+    new = (state == S) & ((draws < -np.expm1(-sus * pressure))
+                          | (imported < config.importation))
+    state[new] = E
+    ends[new] = day + 1 + latent[new]
+    infected_day[new] = day
+  return Outbreak(reported, infected_day, asymptomatic, seeds)
+
+
+def target(reported: np.ndarray, count_asymptomatic: bool = False) -> np.ndarray:
+  """infected (0/1) per person: reported S on day 56 and I on some day in 57..63
+  (with `count_asymptomatic`, also S -> R without I in that week)."""
+  last = reported[:, 56] == 0
+  window = reported[:, 57:64]
+  positive = (window == 1).any(axis=1)
+  if count_asymptomatic:
+    positive |= (window == 2).any(axis=1)
+  return (last & positive).astype(np.int64)
+
+
+def calibrate(pid1, pid2, hours, age, county, config: EpidemicConfig, seed: int, *,
+              final_week_rate: float = 0.003, grid: int = 16, refine: int = 6):
+  """(config with beta set so that the share of persons counted positive in days
+  57..63 is near `final_week_rate`, its outbreak). That share rises with beta and
+  falls again once the outbreak burns out before day 57, so beta is the first
+  crossing on a log grid (the slow, still-growing branch), refined by bisection."""
+  runs = {}
+
+  def rate(beta):
+    if beta not in runs:
+      trial = dataclasses.replace(config, beta=float(beta))
+      outbreak = simulate(pid1, pid2, hours, age, county, trial, seed)
+      runs[beta] = (trial, outbreak, target(outbreak.reported).mean())
+    return runs[beta][2]
+
+  betas = np.logspace(-4, np.log10(0.3), grid)
+  above = [b for b in betas if rate(b) >= final_week_rate]
+  if above:
+    high = above[0]
+    low = betas[max(0, int(np.flatnonzero(betas == high)[0]) - 1)]
+    for _ in range(refine if low < high else 0):
+      middle = float(np.sqrt(low * high))
+      if rate(middle) < final_week_rate:
+        low = middle
+      else:
+        high = middle
+  best = min(runs.values(), key=lambda r: abs(np.log(max(r[2], 1e-9) / final_week_rate)))
+  return best[0], best[1]

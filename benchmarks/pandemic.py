@@ -66,6 +66,9 @@ flags.DEFINE_string("output", "benchmarks/out/pandemic.csv", "CSV rows are appen
 flags.DEFINE_string("figures_dir", "benchmarks/out", "Folder of pandemic_ap_epsilon.png "
                     "and pandemic_time.png.")
 flags.DEFINE_bool("resume", True, "Skip runs whose row is already in --output.")
+flags.DEFINE_bool("epsilon_table", False, "Only print Table 2.6's epsilons recomputed "
+                  "by the accountant (Smoke: n = 2,609,976, b = 512, two epochs, "
+                  "delta = 1/n), with both exponents; no data is read.")
 
 SIGNATURE = ("run_key", "average_precision", "mode")
 PROFILE_NAMES = ("tiny", "small", "medium", "large", "smoke")
@@ -154,9 +157,33 @@ def _run_key(run, data_key) -> str:
                     sort_keys=True)
 
 
+# Table 2.6 (thesis, real Virginia data, Smoke): sigma -> the epsilon it prints
+THESIS_TABLE_2_6 = {4.5: "~9.9", 1.0: "~84", 0.5: "~245", 0.1: ">= 500", 0.01: ">= 500",
+                    5.0: "~7.87 (text)", 2.75: "-"}
+
+
+def _print_epsilon_table():
+  """Table 2.6's epsilon column from the accountant (`node_level`), no data."""
+  from tff_silo.privacy import node_level
+  n, b = 2_609_976, 512
+  steps = 2 * math.ceil(n / b)
+  print(f"Table 2.6 epsilons: n = {n}, b = {b}, {steps} steps (two epochs), delta = 1/n, "
+        "the authors' orders")
+  print("| sigma | thesis, real Virginia data | authors' code exponent, S = 20 | "
+        "S = 21 | printed theorem (replace one), S = 21 |")
+  print("|---|---|---|---|---|")
+  for sigma, thesis in sorted(THESIS_TABLE_2_6.items(), reverse=True):
+    values = [node_level.epsilon(sigma, n, s, b, steps, 1 / n, neighbouring=rel)
+              for s, rel in ((20, "add_remove"), (21, "add_remove"), (21, "replace_one"))]
+    print(f"| {sigma:g} | {thesis} | " + " | ".join(f"{v:.4g}" for v in values) + " |")
+
+
 def main(argv):
   if len(argv) > 1:
     raise UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
+  if FLAGS.epsilon_table:
+    _print_epsilon_table()
+    return
   grid = _settings()
   from tff_silo import runtime
   runtime.exit_cleanly_on_sigterm()

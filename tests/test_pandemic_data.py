@@ -63,9 +63,15 @@ def test_every_file_has_the_challenge_columns_and_the_tables_agree(tiny):
 
 def test_the_partition_rules_hold(tiny):
   out, meta = tiny
-  assert meta["scenarios"] == ["scenario01"]   # 3 counties: no 10 clients, no tenfold
-  clients = files.read_scenario(out, "scenario01", "train")
-  assert sorted(clients) == ["client01", "client02", "client03"]
+  assert "scenario01" in meta["scenarios"] and "scenario02" not in meta["scenarios"]
+  assert sorted(files.read_scenario(out, "scenario01", "train")) == [
+      "client01", "client02", "client03"]   # 3 counties: no ten clients
+  for scenario in meta["scenarios"]:
+    _check_partition(out, scenario, meta["profile"]["persons"])
+
+
+def _check_partition(out, scenario, num_persons):
+  clients = files.read_scenario(out, scenario, "train")
   persons = []
   for name, paths in clients.items():
     mine = set(pd.read_csv(paths["person_data_path"]).pid)
@@ -74,13 +80,13 @@ def test_the_partition_rules_hold(tiny):
     assert network.pid1.isin(mine).all() and network.pid2.isin(mine).all()
     outcome = pd.read_csv(paths["disease_outcome_data_path"])
     assert set(outcome.pid) == mine and len(outcome) == 57 * len(mine)
-    test = os.path.join(out, "scenario01", "test", name)
+    test = os.path.join(out, scenario, "test", name)
     for argument in files.FILES:   # train and test feature files are identical
       with open(paths[argument], "rb") as a, open(os.path.join(
           test, files.FILES[argument]), "rb") as b:
         assert a.read() == b.read()
     assert set(pd.read_csv(os.path.join(test, files.PREDICTIONS_FORMAT)).pid) == mine
-  assert sum(map(len, persons)) == meta["profile"]["persons"]
+  assert sum(map(len, persons)) == num_persons
   assert not set.intersection(*persons)
 
 

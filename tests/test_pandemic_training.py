@@ -58,3 +58,21 @@ def test_node_level_mrmtl_trains_alike_on_both_backends(scenario):
   assert scored["scored"] == 2000 and scored["positives"] == int(
       sum(y.sum() for y in silos.y_test)) > 0
   assert 0 < scored["average_precision"] <= 1 and math.isfinite(scored["lift"])
+
+
+def test_the_small_profile_is_plausible_and_learnable(tmp_path):
+  """50,000 persons (PANDEMIC.md 4.5): the outbreak's figures in their ranges, ten
+  or more positives in every client, and MR-MTL's pooled AP above the positive
+  rate."""
+  meta = synth.generate(str(tmp_path), "small", seed=0, scenarios=("scenario01",))
+  stats = meta["statistics"]
+  assert 0.01 <= stats["ever_infected_by_day_63"] <= 0.05
+  assert 0.001 <= stats["final_week_positive_rate"] <= 0.005
+  assert 0.2 <= stats["asymptomatic_share"] <= 0.5
+  assert 4 <= stats["mean_i_days"] <= 8 and stats["max_i_days"] <= 14
+  assert 0.05 <= stats["household_secondary_attack_rate"] <= 0.3
+  assert 35 <= stats["mean_degree"] <= 60
+  scenario = pipeline.load_scenario(str(tmp_path), "scenario01", mode="honest")
+  assert min(y.sum() for y in scenario.silos.y_test) >= 10
+  measured = pipeline.train(scenario, pipeline.Settings(method="mrmtl"))
+  assert measured["lift"] > 1.2

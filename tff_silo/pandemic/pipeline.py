@@ -10,6 +10,12 @@ capped (every node in at most S1 + 1 examples) and each step draws a batch unifo
 without replacement. In `faithful` mode (the authors' pipeline: uncapped in-degree,
 shuffled epochs) the same figure is what the accountant says, not a bound; the rows
 say so. The authors' own exponent (add/remove) is reported beside it, labelled.
+
+One deviation: each person's training window is drawn once per run (seeded), not
+once per epoch as in the authors' code: the library's drivers train on fixed
+examples. With T = 2 rounds of one epoch that is one window per person where the
+authors see two; the privacy accounting is unaffected (it counts examples, whatever
+their window).
 """
 
 from __future__ import annotations

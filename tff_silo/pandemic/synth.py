@@ -38,13 +38,12 @@ DAY = 86_400
 HOUR = 3_600
 # county FIPS-like codes: 100 odd county codes, then independent-city codes
 ADMIN2_CODES = tuple(range(1, 200, 2)) + tuple(range(510, 850, 10))
-BOUNDS = dict(lon=(-83.7, -75.2), lat=(36.5, 39.5))
 # type: (code, share of activity locations, room capacity, mean partners in a room
 # before `degree_target` scales them)
 PLACES = {
-    "work": (2, 0.60, 60, 8.0), "shopping": (3, 0.12, 60, 2.0),
-    "other": (4, 0.18, 60, 3.0), "school": (5, 0.05, 50, 10.0),
-    "college": (6, 0.005, 80, 8.0), "religion": (7, 0.045, 100, 6.0),
+    "work": (2, 0.60, 120, 8.0), "shopping": (3, 0.12, 80, 2.0),
+    "other": (4, 0.18, 80, 3.0), "school": (5, 0.05, 60, 10.0),
+    "college": (6, 0.005, 100, 8.0), "religion": (7, 0.045, 120, 6.0),
 }
 DEGREE_TARGET = 45.0   # mean 2E/N (the thesis' subsets: 41.8 and 50.6)
 PERSONS_PER_PLACE = 55
@@ -86,17 +85,27 @@ class Population:
     return self.household_county[self.person_hid]
 
 
+# The official partition's three regions (lat >= 38.5; else lon < -77.5; else the
+# rest) as (lon, lat) boxes inside Virginia's bounding box.
+REGIONS = (((-83.5, -75.4), (38.55, 39.4)), ((-83.5, -77.6), (36.6, 38.45)),
+           ((-77.4, -75.4), (36.6, 38.45)))
+
+
 def _counties(k: int, rng) -> tuple:
-  lon = rng.uniform(*BOUNDS["lon"], k)
-  lat = rng.uniform(*BOUNDS["lat"], k)
-  # the official partition's regions: lat >= 38.5; else lon < -77.5; else the rest
-  lat[0] = rng.uniform(38.6, 39.4)
-  if k > 1:
-    lon[1], lat[1] = rng.uniform(-83.5, -77.7), rng.uniform(36.6, 38.4)
-  if k > 2:
-    lon[2], lat[2] = rng.uniform(-77.3, -75.4), rng.uniform(36.6, 38.4)
+  """(codes, centroid longitudes, latitudes, population shares): lognormal shares;
+  the counties go, largest first, to the region with the fewest persons so far, so
+  the official three-way partition's clients are of similar size (as the
+  notebook's are: 2.61 M, 2.47 M, 2.61 M)."""
   weights = rng.lognormal(0.0, 1.0, k)
-  return np.array(ADMIN2_CODES[:k]), lon, lat, weights / weights.sum()
+  weights /= weights.sum()
+  region = np.empty(k, np.int64)
+  totals = np.zeros(len(REGIONS))
+  for c in np.argsort(-weights, kind="stable"):
+    region[c] = int(np.argmin(totals))
+    totals[region[c]] += weights[c]
+  lon = np.array([rng.uniform(*REGIONS[r][0]) for r in region])
+  lat = np.array([rng.uniform(*REGIONS[r][1]) for r in region])
+  return np.array(ADMIN2_CODES[:k]), lon, lat, weights
 
 
 def _households(n: int, county_weights, rng) -> tuple:
@@ -321,7 +330,7 @@ def _place_contacts(assignments, seed, scale: float) -> pd.DataFrame:
                                                           != rank[:-1] // capacity)]) - 1
     room_start = np.flatnonzero(np.r_[True, room[1:] != room[:-1]])
     room_size = np.diff(np.r_[room_start, len(room)])
-    draws = rng.poisson(scale * mean, len(lid))
+    draws = np.minimum(rng.poisson(scale * mean, len(lid)), room_size[room] - 1)
     who = np.repeat(np.arange(len(lid)), draws)
     other = room_start[room[who]] + (rng.random(len(who)) * room_size[room[who]]).astype(
         np.int64)
@@ -367,7 +376,7 @@ def population(profile: Profile, seed: int,
   assignments = _schedule(age, person_hid, household_county, household_rlid, places,
                           lon, lat, weights, rng)
   home = _home_contacts(sizes, assignments, household_rlid)
-  low, high = 0.05, 50.0   # the partner scale whose network has DEGREE_TARGET
+  low, high = 0.05, 20.0   # the partner scale whose network has DEGREE_TARGET
   for _ in range(12):
     scale = math.sqrt(low * high)
     contacts = _network(home, _place_contacts(assignments, seed, scale), seed)
@@ -425,11 +434,12 @@ def generate(out: str, profile="tiny", seed: int = 0, *,
   pop = population(profile, seed)
   say(f"population: {profile.persons} persons, {len(pop.contacts)} contacts "
       f"({time.perf_counter() - start:.0f}s)")
-  hours = pop.contacts.duration.to_numpy() / HOUR
+  config = config or epidemic.EpidemicConfig()
+  hours = pop.contacts.duration.to_numpy() / HOUR * np.where(
+      pop.contacts.activity1.to_numpy() == 1, config.home_contact_weight, 1.0)
   p1, p2 = pop.contacts.pid1.to_numpy(), pop.contacts.pid2.to_numpy()
-  config, outbreak = epidemic.calibrate(
-      p1, p2, hours, pop.age, pop.person_county, config or epidemic.EpidemicConfig(),
-      seed, final_week_rate=final_week_rate)
+  config, outbreak = epidemic.calibrate(p1, p2, hours, pop.age, pop.person_county,
+                                        config, seed, final_week_rate=final_week_rate)
   say(f"outbreak: beta {config.beta:.3g} ({time.perf_counter() - start:.0f}s)")
   infected = epidemic.target(outbreak.reported, count_asymptomatic)
   tables = _tables(pop, outbreak.reported)

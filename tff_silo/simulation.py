@@ -191,10 +191,19 @@ class SiloEvaluator:
       yield chunk
 
   def __call__(self, silo_weights, xs, ys):
-    """(mean over all examples pooled, per-silo means)."""
+    """(mean over all examples pooled, per-silo means). A silo larger than
+    `chunk_rows` goes alone, in blocks of `chunk_rows` rows."""
     sizes = np.array([len(y) for y in ys])
     sums = np.zeros(len(ys))
     for chunk in self._chunks(sizes):
+      if len(chunk) == 1 and sizes[chunk[0]] > self._chunk_rows:
+        k, step = chunk[0], self._chunk_rows
+        weights = [np.asarray(w, np.float32)[None] for w in silo_weights[k]]
+        for start in range(0, int(sizes[k]), step):
+          x, y = xs[k][start:start + step], ys[k][start:start + step]
+          sums[k] += float(self._metric_sums(weights, x[None], y[None],
+                                             np.ones((1, len(y)), np.float32))[0])
+        continue
       rows = max(1, int(sizes[chunk].max()))
       weights = [np.stack([np.asarray(silo_weights[k][i], np.float32) for k in chunk])
                  for i in range(len(silo_weights[chunk[0]]))]

@@ -1,8 +1,9 @@
 """A synthetic population, contact network and outbreak in the challenge's files
 (`../shared/PANDEMIC.md` 4), seeded and byte-reproducible.
 
-Stages: counties (lognormal populations, centroids in Virginia's bounding box, one
-in each region of the official three-way partition) -> households (US-like sizes)
+Stages: counties (lognormal populations, centroids in Virginia's bounding box,
+spread so that the official three-way partition's regions hold similar numbers of
+persons) -> households (US-like sizes)
 and persons (ages, sexes) -> residences and activity locations -> one day's
 schedule per person (home, work, school, college, shopping, other, religion) ->
 contacts (household members at home; co-located visitors in rooms elsewhere, each
@@ -224,7 +225,7 @@ def _schedule(age, person_hid, household_county, household_rlid, places, lon, la
     for c in np.unique(home_county[away]):
       mask = away & (home_county == c)
       work_county[mask] = rng.choice(k, int(mask.sum()), p=gravity[c] / gravity[c].sum())
-  slots = []   # (mask, type code, lid, start or None, duration)
+  slots = []   # (who, activity type, lid, duration), in the order of the day
   primary_lid = np.zeros(n, np.int64)
   primary_type = np.zeros(n, np.int64)
   start = np.where(works, np.clip(rng.normal(8 * HOUR, HOUR, n), 5 * HOUR, 11 * HOUR),

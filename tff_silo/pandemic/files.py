@@ -94,8 +94,8 @@ def read_table(path: str, argument: str) -> pd.DataFrame:
   it is missing, unreadable or lacks a required column."""
   if not os.path.isfile(path):
     raise DataError(f"{path}: missing ({argument})")
-  try:
-    table = pd.read_csv(path)
+  try:   # states as a category: the outcome panel has 57 rows per person
+    table = pd.read_csv(path, dtype={"state": "category"})
   except (OSError, ValueError, EOFError, UnicodeDecodeError) as e:
     raise DataError(f"{path}: cannot be read as a CSV ({type(e).__name__}: "
                     f"{str(e).splitlines()[0] if str(e) else ''})") from None

@@ -38,6 +38,8 @@ line. The hypernetwork's round (`hypernet.vectorized`) uses `train_silos`.
 
 from __future__ import annotations
 
+import collections
+
 from typing import NamedTuple
 
 import numpy as np
@@ -275,7 +277,11 @@ def train_silos(model, config, weights, anchor, lam, silos: StackedSilos, round_
   return weights
 
 
-_ROUND_FUNCTIONS = {}   # one traced round per algorithm definition, for all runs
+# One traced round per algorithm definition, for all runs; the least recently used
+# are released beyond `MAX_PROGRAMS` (a traced program keeps memory that grows with
+# the data it ran on: ~2 GB for the pandemic forecaster's 400,000 persons).
+_ROUND_FUNCTIONS = collections.OrderedDict()
+MAX_PROGRAMS = 4
 
 
 def _definition(algorithm) -> tuple:
@@ -399,7 +405,15 @@ def _round_function(algorithm):
             if isinstance(algorithm, ifca.ClusteredAlgorithm) else _dprivate_round)
     _ROUND_FUNCTIONS[key] = tf.function(make(algorithm), autograph=False,
                                         reduce_retracing=True)
+    while len(_ROUND_FUNCTIONS) > MAX_PROGRAMS:
+      _ROUND_FUNCTIONS.popitem(last=False)
+  _ROUND_FUNCTIONS.move_to_end(key)
   return _ROUND_FUNCTIONS[key]
+
+
+def release_programs() -> None:
+  """Drops every traced round (and the memory it holds); the next run traces again."""
+  _ROUND_FUNCTIONS.clear()
 
 
 class _Runner:

@@ -149,22 +149,23 @@ def forecaster(tables: NodeTables, *, architecture: str = "logistic",
     raise ValueError(f"loss must be one of {LOSSES}, got {loss!r}")
   build = example_builder(tables)
   d = input_size(tables.sample_size)
-  if loss == "bce":
-    alpha, gamma = 0.5, 0.0   # focal loss with these is half the cross-entropy
-  focal = focal_loss(alpha, gamma)
-  loss_fn = (focal if loss == "focal" else lambda z, y: 2.0 * focal(z, y))
-  scale = 1.0 if loss == "focal" else 2.0
+  if loss == "bce":   # (not focal with gamma 0: pow(0, 0)'s gradient is NaN)
+    loss_fn = lambda z, y: tf.nn.sigmoid_cross_entropy_with_logits(labels=y, logits=z)
+  else:
+    loss_fn = focal_loss(alpha, gamma)
 
   def loss_slope(logits, y):
     """d loss / d logit per example, in closed form (no tape inside the vectorized
-    backend's pfor): -alpha_t (2y - 1) [(1 - p_t)^(gamma + 1)
-    - gamma (1 - p_t)^gamma p_t log p_t]."""
+    backend's pfor): sigmoid(z) - y for cross-entropy; for focal loss
+    -alpha_t (2y - 1) [(1 - p_t)^(gamma + 1) - gamma (1 - p_t)^gamma p_t log p_t]."""
     p = tf.sigmoid(logits)
+    if loss == "bce":
+      return p - y
     p_t = y * p + (1 - y) * (1 - p)
     alpha_t = y * alpha + (1 - y) * (1 - alpha)
     log_p_t = -tf.nn.sigmoid_cross_entropy_with_logits(labels=y, logits=logits)
     inner = tf.pow(1 - p_t, gamma + 1) - gamma * tf.pow(1 - p_t, gamma) * p_t * log_p_t
-    return -scale * alpha_t * (2 * y - 1) * inner
+    return -alpha_t * (2 * y - 1) * inner
   name = f"pandemic_{architecture}_{loss}_{alpha:g}_{gamma:g}_{tables.digest}"
   if architecture == "logistic":
     shapes = ((d,), ())

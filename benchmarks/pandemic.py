@@ -243,7 +243,7 @@ def main(argv):
           f"{row.get('lift', math.nan):.2f}), epsilon {row['epsilon_theorem']:.4g} "
           f"({time.perf_counter() - start:.0f} s so far)", file=sys.stderr, flush=True)
   _print_table(rows)
-  _figures()
+  _figures(stats.get("persons"))
   print(f"rows appended to {FLAGS.output}")
 
 
@@ -257,15 +257,16 @@ def _print_table(rows):
       index=False, float_format=lambda v: f"{v:.4g}"))
 
 
-def _figures():
-  """AP against the theorem's epsilon (this data set's rows), and time against
-  persons (every profile's rows in --output)."""
+def _figures(persons):
+  """AP against the theorem's epsilon (the rows of data sets of `persons` persons),
+  and time against persons (every profile's rows in --output)."""
   import matplotlib
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt
   import numpy as np
   import pandas as pd
-  df = pd.read_csv(FLAGS.output)
+  every = pd.read_csv(FLAGS.output)
+  df = every if persons is None else every[every.persons == persons]
   os.makedirs(FLAGS.figures_dir, exist_ok=True)
   fig, ax = plt.subplots(figsize=(6, 4))
   private = df[np.isfinite(df.epsilon_theorem)]
@@ -283,7 +284,7 @@ def _figures():
   fig.tight_layout()
   fig.savefig(os.path.join(FLAGS.figures_dir, "pandemic_ap_epsilon.png"), dpi=120)
   fig, ax = plt.subplots(figsize=(5, 3.5))
-  timed = df.dropna(subset=["persons"]).assign(
+  timed = every.dropna(subset=["persons"]).assign(
       seconds=lambda d: d.train_seconds + d.load_seconds.fillna(0))
   for method, part in timed.groupby("method"):
     part = part.groupby("persons").seconds.median()

@@ -126,13 +126,18 @@ def example_builder(tables: NodeTables):
   return build
 
 
+def _focal_terms(logits, y, alpha):
+  """(p_t, alpha_t, -log p_t): the probability of the true class, its weight and
+  its cross-entropy."""
+  p = tf.sigmoid(logits)
+  return (y * p + (1 - y) * (1 - p), y * alpha + (1 - y) * (1 - alpha),
+          tf.nn.sigmoid_cross_entropy_with_logits(labels=y, logits=logits))
+
+
 def focal_loss(alpha: float = 0.75, gamma: float = 2.0):
   """Lin et al.'s focal loss on logits: -alpha_t (1 - p_t)^gamma log p_t."""
   def loss(logits, y):
-    p = tf.sigmoid(logits)
-    p_t = y * p + (1 - y) * (1 - p)
-    alpha_t = y * alpha + (1 - y) * (1 - alpha)
-    bce = tf.nn.sigmoid_cross_entropy_with_logits(labels=y, logits=logits)
+    p_t, alpha_t, bce = _focal_terms(logits, y, alpha)
     return alpha_t * tf.pow(1 - p_t, gamma) * bce
   return loss
 
@@ -158,13 +163,10 @@ def forecaster(tables: NodeTables, *, architecture: str = "logistic",
     """d loss / d logit per example, in closed form (no tape inside the vectorized
     backend's pfor): sigmoid(z) - y for cross-entropy; for focal loss
     -alpha_t (2y - 1) [(1 - p_t)^(gamma + 1) - gamma (1 - p_t)^gamma p_t log p_t]."""
-    p = tf.sigmoid(logits)
     if loss == "bce":
-      return p - y
-    p_t = y * p + (1 - y) * (1 - p)
-    alpha_t = y * alpha + (1 - y) * (1 - alpha)
-    log_p_t = -tf.nn.sigmoid_cross_entropy_with_logits(labels=y, logits=logits)
-    inner = tf.pow(1 - p_t, gamma + 1) - gamma * tf.pow(1 - p_t, gamma) * p_t * log_p_t
+      return tf.sigmoid(logits) - y
+    p_t, alpha_t, bce = _focal_terms(logits, y, alpha)
+    inner = tf.pow(1 - p_t, gamma + 1) + gamma * tf.pow(1 - p_t, gamma) * p_t * bce
     return -alpha_t * (2 * y - 1) * inner
   name = f"pandemic_{architecture}_{loss}_{alpha:g}_{gamma:g}_{tables.digest}"
   if architecture == "logistic":

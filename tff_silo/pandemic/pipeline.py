@@ -156,6 +156,7 @@ def train(scenario: Scenario, settings: Settings, *, backend: str = "vectorized"
   """Trains `settings.method` on the scenario's silos (the library's MR-MTL family
   on `backend`) and scores the pooled predictions; the measured figures."""
   from tff_silo import algorithms, simulation   # pylint: disable=g-import-not-at-top
+  from tff_silo.algorithms.local_training import sampling_rate, steps_per_epoch  # pylint: disable=g-import-not-at-top
   from tff_silo.privacy import PrivacyProtocol, accounting, node_level  # pylint: disable=g-import-not-at-top
   centralized = settings.method == "centralized"
   if centralized != (scenario.silos.num_silos == 1 and scenario.name == "centralized"):
@@ -175,9 +176,9 @@ def train(scenario: Scenario, settings: Settings, *, backend: str = "vectorized"
   s = node_examples(scenario)
   run = {}
   if settings.private:   # each silo's epsilon for this noise, then calibrated back
-    steps = [epochs * rounds * max(1, int(m) // min(settings.batch_size, int(m)))
+    steps = [epochs * rounds * steps_per_epoch(int(m), settings.batch_size)
              for m in sizes]
-    rates = [min(settings.batch_size, int(m)) / int(m) for m in sizes]
+    rates = [sampling_rate(int(m), settings.batch_size) for m in sizes]
     targets = np.array([accounting.epsilon_spent(
         settings.noise_multiplier, q, t, 1 / int(m), neighbouring="replace_one",
         dataset_size=int(m), node_examples=s) for q, t, m in zip(rates, steps, sizes)])

@@ -278,8 +278,8 @@ def train_silos(model, config, weights, anchor, lam, silos: StackedSilos, round_
 
 
 # One traced round per algorithm definition, for all runs; the least recently used
-# are released beyond `MAX_PROGRAMS` (a traced program keeps memory that grows with
-# the data it ran on: ~2 GB for the pandemic forecaster's 400,000 persons).
+# are released beyond `MAX_PROGRAMS` (a traced program keeps its graph, its
+# optimized copies and what it captures alive).
 _ROUND_FUNCTIONS = collections.OrderedDict()
 MAX_PROGRAMS = 4
 

@@ -97,10 +97,9 @@ def example_builder(tables: NodeTables):
   s1 = tables.sample_size
 
   def build(x):
-    graph = tf.compat.v1.get_default_graph()
-    while getattr(graph, "outer_graph", None) is not None:   # loop bodies, conds
-      graph = graph.outer_graph
-    plain_graph = not tf.executing_eagerly() and not graph.building_function
+    # TFF traces its computations in a plain graph; a tf.function (its loop bodies
+    # and pfor's included) called from eager code captures the eager tensors.
+    plain_graph = not tf.compat.v1.executing_eagerly_outside_functions()
     t = {name: tf.constant(value) for name, value in arrays.items()} if plain_graph else eager
     static, history, neighbours = t["static"], t["history"], t["neighbours"]
     contact_time, contact_place, places = (t["contact_time"], t["contact_place"],

@@ -11,8 +11,8 @@ set); otherwise it generates `--profile` with `--seed` into `--generated_dir`
 --seeds is one run and one CSV row (profile, mode, S1, sigma, clip, lambda, rounds,
 epsilon by the printed theorem and by the authors' code with what it guarantees,
 AP, lift over the positive rate, recall at 0.5, load / train time, peak memory);
-finished runs are skipped on a rerun. Figures: AP against epsilon, and time against
-persons over every profile in --output.
+finished runs are skipped on a rerun. Figures: AP against epsilon (one curve per
+setting), and time and peak memory against persons over every profile in --output.
 """
 
 from __future__ import annotations
@@ -257,9 +257,15 @@ def _print_table(rows):
       index=False, float_format=lambda v: f"{v:.4g}"))
 
 
+# What one curve of the AP figure holds fixed (its points differ in sigma only)
+CURVE = ["method", "mode", "sample_size", "lam", "loss", "alpha", "architecture"]
+
+
 def _figures(persons):
-  """AP against the theorem's epsilon (the rows of data sets of `persons` persons),
-  and time against persons (every profile's rows in --output)."""
+  """AP against the printed theorem's epsilon for the rows of data sets of
+  `persons` persons: one curve per setting with private rows, its non-private row
+  (median over seeds) as a dashed line; and time and peak memory against persons
+  (every profile's rows in --output, median per method and profile)."""
   import matplotlib
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt
@@ -267,35 +273,50 @@ def _figures(persons):
   import pandas as pd
   every = pd.read_csv(FLAGS.output)
   df = every if persons is None else every[every.persons == persons]
+  df = df.assign(**{c: df[c].fillna("-") for c in CURVE if c in df})
   os.makedirs(FLAGS.figures_dir, exist_ok=True)
-  fig, ax = plt.subplots(figsize=(6, 4))
-  private = df[np.isfinite(df.epsilon_theorem)]
-  for (method, mode), part in private.groupby(["method", "mode"]):
-    part = part.sort_values("epsilon_theorem")
-    ax.plot(part.epsilon_theorem, part.average_precision, "o-", label=f"{method} ({mode})")
-  for (method, mode), part in df[~np.isfinite(df.epsilon_theorem)].groupby(
-      ["method", "mode"]):
-    ax.axhline(part.average_precision.mean(), ls="--", lw=0.8,
-               label=f"{method} ({mode}), no DP")
+  fig, ax = plt.subplots(figsize=(6.5, 4))
+  private = np.isfinite(df.epsilon_theorem)
+  varying = [c for c in CURVE if df.loc[private, c].nunique() > 1] or ["method"]
+  for setting, part in df[private].groupby(varying):
+    setting = setting if isinstance(setting, tuple) else (setting,)
+    label = ", ".join(str(v) if c == "method" else f"{c} {v}"
+                      for c, v in zip(varying, setting))
+    curve = part.groupby("epsilon_theorem").average_precision.median()
+    line, = ax.plot(curve.index, curve.values, "o-", label=label)
+    match = df[~private]
+    for c, v in zip(varying, setting):
+      match = match[match[c] == v]
+    if len(match):
+      ax.axhline(match.average_precision.median(), ls="--", lw=0.8,
+                 color=line.get_color(), label=f"{label}, no DP")
   ax.set_xscale("log")
   ax.set_xlabel("node-level epsilon (Theorem 2.4.4 as printed), delta = 1/n")
   ax.set_ylabel("average precision (pooled)")
+  ax.set_title(f"{int(persons):,} persons" if persons else "given files", fontsize=9)
   ax.legend(fontsize=6)
   fig.tight_layout()
   fig.savefig(os.path.join(FLAGS.figures_dir, "pandemic_ap_epsilon.png"), dpi=120)
-  fig, ax = plt.subplots(figsize=(5, 3.5))
+  plt.close(fig)
   timed = every.dropna(subset=["persons"]).assign(
-      seconds=lambda d: d.train_seconds + d.load_seconds.fillna(0))
+      load=lambda d: d.load_seconds.fillna(0), memory=lambda d: d.peak_memory_mb / 1024)
+  fig, (left, right) = plt.subplots(1, 2, figsize=(9, 3.6))
   for method, part in timed.groupby("method"):
-    part = part.groupby("persons").seconds.median()
-    ax.plot(part.index, part.values, "o-", label=method)
-  ax.set_xscale("log")
-  ax.set_yscale("log")
-  ax.set_xlabel("persons")
-  ax.set_ylabel("seconds (load + train, median)")
-  ax.legend(fontsize=7)
+    part = part.groupby("persons")[["load", "train_seconds", "memory"]].median()
+    line, = left.plot(part.index, part.load + part.train_seconds, "o-",
+                      label=f"{method}: load + train")
+    left.plot(part.index, part.train_seconds, "x:", color=line.get_color(),
+              label=f"{method}: train")
+    right.plot(part.index, part.memory, "o-", color=line.get_color(), label=method)
+  for ax, label in ((left, "seconds (median)"), (right, "peak memory of the process, GB")):
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("persons")
+    ax.set_ylabel(label)
+    ax.legend(fontsize=7)
   fig.tight_layout()
   fig.savefig(os.path.join(FLAGS.figures_dir, "pandemic_time.png"), dpi=120)
+  plt.close(fig)
 
 
 if __name__ == "__main__":

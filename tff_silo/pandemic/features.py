@@ -93,13 +93,19 @@ def example_builder(tables: NodeTables):
   arrays = dict(static=tables.static, history=tables.history.astype(np.int32),
                 neighbours=tables.neighbours, contact_time=tables.contact_time,
                 contact_place=tables.contact_place, places=tables.places)
-  eager = {name: tf.constant(value) for name, value in arrays.items()}
+  with tf.init_scope():   # eager code, and the graph tf.functions hang from
+    eager = {name: tf.constant(value) for name, value in arrays.items()}
+    eager_graph = tf.compat.v1.get_default_graph()
   s1 = tables.sample_size
 
   def build(x):
-    # TFF traces its computations in a plain graph; a tf.function (its loop bodies
-    # and pfor's included) called from eager code captures the eager tensors.
-    plain_graph = not tf.compat.v1.executing_eagerly_outside_functions()
+    # A function graph (a tf.function, its loop bodies, pfor's) hangs from the graph
+    # it was made in; one made from eager code captures the eager tensors. TFF
+    # traces its computations in a plain graph of its own: constants there.
+    graph = tf.compat.v1.get_default_graph()
+    while getattr(graph, "outer_graph", None) is not None:
+      graph = graph.outer_graph
+    plain_graph = graph is not eager_graph
     t = {name: tf.constant(value) for name, value in arrays.items()} if plain_graph else eager
     static, history, neighbours = t["static"], t["history"], t["neighbours"]
     contact_time, contact_place, places = (t["contact_time"], t["contact_place"],

@@ -5,7 +5,8 @@ import pytest
 import tensorflow as tf
 
 from tff_silo import models
-from tff_silo.algorithms.local_training import LocalTrainingConfig, train_locally
+from tff_silo.algorithms.local_training import (LocalTrainingConfig, first_of_permutation,
+                                                random_permutation, train_locally)
 
 RNG = np.random.default_rng(0)
 X = RNG.normal(size=(8, 3)).astype(np.float32)
@@ -145,6 +146,17 @@ def test_sampling_without_replacement_takes_exactly_b_examples_per_step():
   # n = 10, B = 4: 2 steps of exactly 4 examples, each step 0.1 * 0.5 * 4 / 4.
   for key in ((0, 0), (5, 9)):
     assert _bias_only_run("without_replacement", key=key) == pytest.approx(0.1)
+
+
+def test_a_batch_without_replacement_is_the_permutations_head():
+  # the partial sort picks what the full sort's first k are, in its order: ties
+  # (here many, and padded rows' 2.0) go in index order
+  rng = np.random.default_rng(0)
+  values = np.concatenate([rng.integers(0, 5, (3, 40)) / 5.0, np.full((3, 8), 2.0)], 1)
+  for k in (1, 7, 40, 48):
+    np.testing.assert_array_equal(
+        first_of_permutation(tf.constant(values, tf.float32), k).numpy(),
+        random_permutation(tf.constant(values, tf.float32)).numpy()[:, :k])
 
 
 def test_poisson_sampling_follows_the_public_size():

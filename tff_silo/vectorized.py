@@ -146,10 +146,12 @@ def _batches(config, plan, n, num_rows, sampling_keys, shuffle_keys, step):
   width = tf.reduce_max(batch)
   slots = tf.range(width)[None]
   if config.private and config.sampling == "without_replacement":
-    draws, start = br.uniform(br.fold_in(sampling_keys, step), num_rows), 0
-  else:   # shuffled epochs
-    draws = br.uniform(br.fold_in(shuffle_keys, step // per_epoch), num_rows)
-    start = ((step % per_epoch) * batch)[:, None]
+    draws = br.uniform(br.fold_in(sampling_keys, step), num_rows)
+    return (lt.first_of_permutation(tf.where(valid, draws, 2.0), width),
+            tf.cast(slots < batch[:, None], tf.float32))
+  # shuffled epochs
+  draws = br.uniform(br.fold_in(shuffle_keys, step // per_epoch), num_rows)
+  start = ((step % per_epoch) * batch)[:, None]
   perm = lt.random_permutation(tf.where(valid, draws, 2.0))
   positions = tf.minimum(start + slots + tf.zeros_like(batch)[:, None], num_rows - 1)
   return (tf.gather(perm, positions, batch_dims=1),

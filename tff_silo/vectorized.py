@@ -127,9 +127,25 @@ def _rows(mask, like):
   return tf.reshape(mask, [-1] + [1] * (len(like.shape) - 1))
 
 
-def _batches(config, plan, n, num_rows, sampling_keys, shuffle_keys, step):
+def _epoch_permutations(plan, n, num_rows, shuffle_keys, step, previous):
+  """[K, rows]: each silo's shuffled epoch's permutation (padded rows last), drawn
+  at the silo's epoch's first step and kept (`previous`) until its next."""
+  per_epoch = plan[1]
+  fresh = tf.equal(step % per_epoch, 0)
+
+  def draw():
+    draws = br.uniform(br.fold_in(shuffle_keys, step // per_epoch), num_rows)
+    valid = tf.range(num_rows)[None] < n[:, None]
+    return tf.where(fresh[:, None], lt.random_permutation(tf.where(valid, draws, 2.0)),
+                    previous)
+
+  return tf.cond(tf.reduce_any(fresh), draw, lambda: previous)
+
+
+def _batches(config, plan, n, num_rows, sampling_keys, perm, step):
   """Each silo's batch of step `step`: (indices [K, b], mask [K, b]), b the widest
-  batch of this step; the same examples as `train_locally` draws for each silo."""
+  batch of this step; the same examples as `train_locally` draws for each silo
+  (`perm`: the shuffled epochs' permutations)."""
   batch, per_epoch, _, rate = plan
   rows = tf.range(num_rows)[None]
   valid = rows < n[:, None]
@@ -149,10 +165,7 @@ def _batches(config, plan, n, num_rows, sampling_keys, shuffle_keys, step):
     draws = br.uniform(br.fold_in(sampling_keys, step), num_rows)
     return (lt.first_of_permutation(tf.where(valid, draws, 2.0), width),
             tf.cast(slots < batch[:, None], tf.float32))
-  # shuffled epochs
-  draws = br.uniform(br.fold_in(shuffle_keys, step // per_epoch), num_rows)
-  start = ((step % per_epoch) * batch)[:, None]
-  perm = lt.random_permutation(tf.where(valid, draws, 2.0))
+  start = ((step % per_epoch) * batch)[:, None]   # shuffled epochs
   positions = tf.minimum(start + slots + tf.zeros_like(batch)[:, None], num_rows - 1)
   return (tf.gather(perm, positions, batch_dims=1),
           tf.cast(slots < batch[:, None], tf.float32))
@@ -237,9 +250,12 @@ def train_silos(model, config, weights, anchor, lam, silos: StackedSilos, round_
     flat = br.normal(br.fold_in(noise_keys, step), sum(sizes)) * stddev[:, None]
     return [tf.reshape(part, [-1, *s]) for part, s in zip(tf.split(flat, sizes, 1), shapes)]
 
-  def body(step, w):
-    idx, mask = _batches(config, plan, silos.n, num_rows, sampling_keys, shuffle_keys,
-                         step)
+  shuffled = not (config.private and config.sampling in ("poisson", "without_replacement"))
+
+  def body(step, w, perm):
+    if shuffled:
+      perm = _epoch_permutations(plan, silos.n, num_rows, shuffle_keys, step, perm)
+    idx, mask = _batches(config, plan, silos.n, num_rows, sampling_keys, perm, step)
     xb = tf.gather(silos.x, idx, batch_dims=1)
     yb = tf.gather(silos.y, idx, batch_dims=1)
     step_noise = noise(step) if config.private else None
@@ -272,10 +288,11 @@ def train_silos(model, config, weights, anchor, lam, silos: StackedSilos, round_
           (w, anchor, xb, yb, mask))
     active = step < total_steps
     return step + 1, [tf.where(_rows(active, wi), wi - lr * gi, wi)
-                      for wi, gi in zip(w, grads)]
+                      for wi, gi in zip(w, grads)], perm
 
-  _, weights = tf.while_loop(lambda step, _: step < tf.reduce_max(total_steps), body,
-                             (tf.constant(0), weights))
+  _, weights, _ = tf.while_loop(
+      lambda step, *_: step < tf.reduce_max(total_steps), body,
+      (tf.constant(0), weights, tf.zeros_like(silos.y, tf.int32)))
   return weights
 
 

@@ -218,7 +218,13 @@ def train_locally(model, config: LocalTrainingConfig, weights, anchor, lam, x, y
   shuffle_key = keys.derive(key, keys.SHUFFLE, pass_)
   noise_key = keys.derive(key, keys.DP_NOISE, pass_)
 
-  def batch_indices(step):
+  def epoch_permutation(step, previous):
+    """The shuffled epoch's permutation: drawn at the epoch's first step, kept."""
+    return tf.cond(tf.equal(step % per_epoch, 0), lambda: random_permutation(
+        tf.random.stateless_uniform([n], seed=keys.fold_in(shuffle_key, step // per_epoch))),
+                   lambda: previous)
+
+  def batch_indices(step, perm):
     if poisson:
       keep = tf.random.stateless_uniform([n], seed=keys.fold_in(sampling_key, step)) < rate
       return tf.cast(tf.where(keep)[:, 0], tf.int32)
@@ -226,18 +232,19 @@ def train_locally(model, config: LocalTrainingConfig, weights, anchor, lam, x, y
       return first_of_permutation(tf.random.stateless_uniform(
           [n], seed=keys.fold_in(sampling_key, step)), batch)
     start = (step % per_epoch) * batch
-    return random_permutation(tf.random.stateless_uniform(
-        [n], seed=keys.fold_in(shuffle_key, step // per_epoch)))[start:start + batch]
+    return perm[start:start + batch]
 
-  def body(step, w):
-    idx = batch_indices(step)
+  def body(step, w, perm):
+    if not (poisson or without_replacement):
+      perm = epoch_permutation(step, perm)
+    idx = batch_indices(step, perm)
     noise = (dp_sgd.gaussian_noise_like(w, noise_multiplier * config.l2_norm_clip,
                                         keys.fold_in(noise_key, step))
              if config.private else None)
     grads = step_gradient(model, config, w, anchor, lam, tf.gather(x, idx),
                           tf.gather(y, idx), noise, expected_batch)
-    return step + 1, [wi - lr * gi for wi, gi in zip(w, grads)]
+    return step + 1, [wi - lr * gi for wi, gi in zip(w, grads)], perm
 
-  _, weights = tf.while_loop(lambda step, _: step < total_steps, body,
-                             (tf.constant(0), weights))
+  _, weights, _ = tf.while_loop(lambda step, *_: step < total_steps, body,
+                                (tf.constant(0), weights, tf.zeros([n], tf.int32)))
   return weights

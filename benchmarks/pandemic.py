@@ -263,9 +263,9 @@ CURVE = ["method", "mode", "sample_size", "lam", "loss", "alpha", "architecture"
 
 def _figures(persons):
   """AP against the printed theorem's epsilon for the rows of data sets of
-  `persons` persons: one curve per setting with private rows, its non-private row
-  (median over seeds) as a dashed line; and time and peak memory against persons
-  (every profile's rows in --output, median per method and profile)."""
+  `persons` persons: one curve per setting with private rows (means over seeds),
+  its non-private rows' mean as a dashed line; and time and peak memory against
+  persons (every profile's rows in --output, median per method and profile)."""
   import matplotlib
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt
@@ -278,17 +278,17 @@ def _figures(persons):
   fig, ax = plt.subplots(figsize=(6.5, 4))
   private = np.isfinite(df.epsilon_theorem)
   varying = [c for c in CURVE if df.loc[private, c].nunique() > 1] or ["method"]
-  for setting, part in df[private].groupby(varying):
+  for setting, part in df[private].groupby(varying if len(varying) > 1 else varying[0]):
     setting = setting if isinstance(setting, tuple) else (setting,)
     label = ", ".join(str(v) if c == "method" else f"{c} {v}"
                       for c, v in zip(varying, setting))
-    curve = part.groupby("epsilon_theorem").average_precision.median()
+    curve = part.groupby("epsilon_theorem").average_precision.mean()
     line, = ax.plot(curve.index, curve.values, "o-", label=label)
     match = df[~private]
     for c, v in zip(varying, setting):
       match = match[match[c] == v]
     if len(match):
-      ax.axhline(match.average_precision.median(), ls="--", lw=0.8,
+      ax.axhline(match.average_precision.mean(), ls="--", lw=0.8,
                  color=line.get_color(), label=f"{label}, no DP")
   ax.set_xscale("log")
   ax.set_xlabel("node-level epsilon (Theorem 2.4.4 as printed), delta = 1/n")

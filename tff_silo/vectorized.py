@@ -250,7 +250,8 @@ def train_silos(model, config, weights, anchor, lam, silos: StackedSilos, round_
     flat = br.normal(br.fold_in(noise_keys, step), sum(sizes)) * stddev[:, None]
     return [tf.reshape(part, [-1, *s]) for part, s in zip(tf.split(flat, sizes, 1), shapes)]
 
-  shuffled = not (config.private and config.sampling in ("poisson", "without_replacement"))
+  shuffled = not (config.private
+                  and config.sampling in ("poisson", "without_replacement"))
 
   def body(step, w, perm):
     if shuffled:

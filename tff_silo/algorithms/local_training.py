@@ -220,8 +220,9 @@ def train_locally(model, config: LocalTrainingConfig, weights, anchor, lam, x, y
 
   def epoch_permutation(step, previous):
     """The shuffled epoch's permutation: drawn at the epoch's first step, kept."""
-    return tf.cond(tf.equal(step % per_epoch, 0), lambda: random_permutation(
-        tf.random.stateless_uniform([n], seed=keys.fold_in(shuffle_key, step // per_epoch))),
+    seed = keys.fold_in(shuffle_key, step // per_epoch)
+    return tf.cond(tf.equal(step % per_epoch, 0),
+                   lambda: random_permutation(tf.random.stateless_uniform([n], seed=seed)),
                    lambda: previous)
 
   def batch_indices(step, perm):

@@ -149,7 +149,7 @@ def _batches(config, plan, n, num_rows, sampling_keys, perm, step):
   batch, per_epoch, _, rate = plan
   rows = tf.range(num_rows)[None]
   valid = rows < n[:, None]
-  if config.private and config.sampling == "poisson":
+  if config.batches == "poisson":
     keep = (br.uniform(br.fold_in(sampling_keys, step), num_rows) < rate[:, None]) & valid
     kept = tf.where(keep)   # [M, 2]: (silo, row) of the kept rows, in index order
     num_silos = tf.shape(n, out_type=tf.int64)[0]
@@ -161,7 +161,7 @@ def _batches(config, plan, n, num_rows, sampling_keys, perm, step):
             tf.cast(tf.range(width)[None] < count[:, None], tf.float32))
   width = tf.reduce_max(batch)
   slots = tf.range(width)[None]
-  if config.private and config.sampling == "without_replacement":
+  if config.batches == "without_replacement":
     draws = br.uniform(br.fold_in(sampling_keys, step), num_rows)
     return (lt.first_of_permutation(tf.where(valid, draws, 2.0), width),
             tf.cast(slots < batch[:, None], tf.float32))
@@ -250,11 +250,8 @@ def train_silos(model, config, weights, anchor, lam, silos: StackedSilos, round_
     flat = br.normal(br.fold_in(noise_keys, step), sum(sizes)) * stddev[:, None]
     return [tf.reshape(part, [-1, *s]) for part, s in zip(tf.split(flat, sizes, 1), shapes)]
 
-  shuffled = not (config.private
-                  and config.sampling in ("poisson", "without_replacement"))
-
   def body(step, w, perm):
-    if shuffled:
+    if config.batches == "shuffle":
       perm = _epoch_permutations(plan, silos.n, num_rows, shuffle_keys, step, perm)
     idx, mask = _batches(config, plan, silos.n, num_rows, sampling_keys, perm, step)
     xb = tf.gather(silos.x, idx, batch_dims=1)

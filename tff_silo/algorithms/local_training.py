@@ -80,6 +80,12 @@ class LocalTrainingConfig:
   def private(self) -> bool:
     return self.l2_norm_clip is not None
 
+  @property
+  def batches(self) -> str:
+    """How the steps draw their batches: `sampling` under DP, shuffled epochs
+    without."""
+    return self.sampling if self.private else "shuffle"
+
 
 def steps_per_epoch(num_examples: int, batch_size: int) -> int:
   """max(1, floor(n / min(B, n))): the number of (DP-)SGD steps in one epoch."""
@@ -107,7 +113,7 @@ def batch_plan(config: LocalTrainingConfig, n, size):
   """(batch size, steps per epoch, steps per call, Poisson rate) of a silo with n
   examples and public size `size` (0: n), elementwise over int32 `n` and float32
   `size` (scalars, or one per silo in the vectorized backend)."""
-  if config.private and config.sampling == "poisson":   # everything from the public m
+  if config.batches == "poisson":   # everything from the public m
     m = tf.cast(tf.where(size > 0, size, tf.cast(n, tf.float32)), tf.int32)
   else:
     m = n
@@ -209,8 +215,8 @@ def train_locally(model, config: LocalTrainingConfig, weights, anchor, lam, x, y
   weights = [tf.identity(w) for w in weights]
   n = tf.shape(y)[0]
   batch, per_epoch, total_steps, rate = batch_plan(config, n, size)
-  poisson = config.private and config.sampling == "poisson"
-  without_replacement = config.private and config.sampling == "without_replacement"
+  poisson = config.batches == "poisson"
+  without_replacement = config.batches == "without_replacement"
   expected_batch = tf.cast(batch, tf.float32)
   lr = tf.constant(config.learning_rate, tf.float32)
 
@@ -236,7 +242,7 @@ def train_locally(model, config: LocalTrainingConfig, weights, anchor, lam, x, y
     return perm[start:start + batch]
 
   def body(step, w, perm):
-    if not (poisson or without_replacement):
+    if config.batches == "shuffle":
       perm = epoch_permutation(step, perm)
     idx = batch_indices(step, perm)
     noise = (dp_sgd.gaussian_noise_like(w, noise_multiplier * config.l2_norm_clip,

@@ -459,7 +459,8 @@ def _mia_train(algorithm, epsilon, silos, s, progress, folder):
   result = simulation.run_simulation(
       algorithms.silo_definition(definition.pop("name"), model, silos.feature_shape,
                                  **definition),
-      silos, rounds=s["rounds"], seed=FLAGS.seed,
+      silos, rounds=s["rounds"],
+      seed=common.run_seed(FLAGS.seed, _mia_key(algorithm, epsilon, s)),
       target_epsilon=epsilon if private else None,
       target_delta=preset.delta if private else None, progress=progress,
       protocol=protocol, backend=FLAGS.mia_backend)

@@ -64,6 +64,22 @@ def parse_seeds(values) -> list:
   return seeds
 
 
+# Row-key fields that name where data was read from, not what a run trains with
+LOCATION_KEYS = ("data_dir", "cache_dir")
+
+
+def run_seed(seed: int, run_key: str) -> int:
+  """The seed of the keys of the run that `run_key` (a binary's JSON row key, which
+  names every setting the run trains with) identifies: `tff_silo.keys.run_seed` of
+  the key without the folders it read from, so that no two runs of a grid share
+  batches or noise and the same run elsewhere draws the same keys."""
+  import json
+  from tff_silo import keys
+  configuration = {name: value for name, value in json.loads(run_key).items()
+                   if name not in LOCATION_KEYS}
+  return keys.run_seed(seed, configuration)
+
+
 MAX_EPSILON = 1000.0   # beyond it a guarantee promises nothing; run without DP instead
 MIN_EPSILON = 1e-3
 

@@ -49,9 +49,9 @@ def trials(s) -> list:
   """Every trial (method, epsilon, seed, lam, lr, trial, run_seed), sorted so that a
   configuration's trials (epsilons, seeds, draws) are consecutive: they run stacked.
   A cell of the full grid (free tuning, a non-private cell, a method with one
-  configuration) has trial -1 and runs with the cell's seed; a cell of private
-  tuning has trials 0..h-1, the plan (h and each trial's configuration) drawn from
-  the cell's seed, and each trial its own run seed (fresh keys)."""
+  configuration) has trial -1; a cell of private tuning has trials 0..h-1, the plan
+  (h and each trial's configuration) drawn from the cell's seed. The seed is the
+  data split's; each trial's keys come from its own `run_seed` (`_run_seed`)."""
   from tff_silo import keys
   from tff_silo.privacy import tuning
   out = []
@@ -60,16 +60,25 @@ def trials(s) -> list:
     for epsilon in s["epsilons"]:
       for seed in s["seeds"]:
         if s["tuning"] == "free" or math.isinf(epsilon) or len(options) == 1:
-          out += [dict(method=method, epsilon=epsilon, seed=seed, lam=lam, lr=lr,
-                       trial=-1, run_seed=seed) for lam, lr in options]
-          continue
-        cell = (keys.TUNING, METHODS.index(method), round(epsilon * 1000))
-        plan = tuning.draw_trials(tnb(s), len(options), np.random.default_rng(
-            keys.child_seed(seed, *cell, 0)))
-        out += [dict(method=method, epsilon=epsilon, seed=seed, lam=options[i][0],
-                     lr=options[i][1], trial=j, run_seed=keys.child_seed(seed, *cell, j + 1))
-                for j, i in enumerate(plan)]
+          cell = [dict(method=method, epsilon=epsilon, seed=seed, lam=lam, lr=lr,
+                       trial=-1) for lam, lr in options]
+        else:
+          plan = tuning.draw_trials(tnb(s), len(options), np.random.default_rng(
+              keys.child_seed(seed, keys.TUNING, METHODS.index(method),
+                              round(epsilon * 1000), 0)))
+          cell = [dict(method=method, epsilon=epsilon, seed=seed, lam=options[i][0],
+                       lr=options[i][1], trial=j) for j, i in enumerate(plan)]
+        out += [dict(t, run_seed=_run_seed(s, t)) for t in cell]
   return sorted(out, key=lambda t: (METHODS.index(t["method"]), t["lam"], t["lr"]))
+
+
+def _run_seed(s, trial) -> int:
+  """A trial's keys' seed: from its cell's seed and everything it trains with (the
+  settings, method, epsilon, lambda, lr, its draw under private tuning), so that no
+  two trials share batches or noise (`tff_silo.keys.run_seed`)."""
+  from tff_silo import keys
+  return keys.run_seed(trial["seed"], dict(settings_key(s), **trial,
+                                           **_method_settings(s, trial["method"])))
 
 
 def tnb(s):

@@ -165,9 +165,12 @@ def _target(users, s):
 
 
 def _run_hypernet(users, settings, seed, s, progress, backend):
-  """(the row's measured columns, what --save_models keeps)."""
+  """(the row's measured columns, what --save_models keeps). The noise and user
+  sampling take the run's own seed (`common.run_seed`); the initialization, which
+  reads no data, takes `seed`."""
   import hypernet
   from tff_silo import runs
+  run_seed = common.run_seed(seed, _run_key(seed, "hypernet", settings, s))
   target = _target(users, s)
   hn = hypernet.Hypernetwork(
       target, users.num_silos,
@@ -177,10 +180,10 @@ def _run_hypernet(users, settings, seed, s, progress, backend):
       hn, users.feature_shape, users.train_sizes, settings,
       client_learning_rate=FLAGS.client_lr, batch_size=FLAGS.batch_size,
       local_steps=FLAGS.local_steps, hypernet_learning_rate=FLAGS.hypernet_lr,
-      embedding_learning_rate=FLAGS.embedding_lr, init_seed=seed, noise_seed=seed)
+      embedding_learning_rate=FLAGS.embedding_lr, init_seed=seed, noise_seed=run_seed)
   result = hypernet.run_hypernet(
       algorithm, users, rounds=FLAGS.rounds,
-      target_delta=FLAGS.delta if settings.private else None, seed=seed,
+      target_delta=FLAGS.delta if settings.private else None, seed=run_seed,
       eval_every=FLAGS.eval_every, progress=progress, backend=backend)
   measured = _measured(result, result.test_accuracy, result.user_test_accuracy,
                        result.train_accuracy, [(r, a) for r, a, _ in result.history],

@@ -223,7 +223,8 @@ def main(argv):
           method=run["method"], noise_multiplier=run["sigma"], clip=FLAGS.clip,
           lam=run["lam"] or 0.0, rounds=FLAGS.rounds, batch_size=FLAGS.batch_size,
           learning_rate=FLAGS.lr, loss=run["loss"], alpha=run["alpha"] or 0.75,
-          architecture=run["architecture"], seed=run["seed"])
+          architecture=run["architecture"],
+          seed=common.run_seed(run["seed"], _run_key(run, data_key["files"])))
       with scope:
         measured = pipeline.train(scenario, settings, backend=backend,
                                   progress=common.round_progress(tag, FLAGS.rounds))

@@ -431,6 +431,12 @@ def _runs(s):
         yield seed, algorithm, lam
 
 
+def _run_seed(seed, algorithm, lam, s) -> int:
+  """The run's keys' seed: from --seeds' `seed` and everything the run trains with
+  (its run key), so that no two runs share batches or noise."""
+  return common.run_seed(seed, _run_key(seed, algorithm, lam, s))
+
+
 def _algorithm_flags(algorithm, s):
   """The clustering settings a run of `algorithm` depends on."""
   names = (CLUSTER_FLAGS if algorithm in IFCA_ALGORITHMS else DPRIVATE_FLAGS
@@ -633,7 +639,7 @@ def _batches(planned, backend):
 def _simulate(batch, loaded, s, progress, backend):
   """The results of a batch of planned runs (`_batches`), one per run."""
   from tff_silo import data, simulation
-  _, seed, algorithm, _, process = batch[0]
+  _, seed, algorithm, lam, process = batch[0]
   if algorithm == "dprivate_clustering":
     from tff_silo import dprivate_simulation
     silos = loaded[seed][0]
@@ -642,15 +648,18 @@ def _simulate(batch, loaded, s, progress, backend):
                   if FLAGS.dataset == "two_cluster" else None)
     return [dprivate_simulation.run_dprivate_clustering(
         process, silos, rounds=s["rounds"],
-        clients_per_round=FLAGS.clients_per_round or silos.num_silos, seed=seed,
+        clients_per_round=FLAGS.clients_per_round or silos.num_silos,
+        seed=_run_seed(seed, algorithm, lam, s),
         leakage_cap=FLAGS.leakage_cap, validation=validation, patience=FLAGS.patience,
         progress=progress, backend=backend)]
   private = s["epsilon"] is not None
   runs = [simulation.Run(
       process, loaded[seed][0], target_epsilon=s["epsilon"],
-      target_delta=s["delta"] if private else None, seed=seed,
+      target_delta=s["delta"] if private else None,
+      seed=_run_seed(seed, algorithm, lam, s),
       protocol=s["protocol"] if private else None, ledger_csv=FLAGS.ledger_csv,
-      preprocessing_events=loaded[seed][1]) for _, seed, _, _, process in batch]
+      preprocessing_events=loaded[seed][1])
+          for _, seed, algorithm, lam, process in batch]
   return simulation.run_simulations(runs, rounds=s["rounds"],
                                     eval_every=FLAGS.eval_every, progress=progress,
                                     backend=backend)

@@ -172,7 +172,7 @@ def _sweep_in_process():
   """The sweep, run here: every (epsilon, seed) School MR-MTL run on the vectorized
   backend, as one `run_simulations` call (the runs stacked into one program)."""
   start = time.perf_counter()
-  from tff_silo import algorithms, data, models
+  from tff_silo import algorithms, data, keys, models
   from tff_silo.privacy import PrivacyProtocol
   from tff_silo.simulation import Run, run_simulations
   settings = [(e, seed) for seed in range(FLAGS.sweep_runs) for e in SWEEP_EPSILONS]
@@ -185,7 +185,8 @@ def _sweep_in_process():
         client_learning_rate=SCHOOL.lr, batch_size=SCHOOL.batch_size, lam=SCHOOL.lam,
         l2_norm_clip=SCHOOL.clip)
     runs.append(Run(definition, silos[seed], target_epsilon=epsilon,
-                    target_delta=SCHOOL.delta, seed=seed,
+                    target_delta=SCHOOL.delta,
+                    seed=keys.run_seed(seed, dict(epsilon=epsilon)),
                     protocol=PrivacyProtocol(assumed_silo_size=SCHOOL.assumed_silo_size)))
   results = run_simulations(runs, rounds=FLAGS.rounds, backend="vectorized")
   print(json.dumps(dict(runs=len(runs), seconds=time.perf_counter() - start,

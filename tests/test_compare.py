@@ -235,6 +235,24 @@ def test_selection_never_picks_a_diverged_trial():
   assert grid.selected(s, trials.iloc[:2], planned).empty   # not finished yet
 
 
+@pytest.mark.parametrize("tuning", ["free", "private"])
+def test_every_trial_of_a_grid_has_keys_of_its_own(tuning):
+  """Trials of one seed (every method, configuration, epsilon and draw) each take
+  their own run seed, the same on a rerun; another setting (rounds) moves them all."""
+  from benchmarks import grid
+  s = dict(preset="quick", dataset="quick", rounds=3, batch_size=16, clip=1.0,
+           delta=1e-3, validation_fraction=0.2, assumed_silo_size=48, lrs=(0.1, 0.3),
+           lams=(0.1, 1.0, 10.0), tuning=tuning, membership=False, seeds=(0, 1),
+           methods=("local", "fedavg", "mrmtl", "ditto"), epsilons=(2.0, 4.0, math.inf),
+           num_clusters=2, tuning_eta=1.0, mean_trials=4.0, score_budget_share=0.1,
+           score_clip=4.0)
+  trials = grid.trials(s)
+  seeds = [t["run_seed"] for t in trials]
+  assert len(set(seeds)) == len(trials) > 40
+  assert seeds == [t["run_seed"] for t in grid.trials(s)]
+  assert not set(seeds) & {t["run_seed"] for t in grid.trials(dict(s, rounds=4))}
+
+
 @pytest.mark.parametrize("flag, message", [
     ("--preset=mnist", "--preset must be one of"),
     ("--methods=sgd", "--methods must be among"),

@@ -112,3 +112,23 @@ def test_child_seeds_are_distinct_64_bit_and_reproducible():
   assert max(seeds) >= 2 ** 32   # all 64 bits are used
   assert keys.child_seed(0, keys.TUNING, 3, 2000, 5) == seeds[5]
   assert keys.child_seed(1, keys.TUNING, 3, 2000, 5) != seeds[5]
+
+
+def test_run_seeds_differ_by_configuration_and_repeat_for_the_same_one():
+  base = dict(method="mrmtl", lam=1.0, epsilon=2.0)
+  variants = [base, dict(base, lam=0.1), dict(base, epsilon=8.0),
+              dict(base, method="ditto"), dict(base, rounds=3)]
+  seeds = [keys.run_seed(0, c) for c in variants]
+  assert len(set(seeds)) == len(variants)
+  assert keys.run_seed(0, dict(reversed(list(base.items())))) == seeds[0]
+  assert keys.run_seed(1, base) != seeds[0]
+  assert all(0 <= s < 2 ** 64 for s in seeds)
+
+
+def test_a_binarys_run_seed_ignores_where_the_data_was_read():
+  import json
+  from benchmarks import common
+  key = dict(algorithm="mrmtl", lam=1.0, seed=0, data_dir="../shared/data")
+  seed = common.run_seed(0, json.dumps(key))
+  assert seed == common.run_seed(0, json.dumps(dict(key, data_dir="/elsewhere")))
+  assert seed != common.run_seed(0, json.dumps(dict(key, lam=0.1)))

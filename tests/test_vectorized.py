@@ -141,7 +141,7 @@ def test_stacked_runs_compute_what_each_run_computes_alone(name):
                                                 seed=5)
   runs = [Run(definition(), SILOS, seed=1, **run),
           Run(definition(), SILOS, seed=2, **dict(run, target_epsilon=2.0)),
-          Run(definition(), other_silos, seed=1, **run),
+          Run(definition(), other_silos, seed=3, **run),
           Run(_process(name), SILOS, seed=1)]   # no DP: another stack key
   stacked = run_simulations(runs, rounds=3, eval_every=2, backend="vectorized")
   assert [r.runs_stacked for r in stacked] == [3, 3, 3, 1]
@@ -154,6 +154,24 @@ def test_stacked_runs_compute_what_each_run_computes_alone(name):
     np.testing.assert_allclose(np.array(result.history), np.array(alone.history),
                                rtol=1e-5)
     assert result.test_metric == pytest.approx(alone.test_metric, rel=1e-5)
+
+
+def test_private_runs_with_one_seed_are_refused():
+  """Two private runs with one seed would draw the same batches and noise (the
+  difference of their updates reveals the clipped gradients): refused, on either
+  backend; runs without DP may share a seed."""
+  options, run = SETTINGS["poisson_assumed_size"]
+  definition = algorithms.mrmtl_algorithm(MODEL, SILOS.feature_shape,
+                                          client_learning_rate=0.1, batch_size=8,
+                                          lam=0.5, **options)
+  for backend in ("vectorized", "tff"):
+    with pytest.raises(ValueError, match="share seed 1"):
+      run_simulations([Run(definition, SILOS, seed=1, **run),
+                       Run(definition, SILOS, seed=1, **dict(run, target_epsilon=2.0))],
+                      rounds=1, backend=backend)
+  plain = _process("mrmtl")
+  assert len(run_simulations([Run(plain, SILOS, seed=1), Run(plain, SILOS, seed=1)],
+                             rounds=1, backend="vectorized")) == 2
 
 
 def test_a_stacked_run_over_its_budget_stops_alone(monkeypatch):

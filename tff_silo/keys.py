@@ -19,12 +19,19 @@ The tree of a run (`purpose` one of the constants below, each use its own):
 Purposes without a silo (user sampling, the server's aggregator noise) hang off
 `derive(root, purpose)`. A fixed seed makes a simulation reproducible; a deployment
 passes no seed, so the root comes from OS entropy and nothing is guessable.
+
+Runs of a study (methods, hyperparameters, epsilons) each take `run_seed(seed,
+configuration)`: two runs share keys only if they are the same run. Two runs of one
+silo's data with one key would draw the same Poisson masks and noise, and their
+updates' difference would give back the clipped gradient sums exactly.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 import secrets
-from typing import Optional
+from typing import Mapping, Optional
 
 import numpy as np
 import tensorflow as tf
@@ -41,10 +48,11 @@ AGGREGATOR_NOISE = 8  # server-side noise (user-level DP)
 STANDARDIZE = 9       # DP estimate of standardization statistics
 TUNING = 10           # random-repeat tuning: its plan and each trial's run seed
 VALIDATION_SCORE = 11  # the Gaussian noise of a trial's validation score
+RUN = 12              # a run's seed from its configuration (`run_seed`)
 PURPOSES = dict(unit=UNIT, sampling=SAMPLING, dp_noise=DP_NOISE, shuffle=SHUFFLE,
                 selection=SELECTION, d_privacy=D_PRIVACY, user_sampling=USER_SAMPLING,
                 aggregator_noise=AGGREGATOR_NOISE, standardize=STANDARDIZE,
-                tuning=TUNING, validation_score=VALIDATION_SCORE)
+                tuning=TUNING, validation_score=VALIDATION_SCORE, run=RUN)
 
 _DOMAIN = 0x7FF5_11D0   # second counter word: separates these keys from other uses
 _PHILOX = 1             # tf.random.Algorithm.PHILOX
@@ -84,6 +92,18 @@ def child_seed(seed: int, *path) -> int:
   first a purpose): `derive(root_key(seed), *path)` read as one unsigned integer.
   Tuning gives each trial its own run this way (fresh keys, never a repeat)."""
   return int(derive(root_key(seed), *path).numpy().view(np.uint64)[0])
+
+
+def run_seed(seed: int, configuration: Mapping) -> int:
+  """The seed of the run of `configuration` (a JSON-serializable mapping of every
+  setting that changes what the run trains: method, hyperparameters, epsilon, ...)
+  under study seed `seed`: `child_seed(seed, RUN, c)`, c the first 64 bits of the
+  SHA-256 of the configuration's canonical JSON. Equal configurations give equal
+  seeds (a rerun is the same run); distinct ones give keys that coincide with
+  probability about 2^-64."""
+  text = json.dumps(dict(configuration), sort_keys=True, allow_nan=True)
+  digest = hashlib.sha256(text.encode()).digest()[:8]
+  return child_seed(seed, RUN, int.from_bytes(digest, "little", signed=True))
 
 
 def unit_key(root, unit: int) -> np.ndarray:

@@ -331,7 +331,9 @@ def run_simulations(runs: Sequence[Run], *, rounds: int, eval_every: int = 0,
   seeds: same model and training settings) run stacked as the silos of one program,
   each with its own global model, noise, keys, ledgers and evaluation: the same
   numbers as run one by one (tested), each result's `runs_stacked` saying how many
-  shared its rounds and wall time. Other runs run one after another."""
+  shared its rounds and wall time. Other runs run one after another. Private runs
+  need seeds of their own (`tff_silo.keys.run_seed`)."""
+  _check_own_seeds(runs)
   results = [None] * len(runs)
   groups = {}
   for i, run in enumerate(runs):
@@ -342,6 +344,20 @@ def run_simulations(runs: Sequence[Run], *, rounds: int, eval_every: int = 0,
                                             eval_every, progress)):
       results[i] = result
   return results
+
+
+def _check_own_seeds(runs: Sequence[Run]) -> None:
+  """Two private runs with one seed draw the same batches and noise: the difference
+  of their updates would give back the silos' clipped gradient sums."""
+  seen = {}
+  for i, run in enumerate(runs):
+    if run.target_epsilon is None or run.seed is None:
+      continue
+    if run.seed in seen:
+      raise ValueError(f"runs {seen[run.seed]} and {i} train with DP and share seed "
+                       f"{run.seed}: they would draw the same batches and noise; give "
+                       "each run its own seed (tff_silo.keys.run_seed)")
+    seen[run.seed] = i
 
 
 def _stack_group(process, backend: str, index: int):

@@ -388,6 +388,28 @@ def append_rows(path: str, rows) -> None:
       with warnings.catch_warnings():   # all-NA columns of either side are fine here
         warnings.simplefilter("ignore", FutureWarning)
         table = pd.concat([pd.read_csv(path, low_memory=False), new], ignore_index=True)
+  _replace(path, old_bytes + new.to_csv(header=False, index=False).encode()
+           if table is None else table.to_csv(index=False).encode())
+
+
+def drop_rows(path: str, run_keys) -> None:
+  """Removes the rows with these run keys from the CSV `path`, atomically; the file
+  goes when no row is left."""
+  import pandas as pd
+  if not os.path.exists(path):
+    return
+  table = pd.read_csv(path, low_memory=False)
+  kept = table[~table.run_key.isin(set(run_keys))]
+  if kept.empty:
+    os.remove(path)
+  elif len(kept) < len(table):
+    _replace(path, kept.to_csv(index=False).encode())
+
+
+def _replace(path: str, content: bytes) -> None:
+  """Writes `content` beside `path` and renames it over `path` (keeping its mode), so
+  that a kill at any moment leaves either the old or the new file."""
+  folder = os.path.dirname(os.path.abspath(path))
   handle, temporary = tempfile.mkstemp(dir=folder, prefix=f".{os.path.basename(path)}.",
                                        suffix=".tmp")
   umask = os.umask(0)
@@ -396,10 +418,7 @@ def append_rows(path: str, rows) -> None:
   try:
     os.chmod(temporary, mode)
     with os.fdopen(handle, "wb") as f:
-      if table is None:
-        f.write(old_bytes + new.to_csv(header=False, index=False).encode())
-      else:
-        f.write(table.to_csv(index=False).encode())
+      f.write(content)
       f.flush()
       os.fsync(f.fileno())
     os.replace(temporary, path)

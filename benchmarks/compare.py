@@ -17,17 +17,26 @@ configuration, `configs.HypernetSettings`), whose epsilon is user-level: the
 --tuning=free (the default) searches the grid in full and selects by the exact
 validation metric, as papers report it: the scores are queries of private training
 data, so a selected row's epsilon is that of one training run, not of the tuning,
-and every row says so (`tuning`). --tuning=private runs random-repeat tuning
-(thesis sec. 1.7, app. E; Papernot & Steinke Thm. 2) in every private cell: h ~
-TNB(--tuning_eta, E[h] = --mean_trials) trials, each a grid configuration drawn at
-random, trained with its own keys, and scored by each silo's sum of per-example
-validation metrics clipped to [0, --score_clip] with Gaussian noise (multiplier
-calibrated so that one score alone would spend --score_budget_share of epsilon);
-the training noise is calibrated so that releasing the best trial is (epsilon,
-delta)-DP for every silo (`tff_silo.privacy.tuning.calibrate_noise`), and the
-selected row's `epsilon_spent` is that total, recomputed from what the trials ran.
-Non-private cells search the grid in full either way, and a method with one
-configuration (local and FedAvg at one learning rate) runs once, untuned.
+and every row says so (`tuning`); every trial's row is written too. --tuning=private
+runs random-repeat tuning (thesis sec. 1.7, app. E; Papernot & Steinke Thm. 2) in
+every private cell: h ~ TNB(--tuning_eta, E[h] = --mean_trials) trials, each a grid
+configuration drawn at random, trained with its own keys, and scored by each silo's
+sum of per-example validation metrics clipped to [0, --score_clip] with Gaussian
+noise (multiplier calibrated so that one score alone would spend
+--score_budget_share of epsilon); the training noise is calibrated so that
+releasing the best trial is (epsilon, delta)-DP for every silo
+(`tff_silo.privacy.tuning.calibrate_noise`), and the selected row's `epsilon_spent`
+is that total, recomputed from what the trials ran. The theorem covers the best
+trial alone, with h hidden: so under private tuning the output, the table, the
+figures and --save_models hold the selected trial of each cell and nothing else
+(not h, not the trial's index or seed, not the cell's summed time).
+--trials_output=PATH also writes every trial's row there, each marked
+`outside_guarantee` with `epsilon_if_released`, the epsilon of releasing every
+trial of its cell (their composition, h public); without it, finished trials wait
+in `<output>.trials.partial.csv` (outside the guarantee as well) only until their
+cell is selected, so that a killed run resumes, and the file goes when its cells
+are done. Non-private cells search the grid in full either way, and a method with
+one configuration (local and FedAvg at one learning rate) runs once, untuned.
 
 --membership also attacks every trial's silo models (`attacks.membership`), so the
 selected rows, a second table and a figure show leakage beside utility; the attack
@@ -39,14 +48,17 @@ weighted mean in every method but hypernet; a DP aggregator's silo-level epsilon
 per trial, in its own columns (not with --tuning=private, whose accounting does not
 cover it).
 
-Output: one CSV row per trial and one per selected cell (--output, resumable: a
-rerun skips finished trials), a markdown table (method x epsilon, mean +- sd over
-seeds, the selected lambdas) and figures in --figures_dir (`_private` added under
-private tuning): `privacy_utility_<preset>.png` (test metric against epsilon, one
-line per method, a band over seeds), `lambda_<preset>.png` (the lambda methods'
-test metric against lambda, one panel per epsilon, local and FedAvg as lines) and
-`leakage_<preset>.png` (membership AUC against epsilon, with --membership). On the
-vectorized backend a configuration's trials run stacked as one program.
+Output: one CSV row per selected cell and, under free tuning, one per trial
+(--output, resumable: a rerun skips finished trials and cells), a markdown table
+(method x epsilon, mean +- sd over seeds, the selected lambdas) and figures in
+--figures_dir (`_private` added under private tuning): `privacy_utility_<preset>.png`
+(test metric against epsilon, one line per method, a band over seeds),
+`lambda_<preset>.png` (free tuning: the lambda methods' test metric against lambda;
+private tuning: the selected models' test metric against the lambda selected; one
+panel per epsilon, local and FedAvg as lines) and `leakage_<preset>.png` (membership
+AUC against epsilon, with --membership). A row's epsilon covers that row; rows on
+the same silos (one seed) compose. On the vectorized backend a configuration's
+trials run stacked as one program.
 """
 
 from __future__ import annotations
@@ -55,8 +67,11 @@ import os
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
+import collections
+import contextlib
 import json
 import math
+import shutil
 import sys
 import time
 from typing import NamedTuple, Optional
@@ -71,6 +86,20 @@ from benchmarks.common import UsageError
 
 PRESETS = tuple(configs.COMPARE_PRESETS)
 SIGNATURE = ("row_type", "run_key", "method", "test_metric")
+# Private tuning: where finished trials wait for their cell's selection (beside
+# --output) when --trials_output is not given
+PARTIAL_TRIALS = ".trials.partial.csv"
+# ... and their saved models, under --save_models
+STAGED_MODELS = ".trials.partial"
+# The columns of a selected row under private tuning: what the best trial's release
+# is (its model's test metric and noisy score, its hyperparameters), the tuning's
+# total epsilon, and the settings; nothing that counts or indexes the trials.
+RELEASED_COLUMNS = (
+    "row_type", "run_key", "preset", "method", "epsilon", "seed", "lam", "lr",
+    "privacy_unit", "rounds", "metric", "validation_metric", "noisy_validation_score",
+    "test_metric", "epsilon_spent", "noise_multiplier", "score_noise_multiplier",
+    "delta", "tuning", "backend", "device", "mia_auc", "mia_advantage",
+    "mia_inside_guarantee", "saved_to")
 # The presets' datasets read from --data_dir, and what they read there.
 DATA_FILES = {"school": "school.mat", "vehicle": "vehicle.mat or the Vehicle JSON",
               "fmnist": "Fashion-MNIST's IDX files",
@@ -110,7 +139,10 @@ flags.adopt_module_key_flags(common)
 flags.DEFINE_string("output", None, "CSV rows are appended to (default: "
                     "benchmarks/out/compare_<preset>.csv).")
 flags.DEFINE_string("figures_dir", "benchmarks/figures", "Folder of the figures.")
-common.define_save_models_flag("every trial")
+common.define_save_models_flag("every trial (private tuning: every selected trial)")
+flags.DEFINE_string("trials_output", None, "--tuning=private: also write every trial's "
+                    "row to this CSV, outside the guarantee (each row's "
+                    "epsilon_if_released: releasing every trial of its cell).")
 flags.DEFINE_string("table", None, "Markdown table path (default: "
                     "benchmarks/out/compare_<preset>[_private].md).")
 
@@ -209,6 +241,16 @@ def _settings() -> dict:
   suffix = "" if s["tuning"] == "free" else f"_{s['tuning']}"
   s["table"] = FLAGS.table or f"benchmarks/out/compare_{FLAGS.preset}{suffix}.md"
   common.check_output(s["output"], SIGNATURE)
+  if FLAGS.trials_output is not None and s["tuning"] != "private":
+    raise UsageError("--trials_output applies to --tuning=private only (free tuning "
+                     "writes every trial to --output)")
+  # where trial rows go: free tuning releases them; private tuning keeps them apart
+  s["trials_store"] = (s["output"] if s["tuning"] == "free" else FLAGS.trials_output
+                       or os.path.splitext(s["output"])[0] + PARTIAL_TRIALS)
+  if s["tuning"] == "private" and (os.path.abspath(s["trials_store"])
+                                   == os.path.abspath(s["output"])):
+    raise UsageError("--trials_output must differ from --output")
+  common.check_output(s["trials_store"], SIGNATURE, "trials_output")
   common.check_save_models()
   for name in ("privacy_utility", "lambda", "leakage"):
     common.check_figure_path(_figure(s, name), "figures_dir")
@@ -274,18 +316,22 @@ def _protocol(s):
   return PrivacyProtocol(assumed_silo_size=s["assumed_silo_size"])
 
 
-def _tuned_epsilon(s, privacy, score_z) -> float:
-  """The largest over silos of the epsilon of releasing the best of h ~ TNB trials of
-  what this trial ran (its silos' queries as recorded in `privacy`) and its noisy
-  score."""
+def _tuned_epsilons(s, privacy, score_z, num_trials=None) -> np.ndarray:
+  """Per silo, the epsilon of releasing the best of h ~ TNB trials of what this
+  trial ran (its silos' queries as recorded in `privacy`) and its noisy score; with
+  `num_trials`, of releasing every one of that many such trials (h public)."""
   from tff_silo.privacy import tuning
-  events = {}
+  neighbouring = privacy.protocol.neighbouring
+  cache, out = {}, []
   for k in range(len(privacy.noise_multipliers)):
-    event = privacy.silo_event(k)
-    events[(repr(event), float(privacy.target_delta[k]))] = event
-  return max(tuning.tuned_epsilon(_scored(event, score_z), grid.tnb(s), delta,
-                                  privacy.protocol.neighbouring)
-             for (_, delta), event in events.items())
+    event, delta = _scored(privacy.silo_event(k), score_z), float(privacy.target_delta[k])
+    key = (repr(event), delta)
+    if key not in cache:
+      cache[key] = (tuning.tuned_epsilon(event, grid.tnb(s), delta, neighbouring)
+                    if num_trials is None else
+                    tuning.all_trials_epsilon(event, num_trials, delta, neighbouring))
+    out.append(cache[key])
+  return np.array(out)
 
 
 def _validation_metric(model, weights, x_val, y_val) -> float:
@@ -414,23 +460,29 @@ def _hypernet(s, trial, silos, backend) -> _Outcome:
                   if private else None)
 
 
-def _run_batch(s, batch, loaded, backend, device):
-  """Trial rows of `batch` (one configuration's trials), run together."""
+def _run_batch(s, batch, loaded, backend, device, cell_trials):
+  """Trial rows of `batch` (one configuration's trials), run together;
+  `cell_trials[(method, epsilon, seed)]` is h, the trials of each cell."""
   rows = []
   for trial, (outcome, score_z) in zip(batch, _simulate(s, batch, loaded, backend)):
     _, x_val, y_val = loaded[trial["seed"]]
     model = outcome.model
     tuned = trial["trial"] >= 0   # a draw of private tuning
+    private = not math.isinf(trial["epsilon"])
     # under private tuning only the noisy score is released, not the exact metric
-    noisy_score, epsilon_tuned = math.nan, math.nan
+    noisy_score, epsilon_tuned, tuned_per_silo = math.nan, math.nan, None
+    released = outcome.epsilon_spent if private else math.nan
     if tuned:
       validation_metric = math.nan
       noisy_score = _noisy_score(s, model, outcome.silo_weights, x_val, y_val,
                                  trial["run_seed"], score_z)
-      epsilon_tuned = _tuned_epsilon(s, outcome.privacy, score_z)
+      tuned_per_silo = _tuned_epsilons(s, outcome.privacy, score_z)
+      epsilon_tuned = float(tuned_per_silo.max())
       if epsilon_tuned > trial["epsilon"]:
         raise RuntimeError(f"tuning would spend epsilon {epsilon_tuned} > "
                            f"{trial['epsilon']}: a calibration error; nothing reported")
+      released = float(_tuned_epsilons(s, outcome.privacy, score_z, cell_trials[
+          (trial["method"], trial["epsilon"], trial["seed"])]).max())
     else:
       validation_metric = _validation_metric(model, outcome.silo_weights, x_val, y_val)
     leakage = {}
@@ -442,7 +494,8 @@ def _run_batch(s, batch, loaded, backend, device):
       # guarantee covers it (it says how much the models leak, it is not released)
       leakage = dict(mia_auc=float(pooled.auc), mia_advantage=float(pooled.advantage),
                      mia_inside_guarantee=False)
-    private = not math.isinf(trial["epsilon"])
+    outside = ({} if s["tuning"] == "free" else
+               dict(outside_guarantee=True, epsilon_if_released=released))
     rows.append(dict(
         row_type="trial", run_key=grid.trial_key(s, trial), preset=s["preset"], **trial,
         privacy_unit=grid.privacy_unit(trial["method"]) if private else None,
@@ -457,22 +510,33 @@ def _run_batch(s, batch, loaded, backend, device):
                 if len(grid.configurations(s, trial["method"])) == 1 else TUNING),
         num_trials=1, wall_seconds=outcome.wall_seconds,
         runs_stacked=outcome.runs_stacked, backend=backend, device=device,
-        peak_memory_mb=common.peak_memory_mb(), **leakage,
+        peak_memory_mb=common.peak_memory_mb(), **leakage, **outside,
         **({} if outcome.aggregator_measurements is None else common.aggregator_columns(
             s["aggregator"], outcome.rounds, outcome.aggregator_measurements))))
     if FLAGS.save_models:
-      rows[-1]["saved_to"] = _save(s, trial, outcome, rows[-1])
+      rows[-1]["saved_to"] = _save(s, trial, outcome, rows[-1], tuned_per_silo)
   return rows
 
 
-def _save(s, trial, outcome, row) -> str:
-  """Saves a trial's silo models under --save_models (`tff_silo.runs`); its folder."""
+def _save(s, trial, outcome, row, tuned_per_silo=None) -> str:
+  """Saves a trial's silo models under --save_models (`tff_silo.runs`); its folder.
+  Under private tuning it is staged until its cell is selected (`_publish`), its
+  privacy block the tuning's per-silo epsilon (`tuned_per_silo`) where drawn."""
   from tff_silo import runs
   key = row["run_key"]
-  folder = runs.run_folder(FLAGS.save_models, "-".join([
+  parent = FLAGS.save_models
+  if s["tuning"] == "private":
+    parent = os.path.join(FLAGS.save_models, STAGED_MODELS)
+  folder = runs.run_folder(parent, "-".join([
       trial["method"], f"eps{trial['epsilon']:g}", f"lam{trial['lam']:g}",
       f"lr{trial['lr']:g}", f"seed{trial['seed']}", f"t{trial['trial']}"]), key)
   private = not math.isinf(trial["epsilon"])
+  privacy = outcome.privacy or outcome.saved_privacy
+  if tuned_per_silo is not None:
+    privacy = dict(runs.privacy_summary(privacy),
+                   epsilon_spent=[float(e) for e in tuned_per_silo],
+                   training_epsilon_spent=[float(e) for e in privacy.epsilon_spent],
+                   covers=row["tuning"])
   training = None
   if trial["method"] != "hypernet" and s["aggregator"].plain:
     training = runs.training_settings(
@@ -492,7 +556,7 @@ def _save(s, trial, outcome, row) -> str:
   runs.save(folder, run_key=key, silo_weights=outcome.silo_weights,
             server_weights=outcome.server_weights, hypernetwork=outcome.hypernetwork,
             model=model, data=_recipe(s, trial["seed"]), silos=outcome.data,
-            privacy=outcome.privacy or outcome.saved_privacy,
+            privacy=privacy,
             info=dict(binary="benchmarks.compare", algorithm=trial["method"],
                       lam=trial["lam"], lr=trial["lr"], seed=trial["seed"],
                       trial=trial["trial"], rounds=outcome.rounds,
@@ -502,6 +566,77 @@ def _save(s, trial, outcome, row) -> str:
                       privacy_unit=row["privacy_unit"], metric=outcome.metric,
                       test_metric=outcome.test_metric, training=training))
   return folder
+
+
+def _select_ready(s, planned, cell_trials, released: set, loaded) -> int:
+  """Writes to --output the selected row of every cell whose planned trials are all
+  in the trial store and whose row is not there yet (under private tuning only the
+  released columns, and its saved models published); the number written."""
+  if not os.path.exists(s["trials_store"]):
+    return 0
+  table = common.read_rows(s["trials_store"], SIGNATURE, "trials_output")
+  keys = {grid.trial_key(s, t) for t in planned}
+  ours = table[(table.row_type == "trial") & table.run_key.isin(keys)]
+  if ours.empty:
+    return 0
+  rows = []
+  for row in grid.selected(s, ours, planned).to_dict("records"):
+    if row["run_key"] in released:
+      continue
+    if s["tuning"] == "private":
+      row = _released_row(s, row, ours, loaded)
+    rows.append(row)
+    released.add(row["run_key"])
+  if rows:
+    common.append_rows(s["output"], rows)
+  return len(rows)
+
+
+def _released_row(s, row, trials, loaded) -> dict:
+  """A cell's selected row under private tuning: the released columns only; under
+  --save_models the selected trial's staged run saved as the cell's, and every
+  staged trial of the cell removed."""
+  out = {name: row[name] for name in RELEASED_COLUMNS if name in row}
+  out.pop("saved_to", None)
+  if math.isfinite(row["epsilon"]):   # an exact validation metric is not accounted
+    out.pop("validation_metric", None)
+  if FLAGS.save_models:
+    staged = row.get("saved_to")
+    out["saved_to"] = (_publish(s, row, staged, loaded)
+                       if isinstance(staged, str) and os.path.isdir(staged) else None)
+    cell = trials[(trials.method == row["method"]) & (trials.epsilon == row["epsilon"])
+                  & (trials.seed == row["seed"])]
+    if "saved_to" in cell:
+      for path in cell.saved_to.dropna():
+        shutil.rmtree(path, ignore_errors=True)
+  return out
+
+
+def _publish(s, row, staged: str, loaded) -> str:
+  """The selected trial's staged run saved under --save_models as its cell's run:
+  the cell's key, no trial index; its folder."""
+  from tff_silo import runs
+  run = runs.load(staged)
+  info = {name: value for name, value in run.meta["info"].items() if name != "trial"}
+  folder = runs.run_folder(FLAGS.save_models, "-".join([
+      row["method"], f"eps{row['epsilon']:g}", f"lam{row['lam']:g}", f"lr{row['lr']:g}",
+      f"seed{row['seed']}"]), row["run_key"])
+  runs.save(folder, run_key=row["run_key"], silo_weights=run.silo_weights,
+            server_weights=run.server_weights, hypernetwork=run.hypernetwork_weights,
+            model=run.meta["model"], data=run.meta["data"],
+            silos=loaded[int(row["seed"])][0], privacy=run.meta["privacy"], info=info)
+  return folder
+
+
+def _forget_partial_trials(s, planned) -> None:
+  """Private tuning without --trials_output: once every cell is selected, its trials
+  leave the partial store (and their staged models the save folder)."""
+  if s["tuning"] != "private" or FLAGS.trials_output is not None:
+    return
+  common.drop_rows(s["trials_store"], {grid.trial_key(s, t) for t in planned})
+  if FLAGS.save_models:
+    with contextlib.suppress(OSError):
+      os.rmdir(os.path.join(FLAGS.save_models, STAGED_MODELS))
 
 
 def _epsilon_label(epsilon) -> str:
@@ -582,7 +717,8 @@ def _figure(s, name) -> str:
 
 
 def _plots(s, trials, selected):
-  """The privacy-utility, leakage (with --membership) and lambda figures."""
+  """The privacy-utility, leakage (with --membership) and lambda figures; `trials`
+  None (private tuning) draws every figure from the selected rows alone."""
   import matplotlib
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt
@@ -613,8 +749,11 @@ def _plots(s, trials, selected):
     fig.tight_layout()
     fig.savefig(_figure(s, "leakage"), dpi=120)
     plt.close(fig)
-  lam_trials = trials[trials.method.isin(LAMBDA_METHODS)]
-  if lam_trials.empty:
+  # free tuning: per (method, lambda, seed) the trial with the best validation metric;
+  # private tuning: the selected models alone, at the lambda each selected
+  lam_rows = (selected if trials is None else trials)
+  lam_rows = lam_rows[lam_rows.method.isin(LAMBDA_METHODS)]
+  if lam_rows.empty:
     return
   columns = min(4, len(epsilons))
   rows = -(-len(epsilons) // columns)
@@ -623,19 +762,23 @@ def _plots(s, trials, selected):
   for ax in axes.flat[len(epsilons):]:
     ax.set_visible(False)
   for ax, epsilon in zip(axes.flat, epsilons):
-    part = lam_trials[lam_trials.epsilon == epsilon]
-    # per (method, lambda, seed) the lr with the best validation metric
-    best = part.loc[grid.score(part).groupby([part.method, part.lam, part.seed]).idxmin()]
-    best = best[np.isfinite(best.test_metric)]
-    sns.lineplot(data=best, x="lam", y="test_metric", hue="method", marker="o",
-                 errorbar="sd", ax=ax, legend=ax is axes.flat[0])
+    part = lam_rows[lam_rows.epsilon == epsilon]
+    if trials is None:
+      sns.scatterplot(data=part, x="lam", y="test_metric", hue="method", ax=ax,
+                      legend=ax is axes.flat[0])
+    else:
+      best = part.loc[grid.score(part).groupby([part.method, part.lam,
+                                                part.seed]).idxmin()]
+      best = best[np.isfinite(best.test_metric)]
+      sns.lineplot(data=best, x="lam", y="test_metric", hue="method", marker="o",
+                   errorbar="sd", ax=ax, legend=ax is axes.flat[0])
     for i, other in enumerate(("local", "fedavg")):
       line = selected[(selected.method == other) & (selected.epsilon == epsilon)]
       if len(line):
         ax.axhline(line.test_metric.mean(), ls="--", color=f"C{i + 3}", label=other)
     ax.set_xscale("log")
     ax.set_title(f"epsilon {_epsilon_label(epsilon)}", fontsize=9)
-    ax.set_xlabel("lambda")
+    ax.set_xlabel("lambda" if trials is not None else "lambda selected (each seed)")
     ax.set_ylabel(f"test {metric}")
   axes[0][0].legend(fontsize=7)
   fig.tight_layout()
@@ -649,9 +792,17 @@ def main(argv):
   s = _settings()
   from tff_silo import runtime
   runtime.exit_cleanly_on_sigterm()
-  done = common.done_rows(s["output"], True, SIGNATURE)
+  private = s["tuning"] == "private"
   trials = grid.trials(s)
-  pending = [t for t in trials if grid.trial_key(s, t) not in done]
+  cell_trials = collections.Counter((t["method"], t["epsilon"], t["seed"])
+                                    for t in trials)
+  cell_keys = {grid.cell_key(s, *cell): cell for cell in cell_trials}
+  released = {key for key, row in common.done_rows(s["output"], True, SIGNATURE).items()
+              if row["row_type"] == "selected" and key in cell_keys}
+  done = common.done_rows(s["trials_store"], True, SIGNATURE, "trials_output")
+  finished_cells = {cell_keys[key] for key in released}
+  pending = [t for t in trials if grid.trial_key(s, t) not in done
+             and (t["method"], t["epsilon"], t["seed"]) not in finished_cells]
   try:
     loaded = {seed: _data(s, seed) for seed in s["seeds"]}
   except ValueError as e:   # DataError: a missing or bad file, a silo too small
@@ -671,29 +822,41 @@ def main(argv):
       batches[-1].append(trial)
     else:
       batches.append([trial])
-  print(f"{len(trials)} trials, {len(trials) - len(pending)} already in {s['output']}; "
-        f"running {len(pending)} in {len(batches)} batches", file=sys.stderr)
+  if private:   # how many trials ran would tell h: counted in cells only
+    print(f"{len(cell_trials)} cells, {len(released)} already in {s['output']}; the "
+          f"rest in {len(batches)} batches (finished trials wait in "
+          f"{s['trials_store']}, outside the guarantee)", file=sys.stderr)
+  else:
+    print(f"{len(trials)} trials, {len(trials) - len(pending)} already in "
+          f"{s['output']}; running {len(pending)} in {len(batches)} batches",
+          file=sys.stderr)
   start = time.perf_counter()
   for i, batch in enumerate(batches, 1):
     first = batch[0]
     try:
       with scope:
-        rows = _run_batch(s, batch, loaded, backend, device)
+        rows = _run_batch(s, batch, loaded, backend, device, cell_trials)
     except ValueError as e:   # a budget too small for any noise, say
       raise UsageError(str(e)) from None
-    common.append_rows(s["output"], rows)
+    common.append_rows(s["trials_store"], rows)
+    _select_ready(s, trials, cell_trials, released, loaded)
     elapsed = time.perf_counter() - start
     left = elapsed / i * (len(batches) - i)
+    counts = (f"{len(released)}/{len(cell_trials)} cells selected" if private
+              else f"{len(batch)} trials")
     print(f"[{i}/{len(batches)}] {first['method']} lam={first['lam']:g} "
-          f"lr={first['lr']:g}: {len(batch)} trials, "
-          f"{elapsed:.0f} s, ~{left:.0f} s left", file=sys.stderr, flush=True)
+          f"lr={first['lr']:g}: {counts}, {elapsed:.0f} s, ~{left:.0f} s left",
+          file=sys.stderr, flush=True)
+  _select_ready(s, trials, cell_trials, released, loaded)   # cells finished before
   table = common.read_rows(s["output"], SIGNATURE)
-  keys = {grid.trial_key(s, t) for t in trials}
-  ours = table[(table.row_type == "trial") & table.run_key.isin(keys)]
-  selected = grid.selected(s, ours, trials)
-  fresh = selected[~selected.run_key.isin(set(table.run_key))]
-  if len(fresh):
-    common.append_rows(s["output"], fresh.to_dict("records"))
+  selected = table[(table.row_type == "selected") & table.run_key.isin(set(cell_keys))]
+  selected = selected.sort_values(["method", "epsilon", "seed"], kind="stable", key=lambda
+                                  c: c.map(METHODS.index) if c.name == "method" else c)
+  ours = None
+  if not private:   # the lambda figure of free tuning shows every trial
+    ours = table[(table.row_type == "trial")
+                 & table.run_key.isin({grid.trial_key(s, t) for t in trials})]
+  _forget_partial_trials(s, trials)
   markdown = _table(selected)
   os.makedirs(os.path.dirname(os.path.abspath(s["table"])), exist_ok=True)
   with open(s["table"], "w") as f:
@@ -702,7 +865,9 @@ def main(argv):
   print(markdown)
   figures = [_figure(s, name) for name in ("privacy_utility", "lambda")
              + (("leakage",) if s["membership"] else ())]
-  print(f"rows: {s['output']}; table: {s['table']}; figures: {', '.join(figures)}")
+  print(f"rows: {s['output']}; table: {s['table']}; figures: {', '.join(figures)}"
+        + (f"; every trial (outside the guarantee): {FLAGS.trials_output}"
+           if FLAGS.trials_output else ""))
 
 
 if __name__ == "__main__":

@@ -31,7 +31,7 @@ def privacy_unit(method: str) -> str:
 
 TUNING_MODES = ("free", "private")
 TUNING = "free: best validation metric of the grid; validation and tuning not accounted"
-UNTUNED = "none: one configuration, nothing tuned"
+UNTUNED = "none: one configuration, nothing tuned; validation not accounted"
 TUNING_PRIVATE = ("private: best noisy validation score of h ~ TNB(eta={eta:g}, "
                   "E[h]={mean:g}) random grid draws; accounted (Papernot & Steinke Thm. 2)")
 

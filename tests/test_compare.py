@@ -73,10 +73,11 @@ def test_a_killed_run_resumes_without_redoing_finished_trials(tmp_path):
   proc.send_signal(signal.SIGTERM)
   proc.communicate(timeout=120)
   first = pd.read_csv(tmp_path / "c.csv")
-  assert len(first) >= 2
+  finished = (first.row_type == "trial").sum()
+  assert finished >= 2
   again = _compare(tmp_path, *TINY, "--lams=0.01,0.1,1,10")
   assert again.returncode == 0, again.stderr
-  assert f"{len(first)} already in" in again.stderr
+  assert f"{finished} already in" in again.stderr
   rows = pd.read_csv(tmp_path / "c.csv")
   assert rows.run_key.is_unique
   assert (rows.row_type == "trial").sum() == (1 + 1 + 4) * 2
@@ -84,33 +85,63 @@ def test_a_killed_run_resumes_without_redoing_finished_trials(tmp_path):
   pd.testing.assert_frame_equal(rows.iloc[:len(first)], first, check_dtype=False)
 
 
+def test_a_killed_private_tuning_resumes_from_its_partial_trials(tmp_path):
+  """Under private tuning finished trials wait in the partial file (each marked
+  outside the guarantee) until their cell is selected; a rerun picks them up, and
+  the file goes once every cell is in the output."""
+  flags = (*TINY, "--lams=0.01,0.1,1,10", "--tuning=private", "--mean_trials=6",
+           "--methods=mrmtl")
+  proc = _compare(tmp_path, *flags, popen=True)
+  deadline = time.monotonic() + 300
+  for line in proc.stderr:
+    if line.startswith("[1/") or time.monotonic() > deadline:
+      break
+  proc.send_signal(signal.SIGTERM)
+  proc.communicate(timeout=120)
+  partial = tmp_path / "c.trials.partial.csv"
+  waiting = pd.read_csv(partial)
+  assert len(waiting) >= 1 and waiting.outside_guarantee.all()
+  _, rows, selected = _finished(tmp_path, *flags)
+  assert len(rows) == len(selected) == 2 and not partial.exists()
+
+
 def test_private_tuning_meets_its_budget_by_dp_accountings_own_bound(tmp_path):
   """Each private cell draws h trials with their own seeds; the noisy score alone
   selects; the selected row's epsilon is the tuning's total, and dp_accounting's
   RepeatAndSelectDpEvent of what a trial ran (DP-SGD at its noise, the Gaussian
-  score) confirms it is within the target."""
+  score) confirms it is within the target. --trials_output holds every trial, each
+  marked outside the guarantee with the epsilon of releasing its cell's h trials:
+  dp_accounting's composition of h such trials."""
   import dp_accounting
   from tff_silo.privacy import accounting
+  every = tmp_path / "trials.csv"
   _, rows, _ = _finished(tmp_path, *TINY, "--tuning=private", "--mean_trials=3",
-                         "--methods=local,mrmtl")
-  drawn = rows[(rows.row_type == "trial") & (rows.trial >= 0)]
+                         "--methods=local,mrmtl", f"--trials_output={every}")
+  trials = pd.read_csv(every)
+  assert (trials.row_type == "trial").all() and trials.outside_guarantee.all()
+  drawn = trials[trials.trial >= 0]
   assert set(drawn.method) == {"mrmtl"} and set(drawn.epsilon) == {4.0}
   assert drawn.run_seed.is_unique and drawn.validation_metric.isna().all()
   assert drawn.noisy_validation_score.notna().all()
   assert np.all(drawn.epsilon_spent < 3.0)   # each trial trains with less
   rate, steps = 16 / 48, 3 * (48 // 16)   # the quick preset's B and m, 3 rounds
+  orders = list(accounting.RDP_ORDERS) + [512.0, 1024.0, 2048.0, 4096.0, 8192.0]
   for _, trial in drawn.iterrows():
     assert 0.999 * 4.0 < trial.epsilon_tuned <= 4.0
     event = dp_accounting.ComposedDpEvent([
         accounting.dp_sgd_event(trial.noise_multiplier, rate, steps),
         dp_accounting.GaussianDpEvent(trial.score_noise_multiplier)])
-    orders = list(accounting.RDP_ORDERS) + [512.0, 1024.0, 2048.0, 4096.0, 8192.0]
     accountant = dp_accounting.rdp.RdpAccountant(orders)
     accountant.compose(dp_accounting.dp_event.RepeatAndSelectDpEvent(event, 3.0, 1.0))
     assert accountant.get_epsilon(1e-3) <= 4.0 * (1 + 1e-3)
+    everything = dp_accounting.rdp.RdpAccountant(orders)
+    everything.compose(event, len(drawn))
+    assert trial.epsilon_if_released == pytest.approx(everything.get_epsilon(1e-3),
+                                                      rel=1e-9)
+  if len(drawn) > 1:   # several trials released cost more than one
+    assert np.all(drawn.epsilon_if_released > drawn.epsilon_spent)
   selected = rows[(rows.row_type == "selected") & (rows.method == "mrmtl")
                   & (rows.epsilon == 4.0)].iloc[0]
-  assert selected.num_trials == len(drawn)
   assert selected.noisy_validation_score == drawn.noisy_validation_score.min()
   assert selected.epsilon_spent == pytest.approx(drawn.epsilon_tuned.max())
   assert selected.tuning.startswith("private")
@@ -118,8 +149,38 @@ def test_private_tuning_meets_its_budget_by_dp_accountings_own_bound(tmp_path):
   assert untuned.tuning.str.startswith("none").all()
   assert untuned[untuned.epsilon == 4.0].epsilon_spent.iloc[0] > 3.99
   again = _compare(tmp_path, *TINY, "--tuning=private", "--mean_trials=3",
-                   "--methods=local,mrmtl")
-  assert "running 0 in 0 batches" in again.stderr   # the same plan: nothing to redo
+                   "--methods=local,mrmtl", f"--trials_output={every}")
+  assert "4 already in" in again.stderr and "in 0 batches" in again.stderr
+
+
+def test_private_tuning_writes_only_what_its_accountant_covers(tmp_path):
+  """Papernot & Steinke's bound covers the best trial alone, with h hidden: a
+  private-tuning run writes one row per cell with the released columns only (no
+  trial index, seed, count or summed time), saves the selected trial alone (under
+  the cell's key, its privacy block the tuning's total), keeps no trial file once
+  done, and draws its table and figures from those rows."""
+  from benchmarks import compare
+  from tff_silo import runs
+  models = tmp_path / "models"
+  proc, rows, selected = _finished(tmp_path, *TINY, "--tuning=private",
+                                   "--mean_trials=4", "--methods=local,mrmtl",
+                                   f"--save_models={models}")
+  assert len(rows) == len(selected) == 4   # (local, mrmtl) x (4, inf), one seed
+  assert set(rows.columns) <= set(compare.RELEASED_COLUMNS)
+  assert rows[np.isfinite(rows.epsilon)].validation_metric.isna().all()
+  assert sorted(os.listdir(tmp_path)) == sorted(
+      ["c.csv", "c.md", "models", "privacy_utility_quick_private.png",
+       "lambda_quick_private.png"])
+  saved = sorted(os.listdir(models))
+  assert len(saved) == 4 and sorted(rows.saved_to.map(os.path.basename)) == saved
+  for _, row in rows.iterrows():
+    run = runs.load(row.saved_to)
+    assert run.meta["run_key"] == row.run_key and "trial" not in run.meta["info"]
+    if np.isfinite(row.epsilon):
+      spent = run.meta["privacy"]["epsilon_spent"]
+      assert max(spent) == pytest.approx(row.epsilon_spent) and max(spent) <= 4.0
+  table = (tmp_path / "c.md").read_text()
+  assert "| mrmtl |" in table and proc.stdout.startswith(table.splitlines()[0])
 
 
 def test_membership_inference_reports_leakage_beside_utility(tmp_path):
@@ -208,10 +269,13 @@ def test_private_tuning_of_ifca_counts_its_selections(tmp_path):
   """IFCA's private selections take a share of the trial's own epsilon; the
   calibration solves for it and the total, recomputed from what ran, meets the
   target."""
-  _, rows, selected = _finished(tmp_path, "--methods=ifca_mrmtl", "--epsilons=4",
-                                "--seeds=0", "--lams=0.1,1", "--rounds=10",
-                                "--tuning=private", "--mean_trials=2")
-  drawn = rows[(rows.row_type == "trial") & (rows.trial >= 0)]
+  every = tmp_path / "trials.csv"
+  _, _, selected = _finished(tmp_path, "--methods=ifca_mrmtl", "--epsilons=4",
+                             "--seeds=0", "--lams=0.1,1", "--rounds=10",
+                             "--tuning=private", "--mean_trials=2",
+                             f"--trials_output={every}")
+  rows = pd.read_csv(every)
+  drawn = rows[rows.trial >= 0]
   assert len(drawn) >= 1
   assert np.all((drawn.epsilon_tuned > 0.99 * 4.0) & (drawn.epsilon_tuned <= 4.0))
   assert selected.epsilon_spent.iloc[0] <= 4.0
@@ -268,6 +332,7 @@ def test_every_trial_of_a_grid_has_keys_of_its_own(tuning):
     ("--data_dir=/tmp", "--data_dir applies to --preset=vehicle,fmnist,fmnist_hetero,"),
     ("--tuning=oracle", "--tuning must be one of"),
     ("--mean_trials=3", "--mean_trials applies to --tuning=private only"),
+    ("--trials_output=/tmp/t.csv", "--trials_output applies to --tuning=private only"),
     ("--aggregator=dp_fixed --silo_epsilon=2 --tuning=private",
      "--aggregator=dp_fixed with --tuning=private: the silo-level cost of tuning"),
     ("--aggregator=median", "--aggregator must be one of mean"),

@@ -192,6 +192,19 @@ def tuned_epsilon(trial_event: dp_accounting.DpEvent, trials, target_delta: floa
   return repeat_and_select_epsilon(orders, rdp, trials, target_delta)
 
 
+def all_trials_epsilon(trial_event: dp_accounting.DpEvent, num_trials: int,
+                       target_delta: float, neighbouring: str = "add_remove",
+                       orders: Sequence[float] = TUNING_ORDERS) -> float:
+  """Epsilon at `target_delta` of releasing every one of `num_trials` trials (h
+  public), each of queries `trial_event`: their composition, h times the trial's
+  RDP. What publishing a tuning's every trial costs, against `tuned_epsilon`'s
+  best alone."""
+  if int(num_trials) != num_trials or num_trials < 1:
+    raise ValueError(f"num_trials must be a positive integer, got {num_trials}")
+  rdp = num_trials * event_rdp(trial_event, neighbouring, orders)
+  return float(_compute_epsilon(np.asarray(orders, np.float64), rdp, target_delta)[0])
+
+
 def calibrate_noise(target_epsilon: float, target_delta: float, event_for, trials=None,
                     neighbouring: str = "add_remove",
                     orders: Sequence[float] = TUNING_ORDERS) -> float:

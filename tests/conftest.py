@@ -10,6 +10,9 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 # (and the binaries they start) share a fresh folder, never the user's cache.
 os.environ["TFF_SILO_CACHE_DIR"] = tempfile.mkdtemp(prefix="tff_silo_cache_")
 atexit.register(shutil.rmtree, os.environ["TFF_SILO_CACHE_DIR"], True)
+# ... and saved runs' data-check key (tff_silo.runs) is a file of theirs too
+os.environ["TFF_SILO_DATA_KEY"] = os.path.join(os.environ["TFF_SILO_CACHE_DIR"],
+                                               "data-check.key")
 
 import pytest
 

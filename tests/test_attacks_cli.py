@@ -62,6 +62,11 @@ def test_saved_runs_are_attacked_from_their_files(tmp_path):
   assert again.returncode == 0, again.stderr
   assert "shadow runs" not in again.stderr   # a finished attack is not redone
   assert len(pd.read_csv(tmp_path / "m.csv")) == 21
+  weights = next(saved.glob("*/weights.npz"))   # a damaged run: one line naming it
+  weights.write_bytes(weights.read_bytes()[:100])
+  damaged = _run(f"--run={saved}", f"--mia_output={tmp_path}/m2.csv")
+  assert damaged.returncode == 2 and "Traceback" not in damaged.stderr
+  assert "weights.npz is damaged" in damaged.stderr.strip().splitlines()[-1]
 
 
 def test_a_saved_image_run_is_inverted_at_round_0_and_after_training(tmp_path):

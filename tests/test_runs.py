@@ -1,6 +1,7 @@
 """`tff_silo.runs`: a saved run (silo, server and hypernetwork weights) loads
-bit-exactly, is never replaced by another, a version-1 run still loads, and a file
-of another format or version fails in one line."""
+bit-exactly, is never replaced by another, holds a keyed data check only, versions
+1 and 2 still load, and a file of another format or version, or damaged, fails in
+one line."""
 
 import json
 
@@ -70,7 +71,7 @@ def test_a_saved_run_is_never_replaced(tmp_path):
 
 @pytest.mark.parametrize("change, message", [
     (lambda m: m.update(version=0), "has format version 0; this tff_silo reads "
-     "versions 1, 2"),
+     "versions 1, 2, 3"),
     (lambda m: m.pop("version"), "has format version None"),
     (lambda m: m.update(format="other"), "is not a tff_silo.run file"),
 ])
@@ -86,6 +87,57 @@ def test_other_formats_and_versions_fail_in_one_line(tmp_path, change, message):
   assert "\n" not in str(raised.value)
   with pytest.raises(ValueError, match="is not a saved run"):
     runs.load(str(tmp_path))
+
+
+def test_the_data_check_is_keyed_and_tells_nothing_without_the_key(tmp_path,
+                                                                     monkeypatch):
+  """run.json holds no plain hash of any silo's arrays (which would tell
+  neighbouring datasets apart); the keyed check still refuses other data, and
+  without the key it refuses in one line instead of guessing."""
+  silos, model, result = _trained()
+  _save(tmp_path / "run", silos, model, result)
+  text = (tmp_path / "run" / "run.json").read_text()
+  for plain in runs._digests(silos, None):   # pylint: disable=protected-access
+    assert plain["train"] not in text and plain["test"] not in text
+  saved = runs.load(str(tmp_path / "run"))
+  assert saved.meta["version"] == 3 and saved.meta["fingerprint"]["scheme"] == "hmac-sha256"
+  saved.check_data(silos)
+  with pytest.raises(ValueError, match="fingerprint mismatch"):
+    saved.check_data(datasets.load(dict(RECIPE, seed=4))[0])
+  another = runs.fingerprint(silos, key=b"k" * 32)
+  assert another["silos"] != saved.meta["fingerprint"]["silos"]
+  monkeypatch.setenv("TFF_SILO_DATA_KEY", str(tmp_path / "elsewhere.key"))
+  with pytest.raises(ValueError, match="not found at .*elsewhere.key") as raised:
+    saved.check_data(silos)
+  assert "\n" not in str(raised.value)
+  assert not (tmp_path / "elsewhere.key").exists()   # checking never makes a key
+
+
+def test_a_version_2_run_with_a_plain_fingerprint_still_loads_and_checks(tmp_path):
+  silos, model, result = _trained()
+  _save(tmp_path / "run", silos, model, result)
+  path = tmp_path / "run" / "run.json"
+  meta = json.loads(path.read_text())
+  meta.update(version=2, fingerprint=runs._digests(silos, None))   # pylint: disable=protected-access
+  path.write_text(json.dumps(meta))
+  saved = runs.load(str(tmp_path / "run"))
+  saved.check_data(silos)
+  with pytest.raises(ValueError, match="fingerprint mismatch"):
+    saved.check_data(datasets.load(dict(RECIPE, seed=4))[0])
+
+
+@pytest.mark.parametrize("damage", ["truncate", "garble", "empty"])
+def test_a_damaged_weights_file_fails_in_one_line_naming_it(tmp_path, damage):
+  silos, model, result = _trained()
+  _save(tmp_path / "run", silos, model, result)
+  path = tmp_path / "run" / "weights.npz"
+  content = path.read_bytes()
+  path.write_bytes({"truncate": content[:len(content) // 2],
+                    "garble": content[:200] + bytes(len(content) - 200),
+                    "empty": b""}[damage])
+  with pytest.raises(ValueError, match="weights.npz") as raised:
+    runs.load(str(tmp_path / "run"))
+  assert "\n" not in str(raised.value)
 
 
 def test_a_version_1_run_loads_without_server_models(tmp_path):

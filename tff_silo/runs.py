@@ -1,45 +1,60 @@
 """Saved runs: what a run trained, kept so that it can be attacked later.
 
-Format (version 2), one folder per run:
-  run.json     {"format": "tff_silo.run", "version": 2, "run_key", "saved",
+Format (version 3), one folder per run:
+  run.json     {"format": "tff_silo.run", "version": 3, "run_key", "saved",
                "versions" (tff_silo, tensorflow, tensorflow-federated, dp-accounting),
                "model" (how to rebuild the model: `build_model`; a hypernetwork run
                adds "hypernetwork": num_users, embedding_dim, hidden_width), "data"
                (the recipe the binary rebuilds the silos from; no copy of the data),
-               "fingerprint" (SHA-256 of every silo's train and test arrays: the
-               member / non-member split), "privacy" (per silo: epsilon spent,
-               delta, noise multiplier, sampling rate, steps; the neighbouring
-               relation; a hypernetwork run: its user-level epsilon), "info" (flags,
-               seed, method, metrics)}
+               "fingerprint" ({"scheme": "hmac-sha256", "key_id", "silos": per silo
+               the HMAC of its train and of its test arrays, keyed by the data-check
+               key: the member / non-member split}), "privacy" (per silo: epsilon
+               spent, delta, noise multiplier, sampling rate, steps; the neighbouring
+               relation; a hypernetwork run: its user-level epsilon and what it
+               covers), "info" (flags, seed, method, metrics)}
   weights.npz  "silo/<k>/<i>": weight tensor i of silo k's (user k's) final model
                (the model it was evaluated with: personalized, or the global one
                for FedAvg); "server/<g>/<i>": the server's model g (the global
                model, or IFCA's cluster g); "hypernetwork/phi/<i>" and
                "hypernetwork/embeddings": a hypernetwork and its user embeddings.
 
-Version 1 (no server or hypernetwork arrays) is read as version 2 with none.
+Versions 1 and 2 (plain SHA-256 fingerprints; version 1 without server or
+hypernetwork arrays) still load. A plain hash of the training arrays beside the
+privacy block would tell two neighbouring datasets apart with certainty (and test
+candidate silo sizes); the keyed hash tells nothing to whoever lacks the key. The
+key (32 random bytes) lives outside every run folder, in `$TFF_SILO_DATA_KEY`
+(default `~/.config/tff_silo/data-check.key`), made on first use; checking a run's
+data on another machine needs that file.
+
 `save` writes into a temporary folder and renames it, and never replaces a
 different run: a folder holding the same run_key is left as it is (a rerun), one
-holding another run is an error. `load` returns a `SavedRun`.
+holding another run is an error. `load` returns a `SavedRun`; a damaged file is a
+one-line ValueError naming it.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import hashlib
+import hmac
 import json
 import os
+import secrets
 import shutil
 import tempfile
 import time
 import types
 from typing import Optional
+import zipfile
+import zlib
 
 import numpy as np
 
 FORMAT = "tff_silo.run"
-VERSION = 2
-READABLE_VERSIONS = (1, 2)
+VERSION = 3
+READABLE_VERSIONS = (1, 2, 3)
+KEY_ENV = "TFF_SILO_DATA_KEY"
+_KEY_BYTES = 32
 
 
 @dataclasses.dataclass(frozen=True)
@@ -104,8 +119,20 @@ class SavedRun:
 
   def check_data(self, silos) -> None:
     """ValueError unless `silos` are the very split the run trained and was tested
-    on (its fingerprint): members are their training examples."""
-    if fingerprint(silos) != self.meta["fingerprint"]:
+    on (its fingerprint): members are their training examples. A version-3 run
+    needs the data-check key it was saved with (`data_key_path`)."""
+    saved = self.meta["fingerprint"]
+    if self.meta["version"] < 3:
+      ours = _digests(silos, None)
+    else:
+      key = _data_key(create=False)
+      if key is None or _key_id(key) != saved.get("key_id"):
+        raise ValueError(f"{self.directory}'s data check is keyed by data-check key "
+                         f"{saved.get('key_id')}, not found at {data_key_path()}: copy "
+                         f"the key file of the machine that saved it there (or set "
+                         f"{KEY_ENV})")
+      ours = fingerprint(silos, key)
+    if ours != saved:
       raise ValueError(f"the silos rebuilt from {self.directory}'s recipe differ from "
                        "those it trained on (fingerprint mismatch): another data file "
                        "or version")
@@ -162,10 +189,49 @@ def build_model(spec: dict):
   return model
 
 
-def fingerprint(silos) -> list:
-  """Per silo, the SHA-256 of its train and of its test arrays (x then y)."""
+def data_key_path() -> str:
+  """Where the data-check key is kept: `$TFF_SILO_DATA_KEY`, default
+  `~/.config/tff_silo/data-check.key`."""
+  return os.environ.get(KEY_ENV) or os.path.join(os.path.expanduser("~"), ".config",
+                                                 "tff_silo", "data-check.key")
+
+
+def _data_key(create: bool) -> Optional[bytes]:
+  """The data-check key; made (32 bytes of OS entropy, readable by its owner only)
+  when missing and `create`, else None when missing."""
+  path = data_key_path()
+  if not os.path.exists(path):
+    if not create:
+      return None
+    os.makedirs(os.path.dirname(os.path.abspath(path)), mode=0o700, exist_ok=True)
+    try:
+      handle = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    except FileExistsError:   # another process made it first
+      pass
+    else:
+      with os.fdopen(handle, "wb") as f:
+        f.write(secrets.token_bytes(_KEY_BYTES))
+  try:
+    with open(path, "rb") as f:
+      key = f.read()
+  except OSError as e:
+    raise ValueError(f"the data-check key {path} cannot be read ({e.strerror})") from None
+  if len(key) != _KEY_BYTES:
+    raise ValueError(f"the data-check key {path} is not {_KEY_BYTES} bytes; remove it "
+                     "to make a new one (runs saved with it can then not be checked)")
+  return key
+
+
+def _key_id(key: bytes) -> str:
+  """A name for a key that tells nothing about it."""
+  return hashlib.sha256(b"tff_silo data-check key id\0" + key).hexdigest()[:16]
+
+
+def _digests(silos, key: Optional[bytes]) -> list:
+  """Per silo, the HMAC-SHA-256 under `key` (plain SHA-256 when None, versions 1
+  and 2) of its train and of its test arrays (x then y, dtype and shape first)."""
   def digest(*arrays):
-    h = hashlib.sha256()
+    h = hashlib.sha256() if key is None else hmac.new(key, digestmod=hashlib.sha256)
     for a in arrays:
       a = np.ascontiguousarray(a)
       h.update(str((a.dtype.str, a.shape)).encode())
@@ -173,6 +239,13 @@ def fingerprint(silos) -> list:
     return h.hexdigest()
   return [dict(train=digest(x, y), test=digest(xt, yt)) for x, y, xt, yt in zip(
       silos.x_train, silos.y_train, silos.x_test, silos.y_test)]
+
+
+def fingerprint(silos, key: Optional[bytes] = None) -> dict:
+  """The keyed fingerprint of the silos' split (the data-check key by default,
+  made on first use): {"scheme", "key_id", "silos": per silo train and test}."""
+  key = _data_key(create=True) if key is None else key
+  return dict(scheme="hmac-sha256", key_id=_key_id(key), silos=_digests(silos, key))
 
 
 def privacy_summary(privacy) -> Optional[dict]:
@@ -281,22 +354,26 @@ def load(directory: str) -> SavedRun:
   if version not in READABLE_VERSIONS:
     raise ValueError(f"{path} has format version {version!r}; this tff_silo reads "
                      f"versions {', '.join(map(str, READABLE_VERSIONS))}")
+  weights = os.path.join(directory, "weights.npz")
   try:
-    with np.load(os.path.join(directory, "weights.npz")) as arrays:
+    with np.load(weights) as arrays:
       stored = {name: arrays[name] for name in arrays.files}
-  except (OSError, ValueError) as e:
-    raise ValueError(f"{directory}/weights.npz cannot be read ({e})") from None
-  silo_weights = _models(stored, "silo")
-  if len(silo_weights) != meta["num_silos"]:
-    raise ValueError(f"{directory}/weights.npz holds {len(silo_weights)} silo models, "
-                     f"run.json says {meta['num_silos']}")
-  hypernetwork = None
-  if "hypernetwork/embeddings" in stored:
-    phi = tuple(stored[f"hypernetwork/phi/{i}"] for i in range(
-        sum(name.startswith("hypernetwork/phi/") for name in stored)))
-    hypernetwork = (phi, stored["hypernetwork/embeddings"])
-  return SavedRun(directory, meta, silo_weights, _models(stored, "server"),
-                  hypernetwork)
+  except (OSError, ValueError, EOFError, zipfile.BadZipFile, zlib.error) as e:
+    reason = str(e).splitlines()[0] if str(e) else type(e).__name__
+    raise ValueError(f"{weights} is damaged or unreadable ({reason})") from None
+  try:
+    silo_weights, server_weights = _models(stored, "silo"), _models(stored, "server")
+    hypernetwork = None
+    if "hypernetwork/embeddings" in stored:
+      phi = tuple(stored[f"hypernetwork/phi/{i}"] for i in range(
+          sum(name.startswith("hypernetwork/phi/") for name in stored)))
+      hypernetwork = (phi, stored["hypernetwork/embeddings"])
+  except (KeyError, ValueError, IndexError):
+    raise ValueError(f"{weights} does not hold the arrays of a saved run") from None
+  if len(silo_weights) != meta.get("num_silos"):
+    raise ValueError(f"{weights} holds {len(silo_weights)} silo models, run.json says "
+                     f"{meta.get('num_silos')}")
+  return SavedRun(directory, meta, silo_weights, server_weights, hypernetwork)
 
 
 def _models(stored: dict, part: str) -> tuple:

@@ -221,17 +221,24 @@ def aggregator_key() -> dict:
                   ("silo_epsilon", "silo_delta", "aggregator_clip")} if dp else {}))
 
 
-def aggregator_columns(choice, rounds_run: int, measurements: dict) -> dict:
+def aggregator_columns(choice, rounds_run: int, measurements: dict,
+                       dimension: int) -> dict:
   """A row's aggregator: its name, parameters and last measurements (where TFF
   reports them), and for a DP aggregator its silo-level guarantee over the rounds
-  run, in columns of its own."""
+  run (of a `dimension`-value aggregate), in columns of its own: epsilon at
+  silo_delta for exact Gaussian noise, the delta TF's bounded normals add, and what
+  the guarantee covers."""
   import json
+  from tff_silo import aggregators
   columns = dict(aggregator=choice.name, aggregator_params=json.dumps(choice.params),
                  aggregator_measurements=json.dumps(measurements))
   if choice.silo_level_dp:
     columns.update(silo_epsilon=FLAGS.silo_epsilon,
                    silo_epsilon_spent=choice.silo_epsilon(rounds_run, FLAGS.silo_delta),
                    silo_delta=FLAGS.silo_delta,
+                   silo_delta_with_sampler_tail=FLAGS.silo_delta + choice.silo_delta_tail(
+                       rounds_run, dimension),
+                   silo_guarantee_covers=aggregators.SILO_GUARANTEE_COVERS,
                    silo_noise_multiplier=choice.noise_multiplier)
   return columns
 

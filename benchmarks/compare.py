@@ -91,15 +91,7 @@ SIGNATURE = ("row_type", "run_key", "method", "test_metric")
 PARTIAL_TRIALS = ".trials.partial.csv"
 # ... and their saved models, under --save_models
 STAGED_MODELS = ".trials.partial"
-# The columns of a selected row under private tuning: what the best trial's release
-# is (its model's test metric and noisy score, its hyperparameters), the tuning's
-# total epsilon, and the settings; nothing that counts or indexes the trials.
-RELEASED_COLUMNS = (
-    "row_type", "run_key", "preset", "method", "epsilon", "seed", "lam", "lr",
-    "privacy_unit", "rounds", "metric", "validation_metric", "noisy_validation_score",
-    "test_metric", "epsilon_spent", "noise_multiplier", "score_noise_multiplier",
-    "delta", "tuning", "backend", "device", "mia_auc", "mia_advantage",
-    "mia_inside_guarantee", "saved_to")
+
 # The presets' datasets read from --data_dir, and what they read there.
 DATA_FILES = {"school": "school.mat", "vehicle": "vehicle.mat or the Vehicle JSON",
               "fmnist": "Fashion-MNIST's IDX files",
@@ -346,16 +338,20 @@ def _validation_metric(model, weights, x_val, y_val) -> float:
 
 def _noisy_score(s, model, weights, x_val, y_val, run_seed, score_z) -> float:
   """Each silo's sum of per-example validation metrics clipped to [0, score_clip]
-  plus N(0, (score_z x score_clip)^2), fresh for every trial and silo; their mean
-  over silos (a sum per silo, not a per-example mean: no silo's private count
-  enters it; a silo without validation examples adds its noise)."""
+  plus N(0, (score_z x score_clip)^2) (the library's sampler, `privacy.gaussian`),
+  fresh for every trial and silo; their mean over silos (a sum per silo, not a
+  per-example mean: no silo's private count enters it; a silo without validation
+  examples adds its noise)."""
   from tff_silo import keys
+  from tff_silo.privacy import gaussian
+  noise = gaussian.normal(np.stack([
+      keys.derive(keys.root_key(run_seed), keys.VALIDATION_SCORE, k).numpy()
+      for k in range(len(y_val))]), 1).numpy()[:, 0]
   total = 0.0
   for k, (x, y) in enumerate(zip(x_val, y_val)):
     values = model.metric_values([np.asarray(w) for w in weights[k]], x, y).numpy()
-    rng = np.random.default_rng(keys.child_seed(run_seed, keys.VALIDATION_SCORE, k))
     total += (np.clip(values, 0.0, s["score_clip"]).sum()
-              + rng.normal(0.0, score_z * s["score_clip"]))
+              + score_z * s["score_clip"] * float(noise[k]))
   return total / len(y_val)
 
 
@@ -512,7 +508,8 @@ def _run_batch(s, batch, loaded, backend, device, cell_trials):
         runs_stacked=outcome.runs_stacked, backend=backend, device=device,
         peak_memory_mb=common.peak_memory_mb(), **leakage, **outside,
         **({} if outcome.aggregator_measurements is None else common.aggregator_columns(
-            s["aggregator"], outcome.rounds, outcome.aggregator_measurements))))
+            s["aggregator"], outcome.rounds, outcome.aggregator_measurements,
+            sum(np.size(w) for w in outcome.silo_weights[0])))))
     if FLAGS.save_models:
       rows[-1]["saved_to"] = _save(s, trial, outcome, rows[-1], tuned_per_silo)
   return rows
@@ -596,7 +593,7 @@ def _released_row(s, row, trials, loaded) -> dict:
   """A cell's selected row under private tuning: the released columns only; under
   --save_models the selected trial's staged run saved as the cell's, and every
   staged trial of the cell removed."""
-  out = {name: row[name] for name in RELEASED_COLUMNS if name in row}
+  out = {name: row[name] for name in grid.RELEASED_COLUMNS if name in row}
   out.pop("saved_to", None)
   if math.isfinite(row["epsilon"]):   # an exact validation metric is not accounted
     out.pop("validation_metric", None)

@@ -29,6 +29,16 @@ def privacy_unit(method: str) -> str:
   return PRIVACY_UNITS.get(method, "example")
 
 
+# The columns of a selected row under private tuning: what the best trial's release
+# is (its model's test metric and noisy score, its hyperparameters), the tuning's
+# total epsilon, and the settings; nothing that counts or indexes the trials.
+RELEASED_COLUMNS = (
+    "row_type", "run_key", "preset", "method", "epsilon", "seed", "lam", "lr",
+    "privacy_unit", "rounds", "metric", "validation_metric", "noisy_validation_score",
+    "test_metric", "epsilon_spent", "noise_multiplier", "score_noise_multiplier",
+    "delta", "tuning", "backend", "device", "mia_auc", "mia_advantage",
+    "mia_inside_guarantee", "saved_to")
+
 TUNING_MODES = ("free", "private")
 TUNING = "free: best validation metric of the grid; validation and tuning not accounted"
 UNTUNED = "none: one configuration, nothing tuned; validation not accounted"

@@ -529,10 +529,12 @@ def _protocol_columns(s, private=True):
 
 
 def _aggregator_columns(s, result, algorithm):
+  import numpy as np
   if algorithm == "dprivate_clustering":   # no server mean
     return {}
   return common.aggregator_columns(s["aggregator"], result.rounds,
-                                   result.aggregator_measurements)
+                                   result.aggregator_measurements,
+                                   sum(np.size(w) for w in result.silo_weights[0]))
 
 
 def _server_weights(s, privacy):

@@ -41,6 +41,20 @@ def test_the_silo_level_calibration_meets_its_target_by_the_exact_gaussian_bound
   assert exact <= z < 1.15 * exact
 
 
+def test_tfs_bounded_normals_add_their_tail_to_the_silo_level_delta():
+  """TF's normals stop at 5.678 deviations (its 1e-7 clamp): per round a union over
+  the aggregate's noise pairs (dp_adaptive: one more, its count) of a radius above
+  5.678 - 1/z and of the clamped mass; none without DP."""
+  for name, extra in (("dp_fixed", 0), ("dp_adaptive", 1)):
+    choice = aggregators.choose(name, num_silos=10, rounds=50, silo_epsilon=2.0,
+                                silo_delta=1e-3)
+    z = choice.noise_multiplier
+    radius = math.sqrt(-2 * math.log(1e-7))
+    per_round = (15 + extra) * (math.exp(-(radius - 1 / z) ** 2 / 2) + 1e-7)
+    assert choice.silo_delta_tail(50, 29) == pytest.approx(50 * per_round, rel=1e-12)
+  assert aggregators.choose("mean", num_silos=10, rounds=50).silo_delta_tail(50, 29) == 0
+
+
 def test_dp_fixed_adds_the_noise_it_is_accounted_for():
   """The mean of 6 zero updates: N(0, (z clip / 6)^2) in every coordinate."""
   choice = aggregators.choose("dp_fixed", num_silos=6, rounds=4, silo_epsilon=1.0,

@@ -88,7 +88,7 @@ def test_a_saved_image_run_is_inverted_at_round_0_and_after_training(tmp_path):
 def test_a_tiny_run_writes_rows_figures_and_the_membership_table(tmp_path):
   out = str(tmp_path)
   args = ["--image_size=8", "--images=2", "--iterations=20", "--method=idlg",
-          "--defense=none,laplace,dp_sgd", "--nu=1", "--noise_multiplier=0.01",
+          "--defense=none,laplace,dp_sgd", "--nu=1", "--noise_multiplier=0.05",
           f"--output={out}/attacks.csv", f"--figures={out}", "--mia_rounds=1",
           "--mia_algorithm=local", "--mia_epsilon=inf,1",
           f"--mia_output={out}/membership.csv", f"--mia_models={out}/targets"]

@@ -159,14 +159,14 @@ def test_private_tuning_writes_only_what_its_accountant_covers(tmp_path):
   trial index, seed, count or summed time), saves the selected trial alone (under
   the cell's key, its privacy block the tuning's total), keeps no trial file once
   done, and draws its table and figures from those rows."""
-  from benchmarks import compare
+  from benchmarks import grid
   from tff_silo import runs
   models = tmp_path / "models"
   proc, rows, selected = _finished(tmp_path, *TINY, "--tuning=private",
                                    "--mean_trials=4", "--methods=local,mrmtl",
                                    f"--save_models={models}")
   assert len(rows) == len(selected) == 4   # (local, mrmtl) x (4, inf), one seed
-  assert set(rows.columns) <= set(compare.RELEASED_COLUMNS)
+  assert set(rows.columns) <= set(grid.RELEASED_COLUMNS)
   assert rows[np.isfinite(rows.epsilon)].validation_metric.isna().all()
   assert sorted(os.listdir(tmp_path)) == sorted(
       ["c.csv", "c.md", "models", "privacy_utility_quick_private.png",

@@ -24,17 +24,17 @@ KEYS[0], KEYS[1] = (0, 0), (-1, 5)   # zero and sign-extended seed words
 
 
 @pytest.mark.parametrize("n", [1, 2, 5, 8, 13])
-def test_uniform_and_normal_rows_are_tfs_stateless_draws(n):
-  """float32 and float64 uniforms bit for bit, normals to rounding."""
+def test_bits_and_uniform_rows_are_tfs_stateless_draws(n):
+  """Raw words and float32 and float64 uniforms, bit for bit."""
+  bits = batched_random.random_bits(KEYS, n).numpy()
   uniform = batched_random.uniform(KEYS, n).numpy()
   uniform64 = batched_random.uniform64(KEYS, n).numpy()
-  normal = batched_random.normal(KEYS, n).numpy()
   for k, key in enumerate(KEYS):
+    np.testing.assert_array_equal(bits[k], tf.random.stateless_uniform(
+        [n], seed=key, minval=None, maxval=None, dtype=tf.uint32))
     np.testing.assert_array_equal(uniform[k], tf.random.stateless_uniform([n], seed=key))
     np.testing.assert_array_equal(
         uniform64[k], tf.random.stateless_uniform([n], seed=key, dtype=tf.float64))
-    np.testing.assert_allclose(normal[k], tf.random.stateless_normal([n], seed=key),
-                               rtol=0, atol=2e-6)
 
 
 def test_fold_in_matches_the_key_tree():

@@ -22,6 +22,12 @@ The DP factories give silo-level DP (thesis Fig. 1.1: a silo's whole update is t
 unit, add/remove one silo), another granularity than the silos' example-level DP:
 every silo takes part every round, so T rounds are T Gaussian releases of noise
 multiplier z, accounted with dp_accounting's RDP (`AggregatorChoice.silo_epsilon`).
+What that covers: the server's aggregates (the global model) and whatever is
+computed from them alone; not the personalized models each silo computes from its
+own data on top, nor their metrics or saved weights (`SILO_GUARANTEE_COVERS`).
+TFF's factories draw TensorFlow's normals, whose support stops at 5.68 standard
+deviations (`privacy.gaussian`): the delta that costs,
+`AggregatorChoice.silo_delta_tail`, is added to the silo-level delta a run reports.
 """
 
 from __future__ import annotations
@@ -31,6 +37,12 @@ import importlib
 import math
 from typing import Optional
 
+SILO_GUARANTEE_COVERS = ("the server's aggregates (the global model) and what is "
+                         "computed from them alone; not the personalized models, their "
+                         "metrics or saved silo weights")
+# TensorFlow's Box-Muller normals: the radius's uniform is clamped at 1e-7
+TF_NORMAL_CLAMP = 1e-7
+TF_NORMAL_RADIUS = math.sqrt(-2.0 * math.log(TF_NORMAL_CLAMP))   # 5.678
 BUILTINS = ("mean", "unweighted_mean", "robust", "dp_fixed", "dp_adaptive", "compressed")
 DP_BUILTINS = ("dp_fixed", "dp_adaptive")
 PLAIN = ("mean", "unweighted_mean")   # the vectorized backend runs these
@@ -76,6 +88,20 @@ class AggregatorChoice:
       return math.inf
     return _epsilon(self.noise_multiplier, rounds, delta)
 
+  def silo_delta_tail(self, rounds: int, dimension: int) -> float:
+    """What TF's bounded normals add to the silo-level delta over `rounds` releases
+    of a `dimension`-value aggregate (and dp_adaptive's clipped count): per round,
+    a union over noise pairs of a radius above 5.678 - 1/z (where a silo's shift of
+    at most 1/z deviations meets the bound) and of the 1e-7 clamped mass."""
+    if not self.silo_level_dp:
+      return 0.0
+    pairs = -(-int(dimension) // 2) + (self.name == "dp_adaptive")
+    shift = 1.0 / self.noise_multiplier
+    if shift >= TF_NORMAL_RADIUS:
+      return 1.0
+    per_round = pairs * (math.exp(-(TF_NORMAL_RADIUS - shift) ** 2 / 2) + TF_NORMAL_CLAMP)
+    return min(1.0, rounds * per_round)
+
 
 def _event(noise_multiplier: float, rounds: int):
   import dp_accounting   # pylint: disable=g-import-not-at-top
@@ -87,7 +113,7 @@ def _epsilon(noise_multiplier: float, rounds: int, delta: float) -> float:
   """What `silo_noise_multiplier` calibrates: the same RDP computation."""
   from tff_silo.privacy import accounting, tuning   # pylint: disable=g-import-not-at-top
   return tuning.tuned_epsilon(_event(noise_multiplier, rounds), None, delta,
-                              orders=accounting.RDP_ORDERS)
+                              orders=accounting.RDP_ORDERS, tail=0.0)
 
 
 def silo_noise_multiplier(epsilon: float, rounds: int, delta: float) -> float:

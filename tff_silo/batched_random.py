@@ -6,21 +6,23 @@ silo's own samples and noise. This module recomputes the same numbers for K keys
 once: Philox-4x32-10 (Salmon et al., SC'11) written with uint32/uint64 tensor ops,
 TF's seed scrambling (`GenerateKey` in tensorflow/core/kernels/stateless_random_ops.cc)
 and its float conversions. Row k of each function equals the TF op with key k
-(tests/test_vectorized.py): uniform bits exactly, normals to float32 rounding.
+(tests/test_vectorized.py), bit for bit.
 
 - `fold_in(keys, data)`     == `tff_silo.keys.fold_in(keys[k], data[k])`
+- `random_bits(keys, n)`    == `tf.random.stateless_uniform([n], seed=keys[k],
+                                 minval=None, maxval=None, dtype=tf.uint32)`
 - `uniform(keys, n)`        == `tf.random.stateless_uniform([n], seed=keys[k])`
-- `normal(keys, n)`         == `tf.random.stateless_normal([n], seed=keys[k])`
 - `uniform64(keys, n)`      == `tf.random.stateless_uniform([n], seed=keys[k],
                                                               dtype=tf.float64)`
+
+Gaussian noise is the library's own (`privacy.gaussian`, from `random_bits`), not
+TF's normals, whose support stops at 5.68.
 
 A draw of n values is a prefix of a draw of N > n values with the same key (Philox
 runs a counter), which is how padded silos draw exactly what they would alone.
 """
 
 from __future__ import annotations
-
-import math
 
 import tensorflow as tf
 
@@ -133,15 +135,3 @@ def uniform64(keys, n):
       tf.bitwise.left_shift(high, tf.constant(32, tf.uint64)), bits[..., 1])
   one = tf.constant(1023 << 52, tf.uint64)
   return tf.bitcast(tf.bitwise.bitwise_or(mantissa, one), tf.float64) - 1.0
-
-
-def normal(keys, n):
-  """float32[K, n] standard normals, row k equal (to rounding) to
-  stateless_normal([n], seed=keys[k]): Box-Muller on consecutive pairs of words."""
-  bits = random_bits(keys, n + (n % 2))
-  pairs = tf.reshape(bits, [tf.shape(bits)[0], -1, 2])
-  u1 = tf.maximum(_unit_float(pairs[..., 0]), 1.0e-7)
-  v1 = 2.0 * math.pi * _unit_float(pairs[..., 1])
-  radius = tf.sqrt(-2.0 * tf.math.log(u1))
-  out = tf.stack([tf.sin(v1) * radius, tf.cos(v1) * radius], axis=2)
-  return tf.reshape(out, [tf.shape(bits)[0], -1])[:, :n]

@@ -49,10 +49,13 @@ STANDARDIZE = 9       # DP estimate of standardization statistics
 TUNING = 10           # random-repeat tuning: its plan and each trial's run seed
 VALIDATION_SCORE = 11  # the Gaussian noise of a trial's validation score
 RUN = 12              # a run's seed from its configuration (`run_seed`)
+GAUSSIAN_TAIL = 13    # under a noise key: the words refining a pair's tail
+                      # (`privacy.gaussian`)
 PURPOSES = dict(unit=UNIT, sampling=SAMPLING, dp_noise=DP_NOISE, shuffle=SHUFFLE,
                 selection=SELECTION, d_privacy=D_PRIVACY, user_sampling=USER_SAMPLING,
                 aggregator_noise=AGGREGATOR_NOISE, standardize=STANDARDIZE,
-                tuning=TUNING, validation_score=VALIDATION_SCORE, run=RUN)
+                tuning=TUNING, validation_score=VALIDATION_SCORE, run=RUN,
+                gaussian_tail=GAUSSIAN_TAIL)
 
 _DOMAIN = 0x7FF5_11D0   # second counter word: separates these keys from other uses
 _PHILOX = 1             # tf.random.Algorithm.PHILOX

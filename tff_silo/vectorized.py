@@ -9,8 +9,9 @@ TFF process computes, from the same definitions: the round's logic
 (`rounds.client_round`, `rounds.server_step`), the batch plan and the step's
 gradient (`local_training.batch_plan`, `step_gradient`, vectorized over silos with
 `tf.vectorized_map`), and the same random numbers: `tff_silo.batched_random` draws
-row k exactly as TF's stateless ops draw with silo k's key, and a padded silo's
-draw of N values starts with its own n values. Parity with the TFF backend is tested
+row k exactly as TF's stateless ops draw with silo k's key, the DP noise is
+`privacy.gaussian.normal` of those keys (as the TFF process draws it), and a padded
+silo's draw of N values starts with its own n values. Parity with the TFF backend is tested
 in tests/test_vectorized.py.
 
 Padding: silo k's rows past n_k are never sampled (Poisson keeps only i < n_k;
@@ -52,6 +53,7 @@ from tff_silo.algorithms import ifca
 from tff_silo.algorithms import local_training as lt
 from tff_silo.algorithms.rounds import SiloAlgorithm, client_round, server_step
 from tff_silo.data.silos import padded_stack
+from tff_silo.privacy import gaussian
 from tff_silo.privacy.selection import gumbel_of
 
 
@@ -247,7 +249,7 @@ def train_silos(model, config, weights, anchor, lam, silos: StackedSilos, round_
 
   def noise(step):
     stddev = silos.noise_multiplier * config.l2_norm_clip
-    flat = br.normal(br.fold_in(noise_keys, step), sum(sizes)) * stddev[:, None]
+    flat = gaussian.normal(br.fold_in(noise_keys, step), sum(sizes)) * stddev[:, None]
     return [tf.reshape(part, [-1, *s]) for part, s in zip(tf.split(flat, sizes, 1), shapes)]
 
   def body(step, w, perm):

@@ -30,7 +30,7 @@ import tensorflow as tf
 
 from tff_silo import keys
 from tff_silo.data.silos import SiloData, standardize
-from tff_silo.privacy import accounting
+from tff_silo.privacy import accounting, gaussian
 
 STANDARDIZE = ("none", "public", "dp", "silo")
 # Contribution (c / R, c^2 / R^2, 1) of one example: L2 norm at most sqrt(3).
@@ -93,8 +93,8 @@ def dp_sums(x: np.ndarray, clip: float, noise_multiplier: float, key) -> np.ndar
   norms = np.linalg.norm(x, axis=1, keepdims=True)
   c = x * np.minimum(1.0, clip / np.maximum(norms, 1e-12))
   sums = np.concatenate([(c / clip).sum(0), (c * c / clip ** 2).sum(0), [len(x)]])
-  noise = tf.random.stateless_normal([len(sums)], seed=key, dtype=tf.float64).numpy()
-  return sums + noise_multiplier * DP_SENSITIVITY * noise
+  noise = gaussian.normal(tf.convert_to_tensor(key, tf.int32)[None], len(sums))[0]
+  return sums + noise_multiplier * DP_SENSITIVITY * noise.numpy().astype(np.float64)
 
 
 def dp_statistics(x: np.ndarray, clip: float, noise_multiplier: float, key):

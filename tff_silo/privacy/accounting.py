@@ -28,6 +28,12 @@ that lies in at most S of the silo's examples (a neighbourhood and its neighbour
 ones, thesis ch. 2); each step of B of the n examples drawn without replacement is
 a `node_level.NodeLevelDpEvent` (Theorem 2.4.4 as printed).
 
+The library's Gaussian noise (`gaussian`) has a support bound; the probability that
+it matters, `sampler_tail` of an event, is taken from delta before every conversion
+to epsilon here (and in `ledger`, `node_level`, `tuning`): a reported (epsilon,
+delta) holds for the noise actually drawn. Selections are `SelectionDpEvent`s
+(Gumbel noise, bounded in `selection`), outside that tail.
+
 `calibrate_noise_multiplier` brackets and bisects the noise multiplier and returns the
 upper end of the bracket, rounded up to the next float32 (the processes run in
 float32), so the epsilon it implies never exceeds the target. Results are kept on
@@ -41,12 +47,13 @@ import importlib.metadata
 import math
 from typing import Optional
 
+import attr
 import dp_accounting
 import numpy as np
 import scipy.optimize
 import scipy.special
 
-from tff_silo.privacy import calibration_cache
+from tff_silo.privacy import calibration_cache, gaussian_tail
 
 # Orders used by the RDP accountant: every integer order up to 64 plus larger ones
 # up to 256 (optimal for epsilons down to ~0.05), and a few fractional orders below 2
@@ -119,6 +126,13 @@ def dp_sgd_event(noise_multiplier: float, sampling_rate: float, steps: int, *,
   return dp_accounting.SelfComposedDpEvent(step, int(steps))
 
 
+@attr.s(frozen=True, slots=True)
+class SelectionDpEvent(dp_accounting.GaussianDpEvent):
+  """One exponential-mechanism selection: the RDP of the Gaussian mechanism with
+  multiplier 2 / eps (which every accountant composes as such), drawn with Gumbel
+  noise (`selection`), so no Gaussian sampler tail."""
+
+
 def selection_event(selection_epsilon: float, num_selections: int) -> dp_accounting.DpEvent:
   """`num_selections` exponential-mechanism selections, each (eps^2/8)-zCDP.
 
@@ -126,7 +140,53 @@ def selection_event(selection_epsilon: float, num_selections: int) -> dp_account
   alpha / (2 (2/eps)^2) = alpha * eps^2 / 8 is the selection's RDP.
   """
   return dp_accounting.SelfComposedDpEvent(
-      dp_accounting.GaussianDpEvent(2.0 / selection_epsilon), int(num_selections))
+      SelectionDpEvent(2.0 / selection_epsilon), int(num_selections))
+
+
+def sampler_tail(event: dp_accounting.DpEvent, neighbouring: str = "add_remove") -> float:
+  """The probability, over the releases `event` describes, that the library's
+  Gaussian noise leaves the Gaussian's law where a neighbour's shift matters
+  (`gaussian_tail.release_tail`): a release shifts only when the differing example or
+  node is in its batch (probability q; b / n; the node's hypergeometric count), by
+  its sensitivity over the noise's std (1 / z of its `GaussianDpEvent`). Selections
+  and non-Gaussian events add nothing; the sum may exceed 1."""
+  # pylint: disable=g-import-not-at-top
+  from tff_silo.privacy import node_level
+  if isinstance(event, SelectionDpEvent) or isinstance(event, (
+      dp_accounting.NoOpDpEvent, dp_accounting.NonPrivateDpEvent,
+      dp_accounting.LaplaceDpEvent)):
+    return 0.0
+  if isinstance(event, dp_accounting.GaussianDpEvent):
+    z = event.noise_multiplier
+    return gaussian_tail.release_tail(1.0 / z) if z > 0 else 0.0   # z = 0: epsilon inf
+  if isinstance(event, dp_accounting.PoissonSampledDpEvent):
+    return event.sampling_probability * sampler_tail(event.event, neighbouring)
+  if isinstance(event, dp_accounting.SampledWithoutReplacementDpEvent):
+    return (event.sample_size / event.source_dataset_size
+            * sampler_tail(event.event, neighbouring))
+  if isinstance(event, dp_accounting.SelfComposedDpEvent):
+    return event.count * sampler_tail(event.event, neighbouring)
+  if isinstance(event, dp_accounting.ComposedDpEvent):
+    return sum(sampler_tail(e, neighbouring) for e in event.events)
+  if isinstance(event, node_level.NodeLevelDpEvent):
+    return node_level.step_tail(event, neighbouring)
+  raise ValueError(f"no sampler tail is known for {event}")
+
+
+def delta_after_tail(target_delta: float, tail: float) -> float:
+  """The delta left for the Gaussian's own (epsilon, delta) once the sampler's tail
+  is paid; 0 when nothing is left (epsilon is then infinite)."""
+  return max(0.0, target_delta - tail)
+
+
+def epsilon_from_rdp(orders, rdp, target_delta: float, tail: float = 0.0) -> float:
+  """dp_accounting's epsilon of an RDP curve at `target_delta` less `tail`."""
+  delta = delta_after_tail(target_delta, tail)
+  if delta <= 0:
+    return math.inf
+  eps, _ = dp_accounting.rdp.rdp_privacy_accountant.compute_epsilon(
+      np.asarray(orders, np.float64), np.asarray(rdp, np.float64), delta)
+  return float(eps)
 
 
 def _check_extra(extra_events):
@@ -159,12 +219,13 @@ def _epsilon(noise_multiplier, sampling_rate, steps, target_delta, selection_eps
   from tff_silo.privacy import node_level   # pylint: disable=g-import-not-at-top
   accountant = node_level.NodeLevelRdpAccountant(list(RDP_ORDERS),
                                                  neighbouring_relation(neighbouring))
-  accountant.compose(silo_event(noise_multiplier, sampling_rate, steps,
-                                selection_epsilon=selection_epsilon,
-                                num_selections=num_selections, neighbouring=neighbouring,
-                                dataset_size=dataset_size, extra_events=extra_events,
-                                node_examples=node_examples))
-  return float(accountant.get_epsilon(target_delta))
+  event = silo_event(noise_multiplier, sampling_rate, steps,
+                     selection_epsilon=selection_epsilon, num_selections=num_selections,
+                     neighbouring=neighbouring, dataset_size=dataset_size,
+                     extra_events=extra_events, node_examples=node_examples)
+  accountant.compose(event)
+  delta = delta_after_tail(target_delta, sampler_tail(event, neighbouring))
+  return float(accountant.get_epsilon(delta)) if delta > 0 else math.inf
 
 
 def epsilon_spent(noise_multiplier: float, sampling_rate: float, steps: int,
@@ -258,13 +319,12 @@ def _search_epsilon(noise_multiplier, sampling_rate, steps, target_delta,
     rdp = rdp + num_selections * alphas * selection_epsilon ** 2 / 8.0
   for event in extra_events:   # Gaussian: alpha / (2 z^2)
     rdp = rdp + alphas / (2.0 * event.noise_multiplier ** 2)
-  eps, _ = dp_accounting.rdp.rdp_privacy_accountant.compute_epsilon(
-      alphas, rdp, target_delta)
-  return float(eps)
+  tail = sampler_tail(silo_event(z, q, steps, extra_events=extra_events))
+  return epsilon_from_rdp(alphas, rdp, target_delta, tail)
 
 
-# Bump when the search below changes what it returns.
-_CALIBRATION_VERSION = 1
+# Bump when the search below changes what it returns (2: the sampler's tail).
+_CALIBRATION_VERSION = 2
 _DISK_CACHE = calibration_cache.CalibrationCache(dict(
     search=_CALIBRATION_VERSION, orders=RDP_ORDERS,
     tolerance=CALIBRATION_RELATIVE_TOLERANCE,

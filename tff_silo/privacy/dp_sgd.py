@@ -5,9 +5,10 @@ tensors, summed, and Gaussian noise N(0, (noise_multiplier * l2_norm_clip)^2 I) 
 added to the sum; the result is divided by the normalizer (the expected batch size
 q * n under Poisson sampling, the batch size otherwise).
 
-Noise comes from stateless random ops keyed by a 64-bit key (`tff_silo.keys`): one key
-per release, never reused. Without a key the noise is drawn from OS entropy; a fixed
-key is for reproducible simulation only. An example whose gradient is not finite
+Noise comes from the library's Gaussian sampler (`gaussian`, whose support bound the
+accountants charge), keyed by a 64-bit key (`tff_silo.keys`): one key per release,
+never reused. Without a key the noise is drawn from OS entropy; a fixed key is for
+reproducible simulation only. An example whose gradient is not finite
 contributes zero (it would otherwise turn the release into NaN and so reveal that it
 was sampled).
 """
@@ -17,6 +18,7 @@ from __future__ import annotations
 import tensorflow as tf
 
 from tff_silo import keys
+from tff_silo.privacy import gaussian
 
 _TINY = 1e-12
 
@@ -47,13 +49,14 @@ def clip_per_example(grads, l2_norm_clip):
 
 
 def gaussian_noise_like(tensors, stddev, key=None):
-  """Independent N(0, stddev^2) noise shaped like each tensor, all drawn with one
-  int32[2] `key` (one flat draw, split); OS entropy when `key` is None."""
-  sizes = [tf.size(t) for t in tensors]
-  flat = tf.random.stateless_normal(tf.reshape(tf.add_n(sizes), [1]),
-                                    seed=keys.key_or_fresh(key), stddev=stddev)
-  return [tf.reshape(part, tf.shape(t))
-          for part, t in zip(tf.split(flat, tf.stack(sizes)), tensors)]
+  """Independent N(0, stddev^2) noise shaped like each tensor (their shapes static),
+  all drawn with one int32[2] `key` (one flat draw of `gaussian.normal`, split); OS
+  entropy when `key` is None."""
+  sizes = [t.shape.num_elements() for t in tensors]
+  if None in sizes:
+    raise ValueError("gaussian_noise_like needs tensors of static shapes")
+  flat = gaussian.normal(keys.key_or_fresh(key)[None], sum(sizes))[0] * stddev
+  return [tf.reshape(part, tf.shape(t)) for part, t in zip(tf.split(flat, sizes), tensors)]
 
 
 def clipped_sum(per_example_grads, l2_norm_clip, mask=None, batch_dims=1):

@@ -10,7 +10,9 @@ columns from the ledgers and nowhere else.
 
 Composition is exact RDP addition: the RDP curve of each distinct event is computed
 once (`dp_accounting`, cached) and added `count` times, which gives the same curve as
-one `RdpAccountant` composing every event of the run.
+one `RdpAccountant` composing every event of the run. The Gaussian sampler's tails of
+the charged events (`accounting.sampler_tail`) add up too, and epsilon is reported
+at delta less their sum.
 """
 
 from __future__ import annotations
@@ -36,13 +38,17 @@ def _rdp_curve(event: dp_accounting.DpEvent, neighbouring: str) -> np.ndarray:
   return accountant._rdp.copy()   # pylint: disable=protected-access
 
 
+@functools.lru_cache(maxsize=4096)
+def _tail(event: dp_accounting.DpEvent, neighbouring: str) -> float:
+  return accounting.sampler_tail(event, neighbouring)
+
+
 @functools.lru_cache(maxsize=1024)
-def _epsilon_at(rdp_bytes: bytes, target_delta: float) -> float:
-  """dp_accounting's epsilon of an RDP curve (its exact bytes): silos with the same
-  history share one computation."""
-  eps, _ = dp_accounting.rdp.rdp_privacy_accountant.compute_epsilon(
-      accounting.RDP_ORDERS, np.frombuffer(rdp_bytes), target_delta)
-  return float(eps)
+def _epsilon_at(rdp_bytes: bytes, target_delta: float, tail: float) -> float:
+  """dp_accounting's epsilon of an RDP curve (its exact bytes) at `target_delta`
+  less the sampler's `tail`: silos with the same history share one computation."""
+  return accounting.epsilon_from_rdp(accounting.RDP_ORDERS, np.frombuffer(rdp_bytes),
+                                     target_delta, tail)
 
 
 class PrivacyLedger:
@@ -66,14 +72,18 @@ class PrivacyLedger:
     self.neighbouring = neighbouring
     self.budget = budget
     self._rdp = np.zeros(len(accounting.RDP_ORDERS))
+    self.sampler_tail = 0.0   # the Gaussian sampler's tails of every charge
     self.leakage = 0.0
     self.charges = collections.Counter()   # label -> number of charges
 
   def _curve(self, event, count):
+    """(RDP curve, sampler tail) of `count` runs of `event`."""
     if isinstance(event, dp_accounting.ComposedDpEvent):   # lists are not hashable
-      return sum((self._curve(e, count) for e in event.events),
-                 np.zeros(len(accounting.RDP_ORDERS)))
-    return count * _rdp_curve(event, self.neighbouring)
+      parts = [self._curve(e, count) for e in event.events]
+      return (sum((c for c, _ in parts), np.zeros(len(accounting.RDP_ORDERS))),
+              sum(t for _, t in parts))
+    return (count * _rdp_curve(event, self.neighbouring),
+            count * _tail(event, self.neighbouring))
 
   def charge(self, event: dp_accounting.DpEvent, label: str, count: int = 1) -> None:
     """Composes `count` runs of `event` (a query labelled `label`)."""
@@ -82,8 +92,10 @@ class PrivacyLedger:
     if count:
       self._add(self._curve(event, count), label, int(count))
 
-  def _add(self, curve, label, count=1):
+  def _add(self, cost, label, count=1):
+    curve, tail = cost
     self._rdp = self._rdp + curve
+    self.sampler_tail += tail
     self.charges[label] += count
 
   def charge_leakage(self, amount: float, label: str) -> None:
@@ -93,23 +105,27 @@ class PrivacyLedger:
     self.leakage += float(amount)
     self.charges[label] += 1
 
-  def _epsilon_of(self, rdp) -> float:
+  def _epsilon_of(self, rdp, tail) -> float:
     if not np.any(rdp):
       return 0.0
     if self.target_delta is None:
       raise ValueError("this ledger has no target_delta: it accounts d-privacy leakage")
-    return _epsilon_at(np.asarray(rdp, np.float64).tobytes(), self.target_delta)
+    return _epsilon_at(np.asarray(rdp, np.float64).tobytes(), self.target_delta,
+                       float(tail))
 
   def epsilon(self) -> float:
-    """Epsilon at `target_delta` of everything charged so far."""
-    return self._epsilon_of(self._rdp)
+    """Epsilon at `target_delta` of everything charged so far (the sampler's tail
+    taken from delta)."""
+    return self._epsilon_of(self._rdp, self.sampler_tail)
 
   def would_exceed(self, event: dp_accounting.DpEvent, count: int = 1) -> bool:
     """Whether charging `event` `count` times would take epsilon above the budget."""
     return self.budget is not None and self._exceeds_with(self._curve(event, count))
 
-  def _exceeds_with(self, curve) -> bool:
-    return self.budget is not None and self._epsilon_of(self._rdp + curve) > self.budget
+  def _exceeds_with(self, cost) -> bool:
+    curve, tail = cost
+    return self.budget is not None and self._epsilon_of(
+        self._rdp + curve, self.sampler_tail + tail) > self.budget
 
 
 def epsilons(ledgers) -> np.ndarray:
@@ -123,8 +139,8 @@ def leakages(ledgers) -> np.ndarray:
 
 
 def _curves(ledgers, events) -> list:
-  """Each event's RDP curve under its ledger's relation, computed once per distinct
-  event object (units with the same settings share one)."""
+  """Each event's (RDP curve, sampler tail) under its ledger's relation, computed
+  once per distinct event object (units with the same settings share one)."""
   cache, curves = {}, []
   for ledger, event in zip(ledgers, events):
     key = (id(event), ledger.neighbouring)
@@ -142,7 +158,8 @@ def over_budget(ledgers, events) -> list:
   for i, (ledger, curve) in enumerate(zip(ledgers, _curves(ledgers, events))):
     if curve is None or ledger.budget is None:
       continue
-    key = (ledger._rdp.tobytes(), id(curve), ledger.budget, ledger.target_delta)  # pylint: disable=protected-access
+    key = (ledger._rdp.tobytes(), ledger.sampler_tail, id(curve), ledger.budget,  # pylint: disable=protected-access
+           ledger.target_delta)
     if key not in verdicts:
       verdicts[key] = ledger._exceeds_with(curve)   # pylint: disable=protected-access
     if verdicts[key]:

@@ -24,6 +24,7 @@ examples) and batches drawn uniformly at random each step.
 
 from __future__ import annotations
 
+import functools
 import math
 
 import attr
@@ -31,7 +32,7 @@ import dp_accounting
 import numpy as np
 from scipy import special, stats
 
-from tff_silo.privacy import accounting
+from tff_silo.privacy import accounting, gaussian_tail
 
 # The orders of the authors' accountant (accounting.py of their submission); with
 # sigma <= 0.5 the lowest usable order is optimal, so epsilon depends on this list.
@@ -87,6 +88,22 @@ def step_rdp(event: NodeLevelDpEvent, orders, neighbouring: str) -> np.ndarray:
   return np.array(out)
 
 
+@functools.lru_cache(maxsize=1024)
+def step_tail(event: NodeLevelDpEvent, neighbouring: str) -> float:
+  """The Gaussian sampler's tail of one step (`gaussian_tail.release_tail`): a node
+  in rho of the batch's examples shifts the clipped sum by 2 rho C (replacing it) or
+  rho C (adding or removing it), i.e. by sqrt(2 c) rho / sigma noise deviations,
+  averaged over rho's hypergeometric law."""
+  check_event(event)
+  accounting.check_neighbouring(neighbouring)
+  n, s, b = int(event.num_nodes), int(event.max_neighbourhoods), int(event.batch_size)
+  rho = np.arange(1, min(s, b) + 1)
+  pmf = stats.hypergeom(n, s, b).pmf(rho)
+  scale = math.sqrt(2.0 * EXPONENT[neighbouring]) / event.noise_multiplier
+  return float(sum(p * gaussian_tail.release_tail(scale * r)
+                   for p, r in zip(pmf, rho) if p > 0))
+
+
 class NodeLevelRdpAccountant(dp_accounting.rdp.RdpAccountant):
   """dp_accounting's RDP accountant that also composes `NodeLevelDpEvent`s (the
   exponent of its neighbouring relation: `EXPONENT`)."""
@@ -121,14 +138,15 @@ def epsilon(noise_multiplier: float, num_nodes: int, max_neighbourhoods: int,
             batch_size: int, steps: int, delta: float, *,
             neighbouring: str = "replace_one", orders=AUTHOR_ORDERS) -> float:
   """Node-level epsilon at `delta` after `steps` steps (dp_accounting's conversion,
-  orders at most 1.01 unused)."""
+  orders at most 1.01 unused; the Gaussian sampler's tail taken from delta)."""
   event = training_event(noise_multiplier, num_nodes, max_neighbourhoods, batch_size,
                          steps)
   check_event(event.event)   # a one-line ValueError, not dp_accounting's
   accountant = NodeLevelRdpAccountant(list(orders),
                                       accounting.neighbouring_relation(neighbouring))
   accountant.compose(event)
-  return float(accountant.get_epsilon(delta))
+  delta = accounting.delta_after_tail(delta, accounting.sampler_tail(event, neighbouring))
+  return float(accountant.get_epsilon(delta)) if delta > 0 else math.inf
 
 
 def calibrate_noise_multiplier(target_epsilon: float, num_nodes: int,

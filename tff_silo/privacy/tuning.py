@@ -29,14 +29,13 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Sequence, Union
+from typing import Optional, Sequence, Union
 
 import dp_accounting
 import numpy as np
 
 from tff_silo.privacy import accounting
 
-_compute_epsilon = dp_accounting.rdp.rdp_privacy_accountant.compute_epsilon
 _compute_delta = dp_accounting.rdp.rdp_privacy_accountant.compute_delta
 
 
@@ -155,11 +154,13 @@ def repeat_and_select_rdp(orders: Sequence[float], rdp: Sequence[float],
 
 
 def repeat_and_select_epsilon(orders: Sequence[float], rdp: Sequence[float],
-                              trials: Trials, target_delta: float) -> float:
+                              trials: Trials, target_delta: float,
+                              tail: float = 0.0) -> float:
   """Epsilon at `target_delta` of the best of h ~ `trials` runs (dp_accounting's
-  RDP-to-(epsilon, delta) conversion)."""
+  RDP-to-(epsilon, delta) conversion), each trial's sampler `tail` (a union over
+  the trials run: E[h] tails) taken from delta."""
   out = repeat_and_select_rdp(orders, rdp, trials)
-  return float(_compute_epsilon(np.asarray(orders, np.float64), out, target_delta)[0])
+  return accounting.epsilon_from_rdp(orders, out, target_delta, trials.mean * tail)
 
 
 def gaussian_rdp(noise_multiplier: float, orders: Sequence[float]) -> np.ndarray:
@@ -183,13 +184,18 @@ def event_rdp(event: dp_accounting.DpEvent, neighbouring: str = "add_remove",
 
 def tuned_epsilon(trial_event: dp_accounting.DpEvent, trials, target_delta: float,
                   neighbouring: str = "add_remove",
-                  orders: Sequence[float] = TUNING_ORDERS) -> float:
+                  orders: Sequence[float] = TUNING_ORDERS,
+                  tail: Optional[float] = None) -> float:
   """Epsilon at `target_delta` of releasing the best of h ~ `trials` runs of a trial
-  whose queries are `trial_event` (None `trials`: one run, no tuning)."""
+  whose queries are `trial_event` (None `trials`: one run, no tuning). `tail`: a
+  trial's Gaussian sampler tail, taken from delta (default: that of the library's
+  sampler, `accounting.sampler_tail`; 0 for noise drawn elsewhere)."""
   rdp = event_rdp(trial_event, neighbouring, orders)
+  if tail is None:
+    tail = accounting.sampler_tail(trial_event, neighbouring)
   if trials is None:
-    return float(_compute_epsilon(np.asarray(orders, np.float64), rdp, target_delta)[0])
-  return repeat_and_select_epsilon(orders, rdp, trials, target_delta)
+    return accounting.epsilon_from_rdp(orders, rdp, target_delta, tail)
+  return repeat_and_select_epsilon(orders, rdp, trials, target_delta, tail)
 
 
 def all_trials_epsilon(trial_event: dp_accounting.DpEvent, num_trials: int,
@@ -202,7 +208,9 @@ def all_trials_epsilon(trial_event: dp_accounting.DpEvent, num_trials: int,
   if int(num_trials) != num_trials or num_trials < 1:
     raise ValueError(f"num_trials must be a positive integer, got {num_trials}")
   rdp = num_trials * event_rdp(trial_event, neighbouring, orders)
-  return float(_compute_epsilon(np.asarray(orders, np.float64), rdp, target_delta)[0])
+  return accounting.epsilon_from_rdp(
+      orders, rdp, target_delta,
+      num_trials * accounting.sampler_tail(trial_event, neighbouring))
 
 
 def calibrate_noise(target_epsilon: float, target_delta: float, event_for, trials=None,

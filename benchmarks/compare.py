@@ -495,6 +495,8 @@ def _run_batch(s, batch, loaded, backend, device, cell_trials):
     rows.append(dict(
         row_type="trial", run_key=grid.trial_key(s, trial), preset=s["preset"], **trial,
         privacy_unit=grid.privacy_unit(trial["method"]) if private else None,
+        test_metric_inside_guarantee=(grid.privacy_unit(trial["method"]) != "user"
+                                      if private else None),
         rounds=outcome.rounds, metric=outcome.metric,
         validation_metric=validation_metric, noisy_validation_score=noisy_score,
         test_metric=outcome.test_metric, epsilon_spent=outcome.epsilon_spent,
@@ -672,7 +674,9 @@ def _table(selected) -> str:
   if "privacy_unit" in selected and (selected.privacy_unit == "user").any():
     users = ", ".join(sorted(selected[selected.privacy_unit == "user"].method.unique()))
     units = (f" Under DP the epsilon of {users} is user-level (a silo's whole data, "
-             "add/remove one silo), the others' example-level in each silo.")
+             "add/remove one silo), the others' example-level in each silo; the "
+             "user-level one covers the hypernetwork's phi and noised aggregates, "
+             "not its test metric (each user's model, from its un-noised embedding).")
   if "aggregator" in selected and (selected.aggregator.fillna("mean") != "mean").any():
     names = ", ".join(sorted(selected.aggregator.dropna().unique()))
     units += f" Server aggregator: {names}"

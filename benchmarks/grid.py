@@ -34,7 +34,8 @@ def privacy_unit(method: str) -> str:
 # total epsilon, and the settings; nothing that counts or indexes the trials.
 RELEASED_COLUMNS = (
     "row_type", "run_key", "preset", "method", "epsilon", "seed", "lam", "lr",
-    "privacy_unit", "rounds", "metric", "validation_metric", "noisy_validation_score",
+    "privacy_unit", "test_metric_inside_guarantee", "rounds", "metric",
+    "validation_metric", "noisy_validation_score",
     "test_metric", "epsilon_spent", "noise_multiplier", "score_noise_multiplier",
     "delta", "tuning", "backend", "device", "mia_auc", "mia_advantage",
     "mia_inside_guarantee", "saved_to")

@@ -50,6 +50,9 @@ flags.DEFINE_list("noise_multiplier", ["0"], "Comma-separated noise multipliers 
                   "(0: no noise).")
 flags.DEFINE_float("weight_cap", None, "w_hat in w_u = min(|D_u| / w_hat, 1); unset: "
                    "every w_u = 1.")
+flags.DEFINE_bool("public_user_sizes", False, "With --weight_cap: the mean's W = "
+                  "sum w_u from the users' sizes, declared public (the paper's "
+                  "assumption; rows say so). Without it W = N, the number of users.")
 flags.DEFINE_float("delta", 1e-5, "delta of the reported user-level epsilon.")
 flags.DEFINE_integer("rounds", 200, "Rounds T.")
 flags.DEFINE_integer("local_steps", 20, "K, local SGD steps per sampled user and round.")
@@ -75,11 +78,11 @@ common.define_save_models_flag("every run (and a hypernetwork run's phi and "
 # Columns every row of this binary has: an existing --output without them is refused.
 SIGNATURE = ("run_key", "algorithm", "mean_user_accuracy")
 HYPERNET_FLAGS = ("sampling_rate", "l2_norm_clip", "noise_multiplier", "weight_cap",
-                  "local_steps", "hypernet_lr", "embedding_lr", "hidden_width",
-                  "embedding_dim")
+                  "public_user_sizes", "local_steps", "hypernet_lr", "embedding_lr",
+                  "hidden_width", "embedding_dim")
 FLAG_NAMES = ("algorithm", "dataset", "data_dir", "cache_dir", "num_users",
               "classes_per_user", "sampling_rate", "l2_norm_clip", "noise_multiplier",
-              "weight_cap", "delta", "rounds", "local_steps", "batch_size", "client_lr",
+              "weight_cap", "public_user_sizes", "delta", "rounds", "local_steps", "batch_size", "client_lr",
               "hypernet_lr", "embedding_lr", "hidden_width", "embedding_dim", "channels",
               "dense", "fedavg_local_epochs", "seeds", "eval_every", "plot", "backend",
               "device", "save_models")
@@ -127,6 +130,9 @@ def _settings():
   for name, values in (("sampling_rate", rates), ("noise_multiplier", noises)):
     if not values:
       raise UsageError(f"--{name} must name at least one value")
+  if FLAGS.public_user_sizes and FLAGS.weight_cap is None:
+    raise UsageError("--public_user_sizes applies with --weight_cap only (without it "
+                     "every w_u = 1 and W = N)")
   if FLAGS["delta"].present and not any(z > 0 for z in noises):
     raise UsageError("--delta applies to noised runs only: give a --noise_multiplier "
                      "> 0, or drop --delta")
@@ -135,7 +141,8 @@ def _settings():
   for q, clip, z in itertools.product(rates, clips, noises):
     try:
       grid.append(UserDPSettings(sampling_rate=q, l2_norm_clip=clip, noise_multiplier=z,
-                                 weight_cap=FLAGS.weight_cap))
+                                 weight_cap=FLAGS.weight_cap,
+                                 public_sizes=FLAGS.public_user_sizes))
     except ValueError as e:
       raise UsageError(str(e)) from None
   common.check_output(FLAGS.output, SIGNATURE)
@@ -230,10 +237,15 @@ def _model_spec(target, users, s) -> dict:
 def _measured(result, test, per_user, train, history, private=False, **extra):
   """A row's measured columns; `history` is (round, pooled test accuracy) pairs. With
   user-level noise the un-noised training accuracy is outside the guarantee and is
-  named so."""
+  named so; so are the test accuracies, each from a user's own embedding
+  (`user_level.COVERS`), which the row says."""
   import numpy as np
+  from tff_silo.privacy import user_level
+  covers = (dict(accuracy_inside_guarantee=False, guarantee_covers=user_level.COVERS)
+            if private else {})
   return dict(test_accuracy=test, mean_user_accuracy=float(np.mean(per_user)),
               user_accuracy=json.dumps([round(float(a), 4) for a in per_user]),
+              **covers,
               **{"train_accuracy_outside_guarantee" if private else "train_accuracy":
                  train}, **extra,
               history=json.dumps([[r, round(a, 4)] for r, a in history]),
@@ -251,9 +263,11 @@ def _runs(s):
 def _privacy_columns(settings):
   if settings is None:
     return dict(sampling_rate=None, l2_norm_clip=None, noise_multiplier=None,
-                weight_cap=None)
+                weight_cap=None, public_user_sizes=None)
   return dict(sampling_rate=settings.sampling_rate, l2_norm_clip=settings.l2_norm_clip,
-              noise_multiplier=settings.noise_multiplier, weight_cap=settings.weight_cap)
+              noise_multiplier=settings.noise_multiplier, weight_cap=settings.weight_cap,
+              public_user_sizes=(settings.public_sizes if settings.weight_cap is not None
+                                 else None))
 
 
 def _run_key(seed, algorithm, settings, s):
@@ -326,7 +340,9 @@ def _print_table(rows):
       mean_user_accuracy=("mean_user_accuracy", "mean"),
       wall_seconds=("wall_seconds", "mean")).reset_index()
   print(f"\n{FLAGS.dataset}: {FLAGS.num_users} users, {FLAGS.rounds} rounds, "
-        f"epsilon at delta={FLAGS.delta}")
+        f"epsilon at delta={FLAGS.delta}, user-level: it covers phi and the noised "
+        "aggregates; the accuracies come from each user's un-noised embedding, "
+        "outside it")
   print(table.to_string(index=False, float_format=lambda v: f"{v:.4f}"))
 
 
@@ -352,8 +368,11 @@ def _plot(rows, path):
       ["algorithm", "sampling_rate", "l2_norm_clip"], dropna=False, sort=False)):
     ax.axhline(part.mean_user_accuracy.mean(), ls="--", color=f"C{i + 3}",
                label=f"{label[0]} (no noise, q={label[1]}, S={label[2]})")
-  ax.set_xlabel(f"user-level epsilon at delta={FLAGS.delta:g}")
+  ax.set_xlabel(f"user-level epsilon at delta={FLAGS.delta:g} (covers phi and the "
+                "noised aggregates)")
   ax.set_ylabel("mean accuracy over users")
+  ax.set_title("accuracies: each user's own model, from its un-noised embedding "
+               "(outside the user-level guarantee)", fontsize=8)
   ax.legend(fontsize=7, loc="best")
   fig.tight_layout()
   os.makedirs(os.path.dirname(path) or ".", exist_ok=True)

@@ -210,6 +210,7 @@ def test_the_hypernetwork_runs_with_a_user_level_epsilon(tmp_path):
   assert len(rows[rows.row_type == "trial"]) == 2
   private = selected[np.isfinite(selected.epsilon)].iloc[0]
   assert private.privacy_unit == "user" and private.tuning.startswith("none")
+  assert not private.test_metric_inside_guarantee   # each user's un-noised embedding
   q = configs.COMPARE_PRESETS["digits"].hypernet.sampling_rate
   accountant = dp_accounting.rdp.RdpAccountant()
   accountant.compose(dp_accounting.PoissonSampledDpEvent(

@@ -75,7 +75,8 @@ def _process(users, settings, **kwargs):
 
 def test_one_round_matches_algorithm_1_written_out():
   users = _users()
-  settings = UserDPSettings(sampling_rate=0.5, l2_norm_clip=0.05, weight_cap=30.0)
+  settings = UserDPSettings(sampling_rate=0.5, l2_norm_clip=0.05, weight_cap=30.0,
+                            public_sizes=True)
   process = _process(users, settings)
   hn, config = process.hypernetwork, process.config
   state = process.initialize()

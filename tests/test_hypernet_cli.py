@@ -40,6 +40,7 @@ def _parsed_flags():
      "noise_multiplier (z) must be >= 0"),
     (dict(noise_multiplier=["5"]), "needs l2_norm_clip"),
     (dict(weight_cap=0.0), "weight_cap (w_hat) must be a positive"),
+    (dict(public_user_sizes=True), "--public_user_sizes applies with --weight_cap"),
     (dict(sampling_rate=["a"]), "--sampling_rate must be a comma-separated list"),
     (dict(algorithm=["sgd"]), "--algorithm must be among"),
     (dict(dataset="mnist"), "--dataset must be one of"),
@@ -87,6 +88,9 @@ def test_tiny_grid_writes_rows_with_the_accounted_epsilon(tmp_path):
   assert noisy.sigma == pytest.approx(2.0 * 0.1 / (0.5 * 6), rel=1e-6)
   assert math.isinf(rows.epsilon[0]) and math.isinf(rows.epsilon[2])
   assert len(json.loads(noisy.user_accuracy)) == 6
+  # the accuracies come from each user's un-noised embedding: outside the guarantee
+  assert not noisy.accuracy_inside_guarantee and "embeddings" in noisy.guarantee_covers
+  assert pd.isna(rows.accuracy_inside_guarantee[0])   # no noise: no guarantee at all
   assert "test_accuracy" in done.stdout and "rows appended" in done.stdout
   again = _run("--rounds=2", "--num_users=6", "--sampling_rate=0.5",
                "--l2_norm_clip=0.1", "--noise_multiplier=0,2", "--channels=4,8",
@@ -103,6 +107,8 @@ def _check_saved(rows, epsilon):
   from tff_silo import runs
   noisy = runs.load(rows.saved_to[1])
   assert noisy.meta["privacy"]["unit"] == "user"
+  assert "hypernetwork/embeddings" in noisy.meta["privacy"]["outside"]
+  assert noisy.meta["privacy"]["covers"].startswith("the noised aggregates and")
   assert noisy.meta["privacy"]["epsilon_spent"] == pytest.approx([epsilon] * 6)
   network, phi, embeddings = noisy.hypernetwork()
   for u in range(6):

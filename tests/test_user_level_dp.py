@@ -1,6 +1,7 @@
 """User-level DP (UDP-Alg, Nemala et al. 2023): weights, eq. 4's sigma, the aggregator
 factory (exact noise-free path, noise statistics) and the accounting."""
 
+import dataclasses
 import math
 
 import dp_accounting
@@ -126,3 +127,16 @@ def test_factory_rejects_non_float_values():
                                    sampling_rate=0.5, total_weight=2.0)
   with pytest.raises(TypeError, match="float"):
     factory.create(tff.TensorType(np.int32, [2]), tff.TensorType(np.float32))
+
+
+def test_the_total_weight_is_public_or_the_number_of_users():
+  """With a weight cap, W = sum w_u needs the users' sizes public; otherwise W = N
+  (every w_u <= 1), whatever the sizes."""
+  sizes = [5, 40, 12, 100]
+  capped = UserDPSettings(sampling_rate=0.5, l2_norm_clip=0.1, noise_multiplier=1.0,
+                          weight_cap=20.0)
+  assert capped.total_weight(sizes) == 4.0
+  assert capped.total_weight([1, 1, 1, 1]) == 4.0   # no size moves it
+  public = dataclasses.replace(capped, public_sizes=True)
+  assert public.total_weight(sizes) == pytest.approx(0.25 + 1 + 0.6 + 1)
+  assert UserDPSettings(sampling_rate=0.5).total_weight(sizes) == 4.0

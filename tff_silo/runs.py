@@ -264,13 +264,22 @@ def privacy_summary(privacy) -> Optional[dict]:
 
 def user_level_privacy(settings, epsilon: float, delta: float, num_users: int) -> dict:
   """The privacy of a user-level DP run (`user_level.UserDPSettings`, UDP-Alg):
-  every user's epsilon is the run's, for adding or removing one user's data."""
+  every user's epsilon is the run's, for adding or removing one user's data, and
+  covers phi and the noised aggregates only (`covers`): the embeddings, the silo
+  weights (each user's generated model) and per-user metrics are `outside`."""
+  from tff_silo.privacy import user_level   # pylint: disable=g-import-not-at-top
   return dict(unit="user", neighbouring="add_remove_user",
               epsilon_spent=[float(epsilon)] * num_users,
               target_delta=[float(delta)] * num_users,
               noise_multiplier=float(settings.noise_multiplier),
               sampling_rate=float(settings.sampling_rate),
-              l2_norm_clip=float(settings.l2_norm_clip))
+              l2_norm_clip=float(settings.l2_norm_clip),
+              weight_cap=settings.weight_cap,
+              user_sizes_public=bool(settings.weight_cap is not None
+                                     and settings.public_sizes),
+              covers=user_level.COVERS,
+              outside=["hypernetwork/embeddings", "silo weights (generated models)",
+                       "per-user metrics"])
 
 
 def _versions() -> dict:

@@ -24,6 +24,14 @@ and every round adds the noise, also a round in which no user was sampled. Every
 weight is at most 1, so `max_weight=1` (the default) bounds the contribution of any
 user a neighbouring population could add; a smaller `max_weight` (the population's
 own maximum, as in the paper) only holds for neighbours whose weight does not exceed it.
+W from the users' sizes is public only when the sizes are (`UserDPSettings`'s
+`public_sizes`); otherwise W = N, the number of users (every w_u is at most 1), which
+scales the step by sum w_u / N against the paper's.
+
+What the user-level epsilon covers in HyperNetFL: the noised aggregates and phi.
+Each user's embedding moves with that user's un-noised update, so the embedding, the
+model generated from it and its accuracy are that user's own outputs (joint DP):
+published, they lie outside the guarantee (`COVERS`).
 """
 
 from __future__ import annotations
@@ -37,6 +45,11 @@ import tensorflow as tf
 
 from tff_silo import keys
 from tff_silo.privacy import accounting, dp_sgd
+
+
+COVERS = ("the noised aggregates and the hypernetwork's shared weights phi; not the "
+          "user embeddings, the models generated from them or their accuracies (each "
+          "user's own outputs, from its un-noised updates)")
 
 
 def _check_weight_cap(weight_cap):
@@ -154,12 +167,15 @@ class UserDPSettings:
     l2_norm_clip: S, the clip of a user's contribution; None: no clipping.
     noise_multiplier: z; 0 adds no noise (then there is no DP guarantee).
     weight_cap: w_hat in w_u = min(|D_u| / w_hat, 1); None gives every user weight 1.
+    public_sizes: with `weight_cap`, W = sum_u w_u from the users' sizes, which are
+      then declared public (the paper's assumption); False: W = N.
   """
 
   sampling_rate: float
   l2_norm_clip: Optional[float] = None
   noise_multiplier: float = 0.0
   weight_cap: Optional[float] = None
+  public_sizes: bool = False
 
   def __post_init__(self):
     _check(self.l2_norm_clip, self.noise_multiplier, self.sampling_rate, 1.0, 1.0)
@@ -173,13 +189,21 @@ class UserDPSettings:
     """Every user's w_u (all 1 without `weight_cap`)."""
     return user_weights(num_examples, self.weight_cap)
 
+  def total_weight(self, num_examples: Sequence[int]) -> float:
+    """W: the sum of the weights when they are public (no `weight_cap`, or
+    `public_sizes`), else N, the number of users (every w_u is at most 1)."""
+    weights = self.weights(num_examples)
+    if self.weight_cap is None or self.public_sizes:
+      return float(weights.sum())
+    return float(len(weights))
+
   def mean(self, num_examples: Sequence[int],
            seed: Optional[int] = None) -> UserLevelMean:
     """The user-level DP mean for a population with these per-user example counts;
     `seed` None draws the noise from OS entropy, a fixed seed is for simulation
     only."""
     return UserLevelMean(self.l2_norm_clip, self.noise_multiplier, self.sampling_rate,
-                         float(self.weights(num_examples).sum()), seed=seed)
+                         self.total_weight(num_examples), seed=seed)
 
   def factory(self, num_examples: Sequence[int], seed: Optional[int] = None):
     """`mean(num_examples, seed)` as a `tff.aggregators` factory

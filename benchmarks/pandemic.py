@@ -9,10 +9,12 @@ set); otherwise it generates `--profile` with `--seed` into `--generated_dir`
 (reused when already there). Every combination of --modes, --sample_sizes,
 --methods, --noise_multipliers, --lams, --losses x --alphas, --architectures and
 --seeds is one run and one CSV row (profile, mode, S1, sigma, clip, lambda, rounds,
-epsilon by the printed theorem and by the authors' code with what it guarantees,
-AP, lift over the positive rate, recall at 0.5, load / train time, peak memory);
-finished runs are skipped on a rerun. Figures: AP against epsilon (one curve per
-setting), and time and peak memory against persons over every profile in --output.
+epsilon by Theorem 2.4.4's exponent for replacing a node (S = 2 S1 + 1 examples)
+and by the authors' code with what it guarantees, delta 1/(10 n) per silo, AP, lift
+over the positive rate and recall at 0.5 on the held-out households, load / train
+time, peak memory); finished runs are skipped on a rerun. Figures: AP against
+epsilon (one curve per setting), and time and peak memory against persons over
+every profile in --output.
 """
 
 from __future__ import annotations
@@ -68,7 +70,7 @@ flags.DEFINE_string("figures_dir", "benchmarks/out", "Folder of pandemic_ap_epsi
 flags.DEFINE_bool("resume", True, "Skip runs whose row is already in --output.")
 flags.DEFINE_bool("epsilon_table", False, "Only print Table 2.6's epsilons recomputed "
                   "by the accountant (Smoke: n = 2,609,976, b = 512, two epochs, "
-                  "delta = 1/n), with both exponents; no data is read.")
+                  "the thesis' delta = 1/n), with both exponents; no data is read.")
 
 SIGNATURE = ("run_key", "average_precision", "mode")
 PROFILE_NAMES = ("tiny", "small", "medium", "large", "smoke")
@@ -151,10 +153,16 @@ def _runs(grid):
                alpha=alpha if loss == "focal" else None, architecture=architecture)
 
 
+# What the rows' numbers mean besides the flags (rows of an earlier pipeline, scored
+# on the training persons at delta 1/n, are not taken for these)
+PIPELINE = dict(scored_on="held-out households", delta_rule="1/(10 n)",
+                unit="a node of the capped graph")
+
+
 def _run_key(run, data_key) -> str:
   return json.dumps(dict(run, data=data_key, scenario=FLAGS.scenario, clip=FLAGS.clip,
-                         rounds=FLAGS.rounds, batch_size=FLAGS.batch_size, lr=FLAGS.lr),
-                    sort_keys=True)
+                         rounds=FLAGS.rounds, batch_size=FLAGS.batch_size, lr=FLAGS.lr,
+                         **PIPELINE), sort_keys=True)
 
 
 # Table 2.6 (thesis, real Virginia data, Smoke): sigma -> the epsilon it prints
@@ -167,14 +175,16 @@ def _print_epsilon_table():
   from tff_silo.privacy import node_level
   n, b = 2_609_976, 512
   steps = 2 * math.ceil(n / b)
-  print(f"Table 2.6 epsilons: n = {n}, b = {b}, {steps} steps (two epochs), delta = 1/n, "
-        "the authors' orders")
+  print(f"Table 2.6 epsilons: n = {n}, b = {b}, {steps} steps (two epochs), delta = 1/n "
+        "(the thesis' delta, to reproduce it; runs use 1/(10 n)), the authors' orders")
   print("| sigma | thesis, real Virginia data | authors' code exponent, S = 20 | "
-        "S = 21 | printed theorem (replace one), S = 21 |")
-  print("|---|---|---|---|---|")
+        "S = 21 | printed theorem (replace one), S = 21 | replace one, S = 41 "
+        "(what replacing a node changes) |")
+  print("|---|---|---|---|---|---|")
   for sigma, thesis in sorted(THESIS_TABLE_2_6.items(), reverse=True):
     values = [node_level.epsilon(sigma, n, s, b, steps, 1 / n, neighbouring=rel)
-              for s, rel in ((20, "add_remove"), (21, "add_remove"), (21, "replace_one"))]
+              for s, rel in ((20, "add_remove"), (21, "add_remove"), (21, "replace_one"),
+                             (41, "replace_one"))]
     print(f"| {sigma:g} | {thesis} | " + " | ".join(f"{v:.4g}" for v in values) + " |")
 
 
@@ -273,6 +283,8 @@ def _figures(persons):
   import numpy as np
   import pandas as pd
   every = pd.read_csv(FLAGS.output)
+  if "scored_on" in every:   # this pipeline's rows only (not an earlier one's)
+    every = every[every.scored_on == PIPELINE["scored_on"]]
   df = every if persons is None else every[every.persons == persons]
   df = df.assign(**{c: df[c].fillna("-") for c in CURVE if c in df})
   os.makedirs(FLAGS.figures_dir, exist_ok=True)
@@ -292,8 +304,9 @@ def _figures(persons):
       ax.axhline(match.average_precision.mean(), ls="--", lw=0.8,
                  color=line.get_color(), label=f"{label}, no DP")
   ax.set_xscale("log")
-  ax.set_xlabel("node-level epsilon (Theorem 2.4.4 as printed), delta = 1/n")
-  ax.set_ylabel("average precision (pooled)")
+  ax.set_xlabel("node-level epsilon (replace one node of the capped graph, Theorem "
+                "2.4.4's exponent), delta = 1/(10 n)", fontsize=8)
+  ax.set_ylabel("average precision (held-out households, pooled)")
   ax.set_title(f"{int(persons):,} persons" if persons else "given files", fontsize=9)
   ax.legend(fontsize=6)
   fig.tight_layout()

@@ -162,6 +162,29 @@ def test_silo_specific_privacy_targets():
   assert len(result.silo_test_metric) == 4 and len(result.round_seconds) == 3
 
 
+def test_a_run_with_given_noise_reports_what_it_spends():
+  """`noise_multiplier` instead of a target: the silos train with that noise, no
+  budget stops them, and each ledger reports what the noise costs (the same
+  computation as `accounting.epsilon_spent`), infinite where none bounds it."""
+  from tff_silo.privacy import accounting
+  definition = algorithms.mrmtl_algorithm(MODEL, SILOS.feature_shape, lam=1.0,
+                                          l2_norm_clip=1.0, **COMMON)
+  result = run_simulation(definition, SILOS, rounds=3, noise_multiplier=0.8,
+                          target_delta=1e-4, seed=1, protocol=PAPER,
+                          backend="vectorized")
+  privacy = result.privacy
+  assert (privacy.noise_multipliers == 0.8).all() and result.rounds == 3
+  for k in range(SILOS.num_silos):
+    assert privacy.epsilon_spent[k] == pytest.approx(accounting.epsilon_spent(
+        0.8, privacy.sampling_rates[k], int(privacy.steps[k]), 1e-4), rel=1e-9)
+  tiny = run_simulation(definition, SILOS, rounds=1, noise_multiplier=0.01,
+                        target_delta=1e-4, seed=1, protocol=PAPER, backend="vectorized")
+  assert np.isinf(tiny.privacy.epsilon_spent).all()   # a shift of 100 deviations
+  with pytest.raises(ValueError, match="one of target_epsilon and noise_multiplier"):
+    run_simulation(definition, SILOS, rounds=1, noise_multiplier=0.8,
+                   target_epsilon=1.0, target_delta=1e-4, protocol=PAPER)
+
+
 def test_simulation_evaluates_global_model_for_fedavg():
   process = algorithms.build_fedavg_process(MODEL, SILOS.feature_shape, **COMMON)
   result = run_simulation(process, SILOS, rounds=2, eval_every=1)

@@ -82,27 +82,44 @@ def test_at_most_tail_slots_pairs_of_a_row_are_refined():
 
 
 def _independent_release_tail(shift):
-  """`release_tail` from its definition: a union over 2^27 pairs of a radius beyond
-  RADIUS - shift (Rayleigh: exp(-a^2 / 2)), the lowest grid cell's 2^-992 per pair,
-  and more than 16 of 2^27 pairs with a zero word (< (2^27 2^-32)^17 / 17!)."""
+  """`release_tail` from its definition: a radius beyond RADIUS - shift in the pair
+  that takes the whole shift (Rayleigh: exp(-a^2 / 2)), the 2^27 pairs' share below
+  x0 = 2 / RADIUS (to first order), the lowest grid cell's 2^-992 per pair, and more
+  than 16 of 2^27 pairs with a zero word (< (2^27 2^-32)^17 / 17!)."""
   pairs, radius = 2 ** 27, math.sqrt(2 * 1025 * math.log(2))
-  if shift >= radius:
+  x0 = 2 / radius
+  if shift >= radius - x0:
     return 1.0
-  return min(1.0, pairs * math.exp(-(radius - shift) ** 2 / 2) + pairs * 2.0 ** -992
+  return min(1.0, math.exp(-(radius - shift) ** 2 / 2)
+             + pairs * (math.exp(-(radius - x0) ** 2 / 2) + 2.0 ** -992)
              + (pairs * 2.0 ** -32) ** 17 / math.factorial(17))
 
 
-@pytest.mark.parametrize("shift", [1.0, 20.0, 29.0, 33.0])
+def test_spreading_the_shift_over_pairs_never_costs_more_than_one_pair_taking_it():
+  """The bound's step: g(x) = exp(-(RADIUS - x)^2 / 2) over x^2 grows on [x0,
+  RADIUS - x0], so any split of a shift s over pairs (shares >= x0) costs at most
+  g(s). Checked on random splits of several shifts."""
+  radius, x0 = gaussian_tail.RADIUS, gaussian_tail.X0
+  g = lambda x: np.exp(-(radius - np.asarray(x)) ** 2 / 2)
+  rng = np.random.default_rng(0)
+  for shift in (1.0, 10.0, 25.0, 32.0, radius - 0.1):
+    for pairs in (2, 5, 50):
+      shares = rng.dirichlet(np.ones(pairs), 200) ** 0.5 * shift   # sum s_i^2 = s^2
+      shares = np.where(shares >= x0, shares, 0.0)
+      assert np.all(g(shares).sum(1) - pairs * g(0.0) <= g(shift) * (1 + 1e-9))
+
+
+@pytest.mark.parametrize("shift", [1.0, 20.0, 29.0, 33.0, 36.0])
 def test_the_release_tail_is_its_definition(shift):
   assert gaussian_tail.release_tail(shift) == pytest.approx(
-      _independent_release_tail(shift), rel=1e-9)
+      _independent_release_tail(shift), rel=1e-6)
   assert gaussian_tail.release_tail(0.0) == 0.0
   assert gaussian_tail.release_tail(40.0) == 1.0
 
 
 # A noise multiplier small enough that the tail is a visible share of delta: a shift
-# of 29 noise deviations, 1,000 full-batch steps: about 4.5e-6 of delta 1e-5.
-Z, STEPS, DELTA = 1 / 29.0, 1000, 1e-5
+# of 31.5 noise deviations, 1,000 full-batch steps: about 4.6e-6 of delta 1e-5.
+Z, STEPS, DELTA = 1 / 31.5, 1000, 1e-5
 
 
 def _gaussian_epsilon(delta):

@@ -1,6 +1,7 @@
 """`python -m benchmarks.pandemic`: bad flags end in one line; a tiny generated
 profile runs end to end, writes rows and figures, and a rerun resumes."""
 
+import math
 import os
 import subprocess
 import sys
@@ -34,23 +35,36 @@ def test_bad_flags_end_in_one_line(args, message):
 
 
 def test_a_tiny_profile_runs_end_to_end(tmp_path):
+  """(The tiny profile's smallest silos are one batch: every example a node's
+  replacement changes is in it, so a noise small against that shift has no finite
+  epsilon, and the row says so.)"""
   args = ["--profile=tiny", "--final_week_rate=0.01", "--methods=mrmtl,centralized",
-          "--noise_multipliers=0,2", f"--generated_dir={tmp_path}/data",
+          "--noise_multipliers=0,8", f"--generated_dir={tmp_path}/data",
           f"--output={tmp_path}/p.csv", f"--figures_dir={tmp_path}"]
   done = _run(*args)
   assert done.returncode == 0, done.stderr[-3000:]
   rows = pd.read_csv(tmp_path / "p.csv")
   assert list(rows.method) == ["mrmtl", "mrmtl", "centralized", "centralized"]
   assert (rows.persons == 2000).all() and rows.average_precision.between(0, 1).all()
-  private = rows[rows.sigma == 2]
+  private = rows[rows.sigma == 8]
   assert np.isfinite(private.epsilon_theorem).all() and (
       private.epsilon_code < private.epsilon_theorem).all()
   assert private.guarantee.str.startswith("node-level").all()
-  # each silo's epsilon at sigma 2, calibrated back: sigma again (more noise, never
-  # less, than a relative 1e-4)
-  assert list(private.noise_multiplier) == pytest.approx([2.0, 2.0], rel=2e-4)
+  # the unit it names, the capping outside it, delta well below 1/n, held-out scores
+  assert private.guarantee.str.contains("degree-capped graph").all()
+  assert private.guarantee.str.contains("lies outside it").all()
+  assert (rows.delta_rule == "1/(10 n)").all() and (rows.node_examples == 41).all()
+  assert (rows.scored_on == "held-out households").all()
+  assert (rows.scored < 0.35 * rows.persons).all()
+  assert list(private.noise_multiplier) == [8.0, 8.0]   # the noise given
   for name in ("pandemic_ap_epsilon.png", "pandemic_time.png"):
     assert (tmp_path / name).stat().st_size > 0
   again = _run(*args)
   assert again.returncode == 0 and again.stderr.count("skipped") == 4
   assert len(pd.read_csv(tmp_path / "p.csv")) == 4
+  small = _run(*args[:3], "--noise_multipliers=2", *args[4:])
+  assert small.returncode == 0, small.stderr[-2000:]
+  rows = pd.read_csv(tmp_path / "p.csv")
+  row = rows[(rows.sigma == 2) & (rows.method == "mrmtl")].iloc[0]
+  assert math.isinf(row.epsilon_theorem)
+  assert row.guarantee.startswith("none: no finite node-level epsilon")

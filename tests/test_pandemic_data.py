@@ -131,8 +131,8 @@ def test_a_contact_heuristic_beats_random(tiny):
   assert ap > 2 * target.mean()
 
 
-def _greedy(a, b, cap, seed):
-  order = np.random.default_rng([seed, 31]).permutation(len(a))
+def _greedy(a, b, cap, priority):
+  order = np.argsort(priority, kind="stable")
   count, kept = {}, []
   for e in order:
     if count.get(a[e], 0) < cap and count.get(b[e], 0) < cap:
@@ -147,8 +147,9 @@ def test_the_degree_cap_is_the_sequential_greedy(nodes, edges, cap):
   rng = np.random.default_rng(nodes)
   pairs = np.unique(np.sort(rng.integers(0, nodes, (edges, 2)), 1), axis=0)
   a, b = pairs[pairs[:, 0] != pairs[:, 1]].T
-  kept = graph.degree_cap(a, b, cap, seed=5)
-  np.testing.assert_array_equal(kept, _greedy(a, b, cap, 5))
+  priority = graph.hashed_uniform(5, 31, a, b)
+  kept = graph.degree_cap(a, b, cap, priority)
+  np.testing.assert_array_equal(kept, _greedy(a, b, cap, priority))
   assert np.bincount(np.r_[a[kept], b[kept]]).max() <= cap
 
 
@@ -263,3 +264,119 @@ def test_the_epidemic_target_counts_new_symptomatic_cases():
   reported[2, 58:] = 2        # asymptomatic: S -> R
   assert list(epidemic.target(reported)) == [1, 0, 0]
   assert list(epidemic.target(reported, count_asymptomatic=True)) == [1, 0, 1]
+
+
+# --- the honest mode's unit: a node of the capped graph -----------------------------
+
+def _copy_tables(paths, folder, change):
+  """The client's seven tables written to `folder` after `change(tables)`."""
+  tables = {argument: pd.read_csv(path) for argument, path in paths.items()}
+  change(tables)
+  for argument, table in tables.items():
+    files.write_csv_gz(table, os.path.join(folder, files.FILES[argument]))
+  return files.client_files(folder)
+
+
+def _examples(g):
+  """pid -> the example vector of its prediction window."""
+  from tff_silo.pandemic import features
+  x = np.stack([np.arange(g.num_nodes), np.full(g.num_nodes, features.PREDICTION_START)],
+               1).astype(np.float32)
+  built = features.example_builder(features.stack([g]))(x).numpy()
+  return dict(zip(g.pids.tolist(), built))
+
+
+def _changed(before, after):
+  """The pids whose example differs (or exists on one side only)."""
+  return {p for p in before.keys() | after.keys()
+          if p not in before or p not in after or not np.array_equal(before[p], after[p])}
+
+
+@pytest.fixture(scope="module")
+def capped(tiny, tmp_path_factory):
+  """The centralized tiny set with its contacts reduced to what the honest cap
+  keeps (so loading it caps nothing more): the capped graph as files."""
+  paths = files.read_scenario(tiny[0], "centralized")["centralized"]
+  tables = graph.read_client(paths)
+  pids = tables["person_data_path"].pid.to_numpy()
+  network = tables["population_network_data_path"]
+  index = pd.Index(pids)
+  _, slots = graph._sample(index.get_indexer(network.pid1), index.get_indexer(network.pid2),  # pylint: disable=protected-access
+                           pids, 20, 0, "honest")
+  kept = np.unique(slots[slots >= 0])
+  folder = str(tmp_path_factory.mktemp("capped"))
+  def keep_capped(t):
+    t["population_network_data_path"] = t["population_network_data_path"].iloc[kept]
+  return _copy_tables(paths, folder, keep_capped)
+
+
+@pytest.mark.parametrize("mode, local", [("honest", True), ("faithful", False)])
+def test_one_persons_attributes_change_at_most_the_examples_holding_them(
+    capped, tmp_path, mode, local):
+  """Honest mode: a person's features are its own records on public constants, so
+  changing one person's age changes its own example and its kept neighbours' (at
+  most S1 + 1). Faithful mode standardizes age over the silo's persons: every
+  example changes, the failure the test exists to catch."""
+  before = graph.load_client(capped, sample_size=20, mode=mode)
+  person = int(before.pids[np.argmax((before.neighbours >= 0).sum(1))])
+  def older(t):
+    p = t["person_data_path"]
+    p.loc[p.pid == person, "age"] += 30
+  after = graph.load_client(_copy_tables(capped, str(tmp_path), older), sample_size=20,
+                            mode=mode)
+  changed = _changed(_examples(before), _examples(after))
+  holders = {int(before.pids[i]) for i in np.flatnonzero(
+      (before.neighbours == np.flatnonzero(before.pids == person)[0]).any(1))}
+  if local:
+    assert changed == {person} | holders and len(changed) <= 21
+  else:
+    assert len(changed) > 21
+
+
+@pytest.mark.parametrize("mode, local", [("honest", True), ("faithful", False)])
+def test_removing_one_node_of_the_capped_graph_changes_at_most_its_examples(
+    capped, tmp_path, mode, local):
+  """Removing a person with its (kept) contacts from the capped graph changes only
+  the examples that held it (its own, gone, and its neighbours'): the slot order and
+  windows are the persons' own hashes, not draws in file order. Faithful mode's
+  fitted statistics and centralities move everyone's."""
+  before = graph.load_client(capped, sample_size=20, mode=mode)
+  person = int(before.pids[np.argmax((before.neighbours >= 0).sum(1))])
+  def without(t):
+    for argument in ("person_data_path", "activity_location_assignment_data_path",
+                     "disease_outcome_data_path"):
+      t[argument] = t[argument][t[argument].pid != person]
+    n = t["population_network_data_path"]
+    t["population_network_data_path"] = n[(n.pid1 != person) & (n.pid2 != person)]
+  after = graph.load_client(_copy_tables(capped, str(tmp_path), without),
+                            sample_size=20, mode=mode)
+  changed = _changed(_examples(before), _examples(after))
+  if local:
+    index = np.flatnonzero(before.pids == person)[0]
+    holders = {int(before.pids[i]) for i in np.flatnonzero(
+        (before.neighbours == index).any(1))}
+    assert changed == {person} | holders and 1 < len(changed) <= 21
+  else:
+    assert len(changed) > 21
+
+
+def test_held_out_households_never_enter_training(tiny):
+  """The scenario's test persons are a public split of households: none of them is
+  a training node, and their examples are built from held-out persons alone."""
+  from tff_silo.pandemic import pipeline
+  scenario = pipeline.load_scenario(tiny[0], "scenario01", sample_size=20)
+  t = scenario.tables
+  k = len(scenario.clients)
+  train_nodes = np.concatenate([x[:, 0] for x in scenario.silos.x_train]).astype(int)
+  test_nodes = np.concatenate([x[:, 0] for x in scenario.silos.x_test]).astype(int)
+  assert not set(train_nodes) & set(test_nodes)
+  first_test = t.offsets[k]   # the held-out graphs follow the training ones
+  assert train_nodes.max() < first_test <= test_nodes.min()
+  neighbours = t.neighbours[test_nodes]
+  assert (neighbours[neighbours >= 0] >= first_test).all()
+  trained = t.neighbours[train_nodes]
+  assert (trained[trained >= 0] < first_test).all()
+  persons = pd.concat([_read(os.path.join(tiny[0], "centralized", "train"),
+                             "person_data_path")])
+  share = graph.held_out(persons.drop_duplicates("hid").hid.to_numpy()).mean()
+  assert 0.2 < share < 0.3

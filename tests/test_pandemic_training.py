@@ -85,15 +85,16 @@ def test_node_level_mrmtl_trains_alike_on_both_backends(scenario):
   assert vectorized.privacy.protocol.name == "replace_one_node_21"
   scored = pipeline.evaluate(pipeline.scores(model, vectorized.silo_weights, silos),
                              silos.y_test)
-  assert scored["scored"] == 2000 and scored["positives"] == int(
-      sum(y.sum() for y in silos.y_test)) > 0
+  held_out = sum(len(y) for y in silos.y_test)   # a quarter of the households
+  assert 0.15 * 2000 < scored["scored"] == held_out < 0.35 * 2000
+  assert scored["positives"] == int(sum(y.sum() for y in silos.y_test)) > 0
   assert 0 < scored["average_precision"] <= 1 and math.isfinite(scored["lift"])
 
 
 def test_the_small_profile_is_plausible_and_learnable(tmp_path):
-  """50,000 persons (PANDEMIC.md 4.5): the outbreak's figures in their ranges, ten
-  or more positives in every client, and MR-MTL's pooled AP above the positive
-  rate."""
+  """50,000 persons (PANDEMIC.md 4.5): the outbreak's figures in their ranges, 30 or
+  more positives among the held-out quarter (a positive in every client), and
+  MR-MTL's pooled AP on the held-out persons above the positive rate."""
   meta = synth.generate(str(tmp_path), "small", seed=0, scenarios=("scenario01",))
   stats = meta["statistics"]
   assert 0.01 <= stats["ever_infected_by_day_63"] <= 0.05
@@ -103,6 +104,7 @@ def test_the_small_profile_is_plausible_and_learnable(tmp_path):
   assert 0.05 <= stats["household_secondary_attack_rate"] <= 0.3
   assert 35 <= stats["mean_degree"] <= 60
   scenario = pipeline.load_scenario(str(tmp_path), "scenario01", mode="honest")
-  assert min(y.sum() for y in scenario.silos.y_test) >= 10
+  positives = [y.sum() for y in scenario.silos.y_test]
+  assert min(positives) >= 1 and sum(positives) >= 30
   measured = pipeline.train(scenario, pipeline.Settings(method="mrmtl"))
   assert measured["lift"] > 1.2

@@ -107,7 +107,8 @@ def calibrate_silos(train_sizes: Sequence[int], *, batch_size: int, epochs_per_r
                     num_selections: int = 0, selection_budget_share: float = 0.0,
                     protocol: Optional[PrivacyProtocol] = None,
                     sampling: str = "poisson",
-                    preprocessing_events: Optional[Sequence] = None) -> SiloPrivacy:
+                    preprocessing_events: Optional[Sequence] = None,
+                    noise_multiplier=None) -> SiloPrivacy:
   """Silo k's noise multiplier for its own (epsilon_k, delta_k), its sampling rate
   min(B, m_k) / m_k and T * epochs * max(1, floor(m_k / B)) steps, where m_k is the
   size the protocol makes public (n_k, or the assumed size for every silo); epsilon
@@ -115,12 +116,24 @@ def calibrate_silos(train_sizes: Sequence[int], *, batch_size: int, epochs_per_r
 
   With `num_selections` private cluster selections of epsilon
   share * epsilon_k each, and `preprocessing_events` (one Gaussian `DpEvent` or None
-  per silo, e.g. DP standardization), DP-SGD gets what they leave (RDP composition)."""
+  per silo, e.g. DP standardization), DP-SGD gets what they leave (RDP composition).
+  `noise_multiplier` (a scalar or one per silo) instead of `target_epsilon`: the
+  silos train with that noise and spend what it costs (inf, if no epsilon bounds
+  it); no selections then."""
   protocol = PrivacyProtocol() if protocol is None else protocol
   protocol.check_sampling(sampling)
   sizes = protocol.silo_sizes(train_sizes)
   k = len(train_sizes)
-  eps = _per_silo(target_epsilon, k, "target_epsilon")
+  if (target_epsilon is None) == (noise_multiplier is None):
+    raise ValueError("give one of target_epsilon and noise_multiplier")
+  if noise_multiplier is not None and num_selections:
+    raise ValueError("a run with given noise has no budget to share with selections")
+  given = None if noise_multiplier is None else _per_silo(noise_multiplier, k,
+                                                          "noise_multiplier")
+  if given is not None and not (given > 0).all():
+    raise ValueError(f"noise_multiplier must be > 0, got {noise_multiplier}")
+  eps = _per_silo(np.inf if target_epsilon is None else target_epsilon, k,
+                  "target_epsilon")
   delta = _per_silo(target_delta, k, "target_delta")
   select = eps * selection_budget_share if num_selections else np.zeros(k)
   rates = np.array([sampling_rate(int(n), batch_size) for n in sizes])
@@ -135,8 +148,9 @@ def calibrate_silos(train_sizes: Sequence[int], *, batch_size: int, epochs_per_r
                   dataset_size=int(n), extra_events=e,
                   node_examples=protocol.node_examples)
              for s, n, e in zip(select, sizes, extra)]
-  z = np.array([accounting.calibrate_noise_multiplier(e, d, q, int(s), **o)
-                for e, d, q, s, o in zip(eps, delta, rates, steps, options)])
+  z = given if given is not None else np.array([
+      accounting.calibrate_noise_multiplier(e, d, q, int(s), **o)
+      for e, d, q, s, o in zip(eps, delta, rates, steps, options)])
   spent = np.array([accounting.epsilon_spent(zi, q, int(s), d, **o)
                     for zi, q, s, d, o in zip(z, rates, steps, delta, options)])
   return SiloPrivacy(z, rates, steps, delta, spent, select, num_selections, sizes,
@@ -282,6 +296,7 @@ class Run:
   protocol: Optional[PrivacyProtocol] = None
   ledger_csv: Optional[str] = None
   preprocessing_events: Optional[Sequence] = None
+  noise_multiplier: object = None
 
 
 def run_simulation(process, data: SiloData, *, rounds: int,
@@ -291,6 +306,7 @@ def run_simulation(process, data: SiloData, *, rounds: int,
                    protocol: Optional[PrivacyProtocol] = None,
                    ledger_csv: Optional[str] = None,
                    preprocessing_events: Optional[Sequence] = None,
+                   noise_multiplier=None,
                    backend: str = "tff") -> SimulationResult:
   """Runs `process` for `rounds` rounds on all silos and evaluates them.
 
@@ -312,12 +328,15 @@ def run_simulation(process, data: SiloData, *, rounds: int,
     preprocessing_events: under DP, per silo the `DpEvent` (or None) its data was
       already queried for (DP standardization: `tff_silo.data.preprocessing`);
       charged to its ledger first and composed in its calibration.
+    noise_multiplier: under DP, instead of `target_epsilon`: the noise (a scalar or
+      one per silo) the silos train with; their ledgers report what it spends
+      (inf where no epsilon bounds it) and set no budget.
     backend: `tff` (the process in TFF's runtime, the reference) or `vectorized`
       (every silo's round as one TF program: `tff_silo.vectorized`; the same
       numbers, much faster, on CPU or GPU).
   """
   run = Run(process, data, target_epsilon, target_delta, seed, protocol, ledger_csv,
-            preprocessing_events)
+            preprocessing_events, noise_multiplier)
   return _simulate(runner_for(process, backend), [run], rounds, eval_every,
                    progress)[0]
 
@@ -351,7 +370,7 @@ def _check_own_seeds(runs: Sequence[Run]) -> None:
   of their updates would give back the silos' clipped gradient sums."""
   seen = {}
   for i, run in enumerate(runs):
-    if run.target_epsilon is None or run.seed is None:
+    if (run.target_epsilon is None and run.noise_multiplier is None) or run.seed is None:
       continue
     if run.seed in seen:
       raise ValueError(f"runs {seen[run.seed]} and {i} train with DP and share seed "
@@ -396,14 +415,16 @@ def _set_up(process, run: Run, rounds: int):
     raise ValueError(f"num_clusters={process.num_clusters} is more than the "
                      f"{data.num_silos} silos")
   private = process.config.private
-  if private and (run.target_epsilon is None or run.target_delta is None):
+  given = run.noise_multiplier is not None
+  if private and ((run.target_epsilon is None) == (not given)
+                  or run.target_delta is None):
     raise ValueError("the process trains with DP (l2_norm_clip is set): give "
-                     "target_epsilon and target_delta")
+                     "target_delta and one of target_epsilon and noise_multiplier")
   if not private and run.preprocessing_events is not None:
     raise ValueError("preprocessing_events are accounted only under DP")
-  if not private and run.target_epsilon is not None:
-    raise ValueError("target_epsilon was given but the process has no l2_norm_clip; "
-                     "build it with l2_norm_clip to train with DP")
+  if not private and (run.target_epsilon is not None or given):
+    raise ValueError("target_epsilon or noise_multiplier was given but the process has "
+                     "no l2_norm_clip; build it with l2_norm_clip to train with DP")
   account = _Account(None, [], None)
   noise = select = np.zeros(data.num_silos)
   sizes = np.asarray(data.train_sizes)
@@ -414,18 +435,20 @@ def _set_up(process, run: Run, rounds: int):
         target_epsilon=run.target_epsilon, target_delta=run.target_delta,
         num_selections=process.num_selections(rounds),
         selection_budget_share=process.selection_budget_share, protocol=run.protocol,
-        sampling=process.config.sampling, preprocessing_events=run.preprocessing_events)
+        sampling=process.config.sampling, preprocessing_events=run.preprocessing_events,
+        noise_multiplier=run.noise_multiplier)
     noise, select, sizes = (privacy.noise_multipliers, privacy.selection_epsilon,
                             privacy.sizes)
-    budgets = _per_silo(run.target_epsilon, data.num_silos, "target_epsilon")
+    budgets = (_per_silo(run.target_epsilon, data.num_silos, "target_epsilon")
+               if not given else [None] * data.num_silos)
     ledgers, distinct = [], {}
     for k in range(data.num_silos):
       settings = (privacy.target_delta[k], budgets[k], noise[k], privacy.sampling_rates[k],
                   privacy.steps[k], sizes[k], select[k], repr(privacy.preprocessing[k]))
       if settings not in distinct:
-        ledger = ledger_lib.PrivacyLedger(float(privacy.target_delta[k]),
-                                          budget=float(budgets[k]),
-                                          neighbouring=privacy.protocol.neighbouring)
+        ledger = ledger_lib.PrivacyLedger(
+            float(privacy.target_delta[k]), neighbouring=privacy.protocol.neighbouring,
+            budget=None if budgets[k] is None else float(budgets[k]))
         for event in privacy.preprocessing[k]:
           ledger.charge(event, "preprocessing")
         distinct[settings] = (ledger, k)

@@ -8,20 +8,33 @@ features; the 1,671-float example vectors are built per batch from these tables
 
 Two modes:
   faithful  the authors' pipeline: degree (parallel edges counted) and undirected
-            PageRank on the whole local graph, min-max scaled; each node keeps a
-            uniformly random S1 of its incident edge slots (parallel edges repeat),
-            seeded per node; placeholders carry the authors' contact-feature quirk
-            (start and duration -1/86400, the smallest lid's location). A node's
-            own neighbourhood is capped, not the number of others it appears in.
+            PageRank on the whole local graph, min-max scaled; age standardized and
+            household size Box-Cox'ed with statistics fitted over the silo's persons,
+            place coordinates over its places; each node keeps a random S1 of its
+            incident edge slots (parallel edges repeat); placeholders carry the
+            authors' contact-feature quirk (start and duration -1/86400, the
+            smallest lid's location). A node's own neighbourhood is capped, not the
+            number of others it appears in.
   honest    a true degree cap: parallel edges collapsed, edges taken in a seeded
             random order and kept iff both endpoints have fewer than S1 kept edges
             (the greedy of PANDEMIC.md 2.10, computed in rounds that make the same
-            decisions), so every node lies in at most S = S1 + 1 examples
-            (`max_neighbourhoods`, measured and checked). The centrality features
-            are zero: a neighbour's degree or PageRank changes with nodes two hops
-            away, outside the S examples. (The cap itself still depends on other
-            nodes' edges: removing a node can let another edge survive; the
-            accounting treats the capped graph as given, as the thesis does.)
+            decisions), so every node lies in at most S1 + 1 examples
+            (`max_neighbourhoods`, measured and checked). A person's features are
+            computed from its own records and public constants only (`AGE_CENTER`,
+            log household size, coordinates on `VIRGINIA`'s scale), and the
+            centralities are zero (a neighbour's degree or PageRank changes with
+            nodes two hops away): removing or changing one node of the capped graph
+            changes its own example and its kept neighbours' (tests/
+            test_pandemic_data.py). The cap itself reads every person's contacts:
+            removing a person's contacts can let other edges survive it, so the
+            capping lies outside the node-level guarantee, whose unit is a node of
+            the capped graph (`pipeline`).
+
+Randomness is the node's own: an edge's place in the greedy order, a neighbour's
+slot and a person's training window are hashes of the seed and the persons' ids
+(`hashed_uniform`), so removing one person reorders nothing else. `part` keeps the
+training persons or the held-out ones (`held_out`: a public split of households, the
+same for every seed and method), each as the subgraph of their own contacts.
 """
 
 from __future__ import annotations
@@ -36,10 +49,39 @@ from tff_silo.pandemic import files
 from tff_silo.pandemic.files import DataError
 
 MODES = ("faithful", "honest")
+PARTS = ("all", "train", "held_out")
 D_CENTRALITY, D_PERSONAL, D_EDGE, WINDOW = 2, 8, 10, 21
 D_STATIC = D_CENTRALITY + D_PERSONAL
 D_NODE = D_STATIC + 3 * WINDOW          # 73
 OUT_OF_HOME = (2, 3, 5, 6)              # work, shopping, school, college
+# honest mode's public constants in place of statistics fitted over the persons:
+AGE_CENTER, AGE_SCALE = 38.0, 23.0      # about the US population's age mean and sd
+VIRGINIA = dict(longitude=(-78.7, 1.8), latitude=(37.9, 0.8))   # centre, half-extent
+# the held-out persons: households whose hashed hid falls below this (public rule)
+HELD_OUT_FRACTION = 0.25
+_HELD_OUT_SALT, _EDGE_SALT, _SLOT_SALT = 43, 31, 37
+
+
+def hashed_uniform(seed: int, salt: int, *ids) -> np.ndarray:
+  """One number in [0, 1) per row of the integer arrays `ids`, a function of (seed,
+  salt, that row) alone: splitmix64's finalizer chained over the ids."""
+  def mix(z):
+    z = (z + np.uint64(0x9E3779B97F4A7C15)) & np.uint64(2 ** 64 - 1)
+    z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+    z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+    return z ^ (z >> np.uint64(31))
+  with np.errstate(over="ignore"):
+    shape = np.broadcast(*ids).shape if ids else ()
+    h = mix(np.full(shape, np.uint64(int(seed) & (2 ** 64 - 1))) ^ np.uint64(salt))
+    for column in ids:
+      h = mix(h ^ np.asarray(column).astype(np.int64).astype(np.uint64))
+  return (h >> np.uint64(11)).astype(np.float64) * 2.0 ** -53
+
+
+def held_out(hids) -> np.ndarray:
+  """Whether each household is held out (its persons' labels and records never
+  enter training): a public rule of the hid alone."""
+  return hashed_uniform(0, _HELD_OUT_SALT, hids) < HELD_OUT_FRACTION
 
 
 @dataclasses.dataclass(frozen=True)
@@ -78,9 +120,10 @@ def _index(pids_table, column_values, path, what):
   return idx
 
 
-def _person_features(tables, paths, n, idx_of):
+def _person_features(tables, paths, n, idx_of, mode):
   """[n, 8]: age (standardized), sex - 1.5, Box-Cox(household size), worked,
-  schooled, shopped, home-only (each +-0.5) and out-of-home time (days)."""
+  schooled, shopped, home-only (each +-0.5) and out-of-home time (days). Honest
+  mode: age on public constants and log(household size) (Box-Cox at lambda 0)."""
   person = tables["person_data_path"]
   household = tables["household_data_path"].drop_duplicates("hid").set_index("hid")
   missing = ~person.hid.isin(household.index)
@@ -90,8 +133,13 @@ def _person_features(tables, paths, n, idx_of):
                     f"{paths['person_data_path']}")
   age = person.age.to_numpy(np.float64)
   size = household.loc[person.hid, "hh_size"].to_numpy(np.float64)
-  boxed = (stats.boxcox(size)[0] if len(np.unique(size)) > 1 and size.min() > 0
-           else np.zeros(n))
+  if mode == "honest":
+    boxed = np.log(np.maximum(size, 1.0))
+    age = (age - AGE_CENTER) / AGE_SCALE
+  else:
+    boxed = (stats.boxcox(size)[0] if len(np.unique(size)) > 1 and size.min() > 0
+             else np.zeros(n))
+    age = (age - age.mean()) / (age.std() if age.std() > 0 else 1.0)
   visits = tables["activity_location_assignment_data_path"]
   node = idx_of(visits.pid, paths["activity_location_assignment_data_path"],
                 "an activity")
@@ -101,9 +149,7 @@ def _person_features(tables, paths, n, idx_of):
   out_time = np.bincount(node, weights=np.where(np.isin(kind, OUT_OF_HOME),
                                                 visits.duration.to_numpy(), 0.0),
                          minlength=n) / 86_400
-  std = age.std()
-  return np.stack([(age - age.mean()) / (std if std > 0 else 1.0),
-                   person.sex.to_numpy(np.float64) - 1.5, boxed,
+  return np.stack([age, person.sex.to_numpy(np.float64) - 1.5, boxed,
                    ever([2]) - 0.5, ever([5, 6]) - 0.5, ever([3]) - 0.5,
                    (~away) - 0.5, out_time], 1)
 
@@ -134,9 +180,10 @@ def _history(table, pids, path) -> np.ndarray:
   return history
 
 
-def _places(tables, paths):
+def _places(tables, paths, mode):
   """(lid -> row lookup, [L, 8] place features): residences then activity
-  locations; coordinates standardized over the client's places."""
+  locations; coordinates standardized over the client's places (honest mode: on
+  Virginia's public centre and extent)."""
   res = tables["residence_location_data_path"]
   act = tables["activity_location_data_path"]
   missing = [f for f in files.LOCATION_FLAGS if f not in act.columns]
@@ -145,7 +192,11 @@ def _places(tables, paths):
   lids = np.concatenate([act.alid.to_numpy(), res.rlid.to_numpy()]).astype(np.int64)
   coords = np.concatenate([act[["longitude", "latitude"]].to_numpy(np.float64),
                            res[["longitude", "latitude"]].to_numpy(np.float64)])
-  coords = (coords - coords.mean(0)) / np.where(coords.std(0) > 0, coords.std(0), 1.0)
+  if mode == "honest":
+    centre, scale = np.array(list(VIRGINIA.values())).T
+  else:
+    centre, scale = coords.mean(0), np.where(coords.std(0) > 0, coords.std(0), 1.0)
+  coords = (coords - centre) / scale
   flags = np.concatenate([act[list(files.LOCATION_FLAGS)].to_numpy(np.float64),
                           np.zeros((len(res), len(files.LOCATION_FLAGS)))])
   order = np.argsort(lids, kind="stable")
@@ -181,14 +232,15 @@ def _centrality(a, b, n) -> np.ndarray:
   return np.stack([scale(degree), scale(rank)], 1)
 
 
-def degree_cap(a, b, cap: int, seed: int) -> np.ndarray:
+def degree_cap(a, b, cap: int, priority) -> np.ndarray:
   """Indices of the undirected edges (a, b) (no parallel ones) the greedy keeps
-  when it visits them in a seeded random order, keeping an edge iff both ends have
-  fewer than `cap` kept edges. Computed in rounds: an edge whose rank among each
-  end's undecided edges is below that end's remaining capacity is kept (the greedy
-  keeps it whatever it decides before), edges at full nodes are dropped."""
+  when it visits them by increasing `priority` (one number per edge), keeping an
+  edge iff both ends have fewer than `cap` kept edges. Computed in rounds: an edge
+  whose rank among each end's undecided edges is below that end's remaining
+  capacity is kept (the greedy keeps it whatever it decides before), edges at full
+  nodes are dropped."""
   n = int(max(a.max(initial=-1), b.max(initial=-1))) + 1
-  order = np.random.default_rng([seed, 31]).permutation(len(a))
+  order = np.argsort(priority, kind="stable")
   a, b = a[order], b[order]   # greedy order
   capacity = np.full(n, cap, np.int64)
   open_ = np.arange(len(a))
@@ -216,19 +268,24 @@ def degree_cap(a, b, cap: int, seed: int) -> np.ndarray:
   return np.sort(order[np.concatenate(kept)]) if kept else np.zeros(0, np.int64)
 
 
-def _sample(a, b, n, s1, seed, mode):
-  """(neighbours [n, S1], the edge of each slot [n, S1], -1 padding)."""
+def _sample(a, b, pids, s1, seed, mode):
+  """(neighbours [n, S1], the edge of each slot [n, S1], -1 padding). The greedy's
+  order and each node's slot order are hashes of the persons' ids."""
+  n = len(pids)
   if mode == "honest":
     low, high = np.minimum(a, b), np.maximum(a, b)
     _, first = np.unique(low * n + high, return_index=True)
     first = first[low[first] != high[first]]   # no self-contacts
-    edges = first[degree_cap(a[first], b[first], s1, seed)]
+    priority = hashed_uniform(seed, _EDGE_SALT, pids[low[first]], pids[high[first]])
+    edges = first[degree_cap(a[first], b[first], s1, priority)]
   else:
     edges = np.arange(len(a))
   node = np.r_[a[edges], b[edges]]
   other = np.r_[b[edges], a[edges]]
   edge = np.r_[edges, edges]
-  key = np.random.default_rng([seed, 37]).random(len(node))
+  # parallel edges (faithful mode) tell their slots apart by their row
+  key = hashed_uniform(seed, _SLOT_SALT, pids[node], pids[other],
+                       edge * (mode != "honest"))
   order = np.lexsort((key, node))
   node, other, edge = node[order], other[order], edge[order]
   starts = np.r_[0, np.flatnonzero(np.diff(node)) + 1]
@@ -241,34 +298,65 @@ def _sample(a, b, n, s1, seed, mode):
   return neighbours, slots
 
 
-def load_client(paths: dict, *, sample_size: int = 20, mode: str = "honest",
-                seed: int = 0) -> ClientGraph:
-  """A client's tables from its seven files (`files.client_files`, or a scenario's
-  `files.read_scenario`); DataError in one line naming the file and the problem."""
-  if mode not in MODES:
-    raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
-  if int(sample_size) != sample_size or sample_size < 1:
-    raise ValueError(f"sample_size (S1) must be a positive integer, got {sample_size}")
+def read_client(paths: dict) -> dict:
+  """A client's seven tables (`files.client_files`, or a scenario's
+  `files.read_scenario`), persons sorted by pid, checked; DataError in one line
+  naming the file and the problem."""
   tables = {argument: files.read_table(path, argument) for argument, path in paths.items()}
   person = tables["person_data_path"].sort_values("pid").reset_index(drop=True)
   if person.pid.duplicated().any() or (person.pid < 0).any():
     raise DataError(f"{paths['person_data_path']}: pids must be distinct non-negative "
                     "integers")
   tables["person_data_path"] = person
+  return tables
+
+
+def _part(tables: dict, part: str) -> dict:
+  """The tables of the persons of `part` and of their contacts with each other."""
+  if part == "all":
+    return tables
+  person = tables["person_data_path"]
+  keep = held_out(person.hid.to_numpy()) == (part == "held_out")
+  pids = person.pid[keep]
+  out = dict(tables, person_data_path=person[keep].reset_index(drop=True))
+  for argument in ("activity_location_assignment_data_path", "disease_outcome_data_path"):
+    table = tables[argument]
+    out[argument] = table[table.pid.isin(pids)]
+  network = tables["population_network_data_path"]
+  out["population_network_data_path"] = network[network.pid1.isin(pids)
+                                                & network.pid2.isin(pids)]
+  return out
+
+
+def load_client(paths: dict, *, sample_size: int = 20, mode: str = "honest",
+                seed: int = 0, part: str = "all", tables: dict = None) -> ClientGraph:
+  """A client's per-node tables from its seven files (or their `read_client`
+  `tables`): every person, the training ones or the held-out ones (`part`), with
+  their contacts among themselves; DataError in one line naming a bad file."""
+  if mode not in MODES:
+    raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
+  if part not in PARTS:
+    raise ValueError(f"part must be one of {PARTS}, got {part!r}")
+  if int(sample_size) != sample_size or sample_size < 1:
+    raise ValueError(f"sample_size (S1) must be a positive integer, got {sample_size}")
+  tables = _part(read_client(paths) if tables is None else tables, part)
+  person = tables["person_data_path"]
   pids = person.pid.to_numpy(np.int64)
   n = len(pids)
+  if n == 0:
+    raise DataError(f"{paths['person_data_path']}: no persons ({part})")
   idx_of = lambda values, path, what: _index(pids, values, path, what)
-  personal = _person_features(tables, paths, n, idx_of)
+  personal = _person_features(tables, paths, n, idx_of, mode)
   history = _history(tables["disease_outcome_data_path"], pids,
                      paths["disease_outcome_data_path"])
   network = tables["population_network_data_path"]
   path = paths["population_network_data_path"]
   a = idx_of(network.pid1, path, "a contact")
   b = idx_of(network.pid2, path, "a contact")
-  lids, places = _places(tables, paths)
+  lids, places = _places(tables, paths, mode)
   rows = _place_rows(lids, network.lid.to_numpy(np.int64), path)
   centrality = (_centrality(a, b, n) if mode == "faithful" else np.zeros((n, 2)))
-  neighbours, slots = _sample(a, b, n, sample_size, seed, mode)
+  neighbours, slots = _sample(a, b, pids, sample_size, seed, mode)
   valid = slots >= 0
   edge = np.where(valid, slots, 0)
   time = np.stack([network.start_time.to_numpy(np.float64)[edge],

@@ -110,9 +110,9 @@ def dp_sgd_event(noise_multiplier: float, sampling_rate: float, steps: int, *,
     if neighbouring != "replace_one" or dataset_size is None:
       raise ValueError("node-level accounting (node_examples) needs replace_one and "
                        "the public dataset_size (uniform batches of a fixed size)")
-    return node_level.training_event(noise_multiplier, int(dataset_size),
-                                     int(node_examples),
-                                     int(round(sampling_rate * dataset_size)), int(steps))
+    return node_level.training_event(   # no more examples change than there are
+        noise_multiplier, int(dataset_size), int(min(node_examples, dataset_size)),
+        int(round(sampling_rate * dataset_size)), int(steps))
   if neighbouring == "add_remove":
     step = dp_accounting.PoissonSampledDpEvent(
         sampling_rate, dp_accounting.GaussianDpEvent(noise_multiplier))

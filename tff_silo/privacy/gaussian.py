@@ -4,9 +4,9 @@ TensorFlow's normals (Box-Muller on float32 uniforms, the radius's uniform clamp
 1e-7) never exceed 5.68 in absolute value. A Gaussian mechanism drawing them has
 outputs that a neighbouring dataset cannot produce: when a neighbour shifts a
 release by s (in units of the noise's standard deviation), a noise pair of radius
-above 5.68 - s lands where the neighbour's output has no mass, an event no epsilon
-pays for (with sigma 1 and a node-level shift of 2 rho C, about one pandemic run in
-ten).
+above 5.68 - s can land where the neighbour's output has no mass, an event no
+epsilon pays for (with sigma 1 and a node-level shift of 2 rho C, about one pandemic
+run in ten).
 
 This sampler: Box-Muller on pairs of 32-bit Philox words (`batched_random`), the
 first word w0 for the radius's uniform u = (w0 + 1/2) 2^-32, the second for the

@@ -18,8 +18,14 @@ where the exponent constant c depends on the neighbouring relation:
 `NodeLevelDpEvent` is a `dp_accounting.DpEvent` and `NodeLevelRdpAccountant` a
 `dp_accounting.rdp.RdpAccountant` that composes it with every event the library's
 accountant knows; a `PrivacyLedger` charges it like any other query. The guarantee
-holds only for what the event describes: a true degree cap (every node in at most S
-examples) and batches drawn uniformly at random each step.
+holds only for what the event describes: S bounds the examples that one node's
+change alters, and batches are drawn uniformly at random each step. Its unit is a
+node of the graph the examples are built from; where that graph is a degree-capped
+one, the capping (which reads every node's edges) lies outside the guarantee.
+Replacing a node alters the examples that held it and those that hold its
+replacement: under a cap of S1 neighbours, S = 2 S1 + 1 (`pandemic.pipeline.
+node_examples`); the theorem as printed takes S1 + 1, the count for adding or
+removing one node.
 """
 
 from __future__ import annotations

@@ -682,7 +682,9 @@ def _table(selected) -> str:
     units += f" Server aggregator: {names}"
     if "silo_epsilon_spent" in selected and selected.silo_epsilon_spent.notna().any():
       units += (f", silo-level epsilon {selected.silo_epsilon_spent.max():.3g} at delta "
-                f"{selected.silo_delta.max():g} per trial (tuning not counted)")
+                f"{selected.silo_delta_with_sampler_tail.max():.3g} per trial (tuning "
+                "not counted; it covers the server's aggregates, not the personalized "
+                "models or their metrics)")
     units += "."
   out = (_grid_table(selected, "test_metric", True) + f"\nTest {metric}, mean +- sd "
          f"over seeds; tuning {tunings}.{units}\n" + _wins(selected))

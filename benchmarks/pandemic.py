@@ -290,6 +290,7 @@ def _figures(persons):
   os.makedirs(FLAGS.figures_dir, exist_ok=True)
   fig, ax = plt.subplots(figsize=(6.5, 4))
   private = np.isfinite(df.epsilon_theorem)
+  unbounded = sorted(df.sigma[(df.sigma > 0) & ~private].unique())
   varying = [c for c in CURVE if df.loc[private, c].nunique() > 1] or ["method"]
   for setting, part in df[private].groupby(varying if len(varying) > 1 else varying[0]):
     setting = setting if isinstance(setting, tuple) else (setting,)
@@ -297,7 +298,7 @@ def _figures(persons):
                       for c, v in zip(varying, setting))
     curve = part.groupby("epsilon_theorem").average_precision.mean()
     line, = ax.plot(curve.index, curve.values, "o-", label=label)
-    match = df[~private]
+    match = df[df.sigma == 0]
     for c, v in zip(varying, setting):
       match = match[match[c] == v]
     if len(match):
@@ -307,7 +308,9 @@ def _figures(persons):
   ax.set_xlabel("node-level epsilon (replace one node of the capped graph, Theorem "
                 "2.4.4's exponent), delta = 1/(10 n)", fontsize=8)
   ax.set_ylabel("average precision (held-out households, pooled)")
-  ax.set_title(f"{int(persons):,} persons" if persons else "given files", fontsize=9)
+  ax.set_title((f"{int(persons):,} persons" if persons else "given files") + (
+      f"; sigma {', '.join(f'{v:g}' for v in unbounded)}: no finite epsilon, not drawn"
+      if unbounded else ""), fontsize=9)
   ax.legend(fontsize=6)
   fig.tight_layout()
   fig.savefig(os.path.join(FLAGS.figures_dir, "pandemic_ap_epsilon.png"), dpi=120)

@@ -316,7 +316,8 @@ def _tuned_epsilons(s, privacy, score_z, num_trials=None) -> np.ndarray:
   neighbouring = privacy.protocol.neighbouring
   cache, out = {}, []
   for k in range(len(privacy.noise_multipliers)):
-    event, delta = _scored(privacy.silo_event(k), score_z), float(privacy.target_delta[k])
+    event = _scored(privacy.silo_event(k), score_z)
+    delta = float(privacy.target_delta[k])
     key = (repr(event), delta)
     if key not in cache:
       cache[key] = (tuning.tuned_epsilon(event, grid.tnb(s), delta, neighbouring)
@@ -853,8 +854,9 @@ def main(argv):
   _select_ready(s, trials, cell_trials, released, loaded)   # cells finished before
   table = common.read_rows(s["output"], SIGNATURE)
   selected = table[(table.row_type == "selected") & table.run_key.isin(set(cell_keys))]
-  selected = selected.sort_values(["method", "epsilon", "seed"], kind="stable", key=lambda
-                                  c: c.map(METHODS.index) if c.name == "method" else c)
+  in_order = lambda c: c.map(METHODS.index) if c.name == "method" else c
+  selected = selected.sort_values(["method", "epsilon", "seed"], kind="stable",
+                                  key=in_order)
   ours = None
   if not private:   # the lambda figure of free tuning shows every trial
     ours = table[(table.row_type == "trial")

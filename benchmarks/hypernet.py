@@ -82,10 +82,10 @@ HYPERNET_FLAGS = ("sampling_rate", "l2_norm_clip", "noise_multiplier", "weight_c
                   "hidden_width", "embedding_dim")
 FLAG_NAMES = ("algorithm", "dataset", "data_dir", "cache_dir", "num_users",
               "classes_per_user", "sampling_rate", "l2_norm_clip", "noise_multiplier",
-              "weight_cap", "public_user_sizes", "delta", "rounds", "local_steps", "batch_size", "client_lr",
-              "hypernet_lr", "embedding_lr", "hidden_width", "embedding_dim", "channels",
-              "dense", "fedavg_local_epochs", "seeds", "eval_every", "plot", "backend",
-              "device", "save_models")
+              "weight_cap", "public_user_sizes", "delta", "rounds", "local_steps",
+              "batch_size", "client_lr", "hypernet_lr", "embedding_lr", "hidden_width",
+              "embedding_dim", "channels", "dense", "fedavg_local_epochs", "seeds",
+              "eval_every", "plot", "backend", "device", "save_models")
 
 
 def _settings():

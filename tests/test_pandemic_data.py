@@ -301,8 +301,8 @@ def capped(tiny, tmp_path_factory):
   pids = tables["person_data_path"].pid.to_numpy()
   network = tables["population_network_data_path"]
   index = pd.Index(pids)
-  _, slots = graph._sample(index.get_indexer(network.pid1), index.get_indexer(network.pid2),  # pylint: disable=protected-access
-                           pids, 20, 0, "honest")
+  a, b = index.get_indexer(network.pid1), index.get_indexer(network.pid2)
+  _, slots = graph._sample(a, b, pids, 20, 0, "honest")   # pylint: disable=protected-access
   kept = np.unique(slots[slots >= 0])
   folder = str(tmp_path_factory.mktemp("capped"))
   def keep_capped(t):

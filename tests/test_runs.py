@@ -100,7 +100,8 @@ def test_the_data_check_is_keyed_and_tells_nothing_without_the_key(tmp_path,
   for plain in runs._digests(silos, None):   # pylint: disable=protected-access
     assert plain["train"] not in text and plain["test"] not in text
   saved = runs.load(str(tmp_path / "run"))
-  assert saved.meta["version"] == 3 and saved.meta["fingerprint"]["scheme"] == "hmac-sha256"
+  assert saved.meta["version"] == 3
+  assert saved.meta["fingerprint"]["scheme"] == "hmac-sha256"
   saved.check_data(silos)
   with pytest.raises(ValueError, match="fingerprint mismatch"):
     saved.check_data(datasets.load(dict(RECIPE, seed=4))[0])
@@ -118,7 +119,8 @@ def test_a_version_2_run_with_a_plain_fingerprint_still_loads_and_checks(tmp_pat
   _save(tmp_path / "run", silos, model, result)
   path = tmp_path / "run" / "run.json"
   meta = json.loads(path.read_text())
-  meta.update(version=2, fingerprint=runs._digests(silos, None))   # pylint: disable=protected-access
+  plain = runs._digests(silos, None)   # pylint: disable=protected-access
+  meta.update(version=2, fingerprint=plain)
   path.write_text(json.dumps(meta))
   saved = runs.load(str(tmp_path / "run"))
   saved.check_data(silos)

@@ -99,7 +99,8 @@ class AggregatorChoice:
     shift = 1.0 / self.noise_multiplier
     if shift >= TF_NORMAL_RADIUS:
       return 1.0
-    per_round = pairs * (math.exp(-(TF_NORMAL_RADIUS - shift) ** 2 / 2) + TF_NORMAL_CLAMP)
+    tail = math.exp(-(TF_NORMAL_RADIUS - shift) ** 2 / 2)
+    per_round = pairs * (tail + TF_NORMAL_CLAMP)
     return min(1.0, rounds * per_round)
 
 

@@ -92,8 +92,8 @@ def root_key(seed: Optional[int]) -> np.ndarray:
 
 def child_seed(seed: int, *path) -> int:
   """A 64-bit seed for a run derived from run `seed` along `path` (integers, the
-  first a purpose): `derive(root_key(seed), *path)` read as one unsigned integer.
-  Tuning gives each trial its own run this way (fresh keys, never a repeat)."""
+  first a purpose): `derive(root_key(seed), *path)` read as one unsigned integer
+  (private tuning draws its plan from one; `run_seed` gives each run its own)."""
   return int(derive(root_key(seed), *path).numpy().view(np.uint64)[0])
 
 

@@ -49,6 +49,7 @@ METHODS = ("mrmtl", "local", "fedavg", "centralized")
 BATCH_SIZE = 512                  # the authors' (thesis Table 2.1)
 LEARNING_RATE = 0.2
 NUM_WINDOWS = features.LAST_TRAINING_START + 1    # 29 training windows per person
+_WINDOW_SALT = 41                 # a person's window: graph.hashed_uniform of its pid
 
 
 @dataclasses.dataclass(frozen=True)
@@ -61,9 +62,6 @@ class Scenario:
   max_neighbourhoods: tuple       # per client: the most examples a node lies in
   mode: str
   has_target: bool                # whether the test folders hold the target file
-
-
-_WINDOW_SALT = 41
 
 
 def load_scenario(data_dir: str, scenario: str, *, sample_size: int = 20,
@@ -192,7 +190,7 @@ def train(scenario: Scenario, settings: Settings, *, backend: str = "vectorized"
   """Trains `settings.method` on the scenario's silos (the library's MR-MTL family
   on `backend`) and scores the pooled predictions; the measured figures."""
   from tff_silo import algorithms, simulation   # pylint: disable=g-import-not-at-top
-  from tff_silo.privacy import PrivacyProtocol, node_level  # pylint: disable=g-import-not-at-top
+  from tff_silo.privacy import PrivacyProtocol, node_level   # pylint: disable=g-import-not-at-top
   centralized = settings.method == "centralized"
   if centralized != (scenario.silos.num_silos == 1 and scenario.name == "centralized"):
     raise ValueError("the centralized method trains the `centralized` folder, the "

@@ -143,7 +143,8 @@ def selection_event(selection_epsilon: float, num_selections: int) -> dp_account
       SelectionDpEvent(2.0 / selection_epsilon), int(num_selections))
 
 
-def sampler_tail(event: dp_accounting.DpEvent, neighbouring: str = "add_remove") -> float:
+def sampler_tail(event: dp_accounting.DpEvent,
+                 neighbouring: str = "add_remove") -> float:
   """The probability, over the releases `event` describes, that the library's
   Gaussian noise leaves the Gaussian's law where a neighbour's shift matters
   (`gaussian_tail.release_tail`): a release shifts only when the differing example or

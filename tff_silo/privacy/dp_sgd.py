@@ -56,7 +56,8 @@ def gaussian_noise_like(tensors, stddev, key=None):
   if None in sizes:
     raise ValueError("gaussian_noise_like needs tensors of static shapes")
   flat = gaussian.normal(keys.key_or_fresh(key)[None], sum(sizes))[0] * stddev
-  return [tf.reshape(part, tf.shape(t)) for part, t in zip(tf.split(flat, sizes), tensors)]
+  return [tf.reshape(part, tf.shape(t))
+          for part, t in zip(tf.split(flat, sizes), tensors)]
 
 
 def clipped_sum(per_example_grads, l2_norm_clip, mask=None, batch_dims=1):

@@ -468,7 +468,7 @@ def _run_batch(s, batch, loaded, backend, device, cell_trials):
     private = not math.isinf(trial["epsilon"])
     # under private tuning only the noisy score is released, not the exact metric
     noisy_score, epsilon_tuned, tuned_per_silo = math.nan, math.nan, None
-    released = outcome.epsilon_spent if private else math.nan
+    if_released = outcome.epsilon_spent if private else math.nan
     if tuned:
       validation_metric = math.nan
       noisy_score = _noisy_score(s, model, outcome.silo_weights, x_val, y_val,
@@ -478,7 +478,7 @@ def _run_batch(s, batch, loaded, backend, device, cell_trials):
       if epsilon_tuned > trial["epsilon"]:
         raise RuntimeError(f"tuning would spend epsilon {epsilon_tuned} > "
                            f"{trial['epsilon']}: a calibration error; nothing reported")
-      released = float(_tuned_epsilons(s, outcome.privacy, score_z, cell_trials[
+      if_released = float(_tuned_epsilons(s, outcome.privacy, score_z, cell_trials[
           (trial["method"], trial["epsilon"], trial["seed"])]).max())
     else:
       validation_metric = _validation_metric(model, outcome.silo_weights, x_val, y_val)
@@ -492,7 +492,7 @@ def _run_batch(s, batch, loaded, backend, device, cell_trials):
       leakage = dict(mia_auc=float(pooled.auc), mia_advantage=float(pooled.advantage),
                      mia_inside_guarantee=False)
     outside = ({} if s["tuning"] == "free" else
-               dict(outside_guarantee=True, epsilon_if_released=released))
+               dict(outside_guarantee=True, epsilon_if_released=if_released))
     rows.append(dict(
         row_type="trial", run_key=grid.trial_key(s, trial), preset=s["preset"], **trial,
         privacy_unit=grid.privacy_unit(trial["method"]) if private else None,
@@ -568,31 +568,31 @@ def _save(s, trial, outcome, row, tuned_per_silo=None) -> str:
   return folder
 
 
-def _select_ready(s, planned, cell_trials, released: set, loaded) -> int:
+def _select_ready(s, planned, released: set, loaded) -> None:
   """Writes to --output the selected row of every cell whose planned trials are all
-  in the trial store and whose row is not there yet (under private tuning only the
-  released columns, and its saved models published); the number written."""
+  in the trial store and whose row is not there yet (`released`: the cell keys
+  written; under private tuning only the released columns, and its saved models
+  published)."""
   if not os.path.exists(s["trials_store"]):
-    return 0
+    return
   table = common.read_rows(s["trials_store"], SIGNATURE, "trials_output")
   keys = {grid.trial_key(s, t) for t in planned}
   ours = table[(table.row_type == "trial") & table.run_key.isin(keys)]
   if ours.empty:
-    return 0
+    return
   rows = []
   for row in grid.selected(s, ours, planned).to_dict("records"):
     if row["run_key"] in released:
       continue
     if s["tuning"] == "private":
-      row = _released_row(s, row, ours, loaded)
+      row = _released_row(row, ours, loaded)
     rows.append(row)
     released.add(row["run_key"])
   if rows:
     common.append_rows(s["output"], rows)
-  return len(rows)
 
 
-def _released_row(s, row, trials, loaded) -> dict:
+def _released_row(row, trials, loaded) -> dict:
   """A cell's selected row under private tuning: the released columns only; under
   --save_models the selected trial's staged run saved as the cell's, and every
   staged trial of the cell removed."""
@@ -602,7 +602,7 @@ def _released_row(s, row, trials, loaded) -> dict:
     out.pop("validation_metric", None)
   if FLAGS.save_models:
     staged = row.get("saved_to")
-    out["saved_to"] = (_publish(s, row, staged, loaded)
+    out["saved_to"] = (_publish(row, staged, loaded)
                        if isinstance(staged, str) and os.path.isdir(staged) else None)
     cell = trials[(trials.method == row["method"]) & (trials.epsilon == row["epsilon"])
                   & (trials.seed == row["seed"])]
@@ -612,7 +612,7 @@ def _released_row(s, row, trials, loaded) -> dict:
   return out
 
 
-def _publish(s, row, staged: str, loaded) -> str:
+def _publish(row, staged: str, loaded) -> str:
   """The selected trial's staged run saved under --save_models as its cell's run:
   the cell's key, no trial index; its folder."""
   from tff_silo import runs
@@ -843,7 +843,7 @@ def main(argv):
     except ValueError as e:   # a budget too small for any noise, say
       raise UsageError(str(e)) from None
     common.append_rows(s["trials_store"], rows)
-    _select_ready(s, trials, cell_trials, released, loaded)
+    _select_ready(s, trials, released, loaded)
     elapsed = time.perf_counter() - start
     left = elapsed / i * (len(batches) - i)
     counts = (f"{len(released)}/{len(cell_trials)} cells selected" if private
@@ -851,7 +851,7 @@ def main(argv):
     print(f"[{i}/{len(batches)}] {first['method']} lam={first['lam']:g} "
           f"lr={first['lr']:g}: {counts}, {elapsed:.0f} s, ~{left:.0f} s left",
           file=sys.stderr, flush=True)
-  _select_ready(s, trials, cell_trials, released, loaded)   # cells finished before
+  _select_ready(s, trials, released, loaded)   # cells finished before
   table = common.read_rows(s["output"], SIGNATURE)
   selected = table[(table.row_type == "selected") & table.run_key.isin(set(cell_keys))]
   in_order = lambda c: c.map(METHODS.index) if c.name == "method" else c

@@ -688,7 +688,8 @@ def _table(selected) -> str:
                 "models or their metrics)")
     units += "."
   out = (_grid_table(selected, "test_metric", True) + f"\nTest {metric}, mean +- sd "
-         f"over seeds; tuning {tunings}.{units}\n" + _wins(selected))
+         f"over seeds; tuning {tunings}.{units} A row's epsilon covers its own "
+         "release; rows on the same silos (one seed) compose.\n" + _wins(selected))
   if "mia_auc" in selected and selected.mia_auc.notna().any():
     out += ("\n" + _grid_table(selected, "mia_auc", False) + "\nMembership inference "
             "against the same models (threshold attack, every silo's training vs "

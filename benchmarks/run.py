@@ -615,7 +615,8 @@ def _print_table(rows):
   from benchmarks import summarize
   df = pd.DataFrame(rows)
   print(f"\n{FLAGS.dataset}: {rows[0]['metric']} over {len(set(df.seed))} seed(s), "
-        f"epsilon={FLAGS.epsilon}, rounds={rows[0]['rounds']}")
+        f"epsilon={FLAGS.epsilon}, rounds={rows[0]['rounds']} (a row's epsilon covers "
+        "that run; runs on the same silos compose)")
   print(summarize.summary_table(df).to_string(index=False,
                                              float_format=lambda v: f"{v:.4f}"))
 

@@ -376,7 +376,6 @@ def test_held_out_households_never_enter_training(tiny):
   assert (neighbours[neighbours >= 0] >= first_test).all()
   trained = t.neighbours[train_nodes]
   assert (trained[trained >= 0] < first_test).all()
-  persons = pd.concat([_read(os.path.join(tiny[0], "centralized", "train"),
-                             "person_data_path")])
+  persons = _read(os.path.join(tiny[0], "centralized", "train"), "person_data_path")
   share = graph.held_out(persons.drop_duplicates("hid").hid.to_numpy()).mean()
   assert 0.2 < share < 0.3

@@ -149,10 +149,10 @@ def sampler_tail(event: dp_accounting.DpEvent,
   Gaussian noise leaves the Gaussian's law where a neighbour's shift matters
   (`gaussian_tail.release_tail`): a release shifts only when the differing example or
   node is in its batch (probability q; b / n; the node's hypergeometric count), by
-  its sensitivity over the noise's std (1 / z of its `GaussianDpEvent`). Selections
-  and non-Gaussian events add nothing; the sum may exceed 1."""
-  # pylint: disable=g-import-not-at-top
-  from tff_silo.privacy import node_level
+  its sensitivity over the noise's std (1 / z of its `GaussianDpEvent`); an event of
+  the library's own kind (`node_level.NodeLevelDpEvent`) says its own
+  (`event.sampler_tail`). Selections and non-Gaussian events add nothing; the sum
+  may exceed 1."""
   if isinstance(event, SelectionDpEvent) or isinstance(event, (
       dp_accounting.NoOpDpEvent, dp_accounting.NonPrivateDpEvent,
       dp_accounting.LaplaceDpEvent)):
@@ -169,8 +169,8 @@ def sampler_tail(event: dp_accounting.DpEvent,
     return event.count * sampler_tail(event.event, neighbouring)
   if isinstance(event, dp_accounting.ComposedDpEvent):
     return sum(sampler_tail(e, neighbouring) for e in event.events)
-  if isinstance(event, node_level.NodeLevelDpEvent):
-    return node_level.step_tail(event, neighbouring)
+  if hasattr(event, "sampler_tail"):
+    return event.sampler_tail(neighbouring)
   raise ValueError(f"no sampler tail is known for {event}")
 
 

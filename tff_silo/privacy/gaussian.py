@@ -19,8 +19,8 @@ words drawn under a key of its own, down to 2^-1025, so a pair's radius reaches
 `normal(keys, n)`: float32[K, n], row k drawn with int32[2] key k; the TFF process
 and the vectorized backend both draw with it (the same numbers, to float32 rounding:
 TF's sin and cos differ in the last bit between vector and scalar code), at the
-cost of TensorFlow's own normals. The floating-point grid of the outputs (Mironov 2012) is
-not addressed here.
+cost of TensorFlow's own normals. The floating-point grid of the outputs (Mironov
+2012) is not addressed here.
 """
 
 from __future__ import annotations

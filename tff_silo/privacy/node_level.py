@@ -62,6 +62,11 @@ class NodeLevelDpEvent(dp_accounting.DpEvent):
   max_neighbourhoods: int
   batch_size: int
 
+  def sampler_tail(self, neighbouring: str) -> float:
+    """The Gaussian sampler's tail of this step (`step_tail`), for
+    `accounting.sampler_tail`."""
+    return step_tail(self, neighbouring)
+
 
 def check_event(event: NodeLevelDpEvent) -> None:
   if not event.noise_multiplier > 0:
@@ -151,7 +156,8 @@ def epsilon(noise_multiplier: float, num_nodes: int, max_neighbourhoods: int,
   accountant = NodeLevelRdpAccountant(list(orders),
                                       accounting.neighbouring_relation(neighbouring))
   accountant.compose(event)
-  delta = accounting.delta_after_tail(delta, accounting.sampler_tail(event, neighbouring))
+  tail = accounting.sampler_tail(event, neighbouring)
+  delta = accounting.delta_after_tail(delta, tail)
   return float(accountant.get_epsilon(delta)) if delta > 0 else math.inf
 
 

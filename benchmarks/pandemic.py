@@ -248,8 +248,8 @@ def main(argv):
                finished=time.strftime("%Y-%m-%dT%H:%M:%S"))
     common.append_row(FLAGS.output, row)
     rows.append(row)
-    from tff_silo import vectorized
-    vectorized.release_programs()   # each run's model captures its own tables
+    from tff_silo.backends.vectorized import programs
+    programs.release_programs()   # each run's model captures its own tables
     print(f"{tag}: AP {row.get('average_precision', math.nan):.4f} (lift "
           f"{row.get('lift', math.nan):.2f}), epsilon {row['epsilon_theorem']:.4g} "
           f"({time.perf_counter() - start:.0f} s so far)", file=sys.stderr, flush=True)

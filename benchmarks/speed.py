@@ -1,4 +1,4 @@
-"""Speed of the two backends side by side (TFF's runtime vs `tff_silo.vectorized`).
+"""Speed of the two backends side by side (TFF's runtime vs `tff_silo.backends.vectorized`).
 
 Parts (--parts, all by default), every figure a median over --repeats with the
 backends alternating within each repeat, so drift of the machine hits both alike:
@@ -214,12 +214,13 @@ def _sweep(env):
 def _memory_in_process(budget: str):
   """The memory part's round, run here with the default budget or none."""
   import numpy as np
-  from tff_silo import algorithms, models, vectorized
+  from tff_silo import algorithms, models
+  from tff_silo.backends.vectorized import training
   from tff_silo.data.silos import make_silos
   from tff_silo.privacy import PrivacyProtocol
   from tff_silo.simulation import run_simulation
   if budget == "none":
-    vectorized.MEMORY_BUDGET_FLOATS = 2 ** 62   # every silo in one chunk
+    training.MEMORY_BUDGET_FLOATS = 2 ** 62   # every silo in one chunk
   rng = np.random.default_rng(0)
   images = lambda n: [rng.random((n, 28, 28, 1), np.float32) for _ in range(40)]
   labels = lambda n: [rng.integers(0, 10, n).astype(np.float32) for _ in range(40)]
@@ -236,7 +237,7 @@ def _memory_in_process(budget: str):
       progress=lambda *_: after_round.append(common.peak_memory_mb()))
   print(json.dumps(dict(peak_after_round_mb=after_round[0],
                         round_seconds=float(result.round_seconds[0]),
-                        silos_per_chunk=vectorized._chunk_silos(model, definition.config),
+                        silos_per_chunk=training.chunk_silos(model, definition.config),
                         test_metric=result.test_metric, rounds=1)))
 
 

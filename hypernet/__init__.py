@@ -1,7 +1,8 @@
 """HyperNetFL (pFedHN, Shamsian et al. ICML'21) and its user-level DP variant UDP-Alg
-(Nemala, Lai, Phan, CIKM'23): the definition (`hypernet_algorithm`), its TFF process
-(`build_hypernet_process`), the vectorized round (`hypernet.vectorized`) and the
-driver (`run_hypernet`, either backend).
+(Nemala, Lai, Phan, CIKM'23): the definition (`hypernet_algorithm`, which registers
+its runners with `tff_silo.runner`), its TFF process (`hypernet.process.process_for`),
+the vectorized round (`hypernet.vectorized`) and the driver (`run_hypernet`, either
+backend).
 
 Names load on first use (PEP 562), so a vectorized run never imports TensorFlow
 Federated.
@@ -11,8 +12,9 @@ import importlib
 
 _WHERE = {
     "Hypernetwork": "network", "default_embedding_dim": "network",
+    "from_saved_run": "network",
     "HypernetAlgorithm": "algorithm", "hypernet_algorithm": "algorithm",
-    "HypernetProcess": "process", "build_hypernet_process": "process",
+    "HypernetProcess": "process",
     "HypernetResult": "simulation", "run_hypernet": "simulation",
     "sample_users": "simulation",
 }

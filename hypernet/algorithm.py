@@ -23,6 +23,7 @@ from typing import Optional
 import numpy as np
 
 from hypernet.network import Hypernetwork
+from tff_silo import runner
 from tff_silo.algorithms.local_training import LocalTrainingConfig, train_locally
 from tff_silo.privacy.user_level import UserDPSettings, UserLevelMean
 
@@ -51,6 +52,10 @@ class HypernetAlgorithm:
     """The noise std of the phi step (eq. 4); NaN with another aggregator."""
     return self.mean.sigma if self.aggregator is None else float(
         getattr(self.aggregator, "sigma", np.nan))
+
+
+runner.register(HypernetAlgorithm, tff="hypernet.process:TffHypernetRunner",
+                vectorized="hypernet.vectorized:VectorizedHypernet")
 
 
 def hypernet_algorithm(hypernetwork: Hypernetwork, feature_shape, train_sizes,
@@ -84,20 +89,22 @@ def hypernet_algorithm(hypernetwork: Hypernetwork, feature_shape, train_sizes,
     if not (value >= 0 and np.isfinite(value)):
       raise ValueError(f"{name} must be a finite number >= 0, got {value}")
   if aggregator is not None:
-    import tensorflow_federated as tff  # pylint: disable=g-import-not-at-top
+    # TFF (~5 s to import) only where a factory was given; a vectorized run needs none
+    # pylint: disable=g-import-not-at-top
+    import tensorflow_federated as tff
+    from tff_silo.privacy.user_level_factory import UserLevelDPMeanFactory
     if not isinstance(aggregator, tff.aggregators.WeightedAggregationFactory):
       raise TypeError("aggregator must be a tff.aggregators.WeightedAggregationFactory, "
                       f"got {type(aggregator).__name__}")
-    from tff_silo.privacy.user_level_factory import UserLevelDPMeanFactory  # pylint: disable=g-import-not-at-top
     if settings.private and not (
         isinstance(aggregator, UserLevelDPMeanFactory)
         and aggregator.mean == settings.mean(train_sizes, aggregator.mean.seed)):
       # run_hypernet charges the settings' (q, z) to the user-level ledger: only the
       # user-level DP mean of these very settings adds the noise that pays for it
       raise ValueError("settings add noise (noise_multiplier > 0) but aggregator is "
-                       "not their user-level DP mean (settings.factory(train_sizes)): "
-                       "the user-level epsilon would not hold; use noise_multiplier 0 "
-                       "with another aggregator")
+                       "not their user-level DP mean (UserLevelDPMeanFactory."
+                       "for_settings(settings, train_sizes)): the user-level epsilon "
+                       "would not hold; use noise_multiplier 0 with another aggregator")
   config = LocalTrainingConfig(learning_rate=client_learning_rate, batch_size=batch_size,
                                steps=local_steps, sampling="shuffle")
   return HypernetAlgorithm(

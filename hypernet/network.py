@@ -109,3 +109,17 @@ class Hypernetwork:
         theta, (phi, embedding), output_gradients=list(delta),
         unconnected_gradients=tf.UnconnectedGradients.ZERO)
     return phi_part, embedding_part
+
+
+def from_saved_run(saved) -> tuple:
+  """(the `Hypernetwork`, phi, embeddings) of a saved hypernetwork run
+  (`tff_silo.runs.SavedRun`); ValueError for another run."""
+  spec = saved.meta["model"].get("hypernetwork")
+  if spec is None or saved.hypernetwork_weights is None:
+    raise ValueError(f"{saved.directory} holds no hypernetwork")
+  network = Hypernetwork(saved.model(), **spec)
+  phi, embeddings = saved.hypernetwork_weights
+  if [list(p.shape) for p in phi] != [list(s) for s in network.phi_shapes]:
+    raise ValueError(f"{saved.directory}: the saved phi does not fit the hypernetwork "
+                     "its spec describes")
+  return network, phi, embeddings

@@ -33,9 +33,8 @@ import numpy as np
 import tensorflow as tf
 import tensorflow_federated as tff
 
-from hypernet.algorithm import (HypernetAlgorithm, hypernet_algorithm, local_delta,
-                                server_update)
-from tff_silo.privacy.user_level import UserDPSettings
+from hypernet.algorithm import HypernetAlgorithm, local_delta, server_update
+from tff_silo import keys
 from tff_silo.privacy.user_level_factory import UserLevelDPMeanFactory
 
 
@@ -72,14 +71,6 @@ class HypernetProcess(tff.templates.IterativeProcess):
 
 def _tensors(shapes) -> tff.Type:
   return tff.StructWithPythonType([tff.TensorType(np.float32, s) for s in shapes], tuple)
-
-
-def build_hypernet_process(hypernetwork, feature_shape, train_sizes,
-                           settings: UserDPSettings, **kwargs) -> HypernetProcess:
-  """The TFF process of `hypernet.algorithm.hypernet_algorithm(...)` (same arguments:
-  UDP-Alg, or pFedHN with `settings` without clip and noise)."""
-  return process_for(hypernet_algorithm(hypernetwork, feature_shape, train_sizes,
-                                        settings, **kwargs))
 
 
 def process_for(algorithm: HypernetAlgorithm) -> HypernetProcess:
@@ -174,3 +165,28 @@ def process_for(algorithm: HypernetAlgorithm) -> HypernetProcess:
 
   return HypernetProcess(initialize_fn, next_fn, algorithm=algorithm,
                          aggregator=aggregator)
+
+
+class TffHypernetRunner:
+  """The hypernetwork's TFF runner (registered for `HypernetAlgorithm`): its TFF
+  process driven as `hypernet.vectorized.VectorizedHypernet` is (`prepare`,
+  `initialize`, `next(state, sampled, data)`)."""
+
+  def __init__(self, process):
+    self.process = (process if isinstance(process, HypernetProcess)
+                    else process_for(process))
+    self.algorithm = self.process.algorithm
+
+  def prepare(self, x_train, y_train, user_keys):
+    return x_train, y_train, user_keys
+
+  def initialize(self):
+    return self.process.initialize()
+
+  def next(self, state, sampled, data):
+    x_train, y_train, user_keys = data
+    weights = self.process.user_weights.astype(np.float32)
+    inputs = [UserInput(x_train[u], y_train[u], np.int32(u), weights[u],
+                        keys.fold_in(user_keys[u], state.round_num).numpy())
+              for u in sampled]
+    return self.process.next(state, inputs)[0]

@@ -17,11 +17,11 @@ from typing import Callable, Optional
 import numpy as np
 import tensorflow as tf
 
-from hypernet.algorithm import HypernetAlgorithm
 from tff_silo import keys, runtime
 from tff_silo.data.silos import SiloData
 from tff_silo.privacy.ledger import PrivacyLedger
-from tff_silo.simulation import BACKENDS, SiloEvaluator, check_run_length
+from tff_silo.runner import runner_for
+from tff_silo.simulation import SiloEvaluator, check_run_length
 
 @dataclasses.dataclass(frozen=True)
 class HypernetResult:
@@ -65,42 +65,6 @@ class _Generator:
     return [tuple(t[u] for t in thetas) for u in range(len(thetas[0]))]
 
 
-class _TffRounds:
-  """The TFF process driven like `hypernet.vectorized.VectorizedHypernet`."""
-
-  def __init__(self, process):
-    self.process, self.algorithm = process, process.algorithm
-
-  def prepare(self, x_train, y_train, user_keys):
-    return x_train, y_train, user_keys
-
-  def initialize(self):
-    return self.process.initialize()
-
-  def next(self, state, sampled, data):
-    from hypernet.process import UserInput  # pylint: disable=g-import-not-at-top
-    x_train, y_train, user_keys = data
-    weights = self.process.user_weights.astype(np.float32)
-    inputs = [UserInput(x_train[u], y_train[u], np.int32(u), weights[u],
-                        keys.fold_in(user_keys[u], state.round_num).numpy())
-              for u in sampled]
-    return self.process.next(state, inputs)[0]
-
-
-def rounds_for(process, backend: str):
-  """What runs `process` (a `HypernetAlgorithm` or its TFF process) on `backend`."""
-  # pylint: disable=g-import-not-at-top
-  if backend not in BACKENDS:
-    raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
-  if backend == "vectorized":
-    from hypernet.vectorized import VectorizedHypernet
-    return VectorizedHypernet(process)
-  if isinstance(process, HypernetAlgorithm):
-    from hypernet.process import process_for
-    process = process_for(process)
-  return _TffRounds(process)
-
-
 def run_hypernet(process, data: SiloData, *, rounds: int,
                  target_delta: Optional[float] = None, seed: int = 0,
                  eval_every: int = 0,
@@ -110,7 +74,7 @@ def run_hypernet(process, data: SiloData, *, rounds: int,
 
   Args:
     process: a `hypernet.hypernet_algorithm` definition or its TFF process
-      (`hypernet.build_hypernet_process`), built for `data`'s users.
+      (`hypernet.process.process_for`), built for `data`'s users.
     data: one silo per user (`multiclass`), the hypernetwork's N users.
     rounds: T.
     target_delta: delta of the reported user-level epsilon; required with noise.
@@ -121,7 +85,7 @@ def run_hypernet(process, data: SiloData, *, rounds: int,
       numbers, a round as one TF program; the user-level DP mean only).
   """
   check_run_length(rounds, eval_every)
-  runner = rounds_for(process, backend)
+  runner = runner_for(process, backend)
   algorithm = runner.algorithm
   settings, hn = algorithm.settings, algorithm.hypernetwork
   if data.num_silos != hn.num_users:

@@ -1,9 +1,10 @@
 """HyperNetFL / UDP-Alg on the vectorized backend: a round over all sampled users as
-one TensorFlow program, on whatever device TensorFlow has (`tff_silo.vectorized`).
+one TensorFlow program, on whatever device TensorFlow has
+(`tff_silo.backends.vectorized`).
 
 It computes what `hypernet.process.process_for` computes, from the same pieces:
 theta_u for all sampled users at once (`Hypernetwork.generate_many`), their K local
-steps through `tff_silo.vectorized.train_silos` (the users' keys, shuffled batches
+steps through `tff_silo.backends.vectorized.training.train_silos` (the users' keys, shuffled batches
 and step gradients of `train_locally`), each user's vector-Jacobian products
 (`Hypernetwork.vjp`, mapped over users), and the user-level DP mean
 (`user_level.weighted_clipped_sum`, `noised_mean`: the same clip, weights, q W and
@@ -24,7 +25,10 @@ from tff_silo import batched_random as br
 from tff_silo import keys
 from tff_silo.algorithms.rounds import SiloInput
 from tff_silo.privacy.user_level import noised_mean, weighted_clipped_sum
-from tff_silo.vectorized import StackedSilos, stack_silos, train_silos
+from tff_silo import runner
+from tff_silo.backends.vectorized.programs import round_program
+from tff_silo.backends.vectorized.stacking import StackedSilos, stack_silos
+from tff_silo.backends.vectorized.training import train_silos
 
 
 class HypernetState(NamedTuple):
@@ -34,41 +38,33 @@ class HypernetState(NamedTuple):
 
 
 class StackedUsers(NamedTuple):
-  """Every user's training data stacked (padded like `tff_silo.vectorized`), keys
+  """Every user's training data stacked (padded like `tff_silo.backends.vectorized`), keys
   and w_u."""
   silos: StackedSilos
   weight: tf.Tensor   # float32 [N]
 
 
-def definition(process) -> HypernetAlgorithm | None:
-  if isinstance(process, HypernetAlgorithm):
-    return process
-  return getattr(process, "algorithm", None)
-
-
-def unsupported_reason(process) -> str | None:
-  """Why `process` (a `HypernetAlgorithm` or its TFF process) cannot run here."""
-  algorithm = definition(process)
-  if not isinstance(algorithm, HypernetAlgorithm):
-    return f"{type(process).__name__} is not a hypernetwork process or definition"
+def unsupported_reason(algorithm: HypernetAlgorithm) -> str | None:
+  """Why `algorithm` cannot run here, or None if it can."""
   if algorithm.aggregator is not None:
     return ("the vectorized backend computes the user-level DP mean only; other "
             "tff.aggregators factories run on backend=tff")
   return None
 
 
-_ROUND_FUNCTIONS = {}   # one traced round per definition, shared by every run
+def _program_key(algorithm: HypernetAlgorithm) -> tuple:
+  """What the round's program depends on besides tensors: the noise's constants (S,
+  sigma, q W, root key) are tensors, so a grid over (q, S, z) and seeds traces it
+  once per clip-or-not."""
+  return ("hypernet", algorithm.hypernetwork.computation_key, algorithm.config,
+          algorithm.hypernet_learning_rate, algorithm.embedding_learning_rate,
+          algorithm.mean.l2_norm_clip is not None)
 
 
-def _round_function(algorithm: HypernetAlgorithm):
-  """The traced round. The noise's constants (S, sigma, q W, root key) are tensors,
-  so a grid over (q, S, z) and seeds traces it once per clip-or-not."""
+def _round_fn(algorithm: HypernetAlgorithm):
+  """The round of `algorithm` (traced by `round_program`)."""
   hn, config = algorithm.hypernetwork, algorithm.config
   clipped = algorithm.mean.l2_norm_clip is not None
-  key = (hn.computation_key, config, algorithm.hypernet_learning_rate,
-         algorithm.embedding_learning_rate, clipped)
-  if key in _ROUND_FUNCTIONS:
-    return _ROUND_FUNCTIONS[key]
 
   def contributions(phi, embeddings, round_num, users, data: StackedUsers):
     """Each sampled user's (phi part, embedding part), [U, ...]."""
@@ -99,19 +95,20 @@ def _round_function(algorithm: HypernetAlgorithm):
                                             embedding_steps)
     return tuple(new_phi), new_embeddings, round_num + 1
 
-  _ROUND_FUNCTIONS[key] = tf.function(round_fn, autograph=False, reduce_retracing=True)
-  return _ROUND_FUNCTIONS[key]
+  return round_fn
 
 
 class VectorizedHypernet:
   """A `HypernetAlgorithm` (or its TFF process) with a round as one TF program;
   `hypernet.run_hypernet(backend="vectorized")` drives it."""
 
+  unsupported_reason = staticmethod(unsupported_reason)
+
   def __init__(self, process):
-    reason = unsupported_reason(process)
+    self.algorithm = algorithm = runner.definition_of(process)
+    reason = unsupported_reason(algorithm)
     if reason is not None:
       raise ValueError(reason)
-    self.algorithm = algorithm = definition(process)
     self.hypernetwork, self.settings = algorithm.hypernetwork, algorithm.settings
     self.user_weights = np.array(algorithm.user_weights)
     mean = algorithm.mean
@@ -119,7 +116,7 @@ class VectorizedHypernet:
                        tf.constant(mean.sigma, tf.float32),
                        tf.constant(mean.normalizer, tf.float32),
                        tf.constant(keys.root_key(mean.seed), tf.int32))
-    self._round = _round_function(algorithm)
+    self._round = round_program(_program_key(algorithm), lambda: _round_fn(algorithm))
 
   def prepare(self, x_train, y_train, user_keys) -> StackedUsers:
     """Stacks every user's training data once, with the users' keys and w_u."""

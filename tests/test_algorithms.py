@@ -6,7 +6,8 @@ import pytest
 import tensorflow_federated as tff
 
 from tff_silo import algorithms, data, models, runtime
-from tff_silo.algorithms.process import SiloInput
+from tff_silo.algorithms.rounds import SiloInput
+from tff_silo.backends.tff import process_for
 from tff_silo.privacy import PAPER, PrivacyProtocol
 from tff_silo.simulation import calibrate_silos, run_simulation
 
@@ -30,7 +31,8 @@ def _rounds(process, silos, rounds, noise=0.0):
 
 
 def test_mrmtl_global_is_weighted_mean_of_personal_models():
-  process = algorithms.build_mrmtl_process(MODEL, SILOS.feature_shape, lam=0.5, **COMMON)
+  process = process_for(
+      algorithms.mrmtl_algorithm(MODEL, SILOS.feature_shape, lam=0.5, **COMMON))
   state, clients = _rounds(process, SILOS, 3)
   assert int(state.round_num) == 3
   weights = SILOS.train_sizes / SILOS.train_sizes.sum()
@@ -40,7 +42,8 @@ def test_mrmtl_global_is_weighted_mean_of_personal_models():
 
 
 def test_local_training_ignores_other_silos():
-  process = algorithms.build_local_process(MODEL, SILOS.feature_shape, **COMMON)
+  process = process_for(
+      algorithms.local_algorithm(MODEL, SILOS.feature_shape, **COMMON))
   _, clients = _rounds(process, SILOS, 2)
   y = list(SILOS.y_train)
   y[0] = y[0] + 5.0
@@ -54,7 +57,8 @@ def test_local_training_ignores_other_silos():
 def test_mean_regularization_pulls_towards_the_mean():
   spread = []
   for lam in (0.0, 10.0):
-    process = algorithms.build_mrmtl_process(MODEL, SILOS.feature_shape, lam=lam, **COMMON)
+    process = process_for(
+        algorithms.mrmtl_algorithm(MODEL, SILOS.feature_shape, lam=lam, **COMMON))
     state, clients = _rounds(process, SILOS, 4)
     spread.append(np.mean([np.sum((c[0] - state.global_weights[0]) ** 2) for c in clients]))
   assert spread[1] < 0.5 * spread[0]
@@ -63,8 +67,8 @@ def test_mean_regularization_pulls_towards_the_mean():
 def test_fedavg_with_one_silo_is_local_training():
   one = data.make_silos("one", "regression", SILOS.x_train[:1], SILOS.y_train[:1],
                         SILOS.x_test[:1], SILOS.y_test[:1])
-  fedavg = algorithms.build_fedavg_process(MODEL, one.feature_shape, **COMMON)
-  local = algorithms.build_local_process(MODEL, one.feature_shape, **COMMON)
+  fedavg = process_for(algorithms.fedavg_algorithm(MODEL, one.feature_shape, **COMMON))
+  local = process_for(algorithms.local_algorithm(MODEL, one.feature_shape, **COMMON))
   state, _ = _rounds(fedavg, one, 3)
   _, clients = _rounds(local, one, 3)
   for g, c in zip(state.global_weights, clients[0]):
@@ -72,8 +76,9 @@ def test_fedavg_with_one_silo_is_local_training():
 
 
 def test_finetune_freezes_the_global_model_after_the_switch():
-  process = algorithms.build_finetune_process(MODEL, SILOS.feature_shape, total_rounds=4,
-                                              fedavg_fraction=0.5, **COMMON)
+  process = process_for(
+      algorithms.finetune_algorithm(MODEL, SILOS.feature_shape, total_rounds=4,
+                                    fedavg_fraction=0.5, **COMMON))
   state = process.initialize()
   clients = [state.global_weights] * 4
   globals_ = []
@@ -92,16 +97,19 @@ def test_unweighted_aggregator_differs_from_weighted():
   uneven = data.make_silos("u", "regression", xs, ys, SILOS.x_test, SILOS.y_test)
   results = []
   for agg in (None, tff.aggregators.UnweightedMeanFactory()):
-    process = algorithms.build_fedavg_process(MODEL, uneven.feature_shape, aggregator=agg,
-                                              **COMMON)
+    process = process_for(
+        algorithms.fedavg_algorithm(MODEL, uneven.feature_shape, aggregator=agg,
+                                    **COMMON))
     results.append(_rounds(process, uneven, 1)[0].global_weights[0])
   assert not np.allclose(results[0], results[1])
 
 
 def test_ditto_accounts_twice_the_epochs():
   dp = dict(COMMON, l2_norm_clip=1.0)
-  ditto = algorithms.build_ditto_process(MODEL, SILOS.feature_shape, lam=1.0, **dp)
-  mrmtl = algorithms.build_mrmtl_process(MODEL, SILOS.feature_shape, lam=1.0, **dp)
+  ditto = process_for(
+      algorithms.ditto_algorithm(MODEL, SILOS.feature_shape, lam=1.0, **dp))
+  mrmtl = process_for(
+      algorithms.mrmtl_algorithm(MODEL, SILOS.feature_shape, lam=1.0, **dp))
   assert ditto.epochs_per_round == 2 * mrmtl.epochs_per_round
   private_sizes = PrivacyProtocol(assumed_silo_size=30)
   r_ditto = run_simulation(ditto, SILOS, rounds=2, target_epsilon=2.0, target_delta=1e-4,
@@ -150,8 +158,8 @@ def test_silo_event_is_what_the_ledger_spends():
 
 
 def test_silo_specific_privacy_targets():
-  process = algorithms.build_mrmtl_process(MODEL, SILOS.feature_shape, lam=1.0,
-                                           l2_norm_clip=1.0, **COMMON)
+  process = process_for(algorithms.mrmtl_algorithm(MODEL, SILOS.feature_shape, lam=1.0,
+                                                   l2_norm_clip=1.0, **COMMON))
   targets = np.array([0.5, 1.0, 4.0, 8.0])
   result = run_simulation(process, SILOS, rounds=3, target_epsilon=targets,
                           target_delta=1e-4, seed=1, protocol=PAPER)
@@ -186,24 +194,27 @@ def test_a_run_with_given_noise_reports_what_it_spends():
 
 
 def test_simulation_evaluates_global_model_for_fedavg():
-  process = algorithms.build_fedavg_process(MODEL, SILOS.feature_shape, **COMMON)
+  process = process_for(
+      algorithms.fedavg_algorithm(MODEL, SILOS.feature_shape, **COMMON))
   result = run_simulation(process, SILOS, rounds=2, eval_every=1)
   assert [h[0] for h in result.history] == [1, 2]
   assert result.privacy is None
 
 
 def test_simulation_argument_errors():
-  dp = algorithms.build_mrmtl_process(MODEL, SILOS.feature_shape, l2_norm_clip=1.0,
-                                      **COMMON)
+  dp = process_for(
+      algorithms.mrmtl_algorithm(MODEL, SILOS.feature_shape, l2_norm_clip=1.0,
+                                 **COMMON))
   with pytest.raises(ValueError, match="target_epsilon"):
     run_simulation(dp, SILOS, rounds=2)
-  plain = algorithms.build_mrmtl_process(MODEL, SILOS.feature_shape, **COMMON)
+  plain = process_for(algorithms.mrmtl_algorithm(MODEL, SILOS.feature_shape, **COMMON))
   with pytest.raises(ValueError, match="l2_norm_clip"):
     run_simulation(plain, SILOS, rounds=2, target_epsilon=1.0, target_delta=1e-5)
   with pytest.raises(ValueError, match="rounds"):
     run_simulation(plain, SILOS, rounds=0)
   with pytest.raises(ValueError, match="lam"):
-    algorithms.build_mrmtl_process(MODEL, SILOS.feature_shape, lam=-1.0, **COMMON)
+    process_for(
+        algorithms.mrmtl_algorithm(MODEL, SILOS.feature_shape, lam=-1.0, **COMMON))
   with pytest.raises(ValueError, match="target_epsilon"):
     calibrate_silos([10, 20], batch_size=4, epochs_per_round=1, rounds=2,
                     target_epsilon=[1.0, 2.0, 3.0], target_delta=1e-5, protocol=PAPER)
@@ -216,7 +227,8 @@ def test_simulation_argument_errors():
 
 
 def test_no_worker_left_after_a_run():
-  process = algorithms.build_local_process(MODEL, SILOS.feature_shape, **COMMON)
+  process = process_for(
+      algorithms.local_algorithm(MODEL, SILOS.feature_shape, **COMMON))
   run_simulation(process, SILOS, rounds=1)
   assert runtime._children_named(runtime.WORKER_NAME) == [] or all(
       runtime._exited(p) for p in runtime._children_named(runtime.WORKER_NAME))
@@ -225,9 +237,10 @@ def test_no_worker_left_after_a_run():
 def test_digits_cnn_round():
   digits = data.load_rotated_masked_digits(num_silos=4, seed=0)
   model = models.small_cnn(digits.feature_shape, 10, channels=(4, 8))
-  process = algorithms.build_mrmtl_process(model, digits.feature_shape, lam=0.1,
-                                           client_learning_rate=0.1, batch_size=16,
-                                           l2_norm_clip=1.0)
+  process = process_for(
+      algorithms.mrmtl_algorithm(model, digits.feature_shape, lam=0.1,
+                                 client_learning_rate=0.1, batch_size=16,
+                                 l2_norm_clip=1.0))
   result = run_simulation(process, digits, rounds=1, target_epsilon=5.0, target_delta=1e-3,
                           protocol=PrivacyProtocol(assumed_silo_size=36))
   assert result.metric == "accuracy" and 0.0 <= result.test_metric <= 1.0

@@ -9,9 +9,10 @@ from sklearn.metrics import adjusted_rand_score
 
 from tff_silo import algorithms, data, models
 from tff_silo.algorithms import ifca
-from tff_silo.algorithms.dprivate_clustering import build_dprivate_clustering_process
+from tff_silo.algorithms.dprivate_clustering import dprivate_clustering_algorithm
 from tff_silo.algorithms.local_training import LocalTrainingConfig
-from tff_silo.algorithms.process import SiloInput
+from tff_silo.algorithms.rounds import SiloInput
+from tff_silo.backends.tff import process_for
 from tff_silo.dprivate_simulation import run_dprivate_clustering
 from tff_silo.privacy import PAPER, PrivacyProtocol, accounting
 from tff_silo.simulation import calibrate_silos, run_simulation
@@ -29,20 +30,24 @@ def _inputs(silos, selection_epsilon=0.0, seed=0):
 
 
 def test_ifca_recovers_the_true_clusters():
-  process = ifca.build_ifca_process(MODEL, USERS.feature_shape, total_rounds=15,
-                                    num_clusters=2, selection_fraction=1.0, **COMMON)
+  process = process_for(
+      ifca.ifca_algorithm(MODEL, USERS.feature_shape, total_rounds=15,
+                          num_clusters=2, selection_fraction=1.0, **COMMON))
   result = run_simulation(process, USERS, rounds=15)
   assert adjusted_rand_score(USERS.groups, result.clusters) == 1.0
-  fedavg = algorithms.build_fedavg_process(MODEL, USERS.feature_shape, **COMMON)
+  fedavg = process_for(
+      algorithms.fedavg_algorithm(MODEL, USERS.feature_shape, **COMMON))
   assert result.test_metric < 0.2 * run_simulation(fedavg, USERS, rounds=15).test_metric
 
 
 def test_one_cluster_ifca_is_fedavg():
   config = LocalTrainingConfig(learning_rate=0.1, batch_size=10)
-  one = ifca.build_clustered_process(MODEL, USERS.feature_shape, config, name="ifca",
-                                     num_clusters=1, selection_rounds=3,
-                                     cluster_init_std=0.0)
-  fedavg = algorithms.build_fedavg_process(MODEL, USERS.feature_shape, **COMMON)
+  one = process_for(
+      ifca.clustered_algorithm(MODEL, USERS.feature_shape, config, name="ifca",
+                               num_clusters=1, selection_rounds=3,
+                               cluster_init_std=0.0))
+  fedavg = process_for(
+      algorithms.fedavg_algorithm(MODEL, USERS.feature_shape, **COMMON))
   s1, s2 = one.initialize(), fedavg.initialize()
   c1, c2 = one.initial_client_states(s1, 8), fedavg.initial_client_states(s2, 8)
   for _ in range(3):
@@ -54,8 +59,9 @@ def test_one_cluster_ifca_is_fedavg():
 
 def test_cluster_models_are_weighted_means_of_their_members():
   config = LocalTrainingConfig(learning_rate=0.1, batch_size=10)
-  process = ifca.build_clustered_process(MODEL, USERS.feature_shape, config, name="ifca",
-                                         num_clusters=3, selection_rounds=1)
+  process = process_for(
+      ifca.clustered_algorithm(MODEL, USERS.feature_shape, config, name="ifca",
+                               num_clusters=3, selection_rounds=1))
   state = process.initialize()
   clients = process.initial_client_states(state, 8)
   new_state, clients, metrics = process.next(state, clients, _inputs(USERS))
@@ -75,9 +81,10 @@ def test_cluster_models_are_weighted_means_of_their_members():
 
 def test_private_selection_follows_its_epsilon():
   config = LocalTrainingConfig(learning_rate=0.1, batch_size=10)
-  process = ifca.build_clustered_process(MODEL, USERS.feature_shape, config, name="ifca",
-                                         num_clusters=2, selection_rounds=1,
-                                         cluster_init_std=1.0)
+  process = process_for(
+      ifca.clustered_algorithm(MODEL, USERS.feature_shape, config, name="ifca",
+                               num_clusters=2, selection_rounds=1,
+                               cluster_init_std=1.0))
   state = process.initialize()
   clients = process.initial_client_states(state, 8)
 
@@ -96,8 +103,9 @@ def test_private_selection_follows_its_epsilon():
 
 def test_dp_process_refuses_exact_selection():
   config = LocalTrainingConfig(learning_rate=0.1, batch_size=10, l2_norm_clip=1.0)
-  process = ifca.build_clustered_process(MODEL, USERS.feature_shape, config, name="ifca",
-                                         num_clusters=2, selection_rounds=1)
+  process = process_for(
+      ifca.clustered_algorithm(MODEL, USERS.feature_shape, config, name="ifca",
+                               num_clusters=2, selection_rounds=1))
   state = process.initialize()
   with pytest.raises(Exception, match="positive selection_epsilon"):
     process.next(state, process.initial_client_states(state, 8), _inputs(USERS))
@@ -145,10 +153,11 @@ def test_preconditioned_methods_train_personal_models_within_clusters():
   model = models.small_cnn(digits.feature_shape, 10, channels=(4, 8))
   results = {}
   for after in ("fedavg", "mrmtl", "local", "finetune"):
-    process = ifca.build_ifca_process(
-        model, digits.feature_shape, client_learning_rate=0.1, batch_size=16,
-        total_rounds=4, num_clusters=2, selection_fraction=0.25, after=after, lam=0.1,
-        l2_norm_clip=1.0)
+    process = process_for(
+        ifca.ifca_algorithm(
+model, digits.feature_shape, client_learning_rate=0.1, batch_size=16,
+total_rounds=4, num_clusters=2, selection_fraction=0.25, after=after, lam=0.1,
+l2_norm_clip=1.0))
     assert process.num_selections(4) == 1
     results[after] = run_simulation(process, digits, rounds=4, target_epsilon=4.0,
                                     target_delta=1e-3,
@@ -163,17 +172,22 @@ def test_preconditioned_methods_train_personal_models_within_clusters():
 
 def test_clustered_bad_inputs():
   with pytest.raises(ValueError, match="num_clusters"):
-    ifca.build_ifca_process(MODEL, (2,), total_rounds=5, num_clusters=0, **COMMON)
+    process_for(
+        ifca.ifca_algorithm(MODEL, (2,), total_rounds=5, num_clusters=0, **COMMON))
   with pytest.raises(ValueError, match="selection_fraction"):
-    ifca.build_ifca_process(MODEL, (2,), total_rounds=5, selection_fraction=0.0, **COMMON)
+    process_for(
+        ifca.ifca_algorithm(MODEL, (2,), total_rounds=5, selection_fraction=0.0, **COMMON))
   with pytest.raises(TypeError, match="weighted"):
-    ifca.build_ifca_process(MODEL, (2,), total_rounds=5,
-                            aggregator=tff.aggregators.UnweightedMeanFactory(), **COMMON)
-  process = ifca.build_ifca_process(MODEL, (2,), total_rounds=5, num_clusters=9, **COMMON)
+    process_for(
+        ifca.ifca_algorithm(MODEL, (2,), total_rounds=5,
+                            aggregator=tff.aggregators.UnweightedMeanFactory(), **COMMON))
+  process = process_for(
+      ifca.ifca_algorithm(MODEL, (2,), total_rounds=5, num_clusters=9, **COMMON))
   with pytest.raises(ValueError, match="more than the 8 silos"):
     run_simulation(process, USERS, rounds=5)
   with pytest.raises(ValueError, match="nu"):
-    build_dprivate_clustering_process(MODEL, (2,), num_clusters=2, nu=0.0, **COMMON)
+    process_for(
+        dprivate_clustering_algorithm(MODEL, (2,), num_clusters=2, nu=0.0, **COMMON))
 
 
 # d-private clustered FL -----------------------------------------------------------
@@ -182,8 +196,9 @@ GALLI_MODEL = models.linear_regression(2, bias=False, objective="rmse")
 
 
 def _galli(k, nu, **kwargs):
-  return build_dprivate_clustering_process(GALLI_MODEL, (2,), client_learning_rate=0.1,
-                                           batch_size=10, num_clusters=k, nu=nu, **kwargs)
+  return process_for(
+      dprivate_clustering_algorithm(GALLI_MODEL, (2,), client_learning_rate=0.1,
+                                    batch_size=10, num_clusters=k, nu=nu, **kwargs))
 
 
 def test_one_hypothesis_without_noise_is_the_mean_of_trained_models():
@@ -227,8 +242,8 @@ def test_leakage_cap_makes_users_decline():
 
 def test_rmse_objective_trains_without_dp_only():
   with pytest.raises(ValueError, match="DP-SGD needs per-example losses"):
-    ifca.build_ifca_process(GALLI_MODEL, (2,), total_rounds=3, l2_norm_clip=1.0,
-                            **COMMON)
+    process_for(ifca.ifca_algorithm(GALLI_MODEL, (2,), total_rounds=3, l2_norm_clip=1.0,
+                                    **COMMON))
   with pytest.raises(ValueError, match="objective"):
     models.linear_regression(2, objective="mae")
 

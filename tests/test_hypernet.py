@@ -11,12 +11,14 @@ import tensorflow_federated as tff
 
 import hypernet
 from hypernet.process import UserInput
-from hypernet.simulation import rounds_for
+from hypernet.process import process_for as hypernet_process_for
 from tff_silo import keys
 from tff_silo.algorithms.local_training import train_locally
 from tff_silo.data import digits_images, label_skewed_silos
 from tff_silo.models import linear_regression, small_cnn
 from tff_silo.privacy.user_level import UserDPSettings
+from tff_silo.privacy.user_level_factory import UserLevelDPMeanFactory
+from tff_silo.runner import runner_for
 
 
 def _tiny_hypernetwork():
@@ -69,8 +71,9 @@ def _process(users, settings, **kwargs):
   args = dict(client_learning_rate=0.05, batch_size=8, local_steps=3,
               hypernet_learning_rate=0.5, embedding_learning_rate=0.3)
   args.update(kwargs)
-  return hypernet.build_hypernet_process(hn, users.feature_shape, users.train_sizes,
-                                         settings, **args)
+  return hypernet_process_for(
+      hypernet.hypernet_algorithm(hn, users.feature_shape, users.train_sizes,
+                                  settings, **args))
 
 
 def test_one_round_matches_algorithm_1_written_out():
@@ -133,10 +136,11 @@ def test_builder_rejects_a_population_mismatch():
   target = small_cnn(users.feature_shape, 10, channels=(4, 8), hidden=16)
   hn = hypernet.Hypernetwork(target, users.num_silos + 1, 3, hidden_width=8)
   with pytest.raises(ValueError, match="train_sizes has 6 users"):
-    hypernet.build_hypernet_process(hn, users.feature_shape, users.train_sizes, settings,
+    hypernet_process_for(
+        hypernet.hypernet_algorithm(hn, users.feature_shape, users.train_sizes, settings,
                                     client_learning_rate=0.1, batch_size=8,
                                     local_steps=1, hypernet_learning_rate=0.1,
-                                    embedding_learning_rate=0.1)
+                                    embedding_learning_rate=0.1))
 
 
 def test_sampling_is_seeded_and_has_rate_q():
@@ -199,7 +203,7 @@ def test_vectorized_rounds_equal_the_tff_process(settings):
   user_keys = keys.unit_keys(5, users.num_silos)
   states = {}
   for backend in ("tff", "vectorized"):
-    runner = rounds_for(algorithm, backend)
+    runner = runner_for(algorithm, backend)
     data = runner.prepare(users.x_train, users.y_train, user_keys)
     state = runner.initialize()
     for sampled in ([1, 4], [], [0, 2, 3, 5]):
@@ -233,9 +237,9 @@ def test_vectorized_backend_refuses_other_aggregators_in_one_line():
                          aggregator=tff.aggregators.MeanFactory())
   with pytest.raises(ValueError, match="other tff.aggregators factories run on "
                      "backend=tff"):
-    rounds_for(algorithm, "vectorized")
+    runner_for(algorithm, "vectorized")
   with pytest.raises(ValueError, match="backend must be one of"):
-    rounds_for(algorithm, "gpu")
+    runner_for(algorithm, "gpu")
 
 
 def test_another_aggregator_cannot_claim_the_settings_user_level_epsilon():
@@ -247,6 +251,8 @@ def test_another_aggregator_cannot_claim_the_settings_user_level_epsilon():
     _algorithm(users, noisy, aggregator=tff.aggregators.MeanFactory())
   other = UserDPSettings(sampling_rate=0.5, l2_norm_clip=0.1, noise_multiplier=1.0)
   with pytest.raises(ValueError, match="the user-level epsilon would not hold"):
-    _algorithm(users, noisy, aggregator=other.factory(users.train_sizes, seed=0))
-  own = _algorithm(users, noisy, aggregator=noisy.factory(users.train_sizes, seed=0))
+    _algorithm(users, noisy, aggregator=UserLevelDPMeanFactory.for_settings(
+        other, users.train_sizes, seed=0))
+  own = _algorithm(users, noisy, aggregator=UserLevelDPMeanFactory.for_settings(
+      noisy, users.train_sizes, seed=0))
   assert own.sigma == noisy.mean(users.train_sizes).sigma

@@ -12,6 +12,7 @@ import pytest
 from absl import flags
 from absl.testing import flagsaver
 
+import hypernet
 from benchmarks import hypernet as bench
 from benchmarks.common import UsageError
 from tff_silo.privacy.user_level import UserDPSettings
@@ -110,7 +111,7 @@ def _check_saved(rows, epsilon):
   assert "hypernetwork/embeddings" in noisy.meta["privacy"]["outside"]
   assert noisy.meta["privacy"]["covers"].startswith("the noised aggregates and")
   assert noisy.meta["privacy"]["epsilon_spent"] == pytest.approx([epsilon] * 6)
-  network, phi, embeddings = noisy.hypernetwork()
+  network, phi, embeddings = hypernet.from_saved_run(noisy)
   for u in range(6):
     for ours, theirs in zip(network.generate(phi, embeddings[u]), noisy.silo_weights[u]):
       np.testing.assert_allclose(ours.numpy(), theirs, rtol=1e-5, atol=1e-6)

@@ -9,6 +9,7 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from tff_silo import algorithms, data, models
+from tff_silo.backends.tff import process_for
 from tff_silo.privacy import PAPER, PrivacyLedger, PrivacyProtocol, accounting
 from tff_silo.privacy.ledger import over_budget
 from tff_silo.simulation import run_simulation
@@ -127,9 +128,9 @@ MODEL = models.linear_regression(3)
 
 
 def _dp_mrmtl(sampling):
-  return algorithms.build_mrmtl_process(MODEL, SILOS.feature_shape, lam=1.0,
-                                        client_learning_rate=0.1, batch_size=8,
-                                        l2_norm_clip=1.0, sampling=sampling)
+  return process_for(algorithms.mrmtl_algorithm(MODEL, SILOS.feature_shape, lam=1.0,
+                                                client_learning_rate=0.1, batch_size=8,
+                                                l2_norm_clip=1.0, sampling=sampling))
 
 
 def test_replace_one_run_spends_dp_accountings_epsilon():

@@ -5,6 +5,7 @@ import pytest
 
 from attacks import membership
 from tff_silo import algorithms, models, simulation
+from tff_silo.backends.tff import process_for
 from tff_silo.data import load_rotated_masked_digits, make_silos
 
 
@@ -69,8 +70,9 @@ def test_tpr_at_low_fpr_is_the_best_threshold_within_the_fpr(memorized):
 def test_silo_models_of_a_simulation_are_attacked_with_logits():
   silos = load_rotated_masked_digits(num_silos=4, test_fraction=0.5, seed=0)
   model = models.model_for(silos)
-  process = algorithms.build_local_process(model, silos.feature_shape,
-                                           client_learning_rate=0.3, batch_size=16)
+  process = process_for(
+      algorithms.local_algorithm(model, silos.feature_shape,
+                                 client_learning_rate=0.3, batch_size=16))
   result = simulation.run_simulation(process, silos, rounds=2)
   assert len(result.silo_weights) == 4
   # The returned weights are the ones the silos were evaluated with.

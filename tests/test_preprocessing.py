@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from tff_silo import algorithms, data, keys, models
+from tff_silo.backends.tff import process_for
 from tff_silo.data import preprocessing
 from tff_silo.privacy import PrivacyProtocol, accounting
 from tff_silo.simulation import run_simulation
@@ -67,9 +68,10 @@ def test_dp_standardization_is_charged_and_composed():
   standardized = data.standardize_silos(silos, "dp", clip=5.0, noise_multipliers=[z] * 3,
                                         seed=0)
   assert not np.allclose(standardized.x_train[0], silos.x_train[0])
-  process = algorithms.build_mrmtl_process(
-      models.linear_regression(3), silos.feature_shape, client_learning_rate=0.1,
-      batch_size=8, l2_norm_clip=1.0)
+  process = process_for(
+      algorithms.mrmtl_algorithm(
+models.linear_regression(3), silos.feature_shape, client_learning_rate=0.1,
+batch_size=8, l2_norm_clip=1.0))
   events = [preprocessing.dp_event(z)] * 3
   result = run_simulation(process, standardized, rounds=2, target_epsilon=2.0,
                           target_delta=1e-4, protocol=PrivacyProtocol(assumed_silo_size=30),

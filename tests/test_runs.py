@@ -8,6 +8,7 @@ import json
 import numpy as np
 import pytest
 
+import hypernet
 from benchmarks import datasets
 from tff_silo import algorithms, models, runs
 from tff_silo.privacy import PrivacyProtocol
@@ -154,7 +155,7 @@ def test_a_version_1_run_loads_without_server_models(tmp_path):
   assert saved.server_weights == () and saved.hypernetwork_weights is None
   assert np.array_equal(saved.silo_weights[2][0], result.silo_weights[2][0])
   with pytest.raises(ValueError, match="holds no hypernetwork"):
-    saved.hypernetwork()
+    hypernet.from_saved_run(saved)
 
 
 def test_fedavg_saves_the_global_model_every_silo_is_evaluated_with():
@@ -169,7 +170,6 @@ def test_fedavg_saves_the_global_model_every_silo_is_evaluated_with():
 
 
 def test_a_hypernetwork_run_round_trips_and_regenerates_its_users(tmp_path):
-  import hypernet
   from tff_silo.privacy.user_level import UserDPSettings
   silos = datasets.hypernet_users(dict(hypernet_dataset="digits", seed=0, num_users=4,
                                        classes_per_user=2))
@@ -190,7 +190,7 @@ def test_a_hypernetwork_run_round_trips_and_regenerates_its_users(tmp_path):
             data=dict(hypernet_dataset="digits", seed=0, num_users=4,
                       classes_per_user=2), silos=silos, privacy=privacy)
   saved = runs.load(str(tmp_path / "hn"))
-  network, phi, embeddings = saved.hypernetwork()
+  network, phi, embeddings = hypernet.from_saved_run(saved)
   assert np.array_equal(embeddings, result.embeddings)
   regenerated = network.generate(phi, embeddings[3])
   for ours, theirs in zip(regenerated, saved.silo_weights[3]):

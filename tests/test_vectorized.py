@@ -10,13 +10,14 @@ import pytest
 import tensorflow as tf
 import tensorflow_federated as tff
 
+from hypernet.process import process_for as hypernet_process_for
 from tff_silo import algorithms, batched_random, data, keys, models
-from tff_silo import vectorized as vectorized_backend
+from tff_silo.backends.tff import process_for
+from tff_silo.backends.vectorized import training as vectorized_training
 from tff_silo.dprivate_simulation import run_dprivate_clustering
 from tff_silo.privacy import PrivacyProtocol
 from tff_silo import simulation
 from tff_silo.simulation import Run, run_simulation, run_simulations
-from tff_silo.vectorized import for_process
 
 RNG = np.random.default_rng(0)
 KEYS = RNG.integers(-2 ** 31, 2 ** 31, size=(7, 2)).astype(np.int32)
@@ -102,9 +103,9 @@ def _assert_same(reference, vectorized, atol=1e-6):
 
 
 def _process(name, **options):
-  return getattr(algorithms, f"build_{name}_process")(
-      MODEL, SILOS.feature_shape, client_learning_rate=0.1, batch_size=8,
-      **ALGORITHMS[name], **options)
+  return process_for(getattr(algorithms, f"{name}_algorithm")(
+              MODEL, SILOS.feature_shape, client_learning_rate=0.1, batch_size=8,
+              **ALGORITHMS[name], **options))
 
 
 # Every algorithm under DP with the default protocol, and MR-MTL in every setting.
@@ -217,9 +218,9 @@ def test_unweighted_mean_and_a_cnn_without_closed_form_gradients(stacked):
   small, cnn = _small_digits()
   if not stacked:   # tf.vectorized_map over silos of the per-silo step
     cnn = dataclasses.replace(cnn, stacked_apply_fn=None)
-  process = algorithms.build_mrmtl_process(
-      cnn, small.feature_shape, client_learning_rate=0.1, batch_size=4, lam=0.3,
-      l2_norm_clip=1.0, aggregator=tff.aggregators.UnweightedMeanFactory())
+  process = process_for(algorithms.mrmtl_algorithm(
+              cnn, small.feature_shape, client_learning_rate=0.1, batch_size=4, lam=0.3,
+              l2_norm_clip=1.0, aggregator=tff.aggregators.UnweightedMeanFactory()))
   _assert_same(*_both(process, small, rounds=2, target_epsilon=8.0, target_delta=1e-3,
                       protocol=PUBLIC), atol=1e-5)
 
@@ -231,15 +232,16 @@ def test_dp_cnn_silos_in_memory_chunks_compute_the_same(monkeypatch):
   definition = algorithms.mrmtl_algorithm(
       cnn, small.feature_shape, client_learning_rate=0.1, batch_size=4, lam=0.3,
       l2_norm_clip=1.0)
-  monkeypatch.setattr(vectorized_backend, "MEMORY_BUDGET_FLOATS",
-                      3 * vectorized_backend.WORKING_SET_PER_COPY * 4 * cnn.num_parameters)
-  assert vectorized_backend._chunk_silos(cnn, definition.config) == 3
+  monkeypatch.setattr(
+      vectorized_training, "MEMORY_BUDGET_FLOATS",
+      3 * vectorized_training.WORKING_SET_PER_COPY * 4 * cnn.num_parameters)
+  assert vectorized_training.chunk_silos(cnn, definition.config) == 3
   _assert_same(*_both(definition, small, rounds=2, target_epsilon=8.0,
                       target_delta=1e-3, protocol=PUBLIC), atol=1e-5)
   times_chunk = lambda parts: [parts[0] * tf.cast(tf.shape(parts[0])[0], tf.float32)]
   for silos, chunk in ((4, 2), (5, 3), (40, 20)):   # at most 3, 3 and 39 per chunk
     rows = tf.reshape(tf.range(float(silos)), [silos, 1])
-    out = vectorized_backend._in_chunks(times_chunk, 39 if silos == 40 else 3,
+    out = vectorized_training.in_chunks(times_chunk, 39 if silos == 40 else 3,
                                         [rows], 1)[0]
     np.testing.assert_array_equal(out.numpy().ravel(), chunk * np.arange(silos))
 
@@ -333,24 +335,24 @@ def _hypernet_process():
   import hypernet  # pylint: disable=g-import-not-at-top
   from tff_silo.privacy import UserDPSettings  # pylint: disable=g-import-not-at-top
   target = models.small_cnn((8, 8, 1), 10, channels=(2, 3), hidden=4)
-  return hypernet.build_hypernet_process(
-      hypernet.Hypernetwork(target, 4, 2, hidden_width=4), (8, 8, 1), [10] * 4,
-      UserDPSettings(sampling_rate=1.0), client_learning_rate=0.1, batch_size=4,
-      local_steps=1, hypernet_learning_rate=0.1, embedding_learning_rate=0.1)
+  return hypernet_process_for(
+      hypernet.hypernet_algorithm(
+hypernet.Hypernetwork(target, 4, 2, hidden_width=4), (8, 8, 1), [10] * 4,
+UserDPSettings(sampling_rate=1.0), client_learning_rate=0.1, batch_size=4,
+local_steps=1, hypernet_learning_rate=0.1, embedding_learning_rate=0.1))
 
 
 @pytest.mark.parametrize("make, message", [
-    (_hypernet_process, "HypernetProcess is none of them .the hypernetwork runs on "
-     "either backend with hypernet.run_hypernet"),
-    (lambda: algorithms.build_mrmtl_process(
-        MODEL, SILOS.feature_shape, client_learning_rate=0.1, batch_size=8,
-        aggregator=tff.aggregators.robust.clipping_factory(
-            1.0, tff.aggregators.MeanFactory())),
+    (_hypernet_process, "HypernetProcess runs with its own driver .*hypernet.run_hypernet"),
+    (lambda: process_for(algorithms.mrmtl_algorithm(
+                MODEL, SILOS.feature_shape, client_learning_rate=0.1, batch_size=8,
+                aggregator=tff.aggregators.robust.clipping_factory(
+                    1.0, tff.aggregators.MeanFactory()))),
      "other tff.aggregators factories run on backend=tff"),
 ])
 def test_what_the_vectorized_backend_cannot_run_is_a_one_line_error(make, message):
   with pytest.raises(ValueError, match=message):
-    for_process(make())
+    run_simulation(make(), SILOS, rounds=1, backend="vectorized")
   with pytest.raises(ValueError, match="backend must be one of"):
     run_simulation(make(), SILOS, rounds=1, backend="gpu")
 
@@ -390,8 +392,9 @@ def test_a_vectorized_run_never_imports_tff(tmp_path, binary, args):
 def test_an_algorithm_definition_runs_on_both_backends():
   definition = algorithms.mrmtl_algorithm(MODEL, SILOS.feature_shape, lam=0.5,
                                           client_learning_rate=0.1, batch_size=8)
-  process = algorithms.build_mrmtl_process(MODEL, SILOS.feature_shape, lam=0.5,
-                                           client_learning_rate=0.1, batch_size=8)
+  process = process_for(
+      algorithms.mrmtl_algorithm(MODEL, SILOS.feature_shape, lam=0.5,
+                                 client_learning_rate=0.1, batch_size=8))
   assert process.algorithm == definition
   _assert_same(run_simulation(process, SILOS, rounds=2, seed=3),
                run_simulation(definition, SILOS, rounds=2, seed=3, backend="vectorized"))

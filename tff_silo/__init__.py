@@ -1,14 +1,48 @@
 """tff_silo: private, personalized cross-silo federated learning on TFF 0.87.
 
-Layers (imports point downwards only):
-  data/        per-silo train/test arrays, loaders, generators
-  models/      functional models (weights as tuples of tensors)
-  privacy/     mechanisms (DP-SGD) and accounting (dp_accounting RDP)
-  algorithms/  definitions (TF only) and TFF iterative processes, one module per
-               algorithm
-  vectorized   all silos' rounds as one TF program (the fast backend)
-  simulation   the driver that runs a process and evaluates every silo
-  theory       closed forms of the mean-estimation analysis (thesis sec. 1.6)
+Architecture. Layers, highest first; a module imports only from layers below it
+(declared in pyproject.toml's [tool.importlinter], checked by `lint-imports` in CI):
+
+  pandemic/            the pandemic forecasting pipeline (thesis ch. 2)
+  runs                 saved runs (weights, recipe, privacy) for attacks
+  dprivate_simulation  the driver of d-private clustered FL (user sampling, leakage)
+  simulation           the driver: calibrates, runs a runner for T rounds, charges
+                       ledgers, evaluates every silo
+  backends/            the runtimes: tff/ (TFF processes, the reference) and
+                       vectorized/ (every silo's round as one TF program)
+  algorithms/          the definitions, TF only: local, FedAvg, finetune, MR-MTL,
+                       Ditto (`SiloAlgorithm`), IFCA (`ClusteredAlgorithm`),
+                       d-private clustering; local training, one round's logic
+  aggregators          `tff.aggregators` factories by name, for the server step
+  runner               the runner protocol and the registry: definition -> runner
+  runtime, theory,     TFF worker clean-up; the mean-estimation closed forms (thesis
+  trimmed_mean         sec. 1.6); a trimmed-mean factory
+  models/, data/       functional models (weights as tuples of tensors); per-silo
+                       arrays, loaders, generators, DP preprocessing
+  privacy/             mechanisms and accounting: DP-SGD, ledgers, calibration,
+                       protocols, node- and user-level DP, tuning
+  keys                 every random key of a run, in one tree
+  batched_random       TF's stateless draws for many keys at once
+
+The add-ons `hypernet` (HyperNetFL, UDP-Alg) and `attacks` build on the library;
+`benchmarks` (the binaries) on all of them; the library imports none of them.
+
+The runner protocol (`runner.Runner`): `prepare(silo inputs)`, `initialize()`,
+`initial_client_states(state, K)`, `next(state, client states, data)`,
+`evaluation_weights`, `server_models`, `cluster_assignments`, `num_selections`,
+and the attributes name, model, config, epochs_per_round, num_clusters,
+selection_budget_share. Each definition type registers one runner per backend
+(`runner.register`); the drivers ask `runner.runner_for(definition, backend)`.
+
+Adding an algorithm:
+1. its definition in `algorithms/` (a frozen dataclass, TF only, with what a round
+   computes as functions of tensors, citing the paper's equation), and its
+   `<name>_algorithm(...)` builder;
+2. its round on each backend: a TFF process in `backends/tff/`, a stacked round
+   and runner in `backends/vectorized/`, both calling the definition's functions;
+3. `runner.register(Definition, tff="...", vectorized="...")` beside the
+   definition; a parity test of the two backends (tests/test_vectorized.py);
+4. a name in `algorithms.by_name` for the binaries.
 """
 
 __version__ = "0.1.0"

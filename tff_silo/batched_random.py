@@ -1,5 +1,8 @@
 """TensorFlow's stateless random draws for a batch of keys in one op graph.
 
+A leaf below `tff_silo.keys`, which derives its keys with `fold_in` here (one
+definition of the key tree's Philox domain, `KEY_DOMAIN`).
+
 `tf.random.stateless_*` take one seed per op and `tf.vectorized_map` cannot vectorize
 them over seeds, so a backend that trains every silo at once could not draw each
 silo's own samples and noise. This module recomputes the same numbers for K keys at
@@ -26,8 +29,9 @@ from __future__ import annotations
 
 import tensorflow as tf
 
-from tff_silo import keys as keys_lib
-
+# The second counter word of every key derivation (`tff_silo.keys.fold_in`): it
+# separates the key tree's Philox outputs from any other use of the same keys.
+KEY_DOMAIN = 0x7FF5_11D0
 _M0, _M1 = 0xD2511F53, 0xCD9E8D57          # Philox-4x32 multipliers
 _W0, _W1 = 0x9E3779B9, 0xBB67AE85          # key schedule (golden ratio, sqrt(3) - 1)
 _SEED_KEY = (0x3EC8F720, 0x02461E29)       # TF's key for scrambling a seed
@@ -77,7 +81,7 @@ def fold_in(keys, data):
   """Each key's child for `data` (a scalar or one integer per key); int32[K, 2]."""
   k0, k1 = _words(keys)
   d0, d1 = _int64_words(tf.broadcast_to(tf.cast(data, tf.int64), tf.shape(k0)))
-  domain = tf.fill(tf.shape(k0), tf.constant(keys_lib._DOMAIN, tf.uint32))
+  domain = tf.fill(tf.shape(k0), tf.constant(KEY_DOMAIN, tf.uint32))
   out = philox(k0, k1, d0, d1, domain, tf.zeros_like(k0))
   return tf.bitcast(tf.stack(out[:2], axis=1), tf.int32)
 

@@ -23,7 +23,8 @@ from tff_silo import keys, runtime
 from tff_silo.algorithms.rounds import SiloInput
 from tff_silo.data.silos import SiloData, padded_stack
 from tff_silo.privacy.ledger import PrivacyLedger, leakages
-from tff_silo.simulation import SiloEvaluator, check_run_length, runner_for
+from tff_silo.runner import runner_for
+from tff_silo.simulation import SiloEvaluator, check_run_length
 
 _LEAKAGE_SLACK = 1e-9
 
@@ -119,8 +120,8 @@ def run_dprivate_clustering(process, data: SiloData, *, rounds: int,
   """Runs Algorithm 1 for at most `rounds` rounds (see module docstring).
 
   Args:
-    process: from `build_dprivate_clustering_process`, or the definition
-      (`dprivate_clustering_algorithm`; the TFF process is built when backend="tff").
+    process: the definition (`dprivate_clustering_algorithm`; the TFF process is
+      built when backend="tff"), or its TFF process.
     data: the training users (silos).
     rounds: the most rounds T.
     clients_per_round: U, users sampled per round.
@@ -130,7 +131,7 @@ def run_dprivate_clustering(process, data: SiloData, *, rounds: int,
     patience: stop after this many rounds without validation improvement.
     progress: called as `progress(rounds_done, rounds, seconds_so_far)`.
     backend: `tff` (the reference) or `vectorized` (a round as one TF program; the
-      same numbers: `tff_silo.vectorized`).
+      same numbers: `tff_silo.backends.vectorized`).
   """
   process = runner_for(process, backend)
   _check(process, data, rounds, clients_per_round, leakage_cap, patience, validation)

@@ -1,11 +1,12 @@
-"""Every random key of a run, derived in one tree with 64 bits per key (DESIGN.md sec. 6).
+"""Every random key of a run, derived in one tree with 64 bits per key.
 
 A key is an int32[2] tensor: the 64-bit seed of TensorFlow's stateless random ops.
 `fold_in(key, data)` returns the child key for the integer `data`: the 64-bit output
-of Philox-4x32-10 keyed by the parent, at counter (data, `_DOMAIN`). For a fixed
-parent, Philox is a bijection of the 128-bit counter, so the children of one key
-differ; keys in different subtrees are outputs of a keyed pseudo-random function, so
-any two of N keys coincide with probability about N^2 / 2^65 (TF 2.14's
+of Philox-4x32-10 keyed by the parent, at counter (data,
+`batched_random.KEY_DOMAIN`). For a fixed parent, Philox is a bijection of the
+128-bit counter, so the children of one key differ; keys in different subtrees are
+outputs of a keyed pseudo-random function, so any two of N keys coincide with
+probability about N^2 / 2^65 (TF 2.14's
 `stateless_fold_in` keeps 32 random bits: one pair collides after ~2^16 keys).
 
 The tree of a run (`purpose` one of the constants below, each use its own):
@@ -36,6 +37,8 @@ from typing import Mapping, Optional
 import numpy as np
 import tensorflow as tf
 
+from tff_silo import batched_random
+
 # Purposes: the first index under a unit's round key (or the root), one per use.
 UNIT = 1
 SAMPLING = 2          # Poisson / fixed-size batch selection
@@ -57,7 +60,6 @@ PURPOSES = dict(unit=UNIT, sampling=SAMPLING, dp_noise=DP_NOISE, shuffle=SHUFFLE
                 tuning=TUNING, validation_score=VALIDATION_SCORE, run=RUN,
                 gaussian_tail=GAUSSIAN_TAIL)
 
-_DOMAIN = 0x7FF5_11D0   # second counter word: separates these keys from other uses
 _PHILOX = 1             # tf.random.Algorithm.PHILOX
 _INT32_MIN, _INT32_MAX = -2 ** 31, 2 ** 31 - 1
 
@@ -67,7 +69,7 @@ def fold_in(key, data):
   key = tf.convert_to_tensor(key, tf.int32)
   philox_key = tf.reshape(tf.bitcast(key, tf.uint64), [1])
   word = tf.bitcast(tf.cast(data, tf.int64), tf.uint64)
-  counter = tf.stack([word, tf.constant(_DOMAIN, tf.uint64)])
+  counter = tf.stack([word, tf.constant(batched_random.KEY_DOMAIN, tf.uint64)])
   return tf.raw_ops.StatelessRandomUniformFullIntV2(
       shape=[2], key=philox_key, counter=counter, alg=_PHILOX, dtype=tf.int32)
 
@@ -117,7 +119,6 @@ def unit_key(root, unit: int) -> np.ndarray:
 def unit_keys(seed: Optional[int], num_units: int) -> list:
   """Every silo's (or user's) key of a run with `seed`: `unit_key` of each, computed
   for all units at once."""
-  from tff_silo import batched_random  # pylint: disable=g-import-not-at-top
   roots = np.tile(root_key(seed)[None], (num_units, 1))
   units = batched_random.fold_in(batched_random.fold_in(roots, UNIT),
                                  np.arange(num_units, dtype=np.int64)).numpy()

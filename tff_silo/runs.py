@@ -37,6 +37,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import hmac
+from importlib import metadata
 import json
 import os
 import secrets
@@ -50,6 +51,11 @@ import zlib
 
 import numpy as np
 
+from tff_silo import __version__
+
+# Reading and writing runs needs numpy only: what builds models or runs (TensorFlow,
+# ~3 s to import) is imported where it is used.
+
 FORMAT = "tff_silo.run"
 VERSION = 3
 READABLE_VERSIONS = (1, 2, 3)
@@ -60,7 +66,8 @@ _KEY_BYTES = 32
 @dataclasses.dataclass(frozen=True)
 class SavedRun:
   """A loaded run: its metadata, every silo's final weights, the server's models
-  and, for a hypernetwork run, (phi, embeddings)."""
+  and, for a hypernetwork run, (phi, embeddings) (`hypernet.network.from_saved_run`
+  rebuilds the hypernetwork)."""
   directory: str
   meta: dict
   silo_weights: tuple   # per silo, a tuple of np.float32 arrays
@@ -82,20 +89,6 @@ class SavedRun:
       raise ValueError("keras_model takes one of silo and server")
     weights = self.silo_weights[silo] if server is None else self.server_weights[server]
     return cnn.to_keras(weights, self.meta["model"]["feature_shape"])
-
-  def hypernetwork(self):
-    """(the `hypernet.Hypernetwork`, phi, embeddings) of a hypernetwork run;
-    ValueError for another run."""
-    spec = self.meta["model"].get("hypernetwork")
-    if spec is None or self.hypernetwork_weights is None:
-      raise ValueError(f"{self.directory} holds no hypernetwork")
-    import hypernet   # pylint: disable=g-import-not-at-top
-    network = hypernet.Hypernetwork(self.model(), **spec)
-    phi, embeddings = self.hypernetwork_weights
-    if [list(p.shape) for p in phi] != [list(s) for s in network.phi_shapes]:
-      raise ValueError(f"{self.directory}: the saved phi does not fit the hypernetwork "
-                       "its spec describes")
-    return network, phi, embeddings
 
   def training_run(self, silos, seed: int):
     """A `simulation.Run` training on `silos` as this run trained (its method,
@@ -283,14 +276,12 @@ def user_level_privacy(settings, epsilon: float, delta: float, num_users: int) -
 
 
 def _versions() -> dict:
-  from importlib import metadata   # pylint: disable=g-import-not-at-top
   out = {}
   for package in ("tensorflow", "tensorflow-federated", "dp-accounting"):
     try:
       out[package] = metadata.version(package)
     except metadata.PackageNotFoundError:
       out[package] = None
-  from tff_silo import __version__   # pylint: disable=g-import-not-at-top
   out["tff_silo"] = __version__
   return out
 

@@ -26,16 +26,14 @@ import numpy as np
 import tensorflow as tf
 
 from tff_silo import keys, runtime
+from tff_silo.runner import Runner, runner_for, stack_key
 from tff_silo.algorithms.local_training import sampling_rate, steps_per_epoch
-from tff_silo.algorithms.dprivate_clustering import DPrivateClusteringAlgorithm
-from tff_silo.algorithms.ifca import ClusteredAlgorithm
-from tff_silo.algorithms.rounds import SiloAlgorithm, SiloInput
+from tff_silo.algorithms.rounds import SiloInput
 from tff_silo.data.silos import SiloData, padded_stack
 from tff_silo.privacy import accounting, ledger as ledger_lib
 from tff_silo.privacy.protocol import PrivacyProtocol
 
 Number = Union[float, int]
-BACKENDS = ("tff", "vectorized")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -248,20 +246,16 @@ def _metric_sums_function(model):
   return metric_sums
 
 
-def runner_for(process, backend: str):
-  """What runs `process` (a TFF process or a TF-only definition) on `backend`: the
-  vectorized runner (`tff_silo.vectorized.for_process`), or the TFF process (built
-  from a definition)."""
-  # pylint: disable=g-import-not-at-top
-  if backend not in BACKENDS:
-    raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
-  if backend == "vectorized":
-    from tff_silo import vectorized
-    return vectorized.for_process(process)
-  if isinstance(process, (SiloAlgorithm, ClusteredAlgorithm, DPrivateClusteringAlgorithm)):
-    from tff_silo.algorithms import process as tff_process
-    return tff_process.process_for(process)
-  return process
+def silo_runner(process, backend: str):
+  """The runner of `process` on `backend` for this driver (`tff_silo.runner.Runner`);
+  a one-line error for a definition with a driver of its own."""
+  runner = runner_for(process, backend)
+  if not isinstance(runner, Runner):
+    raise ValueError(
+        f"run_simulation runs the silo-trained families (the MR-MTL family, IFCA); "
+        f"{type(process).__name__} runs with its own driver "
+        "(tff_silo.dprivate_simulation.run_dprivate_clustering, hypernet.run_hypernet)")
+  return runner
 
 
 def check_run_length(rounds, eval_every: int = 0) -> None:
@@ -311,9 +305,9 @@ def run_simulation(process, data: SiloData, *, rounds: int,
   """Runs `process` for `rounds` rounds on all silos and evaluates them.
 
   Args:
-    process: a `SiloProcess` (`tff_silo.algorithms.build_<name>_process`) or a
-      definition (`<name>_algorithm`: a `SiloAlgorithm` or, for IFCA, a
-      `ClusteredAlgorithm`; TF only, the TFF process is built when `backend="tff"`).
+    process: a definition (`<name>_algorithm`: a `SiloAlgorithm` or, for IFCA, a
+      `ClusteredAlgorithm`; TF only, the TFF process is built when `backend="tff"`)
+      or its TFF process (`tff_silo.backends.tff.process_for`).
     data: the silos; its feature shape must match the process's.
     rounds: T, the number of rounds.
     target_epsilon, target_delta: a scalar or one value per silo; required exactly
@@ -332,12 +326,12 @@ def run_simulation(process, data: SiloData, *, rounds: int,
       one per silo) the silos train with; their ledgers report what it spends
       (inf where no epsilon bounds it) and set no budget.
     backend: `tff` (the process in TFF's runtime, the reference) or `vectorized`
-      (every silo's round as one TF program: `tff_silo.vectorized`; the same
+      (every silo's round as one TF program: `tff_silo.backends.vectorized`; the same
       numbers, much faster, on CPU or GPU).
   """
   run = Run(process, data, target_epsilon, target_delta, seed, protocol, ledger_csv,
             preprocessing_events, noise_multiplier)
-  return _simulate(runner_for(process, backend), [run], rounds, eval_every,
+  return _simulate(silo_runner(process, backend), [run], rounds, eval_every,
                    progress)[0]
 
 
@@ -346,7 +340,7 @@ def run_simulations(runs: Sequence[Run], *, rounds: int, eval_every: int = 0,
                     backend: str = "tff") -> list:
   """`run_simulation` of each of `runs` (T rounds each), one `SimulationResult` per
   run, in order. On the vectorized backend, runs of the MR-MTL family whose
-  definitions have equal `tff_silo.vectorized.stack_key` (a sweep's epsilons and
+  definitions have equal `tff_silo.runner.stack_key` (a sweep's epsilons and
   seeds: same model and training settings) run stacked as the silos of one program,
   each with its own global model, noise, keys, ledgers and evaluation: the same
   numbers as run one by one (tested), each result's `runs_stacked` saying how many
@@ -358,7 +352,7 @@ def run_simulations(runs: Sequence[Run], *, rounds: int, eval_every: int = 0,
   for i, run in enumerate(runs):
     groups.setdefault(_stack_group(run.process, backend, i), []).append(i)
   for members in groups.values():
-    runner = runner_for(runs[members[0]].process, backend)
+    runner = silo_runner(runs[members[0]].process, backend)
     for i, result in zip(members, _simulate(runner, [runs[i] for i in members], rounds,
                                             eval_every, progress)):
       results[i] = result
@@ -380,14 +374,10 @@ def _check_own_seeds(runs: Sequence[Run]) -> None:
 
 
 def _stack_group(process, backend: str, index: int):
-  """Runs with equal groups are stacked (vectorized MR-MTL family only)."""
-  if backend != "vectorized":
-    return index
-  from tff_silo import vectorized   # pylint: disable=g-import-not-at-top
-  if not isinstance(vectorized.definition(process), SiloAlgorithm) or (
-      vectorized.unsupported_reason(process) is not None):
-    return index
-  return vectorized.stack_key(process)
+  """Runs with equal groups are stacked (where the backend's runner stacks runs:
+  `tff_silo.runner.stack_key`)."""
+  key = stack_key(process, backend)
+  return index if key is None else key
 
 
 @dataclasses.dataclass

@@ -1,34 +1,28 @@
-"""Algorithms: definitions of the MR-MTL family and TFF iterative processes.
+"""Algorithms: the TF-only definitions of every method (no TFF here).
 
 `<name>_algorithm(model, feature_shape, *, client_learning_rate, batch_size, ...,
-aggregator=None)` for local, fedavg, finetune, mrmtl and ditto returns a TF-only
-`SiloAlgorithm` (`rounds`); `build_<name>_process(...)` the TFF `SiloProcess` running
-it (`process`); `tff_silo.simulation.run_simulation` runs either, on TFF's runtime or
-the vectorized backend. IFCA and its preconditioned variants keep G cluster models
-(`ifca_algorithm`, `build_ifca_process`: `ifca`); d-private clustered FL (Galli et
-al.: `dprivate_clustering_algorithm`, `build_dprivate_clustering_process`) samples
-users and sends sanitized models (`tff_silo.dprivate_simulation`); both run on
-either backend too. `silo_definition(name, ...)` builds any of the MR-MTL family and
-IFCA's variants by name (`by_name`).
+aggregator=None)` for local, fedavg, finetune, mrmtl and ditto returns a
+`SiloAlgorithm` (`rounds`); IFCA and its preconditioned variants keep G cluster
+models (`ifca_algorithm`: a `ClusteredAlgorithm`, `ifca`); d-private clustered FL
+(Galli et al.: `dprivate_clustering_algorithm`) samples users and sends sanitized
+models (`tff_silo.dprivate_simulation`). `silo_definition(name, ...)` builds any of
+the MR-MTL family and IFCA's variants by name (`by_name`). Each definition type
+registers its runners (`tff_silo.runner`): `tff_silo.simulation.run_simulation` runs
+a definition on TFF's runtime (`tff_silo.backends.tff.process_for` builds its
+process) or on the vectorized backend.
 
-Names load on first use (PEP 562), so a run that needs no TFF process never
-imports TensorFlow Federated.
+Names load on first use (PEP 562), so importing the package costs nothing.
 """
 
 import importlib
 
 _WHERE = {
-    "local_algorithm": "local", "build_local_process": "local",
-    "fedavg_algorithm": "fedavg", "build_fedavg_process": "fedavg",
-    "finetune_algorithm": "finetune", "build_finetune_process": "finetune",
-    "mrmtl_algorithm": "mrmtl", "build_mrmtl_process": "mrmtl",
-    "ditto_algorithm": "ditto", "build_ditto_process": "ditto",
-    "ifca_algorithm": "ifca", "build_ifca_process": "ifca",
+    "local_algorithm": "local", "fedavg_algorithm": "fedavg",
+    "finetune_algorithm": "finetune", "mrmtl_algorithm": "mrmtl",
+    "ditto_algorithm": "ditto", "ifca_algorithm": "ifca",
     "dprivate_clustering_algorithm": "dprivate_clustering",
-    "build_dprivate_clustering_process": "dprivate_clustering",
     "LocalTrainingConfig": "local_training", "train_locally": "local_training",
     "SiloAlgorithm": "rounds", "SiloInput": "rounds",
-    "ServerState": "process", "SiloProcess": "process",
     "silo_definition": "by_name",
 }
 

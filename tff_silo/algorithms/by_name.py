@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from typing import Optional
 
+from tff_silo.algorithms import ditto, fedavg, finetune, ifca, local, mrmtl
+
 # IFCA (thesis sec. 1.5.2) and the IFCA-preconditioned methods: name -> the method
 # that follows IFCA's cluster selection.
 IFCA_VARIANTS = {"ifca": "fedavg", "ifca_fedavg": "fedavg", "ifca_local": "local",
@@ -27,9 +29,9 @@ def silo_definition(name: str, model, feature_shape, *, client_learning_rate: fl
 
   `lam` is used by `LAMBDA_NAMES` only, `finetune_fraction` by the finetuning
   methods, the cluster settings and `cluster_init_seed` (of the G initial cluster
-  models) by IFCA's; None keeps the algorithm's default. The MR-MTL family starts from the model's initial weights of
-  seed 0 whatever the run's seed, so a sweep's seeds stack into one program."""
-  from tff_silo import algorithms   # pylint: disable=g-import-not-at-top
+  models) by IFCA's; None keeps the algorithm's default. The MR-MTL family starts
+  from the model's initial weights of seed 0 whatever the run's seed, so a sweep's
+  seeds stack into one program."""
   if name not in NAMES:
     raise ValueError(f"unknown method {name!r}; one of {', '.join(NAMES)}")
   common = dict(client_learning_rate=client_learning_rate, batch_size=batch_size,
@@ -37,7 +39,7 @@ def silo_definition(name: str, model, feature_shape, *, client_learning_rate: fl
                 aggregator=aggregator)
   given = lambda **options: {k: v for k, v in options.items() if v is not None}
   if name in IFCA_VARIANTS:
-    return algorithms.ifca_algorithm(
+    return ifca.ifca_algorithm(
         model, feature_shape, total_rounds=rounds, after=IFCA_VARIANTS[name],
         lam=lam if name in LAMBDA_NAMES else 0.0, init_seed=cluster_init_seed,
         **given(num_clusters=num_clusters, selection_fraction=selection_fraction,
@@ -47,4 +49,7 @@ def silo_definition(name: str, model, feature_shape, *, client_learning_rate: fl
     common["lam"] = lam
   if name == "finetune":
     common.update(total_rounds=rounds, **given(fedavg_fraction=finetune_fraction))
-  return getattr(algorithms, f"{name}_algorithm")(model, feature_shape, **common)
+  build = {"local": local.local_algorithm, "fedavg": fedavg.fedavg_algorithm,
+           "finetune": finetune.finetune_algorithm, "mrmtl": mrmtl.mrmtl_algorithm,
+           "ditto": ditto.ditto_algorithm}[name]
+  return build(model, feature_shape, **common)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Optional
 
-from tff_silo.algorithms import _common
+from tff_silo.algorithms.local_training import make_config
 from tff_silo.algorithms.rounds import SiloAlgorithm, silo_algorithm
 
 DEFAULT_LAMBDA = 1.0
@@ -21,10 +21,7 @@ def ditto_algorithm(model, feature_shape, *, client_learning_rate: float,
                     batch_size: int, lam: float = DEFAULT_LAMBDA, local_epochs: int = 1,
                     l2_norm_clip: Optional[float] = None, sampling: str = "poisson",
                     aggregator=None, init_seed: int = 0) -> SiloAlgorithm:
-  config = _common.make_config(client_learning_rate, batch_size, local_epochs,
-                               l2_norm_clip, sampling)
+  config = make_config(client_learning_rate, batch_size, local_epochs,
+                       l2_norm_clip, sampling)
   return silo_algorithm(model, feature_shape, config, name="ditto", lam=lam,
                         ditto=True, aggregator=aggregator, init_seed=init_seed)
-
-
-build_ditto_process = _common.tff_process_of(ditto_algorithm)

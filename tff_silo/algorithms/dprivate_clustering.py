@@ -16,9 +16,9 @@ the whole model (n parameters); participations add up (Theorem 1). It does not
 depend on the data, so the driver keeps each user's ledger and a user declines a
 round that would take it past its cap.
 
-A `DPrivateClusteringAlgorithm` is the definition; `dprivate_process` builds its TFF
-process (the reference, k-means as federated sums) and `tff_silo.vectorized` runs a
-round as one TF program.
+A `DPrivateClusteringAlgorithm` is the definition; `tff_silo.backends.tff.dprivate`
+builds its TFF process (the reference, k-means as federated sums) and
+`tff_silo.backends.vectorized.dprivate` runs a round as one TF program.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from typing import Optional
 import numpy as np
 import tensorflow as tf
 
-from tff_silo import keys
+from tff_silo import keys, runner
 from tff_silo.algorithms.ifca import initial_cluster_weights, select_model
 from tff_silo.algorithms.local_training import LocalTrainingConfig, train_locally
 from tff_silo.privacy.d_privacy import sanitize_update
@@ -68,6 +68,11 @@ class DPrivateClusteringAlgorithm:
     """The k hypotheses' initial weights."""
     return initial_cluster_weights(self.model, self.num_clusters, self.init_seed,
                                    self.init_std)
+
+
+runner.register(DPrivateClusteringAlgorithm, tff="tff_silo.backends.tff.dprivate:runner",
+                vectorized="tff_silo.backends.vectorized.dprivate:"
+                "VectorizedDPrivateClustering")
 
 
 def dprivate_clustering_algorithm(
@@ -140,11 +145,3 @@ def recentre(centres, sums, counts):
   return tuple(
       tuple(tf.where(counts[j] > 0.0, s / tf.maximum(counts[j], 1.0), c)
             for c, s in zip(centres[j], sums[j])) for j in range(len(centres)))
-
-
-def build_dprivate_clustering_process(model, feature_shape, **kwargs):
-  """The TFF process of `dprivate_clustering_algorithm(model, feature_shape,
-  **kwargs)`."""
-  from tff_silo.algorithms import process  # pylint: disable=g-import-not-at-top
-  return process.process_for(dprivate_clustering_algorithm(model, feature_shape,
-                                                           **kwargs))

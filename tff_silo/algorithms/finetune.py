@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Optional
 
-from tff_silo.algorithms import _common
+from tff_silo.algorithms.local_training import make_config
 from tff_silo.algorithms.rounds import SiloAlgorithm, silo_algorithm
 
 DEFAULT_FEDAVG_FRACTION = 0.5
@@ -32,12 +32,9 @@ def finetune_algorithm(model, feature_shape, *, total_rounds: int,
   """Rounds 0 .. R-1 are FedAvg (R = floor(fraction * total)); from round R on, silos
   start from the global model once and then keep training their own copy."""
   switch = fedavg_rounds(total_rounds, fedavg_fraction)
-  config = _common.make_config(client_learning_rate, batch_size, local_epochs,
-                               l2_norm_clip, sampling)
+  config = make_config(client_learning_rate, batch_size, local_epochs,
+                       l2_norm_clip, sampling)
   return silo_algorithm(model, feature_shape, config, name="finetune", lam=0.0,
                         start="switch", switch_round=switch,
                         global_update_rounds=switch, personal_from_round=switch,
                         aggregator=aggregator, init_seed=init_seed)
-
-
-build_finetune_process = _common.tff_process_of(finetune_algorithm)

@@ -26,8 +26,9 @@ weighted mean of its members' models either way).
 
 As for the MR-MTL family (`rounds`), a `ClusteredAlgorithm` is the definition and
 `cluster_client_round`, `select_cluster` and `cluster_server_step` what a silo and the
-server compute; `clustered_process.process_for_clusters` builds the TFF process (the
-reference) and `tff_silo.vectorized` runs all silos as one TF program. Client state:
+server compute; `tff_silo.backends.tff.clustered` builds the TFF process (the
+reference) and `tff_silo.backends.vectorized.clustered` runs all silos as one TF
+program. Client state:
 the silo's personalized weights and its cluster index.
 """
 
@@ -40,8 +41,9 @@ from typing import Optional
 import numpy as np
 import tensorflow as tf
 
-from tff_silo.algorithms import _common
-from tff_silo.algorithms.local_training import LocalTrainingConfig, check_trainable
+from tff_silo import runner
+from tff_silo.algorithms.local_training import (
+    LocalTrainingConfig, check_trainable, make_config)
 from tff_silo.algorithms.rounds import check_lambda, plain_mean
 from tff_silo.privacy.selection import noisy_argmin
 
@@ -205,6 +207,11 @@ class ClusteredAlgorithm:
     return start is not None and rounds_done > start
 
 
+runner.register(ClusteredAlgorithm, tff="tff_silo.backends.tff.clustered:runner",
+                vectorized="tff_silo.backends.vectorized.clustered:"
+                "VectorizedClusteredProcess")
+
+
 def clustered_algorithm(model, feature_shape, config: LocalTrainingConfig, *,
                         name: str, num_clusters: int, selection_rounds: int,
                         after: str = "fedavg", lam: float = 0.0,
@@ -276,8 +283,8 @@ def ifca_algorithm(model, feature_shape, *, client_learning_rate: float,
   first ceil(selection_fraction * total_rounds) rounds (1.0: every round).
   `finetune` switches to local training after floor(finetune_fraction * total)
   rounds (no earlier than the end of selection)."""
-  config = _common.make_config(client_learning_rate, batch_size, local_epochs,
-                               l2_norm_clip, sampling)
+  config = make_config(client_learning_rate, batch_size, local_epochs,
+                       l2_norm_clip, sampling)
   selecting = selection_rounds(total_rounds, selection_fraction)
   switch = None
   if after == "finetune":
@@ -290,13 +297,3 @@ def ifca_algorithm(model, feature_shape, *, client_learning_rate: float,
       selection_rounds=selecting, after=after, lam=lam, switch_round=switch,
       selection_budget_share=selection_budget_share, aggregator=aggregator,
       init_seed=init_seed)
-
-
-build_ifca_process = _common.tff_process_of(ifca_algorithm)
-
-
-def build_clustered_process(model, feature_shape, config: LocalTrainingConfig,
-                            **kwargs):
-  """The TFF process of `clustered_algorithm(model, feature_shape, config, **kwargs)`."""
-  from tff_silo.algorithms import process  # pylint: disable=g-import-not-at-top
-  return process.process_for(clustered_algorithm(model, feature_shape, config, **kwargs))

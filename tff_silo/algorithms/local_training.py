@@ -9,8 +9,8 @@ One call runs `epochs` local epochs of (DP-)SGD on a silo's tensors, starting fr
 gradient lam * (w - anchor) is added to every per-example gradient before clipping,
 as in the paper's code, so the whole step is one DP-SGD step on the silo's data.
 
-Batching under DP (DESIGN.md sec. 6), with m the silo's *public size* (`size`: its n
-when sizes are public, else a size assumed for every silo; 0 means n):
+Batching under DP (`tff_silo.privacy.protocol`), with m the silo's *public size*
+(`size`: its n when sizes are public, else a size assumed for every silo; 0 means n):
 - `poisson` (add/remove-one; the default): every step includes each example
   independently with probability q = min(B, m) / m; the noisy gradient sum is divided
   by the expected batch size q m = min(B, m); max(1, floor(m / B)) steps per epoch.
@@ -32,6 +32,7 @@ noise of that step derive(key, DP_NOISE, p, s): every release has its own 64-bit
 from __future__ import annotations
 
 import dataclasses
+from typing import Optional
 
 import tensorflow as tf
 
@@ -85,6 +86,14 @@ class LocalTrainingConfig:
     """How the steps draw their batches: `sampling` under DP, shuffled epochs
     without."""
     return self.sampling if self.private else "shuffle"
+
+
+def make_config(client_learning_rate: float, batch_size: int, local_epochs: int,
+                l2_norm_clip: Optional[float], sampling: str) -> LocalTrainingConfig:
+  """The `LocalTrainingConfig` of an `<algo>_algorithm`'s arguments."""
+  return LocalTrainingConfig(learning_rate=client_learning_rate, batch_size=batch_size,
+                             epochs=local_epochs, l2_norm_clip=l2_norm_clip,
+                             sampling=sampling)
 
 
 def steps_per_epoch(num_examples: int, batch_size: int) -> int:

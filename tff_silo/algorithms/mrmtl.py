@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from typing import Optional
 
-from tff_silo.algorithms import _common
+from tff_silo.algorithms.local_training import make_config
 from tff_silo.algorithms.rounds import SiloAlgorithm, silo_algorithm
 
 DEFAULT_LAMBDA = 1.0
@@ -27,10 +27,7 @@ def mrmtl_algorithm(model, feature_shape, *, client_learning_rate: float,
                     l2_norm_clip: Optional[float] = None, sampling: str = "poisson",
                     aggregator=None, init_seed: int = 0) -> SiloAlgorithm:
   """MR-MTL; DP-SGD in every silo when `l2_norm_clip` is set."""
-  config = _common.make_config(client_learning_rate, batch_size, local_epochs,
-                               l2_norm_clip, sampling)
+  config = make_config(client_learning_rate, batch_size, local_epochs,
+                       l2_norm_clip, sampling)
   return silo_algorithm(model, feature_shape, config, name="mrmtl", lam=lam,
                         start="personal", aggregator=aggregator, init_seed=init_seed)
-
-
-build_mrmtl_process = _common.tff_process_of(mrmtl_algorithm)

@@ -4,9 +4,10 @@ A `SiloAlgorithm` is the definition of local training, FedAvg, finetuning, MR-MT
 Ditto: the model, the local-training settings and the `RoundSpec` (start point,
 lambda, Ditto's second pass, when the server stops). `client_round` and
 `server_step` say what a silo and the server compute from it. Two runtimes execute a
-definition: `process.process_for` builds the TFF `IterativeProcess` (the reference)
-and `tff_silo.vectorized` runs all silos as one TensorFlow program; neither has its
-own copy of the round, and a vectorized run never imports TFF.
+definition (registered with `tff_silo.runner`): `tff_silo.backends.tff` builds the
+TFF `IterativeProcess` (the reference) and `tff_silo.backends.vectorized` runs all
+silos as one TensorFlow program; neither has its own copy of the round, and a
+vectorized run never imports TFF.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from typing import NamedTuple, Optional
 import numpy as np
 import tensorflow as tf
 
+from tff_silo import runner
 from tff_silo.algorithms.local_training import LocalTrainingConfig
 
 START_POINTS = ("personal", "global", "switch")
@@ -40,7 +42,7 @@ class SiloInput(NamedTuple):
 @dataclasses.dataclass(frozen=True)
 class RoundSpec:
   """What a silo and the server do in one round of the MR-MTL family, whatever runs
-  it (`client_round`, `server_step`; the TFF process and `tff_silo.vectorized`).
+  it (`client_round`, `server_step`; the TFF process and the vectorized round).
 
   Attributes: see `silo_algorithm`.
   """
@@ -155,6 +157,10 @@ class SiloAlgorithm:
   def num_selections(self, rounds: int) -> int:
     del rounds
     return 0
+
+
+runner.register(SiloAlgorithm, tff="tff_silo.backends.tff.silo:runner",
+                vectorized="tff_silo.backends.vectorized.family:VectorizedProcess")
 
 
 def silo_algorithm(model, feature_shape, config: LocalTrainingConfig, *, name: str,

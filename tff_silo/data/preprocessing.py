@@ -1,4 +1,4 @@
-"""Feature standardization, inside or outside the DP guarantee (DESIGN.md sec. 6).
+"""Feature standardization, inside or outside the DP guarantee (`privacy.protocol`).
 
 Modes (`STANDARDIZE`):
 - `none`: features as loaded.

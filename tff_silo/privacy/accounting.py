@@ -11,7 +11,7 @@ is exactly the RDP of a Gaussian mechanism with noise multiplier 2 / eps
 (alpha / (2 z^2)), so a selection is described as that `GaussianDpEvent` and composed
 with the DP-SGD event.
 
-Neighbouring relations (`NEIGHBOURING`, DESIGN.md sec. 6):
+Neighbouring relations (`NEIGHBOURING`, `events`):
 - `add_remove` (add or remove one example) with Poisson sampling at rate q: the
   Poisson-subsampled Gaussian, noise multiplier z (a clipped sum moves by C).
 - `replace_one` (replace one example; the silo's size n is public) with B of the n
@@ -47,13 +47,16 @@ import importlib.metadata
 import math
 from typing import Optional
 
-import attr
 import dp_accounting
 import numpy as np
 import scipy.optimize
 import scipy.special
 
-from tff_silo.privacy import calibration_cache, gaussian_tail
+from tff_silo.privacy import calibration_cache, node_level
+# The events and relations every accountant shares (`events`), part of this API too.
+from tff_silo.privacy.events import (  # pylint: disable=unused-import
+    NEIGHBOURING, REPLACE_ONE_SENSITIVITY_FACTOR, SelectionDpEvent, check_neighbouring,
+    delta_after_tail, neighbouring_relation, sampler_tail, selection_event)
 
 # Orders used by the RDP accountant: every integer order up to 64 plus larger ones
 # up to 256 (optimal for epsilons down to ~0.05), and a few fractional orders below 2
@@ -63,24 +66,6 @@ RDP_ORDERS = (1.25, 1.5, 1.75) + tuple(float(a) for a in range(2, 65)) + (
 
 CALIBRATION_RELATIVE_TOLERANCE = 1e-4
 _MAX_NOISE_MULTIPLIER = 1e7
-
-NEIGHBOURING = ("add_remove", "replace_one")
-# Replacing one example moves a sum of vectors clipped to C by up to 2C.
-REPLACE_ONE_SENSITIVITY_FACTOR = 2.0
-
-
-def check_neighbouring(neighbouring: str) -> str:
-  if neighbouring not in NEIGHBOURING:
-    raise ValueError(f"neighbouring must be one of {NEIGHBOURING}, got {neighbouring!r}")
-  return neighbouring
-
-
-def neighbouring_relation(neighbouring: str) -> dp_accounting.NeighboringRelation:
-  """dp_accounting's relation for `add_remove` or `replace_one`."""
-  check_neighbouring(neighbouring)
-  return (dp_accounting.NeighboringRelation.ADD_OR_REMOVE_ONE
-          if neighbouring == "add_remove" else dp_accounting.NeighboringRelation.REPLACE_ONE)
-
 
 def _check_common(sampling_rate, steps, target_delta, selection_epsilon, num_selections):
   if not 0.0 < sampling_rate <= 1.0:
@@ -106,7 +91,6 @@ def dp_sgd_event(noise_multiplier: float, sampling_rate: float, steps: int, *,
   steps (`node_level`, replace_one)."""
   check_neighbouring(neighbouring)
   if node_examples is not None:
-    from tff_silo.privacy import node_level   # pylint: disable=g-import-not-at-top
     if neighbouring != "replace_one" or dataset_size is None:
       raise ValueError("node-level accounting (node_examples) needs replace_one and "
                        "the public dataset_size (uniform batches of a fixed size)")
@@ -124,60 +108,6 @@ def dp_sgd_event(noise_multiplier: float, sampling_rate: float, steps: int, *,
         int(dataset_size), int(round(sampling_rate * dataset_size)),
         dp_accounting.GaussianDpEvent(noise_multiplier / REPLACE_ONE_SENSITIVITY_FACTOR))
   return dp_accounting.SelfComposedDpEvent(step, int(steps))
-
-
-@attr.s(frozen=True, slots=True)
-class SelectionDpEvent(dp_accounting.GaussianDpEvent):
-  """One exponential-mechanism selection: the RDP of the Gaussian mechanism with
-  multiplier 2 / eps (which every accountant composes as such), drawn with Gumbel
-  noise (`selection`), so no Gaussian sampler tail."""
-
-
-def selection_event(selection_epsilon: float, num_selections: int) -> dp_accounting.DpEvent:
-  """`num_selections` exponential-mechanism selections, each (eps^2/8)-zCDP.
-
-  Represented by the Gaussian mechanism with noise multiplier 2 / eps, whose RDP
-  alpha / (2 (2/eps)^2) = alpha * eps^2 / 8 is the selection's RDP.
-  """
-  return dp_accounting.SelfComposedDpEvent(
-      SelectionDpEvent(2.0 / selection_epsilon), int(num_selections))
-
-
-def sampler_tail(event: dp_accounting.DpEvent,
-                 neighbouring: str = "add_remove") -> float:
-  """The probability, over the releases `event` describes, that the library's
-  Gaussian noise leaves the Gaussian's law where a neighbour's shift matters
-  (`gaussian_tail.release_tail`): a release shifts only when the differing example or
-  node is in its batch (probability q; b / n; the node's hypergeometric count), by
-  its sensitivity over the noise's std (1 / z of its `GaussianDpEvent`); an event of
-  the library's own kind (`node_level.NodeLevelDpEvent`) says its own
-  (`event.sampler_tail`). Selections and non-Gaussian events add nothing; the sum
-  may exceed 1."""
-  if isinstance(event, SelectionDpEvent) or isinstance(event, (
-      dp_accounting.NoOpDpEvent, dp_accounting.NonPrivateDpEvent,
-      dp_accounting.LaplaceDpEvent)):
-    return 0.0
-  if isinstance(event, dp_accounting.GaussianDpEvent):
-    z = event.noise_multiplier
-    return gaussian_tail.release_tail(1.0 / z) if z > 0 else 0.0   # z = 0: epsilon inf
-  if isinstance(event, dp_accounting.PoissonSampledDpEvent):
-    return event.sampling_probability * sampler_tail(event.event, neighbouring)
-  if isinstance(event, dp_accounting.SampledWithoutReplacementDpEvent):
-    return (event.sample_size / event.source_dataset_size
-            * sampler_tail(event.event, neighbouring))
-  if isinstance(event, dp_accounting.SelfComposedDpEvent):
-    return event.count * sampler_tail(event.event, neighbouring)
-  if isinstance(event, dp_accounting.ComposedDpEvent):
-    return sum(sampler_tail(e, neighbouring) for e in event.events)
-  if hasattr(event, "sampler_tail"):
-    return event.sampler_tail(neighbouring)
-  raise ValueError(f"no sampler tail is known for {event}")
-
-
-def delta_after_tail(target_delta: float, tail: float) -> float:
-  """The delta left for the Gaussian's own (epsilon, delta) once the sampler's tail
-  is paid; 0 when nothing is left (epsilon is then infinite)."""
-  return max(0.0, target_delta - tail)
 
 
 def epsilon_from_rdp(orders, rdp, target_delta: float, tail: float = 0.0) -> float:
@@ -217,7 +147,6 @@ def silo_event(noise_multiplier: float, sampling_rate: float, steps: int, *,
 def _epsilon(noise_multiplier, sampling_rate, steps, target_delta, selection_epsilon,
              num_selections, neighbouring="add_remove", dataset_size=None,
              extra_events=(), node_examples=None) -> float:
-  from tff_silo.privacy import node_level   # pylint: disable=g-import-not-at-top
   accountant = node_level.NodeLevelRdpAccountant(list(RDP_ORDERS),
                                                  neighbouring_relation(neighbouring))
   event = silo_event(noise_multiplier, sampling_rate, steps,

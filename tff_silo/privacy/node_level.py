@@ -38,7 +38,7 @@ import dp_accounting
 import numpy as np
 from scipy import special, stats
 
-from tff_silo.privacy import accounting, gaussian_tail
+from tff_silo.privacy import events, gaussian_tail
 
 # The orders of the authors' accountant (accounting.py of their submission); with
 # sigma <= 0.5 the lowest usable order is optimal, so epsilon depends on this list.
@@ -64,7 +64,7 @@ class NodeLevelDpEvent(dp_accounting.DpEvent):
 
   def sampler_tail(self, neighbouring: str) -> float:
     """The Gaussian sampler's tail of this step (`step_tail`), for
-    `accounting.sampler_tail`."""
+    `events.sampler_tail`."""
     return step_tail(self, neighbouring)
 
 
@@ -84,7 +84,7 @@ def check_event(event: NodeLevelDpEvent) -> None:
 def step_rdp(event: NodeLevelDpEvent, orders, neighbouring: str) -> np.ndarray:
   """gamma(alpha) of one step at each order (> 1), in the log domain."""
   check_event(event)
-  accounting.check_neighbouring(neighbouring)
+  events.check_neighbouring(neighbouring)
   c = EXPONENT[neighbouring]
   n, s, b = int(event.num_nodes), int(event.max_neighbourhoods), int(event.batch_size)
   rho = np.arange(0, min(s, b) + 1)
@@ -106,7 +106,7 @@ def step_tail(event: NodeLevelDpEvent, neighbouring: str) -> float:
   rho C (adding or removing it), i.e. by sqrt(2 c) rho / sigma noise deviations,
   averaged over rho's hypergeometric law."""
   check_event(event)
-  accounting.check_neighbouring(neighbouring)
+  events.check_neighbouring(neighbouring)
   n, s, b = int(event.num_nodes), int(event.max_neighbourhoods), int(event.batch_size)
   rho = np.arange(1, min(s, b) + 1)
   pmf = stats.hypergeom(n, s, b).pmf(rho)
@@ -126,15 +126,10 @@ class NodeLevelRdpAccountant(dp_accounting.rdp.RdpAccountant):
       except ValueError as e:
         return self.CompositionErrorDetails(event, str(e))
       if do_compose:
-        self._rdp += count * step_rdp(event, self._orders, _relation_name(
+        self._rdp += count * step_rdp(event, self._orders, events.relation_name(
             self._neighboring_relation))
       return None
     return super()._maybe_compose(event, count, do_compose)
-
-
-def _relation_name(relation) -> str:
-  return {dp_accounting.NeighboringRelation.ADD_OR_REMOVE_ONE: "add_remove",
-          dp_accounting.NeighboringRelation.REPLACE_ONE: "replace_one"}[relation]
 
 
 def training_event(noise_multiplier: float, num_nodes: int, max_neighbourhoods: int,
@@ -154,10 +149,10 @@ def epsilon(noise_multiplier: float, num_nodes: int, max_neighbourhoods: int,
                          steps)
   check_event(event.event)   # a one-line ValueError, not dp_accounting's
   accountant = NodeLevelRdpAccountant(list(orders),
-                                      accounting.neighbouring_relation(neighbouring))
+                                      events.neighbouring_relation(neighbouring))
   accountant.compose(event)
-  tail = accounting.sampler_tail(event, neighbouring)
-  delta = accounting.delta_after_tail(delta, tail)
+  tail = events.sampler_tail(event, neighbouring)
+  delta = events.delta_after_tail(delta, tail)
   return float(accountant.get_epsilon(delta)) if delta > 0 else math.inf
 
 

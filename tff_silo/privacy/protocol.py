@@ -1,4 +1,4 @@
-"""What a silo-level DP run's epsilon is a guarantee about (DESIGN.md sec. 6).
+"""What a silo-level DP run's epsilon is a guarantee about.
 
 A `PrivacyProtocol` fixes the neighbouring relation and what is public about a silo:
 

@@ -205,12 +205,6 @@ class UserDPSettings:
     return UserLevelMean(self.l2_norm_clip, self.noise_multiplier, self.sampling_rate,
                          self.total_weight(num_examples), seed=seed)
 
-  def factory(self, num_examples: Sequence[int], seed: Optional[int] = None):
-    """`mean(num_examples, seed)` as a `tff.aggregators` factory
-    (`user_level_factory.UserLevelDPMeanFactory`)."""
-    from tff_silo.privacy.user_level_factory import UserLevelDPMeanFactory  # pylint: disable=g-import-not-at-top
-    return UserLevelDPMeanFactory.of(self.mean(num_examples, seed))
-
   def round_event(self):
     """One round's `DpEvent`: the Poisson-sampled Gaussian mechanism (q, z)."""
     return accounting.dp_sgd_event(self.noise_multiplier, self.sampling_rate, 1)

@@ -5,14 +5,15 @@ from __future__ import annotations
 
 import collections
 import dataclasses
-from typing import Optional
+from typing import Optional, Sequence
 
 import numpy as np
 import tensorflow as tf
 import tensorflow_federated as tff
 
 from tff_silo import keys
-from tff_silo.privacy.user_level import UserLevelMean, noised_mean, weighted_clipped_sum
+from tff_silo.privacy.user_level import (
+    UserDPSettings, UserLevelMean, noised_mean, weighted_clipped_sum)
 
 
 class UserLevelDPMeanFactory(tff.aggregators.WeightedAggregationFactory):
@@ -29,6 +30,13 @@ class UserLevelDPMeanFactory(tff.aggregators.WeightedAggregationFactory):
   @classmethod
   def of(cls, mean: UserLevelMean) -> "UserLevelDPMeanFactory":
     return cls(**dataclasses.asdict(mean))
+
+  @classmethod
+  def for_settings(cls, settings: UserDPSettings, num_examples: Sequence[int],
+                   seed: Optional[int] = None) -> "UserLevelDPMeanFactory":
+    """`settings.mean(num_examples, seed)` (UDP-Alg's settings for a population with
+    these per-user example counts) as a factory."""
+    return cls.of(settings.mean(num_examples, seed))
 
   @property
   def sigma(self) -> float:

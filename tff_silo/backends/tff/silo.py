@@ -30,9 +30,9 @@ import tensorflow as tf
 import tensorflow_federated as tff
 
 from tff_silo import keys
-from tff_silo.algorithms.local_training import LocalTrainingConfig, train_locally
+from tff_silo.algorithms.local_training import train_locally
 from tff_silo.algorithms.rounds import (
-    SiloAlgorithm, SiloInput, client_round, public_size, server_step, silo_algorithm)
+    SiloAlgorithm, SiloInput, client_round, public_size, server_step)
 
 
 class ServerState(NamedTuple):
@@ -136,25 +136,16 @@ def create_aggregator(aggregator, w_type):
                   f"UnweightedAggregationFactory, got {type(aggregator).__name__}")
 
 
-def build_silo_process(model, feature_shape, config: LocalTrainingConfig,
-                       **kwargs) -> SiloProcess:
-  """The TFF process of `silo_algorithm(model, feature_shape, config, **kwargs)`."""
-  return process_for(silo_algorithm(model, feature_shape, config, **kwargs))
+def runner(process) -> SiloProcess:
+  """The registered TFF runner of a `SiloAlgorithm`: `process` itself when it is one
+  already built, else `process_for(process)`."""
+  return process if isinstance(process, SiloProcess) else process_for(process)
 
 
-def process_for(algorithm) -> SiloProcess:
+def process_for(algorithm: SiloAlgorithm) -> SiloProcess:
   """The TFF `IterativeProcess` running `algorithm` (the reference runtime): every
   round (Algorithm 1) the server broadcasts w_bar, each silo runs `client_round`,
-  the aggregator averages the deltas and the server applies `server_step`. A
-  `ifca.ClusteredAlgorithm` gets `clustered_process.process_for_clusters`, a
-  `DPrivateClusteringAlgorithm` `dprivate_process.process_for_dprivate`."""
-  if not isinstance(algorithm, SiloAlgorithm):
-    # pylint: disable=g-import-not-at-top
-    from tff_silo.algorithms import clustered_process, dprivate_process
-    from tff_silo.algorithms.dprivate_clustering import DPrivateClusteringAlgorithm
-    if isinstance(algorithm, DPrivateClusteringAlgorithm):
-      return dprivate_process.process_for_dprivate(algorithm)
-    return clustered_process.process_for_clusters(algorithm)
+  the aggregator averages the deltas and the server applies `server_step`."""
   model, config, spec = algorithm.model, algorithm.config, algorithm.round_spec
   w_type = weights_type(model)
   data_type = silo_input_type(algorithm.feature_shape)

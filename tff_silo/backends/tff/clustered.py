@@ -22,7 +22,7 @@ from tff_silo.algorithms.ifca import (
     ClusteredAlgorithm, choose, cluster_client_round, cluster_server_step,
     initial_cluster_weights, selection_scores)
 from tff_silo.algorithms.local_training import train_locally
-from tff_silo.algorithms.process import (
+from tff_silo.backends.tff.silo import (
     SiloProcess, create_aggregator, silo_input_type, weights_type)
 from tff_silo.algorithms.rounds import public_size
 from tff_silo.privacy.selection import gumbel
@@ -82,6 +82,13 @@ def initial_cluster_models(model, num_clusters: int, init_seed: int, init_std: f
     return tuple(tuple(tf.constant(w) for w in m) for m in initial)
 
   return initial_models
+
+
+def runner(process) -> ClusteredProcess:
+  """The registered TFF runner of a `ClusteredAlgorithm`: `process` itself when it
+  is one already built, else `process_for_clusters(process)`."""
+  return process if isinstance(process, ClusteredProcess) else process_for_clusters(
+      process)
 
 
 def process_for_clusters(algorithm: ClusteredAlgorithm) -> ClusteredProcess:

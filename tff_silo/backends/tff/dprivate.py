@@ -13,14 +13,13 @@ import collections
 from typing import NamedTuple
 
 import numpy as np
-import tensorflow as tf
 import tensorflow_federated as tff
 
 from tff_silo import keys
-from tff_silo.algorithms.clustered_process import initial_cluster_models
+from tff_silo.backends.tff.clustered import initial_cluster_models
 from tff_silo.algorithms.dprivate_clustering import (
     DPrivateClusteringAlgorithm, kmeans_members, recentre, user_update)
-from tff_silo.algorithms.process import silo_input_type, weights_type
+from tff_silo.backends.tff.silo import silo_input_type, weights_type
 
 
 class HypothesesState(NamedTuple):
@@ -50,6 +49,13 @@ class DPrivateClusteringProcess(tff.templates.IterativeProcess):
   def sampled(self, inputs: list, users) -> list:
     """The client data of `next` for the sampled users."""
     return [inputs[k] for k in users]
+
+
+def runner(process) -> DPrivateClusteringProcess:
+  """The registered TFF runner of a `DPrivateClusteringAlgorithm`: `process` itself
+  when it is one already built, else `process_for_dprivate(process)`."""
+  return (process if isinstance(process, DPrivateClusteringProcess)
+          else process_for_dprivate(process))
 
 
 def process_for_dprivate(algorithm: DPrivateClusteringAlgorithm

@@ -269,13 +269,12 @@ def _trial_privacy(s, definition, silos, epsilon):
   """(training epsilon, score noise multiplier) of a private-tuning trial of a cell
   at `epsilon`: the score's noise is what one score release alone would need for
   share x epsilon; the training's epsilon e is the largest with which the best of
-  h ~ TNB trials, each the run calibrated to e (`simulation.calibrate_silos`: DP-SGD
+  h ~ TNB trials, each the run calibrated to e (`silo_accounts.calibrate_silos`: DP-SGD
   and, for IFCA, its private selections at their share of e) and its score, is
   (epsilon, delta)-DP. Every silo samples with the protocol's public size, so one
   silo's calibration holds for all."""
   import dp_accounting
-  from tff_silo import simulation
-  from tff_silo.privacy import tuning
+  from tff_silo.privacy import silo_accounts, tuning
   selections = definition.num_selections(s["rounds"])
   key = (definition.epochs_per_round, selections, definition.selection_budget_share,
          epsilon)
@@ -285,7 +284,7 @@ def _trial_privacy(s, definition, silos, epsilon):
                                      dp_accounting.GaussianDpEvent)
 
     def event_for(e):
-      privacy = simulation.calibrate_silos(
+      privacy = silo_accounts.calibrate_silos(
           silos.train_sizes[:1], batch_size=s["batch_size"],
           epochs_per_round=definition.epochs_per_round, rounds=s["rounds"],
           target_epsilon=e, target_delta=s["delta"], num_selections=selections,

@@ -116,7 +116,7 @@ def _warm(shared, epsilons, ifca: bool):
   os.environ["TFF_SILO_CACHE_DIR"] = shared
   from tff_silo.algorithms import ifca as ifca_lib
   from tff_silo.privacy import PrivacyProtocol
-  from tff_silo.simulation import calibrate_silos
+  from tff_silo.privacy.silo_accounts import calibrate_silos
   protocol = PrivacyProtocol(assumed_silo_size=SCHOOL.assumed_silo_size)
   selections = ifca_lib.selection_rounds(FLAGS.rounds,
                                          ifca_lib.DEFAULT_SELECTION_FRACTION)

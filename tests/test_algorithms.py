@@ -3,13 +3,17 @@
 
 import numpy as np
 import pytest
+import tensorflow as tf
 import tensorflow_federated as tff
 
 from tff_silo import algorithms, data, models, runtime
+from tff_silo.algorithms.local_training import LocalTrainingConfig, batch_plan
 from tff_silo.algorithms.rounds import SiloInput
 from tff_silo.backends.tff import process_for
 from tff_silo.privacy import PAPER, PrivacyProtocol
-from tff_silo.simulation import calibrate_silos, run_simulation
+from tff_silo.privacy import silo_accounts
+from tff_silo.privacy.silo_accounts import calibrate_silos
+from tff_silo.simulation import run_simulation
 
 SILOS = data.heterogeneous_linear_silos(num_silos=4, num_examples=40, dim=3, tau=1.0,
                                         seed=0)
@@ -244,3 +248,19 @@ def test_digits_cnn_round():
   result = run_simulation(process, digits, rounds=1, target_epsilon=5.0, target_delta=1e-3,
                           protocol=PrivacyProtocol(assumed_silo_size=36))
   assert result.metric == "accuracy" and 0.0 <= result.test_metric <= 1.0
+
+
+@pytest.mark.parametrize("n, size, batch, sampling", [
+    (40, 0, 8, "poisson"), (5, 0, 8, "poisson"), (30, 88, 32, "poisson"),
+    (100, 24, 32, "poisson"), (7, 7, 7, "poisson"), (50, 0, 16, "without_replacement")])
+def test_training_takes_the_steps_and_rate_the_accounting_charges(n, size, batch,
+                                                                  sampling):
+  """`batch_plan` (the training's tensors) and `silo_accounts` (the calibration's
+  numbers) agree from the public size m: steps per epoch, steps per call, rate."""
+  config = LocalTrainingConfig(learning_rate=0.1, batch_size=batch, epochs=3,
+                               l2_norm_clip=1.0, sampling=sampling)
+  _, per_epoch, total, rate = batch_plan(config, tf.constant(n), tf.constant(float(size)))
+  m = size if size and sampling == "poisson" else n
+  assert int(per_epoch) == silo_accounts.steps_per_epoch(m, batch)
+  assert int(total) == 3 * silo_accounts.steps_per_epoch(m, batch)
+  assert float(rate) == pytest.approx(silo_accounts.sampling_rate(m, batch), rel=1e-7)

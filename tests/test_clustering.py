@@ -15,7 +15,8 @@ from tff_silo.algorithms.rounds import SiloInput
 from tff_silo.backends.tff import process_for
 from tff_silo.dprivate_simulation import run_dprivate_clustering
 from tff_silo.privacy import PAPER, PrivacyProtocol, accounting
-from tff_silo.simulation import calibrate_silos, run_simulation
+from tff_silo.privacy.silo_accounts import calibrate_silos
+from tff_silo.simulation import run_simulation
 
 # Two well-separated linear clusters, 8 users with 40 examples each.
 USERS = data.two_cluster_linear_silos(num_users=8, num_examples=40, seed=3)

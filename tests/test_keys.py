@@ -5,7 +5,7 @@ import pytest
 import tensorflow as tf
 
 from tff_silo import keys
-from tff_silo.algorithms.local_training import steps_per_epoch
+from tff_silo.privacy.silo_accounts import steps_per_epoch
 from tff_silo.privacy import dp_sgd, selection
 
 SCHOOL_SILOS, SCHOOL_ROUNDS, SCHOOL_BATCH = 139, 200, 32

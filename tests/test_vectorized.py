@@ -15,8 +15,7 @@ from tff_silo import algorithms, batched_random, data, keys, models
 from tff_silo.backends.tff import process_for
 from tff_silo.backends.vectorized import training as vectorized_training
 from tff_silo.dprivate_simulation import run_dprivate_clustering
-from tff_silo.privacy import PrivacyProtocol
-from tff_silo import simulation
+from tff_silo.privacy import PrivacyProtocol, silo_accounts
 from tff_silo.simulation import Run, run_simulation, run_simulations
 
 RNG = np.random.default_rng(0)
@@ -181,7 +180,7 @@ def test_a_stacked_run_over_its_budget_stops_alone(monkeypatch):
   definition = algorithms.mrmtl_algorithm(MODEL, SILOS.feature_shape,
                                           client_learning_rate=0.1, batch_size=8,
                                           lam=0.5, **options)
-  real = simulation.calibrate_silos
+  real = silo_accounts.calibrate_silos
 
   def too_little_noise(*args, target_epsilon, **kwargs):   # run 2 spends too much
     privacy = real(*args, target_epsilon=target_epsilon, **kwargs)
@@ -190,7 +189,7 @@ def test_a_stacked_run_over_its_budget_stops_alone(monkeypatch):
                                     noise_multipliers=privacy.noise_multipliers * 0.85)
     return privacy
 
-  monkeypatch.setattr(simulation, "calibrate_silos", too_little_noise)
+  monkeypatch.setattr(silo_accounts, "calibrate_silos", too_little_noise)
   results = run_simulations(
       [Run(definition, SILOS, seed=1, **run),
        Run(definition, SILOS, seed=2, **dict(run, target_epsilon=2.0))],

@@ -242,7 +242,7 @@ def fingerprint(silos, key: Optional[bytes] = None) -> dict:
 
 
 def privacy_summary(privacy) -> Optional[dict]:
-  """The per-silo privacy of a `simulation.SiloPrivacy` (None without DP)."""
+  """The per-silo privacy of a `privacy.silo_accounts.SiloPrivacy` (None without DP)."""
   if privacy is None:
     return None
   return dict(unit="example", epsilon_spent=[float(e) for e in privacy.epsilon_spent],
@@ -292,7 +292,7 @@ def save(directory: str, *, run_key: str, silo_weights, model: dict, data: dict,
   """Writes a run to `directory` (created); True if written, False if it already
   holds this run. ValueError if it holds another run.
 
-  `privacy`: a `simulation.SiloPrivacy` or a JSON-able dict (user-level runs);
+  `privacy`: a `silo_accounts.SiloPrivacy` or a JSON-able dict (user-level runs);
   `server_weights`: the server's models; `hypernetwork`: (phi, embeddings), with
   `model["hypernetwork"]` its spec."""
   existing = os.path.join(directory, "run.json")

@@ -1,12 +1,14 @@
-"""The simulation driver: runs a `SiloProcess` for T rounds over every silo.
+"""The simulation driver: runs a definition's runner (`tff_silo.runner`) for T rounds
+over every silo.
 
-It calibrates each silo's DP-SGD noise to the silo's own (epsilon_k, delta_k)
-(silo-specific example-level DP) under a `PrivacyProtocol` (neighbouring relation,
-what is public), keeps the client states keyed by silo index, charges every round's
-queries to each silo's `PrivacyLedger` (the only source of the epsilon reported; a
-round that would exceed a silo's budget is not run), evaluates every silo's
-personalized model (the test metric averaged over silos weighted by test counts,
-thesis app. B.4), and stops TFF's worker process when done.
+Its privacy bookkeeping is a `privacy.silo_accounts.SiloAccounts` per run: each
+silo's DP-SGD noise calibrated to the silo's own (epsilon_k, delta_k) (silo-specific
+example-level DP) under a `PrivacyProtocol` (neighbouring relation, what is public),
+and every round's queries charged to each silo's `PrivacyLedger` before the round
+(the only source of the epsilon reported; a round that would exceed a silo's budget
+is not run). The driver keeps the client states keyed by silo index, evaluates
+every silo's personalized model (the test metric averaged over silos weighted by
+test counts, thesis app. B.4), and stops TFF's worker process when done.
 
 Figures computed on the silos' training data (`train_metric`, `silo_train_metric`)
 are not noised: they are outside the DP guarantee and for inspection only.
@@ -14,145 +16,19 @@ are not noised: they are outside the DP guarantee and for inspection only.
 
 from __future__ import annotations
 
-import csv
 import dataclasses
-import functools
-import os
 import time
-from typing import Callable, Optional, Sequence, Union
+from typing import Callable, Optional, Sequence
 
-import dp_accounting
 import numpy as np
 import tensorflow as tf
 
 from tff_silo import keys, runtime
-from tff_silo.runner import Runner, runner_for, stack_key
-from tff_silo.algorithms.local_training import sampling_rate, steps_per_epoch
 from tff_silo.algorithms.rounds import SiloInput
 from tff_silo.data.silos import SiloData, padded_stack
-from tff_silo.privacy import accounting, ledger as ledger_lib
 from tff_silo.privacy.protocol import PrivacyProtocol
-
-Number = Union[float, int]
-
-
-@dataclasses.dataclass(frozen=True)
-class SiloPrivacy:
-  """Per-silo DP-SGD and selection settings and the privacy they spend, composed
-  (arrays over silos). After a run `epsilon_spent` is the ledgers' figure."""
-
-  noise_multipliers: np.ndarray
-  sampling_rates: np.ndarray
-  steps: np.ndarray               # DP-SGD steps of the whole run
-  target_delta: np.ndarray
-  epsilon_spent: np.ndarray
-  selection_epsilon: np.ndarray   # per selection (0: no private selection)
-  num_selections: int
-  sizes: np.ndarray = None        # the public size each silo samples with
-  protocol: PrivacyProtocol = PrivacyProtocol()
-  sampling: str = "poisson"
-  preprocessing: tuple = ()       # per silo: the DpEvents spent before training
-  stopped_because: str = "rounds"
-
-  @property
-  def bounded(self) -> bool:
-    """Whether `epsilon_spent` is a DP bound (not for shuffled batches)."""
-    return self.sampling != "shuffle"
-
-  def silo_event(self, silo: int) -> dp_accounting.DpEvent:
-    """Everything silo `silo`'s data is queried for over the whole run: its
-    preprocessing, every DP-SGD step and every private selection."""
-    return accounting.silo_event(
-        float(self.noise_multipliers[silo]), float(self.sampling_rates[silo]),
-        int(self.steps[silo]), selection_epsilon=float(self.selection_epsilon[silo]),
-        num_selections=self.num_selections if self.selection_epsilon[silo] else 0,
-        neighbouring=self.protocol.neighbouring, dataset_size=int(self.sizes[silo]),
-        extra_events=self.preprocessing[silo] if self.preprocessing else (),
-        node_examples=self.protocol.node_examples)
-
-  def round_event(self, silo: int, epochs_steps: int, selecting: bool):
-    """The queries silo `silo` makes in one round: `epochs_steps` DP-SGD steps and a
-    selection when `selecting` (one object for silos with equal settings)."""
-    return _round_event(
-        float(self.noise_multipliers[silo]), float(self.sampling_rates[silo]),
-        int(epochs_steps), self.protocol.neighbouring, int(self.sizes[silo]),
-        float(self.selection_epsilon[silo]) if selecting else None,
-        self.protocol.node_examples)
-
-
-@functools.lru_cache(maxsize=4096)
-def _round_event(noise_multiplier, rate, steps, neighbouring, size, selection_epsilon,
-                 node_examples=None):
-  events = [accounting.dp_sgd_event(noise_multiplier, rate, steps,
-                                    neighbouring=neighbouring, dataset_size=size,
-                                    node_examples=node_examples)]
-  if selection_epsilon is not None:
-    events.append(accounting.selection_event(selection_epsilon, 1))
-  return dp_accounting.ComposedDpEvent(events)
-
-
-def _per_silo(value, num_silos: int, name: str) -> np.ndarray:
-  arr = np.broadcast_to(np.asarray(value, dtype=np.float64), (num_silos,)) if np.ndim(
-      value) == 0 else np.asarray(value, dtype=np.float64)
-  if arr.shape != (num_silos,):
-    raise ValueError(f"{name} must be a scalar or one value per silo ({num_silos}), "
-                     f"got shape {arr.shape}")
-  return arr
-
-
-def calibrate_silos(train_sizes: Sequence[int], *, batch_size: int, epochs_per_round: int,
-                    rounds: int, target_epsilon, target_delta,
-                    num_selections: int = 0, selection_budget_share: float = 0.0,
-                    protocol: Optional[PrivacyProtocol] = None,
-                    sampling: str = "poisson",
-                    preprocessing_events: Optional[Sequence] = None,
-                    noise_multiplier=None) -> SiloPrivacy:
-  """Silo k's noise multiplier for its own (epsilon_k, delta_k), its sampling rate
-  min(B, m_k) / m_k and T * epochs * max(1, floor(m_k / B)) steps, where m_k is the
-  size the protocol makes public (n_k, or the assumed size for every silo); epsilon
-  spent is recomputed from it.
-
-  With `num_selections` private cluster selections of epsilon
-  share * epsilon_k each, and `preprocessing_events` (one Gaussian `DpEvent` or None
-  per silo, e.g. DP standardization), DP-SGD gets what they leave (RDP composition).
-  `noise_multiplier` (a scalar or one per silo) instead of `target_epsilon`: the
-  silos train with that noise and spend what it costs (inf, if no epsilon bounds
-  it); no selections then."""
-  protocol = PrivacyProtocol() if protocol is None else protocol
-  protocol.check_sampling(sampling)
-  sizes = protocol.silo_sizes(train_sizes)
-  k = len(train_sizes)
-  if (target_epsilon is None) == (noise_multiplier is None):
-    raise ValueError("give one of target_epsilon and noise_multiplier")
-  if noise_multiplier is not None and num_selections:
-    raise ValueError("a run with given noise has no budget to share with selections")
-  given = None if noise_multiplier is None else _per_silo(noise_multiplier, k,
-                                                          "noise_multiplier")
-  if given is not None and not (given > 0).all():
-    raise ValueError(f"noise_multiplier must be > 0, got {noise_multiplier}")
-  eps = _per_silo(np.inf if target_epsilon is None else target_epsilon, k,
-                  "target_epsilon")
-  delta = _per_silo(target_delta, k, "target_delta")
-  select = eps * selection_budget_share if num_selections else np.zeros(k)
-  rates = np.array([sampling_rate(int(n), batch_size) for n in sizes])
-  steps = np.array([steps_per_epoch(int(n), batch_size) * epochs_per_round * rounds
-                    for n in sizes])
-  extra = ([()] * k if preprocessing_events is None
-           else [() if e is None else (e,) for e in preprocessing_events])
-  if len(extra) != k:
-    raise ValueError(f"preprocessing_events must have one entry per silo ({k})")
-  options = [dict(selection_epsilon=float(s) if num_selections else None,
-                  num_selections=num_selections, neighbouring=protocol.neighbouring,
-                  dataset_size=int(n), extra_events=e,
-                  node_examples=protocol.node_examples)
-             for s, n, e in zip(select, sizes, extra)]
-  z = given if given is not None else np.array([
-      accounting.calibrate_noise_multiplier(e, d, q, int(s), **o)
-      for e, d, q, s, o in zip(eps, delta, rates, steps, options)])
-  spent = np.array([accounting.epsilon_spent(zi, q, int(s), d, **o)
-                    for zi, q, s, d, o in zip(z, rates, steps, delta, options)])
-  return SiloPrivacy(z, rates, steps, delta, spent, select, num_selections, sizes,
-                     protocol, sampling, tuple(extra))
+from tff_silo.privacy.silo_accounts import SiloAccounts, SiloPrivacy, charge_round
+from tff_silo.runner import Runner, runner_for, stack_key
 
 
 @dataclasses.dataclass(frozen=True)
@@ -266,17 +142,6 @@ def check_run_length(rounds, eval_every: int = 0) -> None:
     raise ValueError(f"eval_every must be >= 0, got {eval_every}")
 
 
-def _write_ledger_rows(path, rounds_done, ledgers):
-  """Appends each silo's epsilon after `rounds_done` rounds to a CSV."""
-  new = not os.path.exists(path)
-  with open(path, "a", newline="") as f:
-    writer = csv.writer(f)
-    if new:
-      writer.writerow(["round", "silo", "epsilon", "target_delta"])
-    for k, ledger in enumerate(ledgers):
-      writer.writerow([rounds_done, k, ledger.epsilon(), ledger.target_delta])
-
-
 @dataclasses.dataclass(frozen=True)
 class Run:
   """One run of `run_simulations`: a process or definition, its silos and what
@@ -380,95 +245,28 @@ def _stack_group(process, backend: str, index: int):
   return index if key is None else key
 
 
-@dataclasses.dataclass
-class _Account:
-  """One run's DP bookkeeping in the driver: its calibration, each silo's ledger,
-  the per-silo steps of a round, and the distinct ledgers with a silo of each.
-
-  Silos with the same settings (noise, sampling rate, steps, public size, selection
-  epsilon, preprocessing, delta and budget) are charged the same events every
-  round, so they share one ledger object: a round's accounting costs per distinct
-  account, not per silo (139 School silos of one assumed size: one)."""
-  privacy: Optional[SiloPrivacy]
-  ledgers: list
-  round_steps: Optional[np.ndarray]
-  units: list = dataclasses.field(default_factory=list)   # (ledger, silo)
-  stopped_because: str = "rounds"
-  rounds_done: int = 0
-
-
 def _set_up(process, run: Run, rounds: int):
-  """Checks `run`, calibrates its silos' noise and opens their ledgers; (account,
-  the silos' `SiloInput`s)."""
+  """Checks `run` and opens its accounts (calibration, ledgers); (accounts, the
+  silos' `SiloInput`s)."""
   data = run.data
   if process.num_clusters > data.num_silos:
     raise ValueError(f"num_clusters={process.num_clusters} is more than the "
                      f"{data.num_silos} silos")
-  private = process.config.private
-  given = run.noise_multiplier is not None
-  if private and ((run.target_epsilon is None) == (not given)
-                  or run.target_delta is None):
-    raise ValueError("the process trains with DP (l2_norm_clip is set): give "
-                     "target_delta and one of target_epsilon and noise_multiplier")
-  if not private and run.preprocessing_events is not None:
-    raise ValueError("preprocessing_events are accounted only under DP")
-  if not private and (run.target_epsilon is not None or given):
-    raise ValueError("target_epsilon or noise_multiplier was given but the process has "
-                     "no l2_norm_clip; build it with l2_norm_clip to train with DP")
-  account = _Account(None, [], None)
-  noise = select = np.zeros(data.num_silos)
-  sizes = np.asarray(data.train_sizes)
-  if private:
-    privacy = calibrate_silos(
-        data.train_sizes, batch_size=process.config.batch_size,
-        epochs_per_round=process.epochs_per_round, rounds=rounds,
-        target_epsilon=run.target_epsilon, target_delta=run.target_delta,
-        num_selections=process.num_selections(rounds),
-        selection_budget_share=process.selection_budget_share, protocol=run.protocol,
-        sampling=process.config.sampling, preprocessing_events=run.preprocessing_events,
-        noise_multiplier=run.noise_multiplier)
-    noise, select, sizes = (privacy.noise_multipliers, privacy.selection_epsilon,
-                            privacy.sizes)
-    budgets = (_per_silo(run.target_epsilon, data.num_silos, "target_epsilon")
-               if not given else [None] * data.num_silos)
-    ledgers, distinct = [], {}
-    for k in range(data.num_silos):
-      settings = (privacy.target_delta[k], budgets[k], noise[k], privacy.sampling_rates[k],
-                  privacy.steps[k], sizes[k], select[k], repr(privacy.preprocessing[k]))
-      if settings not in distinct:
-        ledger = ledger_lib.PrivacyLedger(
-            float(privacy.target_delta[k]), neighbouring=privacy.protocol.neighbouring,
-            budget=None if budgets[k] is None else float(budgets[k]))
-        for event in privacy.preprocessing[k]:
-          ledger.charge(event, "preprocessing")
-        distinct[settings] = (ledger, k)
-      ledgers.append(distinct[settings][0])
-    account = _Account(privacy, ledgers, privacy.steps // rounds, list(distinct.values()))
+  accounts = SiloAccounts(
+      data.train_sizes, private=process.config.private,
+      batch_size=process.config.batch_size, epochs_per_round=process.epochs_per_round,
+      rounds=rounds, num_selections=process.num_selections(rounds),
+      selection_budget_share=process.selection_budget_share,
+      sampling=process.config.sampling, target_epsilon=run.target_epsilon,
+      target_delta=run.target_delta, noise_multiplier=run.noise_multiplier,
+      protocol=run.protocol, preprocessing_events=run.preprocessing_events,
+      ledger_csv=run.ledger_csv)
   inputs = [SiloInput(x, y, np.float32(z), key, np.float32(s), np.float32(m))
-            for x, y, z, key, s, m in zip(data.x_train, data.y_train, noise,
-                                          keys.unit_keys(run.seed, data.num_silos), select,
-                                          sizes)]
-  return account, inputs
-
-
-def _charge_round(process, accounts, active, round_num: int, rounds: int) -> None:
-  """Charges round `round_num`'s queries to the ledgers of every active private
-  run; a run that would exceed a silo's budget stops (`active` set False) instead."""
-  selecting = round_num <= process.num_selections(rounds)
-  private = [i for i, a in enumerate(accounts) if active[i] and a.privacy is not None]
-  ledgers, events, owner = [], [], []
-  for i in private:
-    account = accounts[i]
-    for ledger, k in account.units:
-      ledgers.append(ledger)
-      events.append(account.privacy.round_event(k, int(account.round_steps[k]),
-                                                selecting))
-      owner.append(i)
-  for i in {owner[j] for j in ledger_lib.over_budget(ledgers, events)}:
-    active[i], accounts[i].stopped_because = False, "budget"
-  keep = [j for j, i in enumerate(owner) if active[i]]
-  ledger_lib.charge_all([ledgers[j] for j in keep], [events[j] for j in keep],
-                        "training_round")
+            for x, y, z, key, s, m in zip(
+                data.x_train, data.y_train, accounts.noise_multipliers,
+                keys.unit_keys(run.seed, data.num_silos), accounts.selection_epsilons,
+                accounts.sizes)]
+  return accounts, inputs
 
 
 def _simulate(process, runs, rounds: int, eval_every: int, progress) -> list:
@@ -513,7 +311,7 @@ def _simulate(process, runs, rounds: int, eval_every: int, progress) -> list:
     client_states = process.initial_client_states(state, int(bounds[-1]))
     round_seconds = []
     for r in range(1, rounds + 1):
-      _charge_round(process, accounts, active, r, rounds)
+      charge_round(accounts, active, r)
       if not any(active):
         break
       t0 = time.perf_counter()
@@ -521,11 +319,9 @@ def _simulate(process, runs, rounds: int, eval_every: int, progress) -> list:
           process.next(state, client_states, inputs) if all(active)
           else process.next(state, client_states, inputs, active))
       round_seconds.append(time.perf_counter() - t0)
-      for run, account, on in zip(runs, accounts, active):
+      for account, on in zip(accounts, active):
         if on:
-          account.rounds_done = r
-          if run.ledger_csv is not None and account.privacy is not None:
-            _write_ledger_rows(run.ledger_csv, r, account.ledgers)
+          account.finish_round(r)
       if eval_every and r % eval_every == 0 and r != rounds:
         evaluated = evaluate(state, client_states, [a.rounds_done for a in accounts])
         for i, on in enumerate(active):
@@ -543,11 +339,7 @@ def _simulate(process, runs, rounds: int, eval_every: int, progress) -> list:
   for i, (account, (train, test, silo_train, silo_test, weights)) in enumerate(
       zip(accounts, final)):
     histories[i].append((account.rounds_done, train, test))
-    privacy = account.privacy
-    if privacy is not None:
-      privacy = dataclasses.replace(privacy,
-                                    epsilon_spent=ledger_lib.epsilons(account.ledgers),
-                                    stopped_because=account.stopped_because)
+    privacy = account.final_privacy()
     results.append(SimulationResult(
         algorithm=process.name, rounds=account.rounds_done, metric=process.model.metric,
         train_metric=train, test_metric=test, silo_train_metric=silo_train,

@@ -96,15 +96,6 @@ def make_config(client_learning_rate: float, batch_size: int, local_epochs: int,
                              sampling=sampling)
 
 
-def steps_per_epoch(num_examples: int, batch_size: int) -> int:
-  """max(1, floor(n / min(B, n))): the number of (DP-)SGD steps in one epoch."""
-  return max(1, num_examples // min(batch_size, num_examples))
-
-
-def sampling_rate(num_examples: int, batch_size: int) -> float:
-  return min(batch_size, num_examples) / num_examples
-
-
 def random_permutation(values):
   """The permutation that sorts `values` (uniforms; the last axis), ties in index
   order: row-wise the same for a silo alone and padded with larger values."""

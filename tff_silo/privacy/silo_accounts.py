@@ -1,0 +1,273 @@
+"""A run's silo-specific example-level DP bookkeeping, outside the driver's loop
+(thesis Def. 1.3.1): the calibration of every silo's DP-SGD noise to its own
+(epsilon_k, delta_k) under a `PrivacyProtocol`, one `PrivacyLedger` per silo (silos
+with equal settings share one), and each round's charges. The driver
+(`tff_silo.simulation`) opens one `SiloAccounts` per run, asks it for what the silos
+train with (noise multiplier, public size, selection epsilon), calls
+`charge_round` before every round and `privacy()` at the end; the ledgers are the
+only source of the epsilon a run reports.
+
+The batching arithmetic that accounting and training share lives here too:
+`sampling_rate` and `steps_per_epoch` of a silo's public size m_k (the training's
+tensor form is `algorithms.local_training.batch_plan`, tested equal).
+"""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import functools
+import os
+from typing import Optional, Sequence
+
+import dp_accounting
+import numpy as np
+
+from tff_silo.privacy import accounting, ledger as ledger_lib
+from tff_silo.privacy.protocol import PrivacyProtocol
+
+
+def steps_per_epoch(num_examples: int, batch_size: int) -> int:
+  """max(1, floor(n / min(B, n))): the number of (DP-)SGD steps in one epoch."""
+  return max(1, num_examples // min(batch_size, num_examples))
+
+
+def sampling_rate(num_examples: int, batch_size: int) -> float:
+  """min(B, n) / n: the Poisson rate (or share of a fixed-size batch) of one step."""
+  return min(batch_size, num_examples) / num_examples
+
+
+@dataclasses.dataclass(frozen=True)
+class SiloPrivacy:
+  """Per-silo DP-SGD and selection settings and the privacy they spend, composed
+  (arrays over silos). After a run `epsilon_spent` is the ledgers' figure."""
+
+  noise_multipliers: np.ndarray
+  sampling_rates: np.ndarray
+  steps: np.ndarray               # DP-SGD steps of the whole run
+  target_delta: np.ndarray
+  epsilon_spent: np.ndarray
+  selection_epsilon: np.ndarray   # per selection (0: no private selection)
+  num_selections: int
+  sizes: np.ndarray = None        # the public size each silo samples with
+  protocol: PrivacyProtocol = PrivacyProtocol()
+  sampling: str = "poisson"
+  preprocessing: tuple = ()       # per silo: the DpEvents spent before training
+  stopped_because: str = "rounds"
+
+  @property
+  def bounded(self) -> bool:
+    """Whether `epsilon_spent` is a DP bound (not for shuffled batches)."""
+    return self.sampling != "shuffle"
+
+  def silo_event(self, silo: int) -> dp_accounting.DpEvent:
+    """Everything silo `silo`'s data is queried for over the whole run: its
+    preprocessing, every DP-SGD step and every private selection."""
+    return accounting.silo_event(
+        float(self.noise_multipliers[silo]), float(self.sampling_rates[silo]),
+        int(self.steps[silo]), selection_epsilon=float(self.selection_epsilon[silo]),
+        num_selections=self.num_selections if self.selection_epsilon[silo] else 0,
+        neighbouring=self.protocol.neighbouring, dataset_size=int(self.sizes[silo]),
+        extra_events=self.preprocessing[silo] if self.preprocessing else (),
+        node_examples=self.protocol.node_examples)
+
+  def round_event(self, silo: int, epochs_steps: int, selecting: bool):
+    """The queries silo `silo` makes in one round: `epochs_steps` DP-SGD steps and a
+    selection when `selecting` (one object for silos with equal settings)."""
+    return _round_event(
+        float(self.noise_multipliers[silo]), float(self.sampling_rates[silo]),
+        int(epochs_steps), self.protocol.neighbouring, int(self.sizes[silo]),
+        float(self.selection_epsilon[silo]) if selecting else None,
+        self.protocol.node_examples)
+
+
+@functools.lru_cache(maxsize=4096)
+def _round_event(noise_multiplier, rate, steps, neighbouring, size, selection_epsilon,
+                 node_examples=None):
+  events = [accounting.dp_sgd_event(noise_multiplier, rate, steps,
+                                    neighbouring=neighbouring, dataset_size=size,
+                                    node_examples=node_examples)]
+  if selection_epsilon is not None:
+    events.append(accounting.selection_event(selection_epsilon, 1))
+  return dp_accounting.ComposedDpEvent(events)
+
+
+def per_silo(value, num_silos: int, name: str) -> np.ndarray:
+  arr = np.broadcast_to(np.asarray(value, dtype=np.float64), (num_silos,)) if np.ndim(
+      value) == 0 else np.asarray(value, dtype=np.float64)
+  if arr.shape != (num_silos,):
+    raise ValueError(f"{name} must be a scalar or one value per silo ({num_silos}), "
+                     f"got shape {arr.shape}")
+  return arr
+
+
+def calibrate_silos(train_sizes: Sequence[int], *, batch_size: int, epochs_per_round: int,
+                    rounds: int, target_epsilon, target_delta,
+                    num_selections: int = 0, selection_budget_share: float = 0.0,
+                    protocol: Optional[PrivacyProtocol] = None,
+                    sampling: str = "poisson",
+                    preprocessing_events: Optional[Sequence] = None,
+                    noise_multiplier=None) -> SiloPrivacy:
+  """Silo k's noise multiplier for its own (epsilon_k, delta_k), its sampling rate
+  min(B, m_k) / m_k and T * epochs * max(1, floor(m_k / B)) steps, where m_k is the
+  size the protocol makes public (n_k, or the assumed size for every silo); epsilon
+  spent is recomputed from it.
+
+  With `num_selections` private cluster selections of epsilon
+  share * epsilon_k each, and `preprocessing_events` (one Gaussian `DpEvent` or None
+  per silo, e.g. DP standardization), DP-SGD gets what they leave (RDP composition).
+  `noise_multiplier` (a scalar or one per silo) instead of `target_epsilon`: the
+  silos train with that noise and spend what it costs (inf, if no epsilon bounds
+  it); no selections then."""
+  protocol = PrivacyProtocol() if protocol is None else protocol
+  protocol.check_sampling(sampling)
+  sizes = protocol.silo_sizes(train_sizes)
+  k = len(train_sizes)
+  if (target_epsilon is None) == (noise_multiplier is None):
+    raise ValueError("give one of target_epsilon and noise_multiplier")
+  if noise_multiplier is not None and num_selections:
+    raise ValueError("a run with given noise has no budget to share with selections")
+  given = None if noise_multiplier is None else per_silo(noise_multiplier, k,
+                                                          "noise_multiplier")
+  if given is not None and not (given > 0).all():
+    raise ValueError(f"noise_multiplier must be > 0, got {noise_multiplier}")
+  eps = per_silo(np.inf if target_epsilon is None else target_epsilon, k,
+                  "target_epsilon")
+  delta = per_silo(target_delta, k, "target_delta")
+  select = eps * selection_budget_share if num_selections else np.zeros(k)
+  rates = np.array([sampling_rate(int(n), batch_size) for n in sizes])
+  steps = np.array([steps_per_epoch(int(n), batch_size) * epochs_per_round * rounds
+                    for n in sizes])
+  extra = ([()] * k if preprocessing_events is None
+           else [() if e is None else (e,) for e in preprocessing_events])
+  if len(extra) != k:
+    raise ValueError(f"preprocessing_events must have one entry per silo ({k})")
+  options = [dict(selection_epsilon=float(s) if num_selections else None,
+                  num_selections=num_selections, neighbouring=protocol.neighbouring,
+                  dataset_size=int(n), extra_events=e,
+                  node_examples=protocol.node_examples)
+             for s, n, e in zip(select, sizes, extra)]
+  z = given if given is not None else np.array([
+      accounting.calibrate_noise_multiplier(e, d, q, int(s), **o)
+      for e, d, q, s, o in zip(eps, delta, rates, steps, options)])
+  spent = np.array([accounting.epsilon_spent(zi, q, int(s), d, **o)
+                    for zi, q, s, d, o in zip(z, rates, steps, delta, options)])
+  return SiloPrivacy(z, rates, steps, delta, spent, select, num_selections, sizes,
+                     protocol, sampling, tuple(extra))
+
+
+class SiloAccounts:
+  """One run's DP bookkeeping: its calibration (`privacy`, None without DP), each
+  silo's ledger, the per-silo steps of a round, and the distinct ledgers with a silo
+  of each.
+
+  Silos with the same settings (noise, sampling rate, steps, public size, selection
+  epsilon, preprocessing, delta and budget) are charged the same events every round,
+  so they share one ledger object: a round's accounting costs per distinct account,
+  not per silo (139 School silos of one assumed size: one)."""
+
+  def __init__(self, train_sizes: Sequence[int], *, private: bool, batch_size: int,
+               epochs_per_round: int, rounds: int, num_selections: int = 0,
+               selection_budget_share: float = 0.0, sampling: str = "poisson",
+               target_epsilon=None, target_delta=None, noise_multiplier=None,
+               protocol: Optional[PrivacyProtocol] = None,
+               preprocessing_events: Optional[Sequence] = None,
+               ledger_csv: Optional[str] = None):
+    """Checks the DP arguments against `private` (whether the run clips: DP-SGD),
+    calibrates every silo (`calibrate_silos`) and opens their ledgers, charging
+    each its preprocessing first."""
+    given = noise_multiplier is not None
+    if private and ((target_epsilon is None) == (not given) or target_delta is None):
+      raise ValueError("the process trains with DP (l2_norm_clip is set): give "
+                       "target_delta and one of target_epsilon and noise_multiplier")
+    if not private and preprocessing_events is not None:
+      raise ValueError("preprocessing_events are accounted only under DP")
+    if not private and (target_epsilon is not None or given):
+      raise ValueError("target_epsilon or noise_multiplier was given but the process "
+                       "has no l2_norm_clip; build it with l2_norm_clip to train with DP")
+    num_silos = len(train_sizes)
+    self._rounds, self._num_selections = rounds, num_selections
+    self.ledger_csv = ledger_csv
+    self.stopped_because, self.rounds_done = "rounds", 0
+    self.privacy, self.ledgers, self.units = None, [], []
+    self.noise_multipliers = self.selection_epsilons = np.zeros(num_silos)
+    self.sizes = np.asarray(train_sizes)
+    if not private:
+      return
+    privacy = calibrate_silos(
+        train_sizes, batch_size=batch_size, epochs_per_round=epochs_per_round,
+        rounds=rounds, target_epsilon=target_epsilon, target_delta=target_delta,
+        num_selections=num_selections, selection_budget_share=selection_budget_share,
+        protocol=protocol, sampling=sampling, preprocessing_events=preprocessing_events,
+        noise_multiplier=noise_multiplier)
+    self.privacy = privacy
+    self.noise_multipliers, self.selection_epsilons, self.sizes = (
+        privacy.noise_multipliers, privacy.selection_epsilon, privacy.sizes)
+    self._round_steps = privacy.steps // rounds
+    budgets = (per_silo(target_epsilon, num_silos, "target_epsilon")
+               if not given else [None] * num_silos)
+    distinct = {}
+    for k in range(num_silos):
+      settings = (privacy.target_delta[k], budgets[k], privacy.noise_multipliers[k],
+                  privacy.sampling_rates[k], privacy.steps[k], privacy.sizes[k],
+                  privacy.selection_epsilon[k], repr(privacy.preprocessing[k]))
+      if settings not in distinct:
+        ledger = ledger_lib.PrivacyLedger(
+            float(privacy.target_delta[k]), neighbouring=privacy.protocol.neighbouring,
+            budget=None if budgets[k] is None else float(budgets[k]))
+        for event in privacy.preprocessing[k]:
+          ledger.charge(event, "preprocessing")
+        distinct[settings] = (ledger, k)
+      self.ledgers.append(distinct[settings][0])
+    self.units = list(distinct.values())
+
+  def round_charges(self, round_num: int) -> list:
+    """(ledger, event) of every distinct ledger for round `round_num`'s queries."""
+    if self.privacy is None:
+      return []
+    selecting = round_num <= self._num_selections
+    return [(ledger, self.privacy.round_event(k, int(self._round_steps[k]), selecting))
+            for ledger, k in self.units]
+
+  def finish_round(self, rounds_done: int) -> None:
+    """Notes a round run (and appends every silo's epsilon to `ledger_csv`)."""
+    self.rounds_done = rounds_done
+    if self.ledger_csv is not None and self.privacy is not None:
+      _write_ledger_rows(self.ledger_csv, rounds_done, self.ledgers)
+
+  def final_privacy(self) -> Optional[SiloPrivacy]:
+    """The calibration with the ledgers' epsilon spent and why the run stopped."""
+    if self.privacy is None:
+      return None
+    return dataclasses.replace(self.privacy,
+                               epsilon_spent=ledger_lib.epsilons(self.ledgers),
+                               stopped_because=self.stopped_because)
+
+
+def charge_round(accounts: Sequence[SiloAccounts], active: list, round_num: int) -> None:
+  """Charges round `round_num`'s queries to the ledgers of every active private run
+  (one batched check and charge for all of them); a run that would exceed a silo's
+  budget stops instead (`active[i]` set False, `stopped_because` "budget")."""
+  ledgers, events, owner = [], [], []
+  for i, account in enumerate(accounts):
+    if active[i]:
+      for ledger, event in account.round_charges(round_num):
+        ledgers.append(ledger)
+        events.append(event)
+        owner.append(i)
+  for i in {owner[j] for j in ledger_lib.over_budget(ledgers, events)}:
+    active[i], accounts[i].stopped_because = False, "budget"
+  keep = [j for j, i in enumerate(owner) if active[i]]
+  ledger_lib.charge_all([ledgers[j] for j in keep], [events[j] for j in keep],
+                        "training_round")
+
+
+def _write_ledger_rows(path, rounds_done, ledgers):
+  """Appends each silo's epsilon after `rounds_done` rounds to a CSV."""
+  new = not os.path.exists(path)
+  with open(path, "a", newline="") as f:
+    writer = csv.writer(f)
+    if new:
+      writer.writerow(["round", "silo", "epsilon", "target_delta"])
+    for k, ledger in enumerate(ledgers):
+      writer.writerow([rounds_done, k, ledger.epsilon(), ledger.target_delta])

@@ -44,7 +44,7 @@ reads the silos' training examples without noise, so its figures lie outside eve
 guarantee (`mia_inside_guarantee=False`): an evaluator's measurement.
 
 --aggregator (`tff_silo.aggregators`, as in benchmarks.run) replaces the server's
-weighted mean in every method but hypernet; a DP aggregator's silo-level epsilon is
+weighted mean in every method but hypernet and mocha (which have none); a DP aggregator's silo-level epsilon is
 per trial, in its own columns (not with --tuning=private, whose accounting does not
 cover it).
 
@@ -83,6 +83,7 @@ from benchmarks import common, configs, grid
 from benchmarks.grid import (LAMBDA_METHODS, METHODS, TUNING, TUNING_MODES,
                              TUNING_PRIVATE, UNTUNED)
 from benchmarks.common import UsageError
+from tff_silo.algorithms import method_names   # no TensorFlow imported
 
 PRESETS = tuple(configs.COMPARE_PRESETS)
 SIGNATURE = ("row_type", "run_key", "method", "test_metric")
@@ -224,6 +225,10 @@ def _settings() -> dict:
                      f"{FLAGS.preset} makes its data")
   common.check_backend(FLAGS.backend, FLAGS.device)
   common.check_aggregator_flags()
+  unaggregated = sorted(set(s["methods"]) & set(method_names.UNAGGREGATED_NAMES))
+  if unaggregated and FLAGS.aggregator != "mean":
+    raise UsageError(f"--aggregator={FLAGS.aggregator}: {','.join(unaggregated)} has no "
+                     "server mean; run it apart (without --aggregator)")
   if FLAGS.silo_epsilon is not None and FLAGS.tuning == "private":
     raise UsageError(f"--aggregator={FLAGS.aggregator} with --tuning=private: the "
                      "silo-level cost of tuning is not accounted; use --tuning=free")
@@ -362,7 +367,7 @@ def _definition(s, trial, silos):
       client_learning_rate=trial["lr"], batch_size=s["batch_size"], rounds=s["rounds"],
       lam=trial["lam"], l2_norm_clip=None if math.isinf(trial["epsilon"]) else s["clip"],
       aggregator=s["aggregator"].factory, num_clusters=s["num_clusters"],
-      cluster_init_seed=trial["seed"])
+      cluster_init_seed=trial["seed"], num_silos=silos.num_silos)
 
 
 class _Outcome(NamedTuple):

@@ -12,11 +12,13 @@ import math
 import numpy as np
 
 from benchmarks import configs
-from tff_silo.algorithms import by_name
+from tff_silo.algorithms import method_names
 
 IFCA_METHODS = ("ifca", "ifca_mrmtl")   # IFCA's selection in the first 10% of rounds
-METHODS = ("local", "fedavg", "finetune", "mrmtl", "ditto", *IFCA_METHODS, "hypernet")
-LAMBDA_METHODS = tuple(m for m in METHODS if m in by_name.LAMBDA_NAMES)
+# New methods go last: a method's index seeds its private-tuning draws.
+METHODS = ("local", "fedavg", "finetune", "mrmtl", "ditto", *IFCA_METHODS, "hypernet",
+           "mocha")
+LAMBDA_METHODS = tuple(m for m in METHODS if m in method_names.LAMBDA_NAMES)
 IMAGE_METHODS = ("hypernet",)   # on image silos only
 IMAGE_DATASETS = ("digits", "fmnist", "fmnist_hetero")
 # What a row's epsilon protects: one example of a silo (silo-specific example-level

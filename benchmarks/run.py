@@ -46,18 +46,21 @@ from absl import flags
 
 from benchmarks import common, configs, datasets
 from benchmarks.common import UsageError
-from tff_silo.algorithms import by_name   # names only: no TensorFlow imported
+from tff_silo.algorithms import method_names   # no TensorFlow imported
 from tff_silo.privacy.accounting import NEIGHBOURING   # no TensorFlow: dp_accounting
 
-IFCA_ALGORITHMS = tuple(by_name.IFCA_VARIANTS)
-ALGORITHMS = (*by_name.NAMES, "dprivate_clustering")
+IFCA_ALGORITHMS = tuple(method_names.IFCA_VARIANTS)
+ALGORITHMS = (*method_names.NAMES, "dprivate_clustering")
 DATASETS = tuple(configs.PRESETS)
 SAMPLING = ("poisson", "without_replacement", "shuffle")
 TABULAR = datasets.TABULAR
 REGRESSION = ("school", "synthetic", "two_cluster")   # --corrupt_silos scales targets
 STANDARDIZE = ("none", "public", "dp", "silo")
 PROTOCOLS = ("custom", "paper")
-LAMBDA_ALGORITHMS = by_name.LAMBDA_NAMES
+LAMBDA_ALGORITHMS = method_names.LAMBDA_NAMES
+# Those with a server mean: what --aggregator and its settings apply to.
+AGGREGATED = tuple(n for n in method_names.NAMES
+                   if n not in method_names.UNAGGREGATED_NAMES)
 CLUSTER_FLAGS = ("num_clusters", "selection_fraction", "selection_budget_share")
 DPRIVATE_FLAGS = ("num_clusters", "nu", "clients_per_round", "leakage_cap", "patience",
                   "kmeans_iterations")
@@ -72,8 +75,8 @@ APPLIES_TO = {
     "selection_fraction": tuple(IFCA_ALGORITHMS),
     "selection_budget_share": tuple(IFCA_ALGORITHMS),
     "finetune_fraction": ("finetune", "ifca_finetune"),
-    **{name: by_name.NAMES for name in ("aggregator", "silo_epsilon", "silo_delta",
-                                        "aggregator_clip")},
+    **{name: AGGREGATED for name in ("aggregator", "silo_epsilon", "silo_delta",
+                                     "aggregator_clip")},
     **{name: ("dprivate_clustering",) for name in
        ("nu", "clients_per_round", "leakage_cap", "patience", "kmeans_iterations")},
 }
@@ -166,6 +169,10 @@ def _settings():
   common.check_aggregator_flags()
   for name, algorithms in APPLIES_TO.items():
     common.check_applies(name, algorithms, FLAGS.algorithm)
+  unaggregated = sorted(set(FLAGS.algorithm) & set(method_names.UNAGGREGATED_NAMES))
+  if unaggregated and FLAGS["aggregator"].present and FLAGS.aggregator != "mean":
+    raise UsageError(f"--aggregator applies to --algorithm={','.join(AGGREGATED)} only; "
+                     f"{','.join(unaggregated)} has no server mean: run it apart")
   if FLAGS.epsilon is None:
     for name in DP_FLAGS:
       if FLAGS[name].present:
@@ -419,7 +426,8 @@ def _build(algorithm, lam, seed, silos, s):
       sampling=s["sampling"], aggregator=s["aggregator"].factory,
       finetune_fraction=FLAGS.finetune_fraction, num_clusters=s["num_clusters"],
       selection_fraction=FLAGS.selection_fraction,
-      selection_budget_share=FLAGS.selection_budget_share, cluster_init_seed=seed)
+      selection_budget_share=FLAGS.selection_budget_share, cluster_init_seed=seed,
+      num_silos=silos.num_silos)
 
 
 def _runs(s):

@@ -135,12 +135,23 @@ def test_ditto_accounts_twice_the_epochs():
         init_seed=5, **COMMON)),
     ("ifca", lambda: algorithms.ifca_algorithm(MODEL, (3,), total_rounds=10,
                                                num_clusters=2, init_seed=5, **COMMON)),
+    ("mocha", lambda: algorithms.mocha_algorithm(MODEL, (3,), num_silos=6, lam=0.3,
+                                                 **COMMON)),
 ])
 def test_silo_definition_by_name_is_the_builder(name, direct):
   built = algorithms.silo_definition(name, MODEL, (3,), rounds=10, lam=0.3,
                                      finetune_fraction=0.2, num_clusters=2,
-                                     cluster_init_seed=5, **COMMON)
+                                     cluster_init_seed=5, num_silos=6, **COMMON)
   assert built == direct()
+
+
+@pytest.mark.parametrize("options, message", [
+    (dict(), "num_silos: mocha needs the number of silos"),
+    (dict(num_silos=3, aggregator="unweighted_mean"), "aggregator: mocha has no server"),
+])
+def test_silo_definition_of_mocha_says_what_it_needs(options, message):
+  with pytest.raises(ValueError, match=message):
+    algorithms.silo_definition("mocha", MODEL, (3,), rounds=1, **options, **COMMON)
 
 
 def test_silo_definition_refuses_an_unknown_name():

@@ -56,6 +56,10 @@ def _run(*flags, timeout=600):
      "--aggregator=dp_fixed is unweighted; the ifca algorithms need a weighted one"),
     (["--algorithm=dprivate_clustering", "--aggregator=robust"],
      "--aggregator applies to --algorithm=local,fedavg"),
+    (["--algorithm=mocha", "--aggregator=unweighted_mean"],
+     "--aggregator applies to --algorithm=local,fedavg"),
+    (["--algorithm=mocha,mrmtl", "--aggregator=unweighted_mean"],
+     "mocha has no server mean: run it apart"),
     (["--corrupt_silos=1"], "--corrupt_silos applies to --dataset=school,synthetic"),
     (["--dataset=synthetic", "--corruption=-5"], "--corruption applies with "
      "--corrupt_silos >= 1 only"),
@@ -110,6 +114,17 @@ def test_tiny_run_writes_a_row_and_exits(tmp_path):
   # auto picks the vectorized backend for these; the row says where it ran
   assert (rows.backend == "vectorized").all() and rows.device.isin(["cpu", "gpu"]).all()
   assert (rows.peak_memory_mb > 0).all()
+
+
+def test_mocha_runs_from_the_command_line(tmp_path):
+  out = tmp_path / "rows.csv"
+  proc = _run("--dataset=synthetic", "--algorithm=mocha", "--rounds=2", "--epsilon=2",
+              "--lam=0.01,0.1", f"--output={out}")
+  assert proc.returncode == 0, proc.stderr[-2000:]
+  rows = pd.read_csv(out)
+  assert list(rows.algorithm) == ["mocha", "mocha"] and list(rows.lam) == [0.01, 0.1]
+  assert (rows.epsilon_spent_max <= 2.0).all() and (rows.epsilon_spent_max > 1.99).all()
+  assert rows.test_metric.notna().all() and rows.test_metric.nunique() == 2
 
 
 def test_aggregators_from_the_command_line(tmp_path):

@@ -199,6 +199,15 @@ def test_ifca_methods_run_in_the_grid(tmp_path):
   assert np.all((selected.epsilon_spent > 3.99) & (selected.epsilon_spent <= 4.0))
 
 
+def test_mocha_is_tuned_over_lambda_in_the_grid(tmp_path):
+  _, rows, selected = _finished(tmp_path, "--methods=mocha,local", "--epsilons=4",
+                                "--seeds=0", "--lams=0.001,0.1", "--rounds=3")
+  trials = rows[(rows.row_type == "trial") & (rows.method == "mocha")]
+  assert sorted(trials.lam) == [0.001, 0.1] and trials.test_metric.nunique() == 2
+  assert list(selected.method) == ["local", "mocha"]
+  assert np.all((selected.epsilon_spent > 3.99) & (selected.epsilon_spent <= 4.0))
+
+
 def test_the_hypernetwork_runs_with_a_user_level_epsilon(tmp_path):
   """UDP-Alg among the methods: one configuration, its noise calibrated so that T
   user-sampled Gaussian rounds are (epsilon, delta)-DP at the user level, by
@@ -339,6 +348,8 @@ def test_every_trial_of_a_grid_has_keys_of_its_own(tuning):
     ("--aggregator=dp_fixed --silo_epsilon=2 --tuning=private",
      "--aggregator=dp_fixed with --tuning=private: the silo-level cost of tuning"),
     ("--aggregator=median", "--aggregator must be one of mean"),
+    ("--methods=mocha,mrmtl --aggregator=unweighted_mean",
+     "--aggregator=unweighted_mean: mocha has no server mean"),
 ])
 def test_bad_flags_end_in_one_line(tmp_path, flag, message):
   proc = _compare(tmp_path, *flag.split(), timeout=120)

@@ -11,8 +11,9 @@ Architecture. Layers, highest first; a module imports only from layers below it
   backends/            the runtimes: tff/ (TFF processes, the reference) and
                        vectorized/ (every silo's round as one TF program)
   algorithms/          the definitions, TF only: local, FedAvg, finetune, MR-MTL,
-                       Ditto (`SiloAlgorithm`), IFCA (`ClusteredAlgorithm`),
-                       d-private clustering; local training, one round's logic
+                       Ditto (`SiloAlgorithm`), Mocha (`MochaAlgorithm`), IFCA
+                       (`ClusteredAlgorithm`), d-private clustering; local
+                       training, one round's logic
   aggregators          `tff.aggregators` factories by name, for the server step
   runner               the runner protocol and the registry: definition -> runner
   runtime, theory,     TFF worker clean-up; the mean-estimation closed forms (thesis
@@ -34,15 +35,19 @@ and the attributes name, model, config, epochs_per_round, num_clusters,
 selection_budget_share. Each definition type registers one runner per backend
 (`runner.register`); the drivers ask `runner.runner_for(definition, backend)`.
 
-Adding an algorithm:
+Adding an algorithm, as Mocha was:
 1. its definition in `algorithms/` (a frozen dataclass, TF only, with what a round
    computes as functions of tensors, citing the paper's equation), and its
-   `<name>_algorithm(...)` builder;
-2. its round on each backend: a TFF process in `backends/tff/`, a stacked round
-   and runner in `backends/vectorized/`, both calling the definition's functions;
+   `<name>_algorithm(...)` builder (`algorithms/mocha.py`);
+2. its round on each backend, both calling the definition's functions: a TFF
+   process in `backends/tff/` (`backends/tff/mocha.py`), a stacked round and runner
+   in `backends/vectorized/` (`backends/vectorized/mocha.py`; `RunStackingRunner`
+   lets a sweep's runs share its program);
 3. `runner.register(Definition, tff="...", vectorized="...")` beside the
-   definition; a parity test of the two backends (tests/test_vectorized.py);
-4. a name in `algorithms.by_name` for the binaries.
+   definition; tests against an independent computation and of the two backends'
+   parity (`tests/test_mocha.py`);
+4. its name in `algorithms.method_names` and its builder in `algorithms.by_name`,
+   for the binaries (`benchmarks.run`, `benchmarks.compare`).
 """
 
 __version__ = "0.1.0"

@@ -102,6 +102,7 @@ class SavedRun:
                        "d-private, two_cluster or custom-aggregator run)")
     settings = dict(training["definition"])
     name = settings.pop("name")
+    settings.setdefault("num_silos", silos.num_silos)   # Mocha's K
     definition = algorithms.silo_definition(name, self.model(), silos.feature_shape,
                                             cluster_init_seed=seed, **settings)
     protocol = training["protocol"]

@@ -2,11 +2,13 @@
 
 `<name>_algorithm(model, feature_shape, *, client_learning_rate, batch_size, ...,
 aggregator=None)` for local, fedavg, finetune, mrmtl and ditto returns a
-`SiloAlgorithm` (`rounds`); IFCA and its preconditioned variants keep G cluster
-models (`ifca_algorithm`: a `ClusteredAlgorithm`, `ifca`); d-private clustered FL
-(Galli et al.: `dprivate_clustering_algorithm`) samples users and sends sanitized
-models (`tff_silo.dprivate_simulation`). `silo_definition(name, ...)` builds any of
-the MR-MTL family and IFCA's variants by name (`by_name`). Each definition type
+`SiloAlgorithm` (`rounds`); Mocha learns the silos' relationship matrix beside their
+models (`mocha_algorithm`: a `MochaAlgorithm`, `mocha`); IFCA and its preconditioned
+variants keep G cluster models (`ifca_algorithm`: a `ClusteredAlgorithm`, `ifca`);
+d-private clustered FL (Galli et al.: `dprivate_clustering_algorithm`) samples users
+and sends sanitized models (`tff_silo.dprivate_simulation`). `silo_definition(name,
+...)` builds any of the MR-MTL family, Mocha and IFCA's variants by name
+(`by_name`). Each definition type
 registers its runners (`tff_silo.runner`): `tff_silo.simulation.run_simulation` runs
 a definition on TFF's runtime (`tff_silo.backends.tff.process_for` builds its
 process) or on the vectorized backend.
@@ -19,14 +21,14 @@ import importlib
 _WHERE = {
     "local_algorithm": "local", "fedavg_algorithm": "fedavg",
     "finetune_algorithm": "finetune", "mrmtl_algorithm": "mrmtl",
-    "ditto_algorithm": "ditto", "ifca_algorithm": "ifca",
+    "ditto_algorithm": "ditto", "mocha_algorithm": "mocha", "ifca_algorithm": "ifca",
     "dprivate_clustering_algorithm": "dprivate_clustering",
     "LocalTrainingConfig": "local_training", "train_locally": "local_training",
     "SiloAlgorithm": "rounds", "SiloInput": "rounds",
     "silo_definition": "by_name",
 }
 
-ALGORITHMS = ("local", "fedavg", "finetune", "mrmtl", "ditto", "ifca",
+ALGORITHMS = ("local", "fedavg", "finetune", "mrmtl", "ditto", "mocha", "ifca",
               "dprivate_clustering")
 __all__ = sorted(_WHERE) + ["ALGORITHMS"]
 

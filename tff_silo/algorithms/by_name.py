@@ -1,20 +1,14 @@
-"""Any definition of the MR-MTL family or of IFCA by its name: the one place the
+"""Any definition of the MR-MTL family, Mocha or IFCA by its name: the one place the
 benchmark binaries (`benchmarks.run`, `benchmarks.compare`) turn settings into a
-`SiloAlgorithm` or `ClusteredAlgorithm`."""
+`SiloAlgorithm`, `MochaAlgorithm` or `ClusteredAlgorithm`."""
 
 from __future__ import annotations
 
 from typing import Optional
 
-from tff_silo.algorithms import ditto, fedavg, finetune, ifca, local, mrmtl
-
-# IFCA (thesis sec. 1.5.2) and the IFCA-preconditioned methods: name -> the method
-# that follows IFCA's cluster selection.
-IFCA_VARIANTS = {"ifca": "fedavg", "ifca_fedavg": "fedavg", "ifca_local": "local",
-                 "ifca_mrmtl": "mrmtl", "ifca_finetune": "finetune"}
-NAMES = ("local", "fedavg", "finetune", "mrmtl", "ditto", *IFCA_VARIANTS)
-LAMBDA_NAMES = ("mrmtl", "ditto", "ifca_mrmtl")   # those with a lambda to set
-
+from tff_silo.algorithms import ditto, fedavg, finetune, ifca, local, mocha, mrmtl
+from tff_silo.algorithms.method_names import (
+    IFCA_VARIANTS, LAMBDA_NAMES, NAMES, UNAGGREGATED_NAMES)
 
 def silo_definition(name: str, model, feature_shape, *, client_learning_rate: float,
                     batch_size: int, rounds: int, lam: float = 0.0,
@@ -24,16 +18,27 @@ def silo_definition(name: str, model, feature_shape, *, client_learning_rate: fl
                     num_clusters: Optional[int] = None,
                     selection_fraction: Optional[float] = None,
                     selection_budget_share: Optional[float] = None,
-                    cluster_init_seed: int = 0):
+                    cluster_init_seed: int = 0, num_silos: Optional[int] = None):
   """The TF-only definition of method `name` (one of `NAMES`) for `rounds` rounds.
 
   `lam` is used by `LAMBDA_NAMES` only, `finetune_fraction` by the finetuning
   methods, the cluster settings and `cluster_init_seed` (of the G initial cluster
-  models) by IFCA's; None keeps the algorithm's default. The MR-MTL family starts
-  from the model's initial weights of seed 0 whatever the run's seed, so a sweep's
-  seeds stack into one program."""
+  models) by IFCA's, `num_silos` (the run's K) by Mocha, which needs it; None keeps
+  the algorithm's default. The MR-MTL family and Mocha start from the model's
+  initial weights of seed 0 whatever the run's seed, so a sweep's seeds stack into
+  one program."""
   if name not in NAMES:
     raise ValueError(f"unknown method {name!r}; one of {', '.join(NAMES)}")
+  if name in UNAGGREGATED_NAMES:
+    if aggregator not in (None, "mean"):
+      raise ValueError(f"aggregator: {name} has no server mean to aggregate with "
+                       f"(None or 'mean', the default), got {aggregator!r}")
+    if num_silos is None:
+      raise ValueError(f"num_silos: {name} needs the number of silos it relates")
+    return mocha.mocha_algorithm(
+        model, feature_shape, num_silos=num_silos,
+        client_learning_rate=client_learning_rate, batch_size=batch_size, lam=lam,
+        local_epochs=local_epochs, l2_norm_clip=l2_norm_clip, sampling=sampling)
   common = dict(client_learning_rate=client_learning_rate, batch_size=batch_size,
                 local_epochs=local_epochs, l2_norm_clip=l2_norm_clip, sampling=sampling,
                 aggregator=aggregator)

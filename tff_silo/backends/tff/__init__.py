@@ -4,6 +4,7 @@ TFF's runtime (the reference the vectorized backend is tested against).
   silo        the MR-MTL family (`SiloAlgorithm`): stateful clients, any
               `tff.aggregators` factory
   clustered   IFCA and the IFCA-preconditioned methods (`ClusteredAlgorithm`)
+  mocha       Mocha (`MochaAlgorithm`): W and Omega on the server
   dprivate    d-private clustered FL (`DPrivateClusteringAlgorithm`)
 
 `process_for(definition)` builds the process of any registered definition (the

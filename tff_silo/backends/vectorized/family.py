@@ -5,16 +5,14 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-import numpy as np
 import tensorflow as tf
 
 from tff_silo import batched_random as br
 from tff_silo import runner
 from tff_silo.algorithms.rounds import SiloAlgorithm, client_round, server_step
 from tff_silo.backends.vectorized import training
-from tff_silo.backends.vectorized.programs import StackedRunner, round_program
-from tff_silo.backends.vectorized.stacking import (
-    RunStack, StackedSilos, rows, stack_silos, unstacked)
+from tff_silo.backends.vectorized.programs import RunStackingRunner, round_program
+from tff_silo.backends.vectorized.stacking import RunStack, StackedSilos, rows, unstacked
 from tff_silo.backends.vectorized.training import train_silos
 
 
@@ -79,70 +77,36 @@ def _program(algorithm: SiloAlgorithm):
   return round_program(stack_key(algorithm), lambda: _family_round(algorithm))
 
 
-class VectorizedProcess(StackedRunner):
+class VectorizedProcess(RunStackingRunner):
   """A process or definition of the MR-MTL family run with all silos in one TF
-  program per round (made by `for_process`, which checks what can run).
-
-  Several runs of one definition (a sweep's epsilons and seeds) can share that
-  program (`prepare_runs`): their silos are stacked, each run keeps its own global
-  model, server mean, noise, keys and ledger, and the numbers are each run's own.
-  """
+  program per round; several runs of one `stack_key` share it (`prepare_runs`),
+  each with its own global model and server mean."""
 
   unsupported_reason = staticmethod(unsupported_reason)
   stack_key = staticmethod(stack_key)
 
   def __init__(self, process):
     super().__init__(process, _program(runner.definition_of(process)))
-    self._initial = [self.algorithm.initial_weights]
-    self._run = None   # each silo's run (None: one run)
-
-  def prepare(self, inputs) -> RunStack:
-    return self.prepare_runs([self.algorithm], [inputs])
-
-  def prepare_runs(self, definitions, inputs_per_run) -> RunStack:
-    """Stacks the silos of runs of `definitions` (processes or definitions of equal
-    `stack_key`, for their initial weights), `inputs_per_run` their `SiloInput`s."""
-    keys_ = {stack_key(runner.definition_of(d)) for d in definitions}
-    if keys_ != {stack_key(self.algorithm)} or len(definitions) != len(inputs_per_run):
-      raise ValueError("stacked runs must have definitions of one stack_key, one per "
-                       "run's inputs")
-    self._initial = [runner.definition_of(d).initial_weights for d in definitions]
-    self._run = np.repeat(np.arange(len(definitions), dtype=np.int32),
-                          [len(i) for i in inputs_per_run])
-    return RunStack(stack_silos([i for inputs in inputs_per_run for i in inputs]),
-                    tf.constant(self._run))
-
-  @property
-  def num_runs(self) -> int:
-    return len(self._initial)
 
   def initialize(self) -> VectorizedState:
-    return VectorizedState(
-        tuple(tf.constant(np.stack([w[i] for w in self._initial]))
-              for i in range(len(self._initial[0]))),
-        tf.constant(0, tf.int32))
-
-  def _silo_runs(self, num_silos: int) -> np.ndarray:
-    return np.zeros(num_silos, np.int32) if self._run is None else self._run
+    return VectorizedState(self.initial_models(), tf.constant(0, tf.int32))
 
   def initial_client_states(self, state, num_silos: int) -> tuple:
-    run = self._silo_runs(num_silos)
+    run = self.silo_runs(num_silos)
     return tuple(tf.gather(w, run) for w in state.global_weights)
 
   def next(self, state: VectorizedState, client_states, data: RunStack, active=None):
     """A round of every stacked run (`active`, bool [R]: the runs that train)."""
-    active = tf.ones([self.num_runs], tf.bool) if active is None else tf.constant(
-        np.asarray(active, bool))
     new_global, new_round, personal = self._round(
         state.global_weights, state.round_num, client_states, data.silos, data.run,
-        active)
+        self.active_runs(active))
     return VectorizedState(tuple(new_global), new_round), personal, {}
 
   def evaluation_weights(self, state, client_states, rounds_done: int) -> list:
     if self.algorithm.uses_client_state(rounds_done):
       return unstacked(client_states)
     models = unstacked(state.global_weights)
-    return [models[r] for r in self._silo_runs(int(client_states[0].shape[0]))]
+    return [models[r] for r in self.silo_runs(int(client_states[0].shape[0]))]
 
   def server_models(self, state) -> list:
     """Per stacked run, the server's models: (its global model,)."""

@@ -8,10 +8,12 @@ from __future__ import annotations
 import collections
 from typing import Callable, Hashable
 
+import numpy as np
 import tensorflow as tf
 
 from tff_silo import runner
-from tff_silo.backends.vectorized.stacking import StackedSilos, stack_silos
+from tff_silo.backends.vectorized.stacking import (
+    RunStack, StackedSilos, stack_silos)
 
 _ROUND_FUNCTIONS = collections.OrderedDict()
 MAX_PROGRAMS = 4
@@ -53,3 +55,53 @@ class StackedRunner:
 
   def prepare(self, inputs) -> StackedSilos:
     return stack_silos(inputs)
+
+
+class RunStackingRunner(StackedRunner):
+  """A `StackedRunner` whose program also runs several runs of one definition at once
+  (a sweep's epsilons and seeds): `prepare_runs` stacks their silos, each silo
+  tagged with its run (`RunStack.run`), and each run keeps its own server state,
+  noise, keys and ledger, so that the numbers are each run's own. A subclass sets
+  `stack_key(definition)` (runs of equal keys share the program)."""
+
+  stack_key = None
+
+  def __init__(self, process, program):
+    super().__init__(process, program)
+    self._initial = [self.algorithm.initial_weights]
+    self._run = None   # each silo's run (None: one run)
+
+  def prepare(self, inputs) -> RunStack:
+    return self.prepare_runs([self.algorithm], [inputs])
+
+  def prepare_runs(self, definitions, inputs_per_run) -> RunStack:
+    """Stacks the silos of runs of `definitions` (processes or definitions of equal
+    `stack_key`, for their initial weights), `inputs_per_run` their `SiloInput`s."""
+    defined = [runner.definition_of(d) for d in definitions]
+    if ({self.stack_key(d) for d in defined} != {self.stack_key(self.algorithm)}
+        or len(definitions) != len(inputs_per_run)):
+      raise ValueError("stacked runs must have definitions of one stack_key, one per "
+                       "run's inputs")
+    self._initial = [d.initial_weights for d in defined]
+    self._run = np.repeat(np.arange(len(definitions), dtype=np.int32),
+                          [len(i) for i in inputs_per_run])
+    return RunStack(stack_silos([i for inputs in inputs_per_run for i in inputs]),
+                    tf.constant(self._run))
+
+  @property
+  def num_runs(self) -> int:
+    return len(self._initial)
+
+  def silo_runs(self, num_silos: int) -> np.ndarray:
+    """Each silo's run."""
+    return np.zeros(num_silos, np.int32) if self._run is None else self._run
+
+  def initial_models(self) -> tuple:
+    """Per layer, every run's initial model ([R, ...])."""
+    return tuple(tf.constant(np.stack([w[i] for w in self._initial]))
+                 for i in range(len(self._initial[0])))
+
+  def active_runs(self, active) -> tf.Tensor:
+    """`next`'s `active` (one bool per run; None: all) as a tensor."""
+    return (tf.ones([self.num_runs], tf.bool) if active is None
+            else tf.constant(np.asarray(active, bool)))

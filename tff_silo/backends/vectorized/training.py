@@ -61,8 +61,9 @@ def _stacked_gradients(model, config, weights, anchor, lam, xb, yb, noise, norma
                        mask):
   """`local_training.step_gradient` of every silo through the model's
   `stacked_apply_fn`. Under DP each example gets its own copy of its silo's weights,
-  so the gradient with respect to the copies is the per-example gradient."""
-  penalty = [lam * (w - a) for w, a in zip(weights, anchor)]
+  so the gradient with respect to the copies is the per-example gradient. `lam`: one
+  per silo."""
+  penalty = [rows(lam, w) * (w - a) for w, a in zip(weights, anchor)]
   if not config.private:
     with tf.GradientTape() as tape:
       tape.watch(weights)
@@ -117,9 +118,10 @@ def in_chunks(fn, most: int, tensors, num_outputs: int):
 
 def train_silos(model, config, weights, anchor, lam, silos: StackedSilos, round_keys,
                 pass_):
-  """`train_locally` for every silo at once: weights and anchor [K, ...]; returns the
-  new weights (a list)."""
+  """`train_locally` for every silo at once: weights and anchor [K, ...], `lam` one
+  strength for all or one per silo ([K]); returns the new weights (a list)."""
   weights = list(weights)
+  lam = tf.broadcast_to(tf.cast(lam, tf.float32), tf.shape(silos.n))
   num_rows = tf.shape(silos.y)[1]
   plan = lt.batch_plan(config, silos.n, silos.size)
   batch, _, total_steps, _ = plan
@@ -146,14 +148,14 @@ def train_silos(model, config, weights, anchor, lam, silos: StackedSilos, round_
     if model.stacked_apply_fn is not None and config.private:
       num_layers = len(w)
 
-      def stacked(parts):   # w, anchor, noise, then xb, yb, normalizer, mask
+      def stacked(parts):   # w, anchor, noise, then xb, yb, normalizer, mask, lam
         ws, anchors, noises = (parts[i * num_layers:(i + 1) * num_layers]
                                for i in range(3))
-        x_, y_, norm_, mask_ = parts[3 * num_layers:]
-        return _stacked_gradients(model, config, ws, anchors, lam, x_, y_, noises,
+        x_, y_, norm_, mask_, lam_ = parts[3 * num_layers:]
+        return _stacked_gradients(model, config, ws, anchors, lam_, x_, y_, noises,
                                   tf.maximum(norm_, 1.0), mask_)
 
-      parts = [*w, *anchor, *step_noise, xb, yb, normalizer, mask]
+      parts = [*w, *anchor, *step_noise, xb, yb, normalizer, mask, lam]
       chunk = chunk_silos(model, config)
       grads = tf.cond(tf.shape(yb)[0] <= chunk, lambda: stacked(parts),
                       lambda: in_chunks(stacked, chunk, parts, num_layers))
@@ -162,14 +164,14 @@ def train_silos(model, config, weights, anchor, lam, silos: StackedSilos, round_
                                  normalizer, mask)
     elif config.private:
       grads = tf.vectorized_map(
-          lambda a: lt.step_gradient(model, config, a[0], a[1], lam, a[2], a[3], a[4],
+          lambda a: lt.step_gradient(model, config, a[0], a[1], a[7], a[2], a[3], a[4],
                                      a[5], a[6]),
-          (w, anchor, xb, yb, step_noise, normalizer, mask))
+          (w, anchor, xb, yb, step_noise, normalizer, mask, lam))
     else:
       grads = tf.vectorized_map(
-          lambda a: lt.step_gradient(model, config, a[0], a[1], lam, a[2], a[3], None,
+          lambda a: lt.step_gradient(model, config, a[0], a[1], a[5], a[2], a[3], None,
                                      None, a[4]),
-          (w, anchor, xb, yb, mask))
+          (w, anchor, xb, yb, mask, lam))
     active = step < total_steps
     return step + 1, [tf.where(rows(active, wi), wi - lr * gi, wi)
                       for wi, gi in zip(w, grads)], perm

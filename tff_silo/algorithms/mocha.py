@@ -1,0 +1,161 @@
+"""Mocha (Smith et al. 2017) in primal form, trained with (DP-)SGD (thesis sec. 1.4,
+app. B.3), TF only.
+
+The K silos' models are the rows w_k of W (K x d) and the objective is
+
+    sum_k f_k(w_k) + (lam / 2) tr(W^T Omega W)
+
+with Omega (K x K) the silos' relationship. A round: every silo takes its usual
+local steps (aligned with the other methods: one pass of `config`'s epochs) on
+f_k(w_k) plus its regularizer term; the gradient of the term in w_k is
+lam * sum_j Omega_kj w_j, with the other silos' rows held at the round's start. That
+is the MR-MTL penalty lam_k (w_k - a_k) of `local_training` with
+
+    lam_k = lam * Omega_kk,    a_k = -sum_{j != k} Omega_kj w_j / Omega_kk,
+
+so the one local-training routine runs it (under DP the term joins every per-example
+gradient before clipping, as in the paper's code). After the round the server sets
+Omega in closed form from the new W:
+
+    Omega = (W W^T)^(1/2) / tr((W W^T)^(1/2))
+
+((W^T W)^(1/2) when the models are W's columns), as the thesis' reference code
+does: from the eigendecomposition of W W^T, eigenvalues below 1e-8 floored at
+1e-8; Omega starts at I / K. (Zhang & Yeung's formulation regularizes with Omega's
+inverse; the reference code, followed here, uses Omega itself.) Every silo takes
+part in every round.
+
+Privacy: silo k's data is queried only by its DP-SGD steps, one pass a round as
+MR-MTL; Omega and the other rows are post-processing of the silos' DP releases, so
+the cost is local training's. The server holds every silo's model (as MR-MTL's
+server receives every silo's update).
+
+`relationship`, `pulls` and `regularizer` work on a leading run axis ([R, K, ...]:
+the vectorized backend stacks runs; the TFF process is one run) and are what both
+backends compute.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import tensorflow as tf
+
+from tff_silo import runner
+from tff_silo.algorithms.local_training import LocalTrainingConfig, make_config
+from tff_silo.algorithms.rounds import check_lambda
+
+# The best lambda of the authors' code on School at epsilon 6 and without DP, on
+# app. B.4's grid.
+DEFAULT_LAMBDA = 0.001
+EIGENVALUE_FLOOR = 1e-8
+
+
+@dataclasses.dataclass(frozen=True)
+class MochaAlgorithm:
+  """Mocha as data (see `mocha_algorithm`): name, model, feature_shape, config
+  (`LocalTrainingConfig`), lam, num_silos (K: Omega is K x K) and init_seed (of
+  every silo's initial model)."""
+
+  name: str
+  model: object
+  feature_shape: tuple
+  config: LocalTrainingConfig
+  lam: float
+  num_silos: int
+  init_seed: int = 0
+
+  selection_budget_share = 0.0   # no private selections
+  num_clusters = 1
+
+  @property
+  def epochs_per_round(self) -> int:
+    return self.config.epochs
+
+  @property
+  def initial_weights(self) -> tuple:
+    return self.model.initial_weights(self.init_seed)
+
+  def num_selections(self, rounds: int) -> int:
+    del rounds
+    return 0
+
+  def check_silos(self, num_silos: int) -> None:
+    """A one-line error unless the run has the K silos Omega relates."""
+    if num_silos != self.num_silos:
+      raise ValueError(f"{self.name} was defined for num_silos={self.num_silos} (its "
+                       f"K x K relationship matrix); the run has {num_silos} silos")
+
+
+runner.register(MochaAlgorithm, tff="tff_silo.backends.tff.mocha:runner",
+                vectorized="tff_silo.backends.vectorized.mocha:VectorizedMocha")
+
+
+def mocha_algorithm(model, feature_shape, *, num_silos: int,
+                    client_learning_rate: float, batch_size: int,
+                    lam: float = DEFAULT_LAMBDA, local_epochs: int = 1,
+                    l2_norm_clip: float | None = None, sampling: str = "poisson",
+                    init_seed: int = 0) -> MochaAlgorithm:
+  """Mocha for `num_silos` silos; DP-SGD in every silo when `l2_norm_clip` is set
+  (see the module docstring; the other arguments as for `mrmtl_algorithm`)."""
+  if isinstance(num_silos, bool) or int(num_silos) != num_silos or num_silos < 1:
+    raise ValueError(f"num_silos must be a positive integer, got {num_silos!r}")
+  config = make_config(client_learning_rate, batch_size, local_epochs, l2_norm_clip,
+                       sampling)
+  return MochaAlgorithm("mocha", model, tuple(feature_shape), config, check_lambda(lam),
+                        int(num_silos), init_seed)
+
+
+def initial_relationship(num_silos: int, size: int | None = None) -> np.ndarray:
+  """Omega before round 1: I / K, zero-padded to `size` rows and columns."""
+  omega = np.zeros((size or num_silos,) * 2, np.float32)
+  omega[np.arange(num_silos), np.arange(num_silos)] = 1.0 / num_silos
+  return omega
+
+
+def _flat(models):
+  """[R, K, d]: each silo's model flattened, from per-layer [R, K, ...]."""
+  return tf.concat([tf.reshape(w, tf.concat([tf.shape(w)[:2], [-1]], 0))
+                    for w in models], axis=-1)
+
+
+def relationship(models, num_silos):
+  """Omega = (W W^T)^(1/2) / tr(...) of each run ([R, K, K], float32), computed in
+  float64 with W W^T's eigenvalues floored at `EIGENVALUE_FLOOR`. `models`: per layer
+  [R, K, ...]; a run's rows past its `num_silos` (int [R]) are padding (zeros in W):
+  they leave its silos' block unchanged (a matrix function of a block-diagonal
+  matrix is block-diagonal) and are cut from the trace and from Omega."""
+  w = tf.cast(_flat(models), tf.float64)
+  gram = tf.matmul(w, w, transpose_b=True)
+  values, vectors = tf.linalg.eigh(gram)
+  root = tf.sqrt(tf.maximum(values, EIGENVALUE_FLOOR))
+  square_root = tf.matmul(vectors * root[:, None, :], vectors, transpose_b=True)
+  size = tf.shape(gram)[1]
+  real = tf.cast(tf.range(size)[None] < tf.reshape(num_silos, [-1, 1]), tf.float64)
+  square_root *= real[:, :, None] * real[:, None, :]
+  trace = tf.linalg.trace(square_root)
+  return tf.cast(square_root / trace[:, None, None], tf.float32)
+
+
+def pulls(omega, models):
+  """(Omega_kk [R, K], per layer sum_{j != k} Omega_kj w_j [R, K, ...]): what each
+  silo's regularizer term needs from the others."""
+  diag = tf.linalg.diag_part(omega)
+  off = tf.linalg.set_diag(omega, tf.zeros_like(diag))
+  out = []
+  for w in models:
+    flat = tf.reshape(w, tf.concat([tf.shape(w)[:2], [-1]], 0))
+    out.append(tf.reshape(tf.matmul(off, flat), tf.shape(w)))
+  return diag, out
+
+
+def regularizer(lam: float, diag, pull):
+  """(lam_k, a_k) of the module docstring: the strength and centre of each silo's
+  penalty lam_k (w_k - a_k), from its `pulls` (`diag` any leading shape, `pull` per
+  layer that shape and the layer's; 0 and 0 for a padded row)."""
+  def trailing(d, like):
+    return tf.reshape(d, tf.concat([tf.shape(d), tf.ones([len(like.shape) - len(d.shape)],
+                                                           tf.int32)], 0))
+  anchor = [-tf.math.divide_no_nan(p, trailing(diag, p)) for p in pull]
+  return np.float32(lam) * diag, anchor

@@ -135,7 +135,7 @@ COMPARE_PRESETS = {
     # Thesis Fig. 1.3(a) and app. B.4: School, delta 1e-3.
     "school": ComparePreset(
         dataset="school", methods=("local", "fedavg", "finetune", "mrmtl", "ditto",
-                                   "ifca", "ifca_mrmtl"),
+                                   "ifca", "ifca_mrmtl", "mocha"),
         epsilons=(1.0, 2.0, 3.0, 4.0, 6.0, 8.0, float("inf")), seeds=(0, 1, 2),
         lrs=PAPER_LRS, lams=PAPER_LAMS, rounds=200, batch_size=32, clip=1.0,
         delta=1e-3, assumed_silo_size=70),   # 88 training examples a silo, 80% kept

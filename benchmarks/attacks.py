@@ -59,7 +59,7 @@ from attacks.dlg import METHODS, OPTIMIZERS
 from attacks.membership import ATTACKS as MIA_ATTACKS
 from benchmarks import common, configs
 from benchmarks.common import UsageError
-from tff_silo.simulation import SiloEvaluator
+from tff_silo.evaluation import SiloEvaluator
 
 PARTS = ("inversion", "membership")
 DATASETS = ("digits", "cifar10")

@@ -334,9 +334,9 @@ def _tuned_epsilons(s, privacy, score_z, num_trials=None) -> np.ndarray:
 def _validation_metric(model, weights, x_val, y_val) -> float:
   """The exact metric pooled over every validation example (silos without one add
   nothing): free tuning's score, not released under private tuning."""
-  from tff_silo import simulation
+  from tff_silo import evaluation
   kept = [k for k, y in enumerate(y_val) if len(y)]
-  return simulation.SiloEvaluator(model)([weights[k] for k in kept],
+  return evaluation.SiloEvaluator(model)([weights[k] for k in kept],
                                          [x_val[k] for k in kept],
                                          [y_val[k] for k in kept])[0]
 
@@ -452,8 +452,8 @@ def _hypernet(s, trial, silos, backend) -> _Outcome:
                        f"{trial['epsilon']}: a calibration error; nothing reported")
   nan = float("nan")
   from tff_silo import runs
-  return _Outcome(target, list(result.user_weights), silos, result.rounds, "accuracy",
-                  result.test_accuracy, None, result.epsilon if private else nan,
+  return _Outcome(target, list(result.silo_weights), silos, result.rounds, "accuracy",
+                  result.test_metric, None, result.epsilon if private else nan,
                   z if private else nan, result.wall_seconds, 1,
                   hypernetwork=(result.phi, result.embeddings),
                   saved_privacy=runs.user_level_privacy(

@@ -192,9 +192,7 @@ def _run_hypernet(users, settings, seed, s, progress, backend):
       algorithm, users, rounds=FLAGS.rounds,
       target_delta=FLAGS.delta if settings.private else None, seed=run_seed,
       eval_every=FLAGS.eval_every, progress=progress, backend=backend)
-  measured = _measured(result, result.test_accuracy, result.user_test_accuracy,
-                       result.train_accuracy, [(r, a) for r, a, _ in result.history],
-                       private=settings.private, epsilon=result.epsilon,
+  measured = _measured(result, private=settings.private, epsilon=result.epsilon,
                        sigma=result.sigma,
                        mean_users_per_round=float(result.users_per_round.mean()),
                        hypernet_parameters=hn.num_parameters)
@@ -202,7 +200,7 @@ def _run_hypernet(users, settings, seed, s, progress, backend):
   model["hypernetwork"] = dict(num_users=hn.num_users, embedding_dim=hn.embedding_dim,
                                hidden_width=hn.hidden_width)
   return measured, dict(
-      silo_weights=result.user_weights, model=model,
+      silo_weights=result.silo_weights, model=model,
       hypernetwork=(result.phi, result.embeddings),
       privacy=runs.user_level_privacy(settings, result.epsilon, FLAGS.delta,
                                       users.num_silos) if settings.private else None)
@@ -219,9 +217,7 @@ def _run_fedavg(users, seed, s, progress, backend):
   result = simulation.run_simulation(algorithm, users, rounds=FLAGS.rounds, seed=seed,
                                      eval_every=FLAGS.eval_every, progress=progress,
                                      backend=backend)
-  measured = _measured(result, result.test_metric, result.silo_test_metric,
-                       result.train_metric, [(r, te) for r, _, te in result.history],
-                       epsilon=math.inf, sigma=0.0,
+  measured = _measured(result, epsilon=math.inf, sigma=0.0,
                        mean_users_per_round=float(users.num_silos))
   return measured, dict(silo_weights=result.silo_weights,
                         server_weights=result.server_weights,
@@ -234,8 +230,9 @@ def _model_spec(target, users, s) -> dict:
                          hidden=FLAGS.dense)
 
 
-def _measured(result, test, per_user, train, history, private=False, **extra):
-  """A row's measured columns; `history` is (round, pooled test accuracy) pairs. With
+def _measured(result, private=False, **extra):
+  """A row's measured columns from a run's result (`tff_silo.driver.RunResult`: the
+  hypernetwork's or FedAvg's); its history as (round, pooled test accuracy). With
   user-level noise the un-noised training accuracy is outside the guarantee and is
   named so; so are the test accuracies, each from a user's own embedding
   (`user_level.COVERS`), which the row says."""
@@ -243,12 +240,14 @@ def _measured(result, test, per_user, train, history, private=False, **extra):
   from tff_silo.privacy import user_level
   covers = (dict(accuracy_inside_guarantee=False, guarantee_covers=user_level.COVERS)
             if private else {})
-  return dict(test_accuracy=test, mean_user_accuracy=float(np.mean(per_user)),
+  per_user = result.silo_test_metric
+  return dict(test_accuracy=result.test_metric,
+              mean_user_accuracy=float(np.mean(per_user)),
               user_accuracy=json.dumps([round(float(a), 4) for a in per_user]),
               **covers,
               **{"train_accuracy_outside_guarantee" if private else "train_accuracy":
-                 train}, **extra,
-              history=json.dumps([[r, round(a, 4)] for r, a in history]),
+                 result.train_metric}, **extra,
+              history=json.dumps([[r, round(test, 4)] for r, _, test in result.history]),
               wall_seconds=result.wall_seconds,
               seconds_per_round_median=float(np.median(result.round_seconds)))
 

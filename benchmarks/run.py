@@ -511,10 +511,10 @@ def _clustering_columns(result, silos, algorithm):
         num_selections=privacy.num_selections if privacy else None,
         selection_epsilon=float(np.max(privacy.selection_epsilon)) if privacy else None)
     return columns
-  losses = [loss for _, loss in result.history]
+  losses = [loss for _, loss in result.validation_history]
   small = sum(w.size for w in result.hypotheses[0]) <= 16
   columns.update(
-      rounds_run=result.rounds_run, best_round=result.best_round,
+      rounds_run=result.rounds, best_round=result.best_round,
       stopped_because=result.stopped_because,
       validation_loss=min(losses) if losses else None,
       leakage_per_participation=result.leakage_per_participation,

@@ -1,10 +1,12 @@
 """The HyperNetFL driver: Poisson user sampling, rounds, evaluation, privacy spent.
 
-Every round each user takes part independently with probability q (stateless TF
-uniforms keyed by derive(root, USER_SAMPLING, round), `tff_silo.keys`), as the sampled Gaussian mechanism's accounting
-assumes; a round in which nobody is sampled still runs, so the aggregator adds its
-noise. Each user is evaluated on its own test data with its generated model
-theta_u = h(phi, v_u) (no local fine-tuning, as in pFedHN).
+It runs the one round loop (`tff_silo.driver.run_rounds`). Every round each user
+takes part independently with probability q (`driver.PoissonUsers`: stateless TF
+uniforms keyed by derive(root, USER_SAMPLING, round), `tff_silo.keys`), as the
+sampled Gaussian mechanism's accounting assumes; a round in which nobody is sampled
+still runs, so the aggregator adds its noise. Each user is evaluated on its own test
+data with its generated model theta_u = h(phi, v_u) (no local fine-tuning, as in
+pFedHN).
 """
 
 from __future__ import annotations
@@ -17,38 +19,39 @@ from typing import Callable, Optional
 import numpy as np
 import tensorflow as tf
 
-from tff_silo import keys, runtime
+from tff_silo import keys
 from tff_silo.data.silos import SiloData
+from tff_silo.driver import (
+    PoissonUsers, RunResult, check_run_length, run_rounds, tff_workers_stopped)
+from tff_silo.evaluation import SiloEvaluator
 from tff_silo.privacy.ledger import PrivacyLedger
 from tff_silo.runner import runner_for
-from tff_silo.simulation import SiloEvaluator, check_run_length
+
 
 @dataclasses.dataclass(frozen=True)
-class HypernetResult:
-  """What one run produced; accuracies are fractions in [0, 1]."""
+class HypernetResult(RunResult):
+  """What one run produced (`RunResult`'s fields: accuracies, fractions in [0, 1];
+  the silo models are the users' generated models theta_u; and):
 
-  rounds: int
-  test_accuracy: float             # pooled over all users' test examples
-  mean_user_accuracy: float        # mean over users of each user's test accuracy
-  user_test_accuracy: np.ndarray
-  train_accuracy: float
-  epsilon: float                   # user-level, at `delta`; inf without noise
-  delta: Optional[float]
-  sigma: float                     # noise std of the phi step (eq. 4)
-  users_per_round: np.ndarray
-  history: tuple                   # ((rounds_done, test_accuracy, mean_user_accuracy), ...)
-  round_seconds: np.ndarray
-  wall_seconds: float
-  user_weights: tuple = ()         # per user, the final generated model theta_u
-  phi: tuple = ()                  # the final hypernetwork weights
-  embeddings: Optional[np.ndarray] = None   # the final user embeddings [N, E]
+  mean_user_accuracy: the mean over users of each user's test accuracy.
+  epsilon: user-level, at `delta`; inf without noise.
+  sigma: the noise std of the phi step (eq. 4).
+  users_per_round: how many users each round sampled.
+  phi, embeddings: the final hypernetwork weights and user embeddings [N, E].
+  """
+
+  mean_user_accuracy: float = math.nan
+  epsilon: float = math.inf
+  delta: Optional[float] = None
+  sigma: float = 0.0
+  users_per_round: Optional[np.ndarray] = None
+  phi: tuple = ()
+  embeddings: Optional[np.ndarray] = None
 
 
 def sample_users(num_users: int, sampling_rate: float, seed: int, round_num: int):
-  """Ids of the users sampled in `round_num` (each with probability q)."""
-  key = keys.derive(keys.root_key(seed), keys.USER_SAMPLING, round_num)
-  draws = tf.random.stateless_uniform([num_users], seed=key).numpy()
-  return np.flatnonzero(draws < sampling_rate)
+  """Ids of the users sampled in round `round_num` + 1 (each with probability q)."""
+  return PoissonUsers(num_users, sampling_rate, seed).sample(round_num + 1)
 
 
 class _Generator:
@@ -97,42 +100,51 @@ def run_hypernet(process, data: SiloData, *, rounds: int,
   # Users are Poisson-sampled alike, so one ledger is every user's (user-level) account.
   ledger = (PrivacyLedger(target_delta) if settings.private and target_delta is not None
             else None)
+  users = PoissonUsers(hn.num_users, settings.sampling_rate, seed)
   generator, evaluator = _Generator(hn), SiloEvaluator(hn.target)
 
   def evaluate(state):
     thetas = generator(state.phi, state.embeddings)
     test, per_user = evaluator(thetas, data.x_test, data.y_test)
-    train, _ = evaluator(thetas, data.x_train, data.y_train)
-    return test, float(per_user.mean()), per_user, train, thetas
+    train, per_user_train = evaluator(thetas, data.x_train, data.y_train)
+    return train, test, per_user_train, per_user, thetas
 
-  user_keys = keys.unit_keys(seed, hn.num_users)
-  try:
-    prepared = runner.prepare(data.x_train, data.y_train, user_keys)
+  history, users_per_round = [], []
+  with tff_workers_stopped():
+    prepared = runner.prepare(data.x_train, data.y_train,
+                              keys.unit_keys(seed, hn.num_users))
     state = runner.initialize()
-    history, round_seconds, users_per_round = [], [], []
-    for r in range(rounds):
-      sampled = sample_users(hn.num_users, settings.sampling_rate, seed, r)
-      t0 = time.perf_counter()
+    sampled = None
+
+    def before(r):
+      nonlocal sampled
+      sampled = users.sample(r)
+      return True
+
+    def step(r):
+      del r
+      nonlocal state
       state = runner.next(state, sampled, prepared)
-      round_seconds.append(time.perf_counter() - t0)
+
+    def after(r):
+      del r
       if ledger is not None:   # noise is added every round, sampled or not
         ledger.charge(settings.round_event(), "user_level_round")
       users_per_round.append(len(sampled))
-      if eval_every and (r + 1) % eval_every == 0 and r + 1 != rounds:
-        history.append((r + 1, *evaluate(state)[:2]))
-      if progress is not None:
-        progress(r + 1, rounds, time.perf_counter() - start)
-    test, mean_user, per_user, train, thetas = evaluate(state)
-    history.append((rounds, test, mean_user))
+
+    log = run_rounds(rounds, step, before=before, after=after,
+                     evaluate=lambda r: history.append((r, *evaluate(state)[:2])),
+                     eval_every=eval_every, progress=progress, start=start)
+    train, test, per_user_train, per_user, thetas = evaluate(state)
+    history.append((rounds, train, test))
     phi = tuple(np.asarray(p) for p in state.phi)
     embeddings = np.asarray(state.embeddings)
-  finally:
-    runtime.stop_tff_workers()
   return HypernetResult(
-      rounds=rounds, test_accuracy=test, mean_user_accuracy=mean_user,
-      user_test_accuracy=per_user, train_accuracy=train,
+      algorithm=algorithm.name, rounds=log.rounds_run, metric=hn.target.metric,
+      train_metric=train, test_metric=test, silo_train_metric=per_user_train,
+      silo_test_metric=per_user, history=tuple(history),
+      round_seconds=log.round_seconds, wall_seconds=time.perf_counter() - start,
+      silo_weights=tuple(thetas), mean_user_accuracy=float(per_user.mean()),
       epsilon=ledger.epsilon() if ledger is not None else math.inf,
       delta=target_delta, sigma=algorithm.sigma,
-      users_per_round=np.array(users_per_round), history=tuple(history),
-      round_seconds=np.array(round_seconds), wall_seconds=time.perf_counter() - start,
-      user_weights=tuple(thetas), phi=phi, embeddings=embeddings)
+      users_per_round=np.array(users_per_round), phi=phi, embeddings=embeddings)

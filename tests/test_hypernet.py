@@ -160,7 +160,7 @@ def test_run_reports_the_accounted_epsilon_and_learns_without_noise():
   # The ledger adds three rounds; epsilon() composes them at once: same RDP sum.
   assert result.epsilon == pytest.approx(noisy.epsilon(3, 1e-5), rel=1e-12)
   assert result.sigma == pytest.approx(2.0 * 0.1 / (0.5 * 6), rel=1e-6)
-  assert len(result.user_test_accuracy) == 6 and len(result.users_per_round) == 3
+  assert len(result.silo_test_metric) == 6 and len(result.users_per_round) == 3
   with pytest.raises(ValueError, match="give target_delta"):
     hypernet.run_hypernet(_process(users, noisy), users, rounds=1)
 
@@ -168,7 +168,7 @@ def test_run_reports_the_accounted_epsilon_and_learns_without_noise():
   untrained = hypernet.run_hypernet(_process(users, plain), users, rounds=1, seed=1)
   trained = hypernet.run_hypernet(_process(users, plain), users, rounds=30, seed=1)
   assert math.isinf(trained.epsilon)
-  assert trained.train_accuracy > untrained.train_accuracy + 0.2
+  assert trained.train_metric > untrained.train_metric + 0.2
 
 
 def test_lenet_target_adds_one_relu_dense_layer():
@@ -226,7 +226,7 @@ def test_vectorized_run_reports_what_the_tff_run_reports():
   runs = [hypernet.run_hypernet(algorithm, users, rounds=3, target_delta=1e-5, seed=2,
                                 backend=backend) for backend in ("tff", "vectorized")]
   np.testing.assert_array_equal(runs[0].users_per_round, runs[1].users_per_round)
-  np.testing.assert_allclose(runs[1].user_test_accuracy, runs[0].user_test_accuracy,
+  np.testing.assert_allclose(runs[1].silo_test_metric, runs[0].silo_test_metric,
                              atol=1e-9)
   assert runs[1].epsilon == runs[0].epsilon and runs[1].sigma == runs[0].sigma
 

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from attacks import membership
-from tff_silo import algorithms, models, simulation
+from tff_silo import algorithms, evaluation, models, simulation
 from tff_silo.backends.tff import process_for
 from tff_silo.data import load_rotated_masked_digits, make_silos
 
@@ -76,7 +76,7 @@ def test_silo_models_of_a_simulation_are_attacked_with_logits():
   result = simulation.run_simulation(process, silos, rounds=2)
   assert len(result.silo_weights) == 4
   # The returned weights are the ones the silos were evaluated with.
-  evaluator = simulation.SiloEvaluator(model)
+  evaluator = evaluation.SiloEvaluator(model)
   _, per_silo = evaluator(result.silo_weights, silos.x_test, silos.y_test)
   np.testing.assert_allclose(per_silo, result.silo_test_metric)
   table = membership.attack_silo_models(

@@ -12,7 +12,8 @@ import hypernet
 from benchmarks import datasets
 from tff_silo import algorithms, models, runs
 from tff_silo.privacy import PrivacyProtocol
-from tff_silo.simulation import SiloEvaluator, run_simulation
+from tff_silo.evaluation import SiloEvaluator
+from tff_silo.simulation import run_simulation
 
 RECIPE = dict(dataset="synthetic", seed=3)
 
@@ -185,7 +186,7 @@ def test_a_hypernetwork_run_round_trips_and_regenerates_its_users(tmp_path):
   model = runs.model_spec(target, silos, name="small_cnn", channels=[2, 4], hidden=8)
   model["hypernetwork"] = dict(num_users=4, embedding_dim=2, hidden_width=8)
   privacy = runs.user_level_privacy(settings, result.epsilon, 1e-5, 4)
-  runs.save(str(tmp_path / "hn"), run_key="hn", silo_weights=result.user_weights,
+  runs.save(str(tmp_path / "hn"), run_key="hn", silo_weights=result.silo_weights,
             model=model, hypernetwork=(result.phi, result.embeddings),
             data=dict(hypernet_dataset="digits", seed=0, num_users=4,
                       classes_per_user=2), silos=silos, privacy=privacy)
@@ -199,7 +200,7 @@ def test_a_hypernetwork_run_round_trips_and_regenerates_its_users(tmp_path):
   assert saved.meta["privacy"]["epsilon_spent"] == [result.epsilon] * 4
   assert saved.keras_model(0)(silos.x_test[0][:2]).shape == (2, 10)
   with pytest.raises(ValueError, match="saved together"):
-    runs.save(str(tmp_path / "bad"), run_key="x", silo_weights=result.user_weights,
+    runs.save(str(tmp_path / "bad"), run_key="x", silo_weights=result.silo_weights,
               model=model, data={}, silos=silos)
 
 

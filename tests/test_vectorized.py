@@ -405,7 +405,7 @@ def test_an_algorithm_definition_runs_on_both_backends():
 def test_the_evaluator_splits_large_silos_into_row_blocks():
   """A silo larger than chunk_rows is evaluated in row blocks: the same metrics as
   in one piece (memory stays bounded for silos of 100,000s of examples)."""
-  from tff_silo.simulation import SiloEvaluator
+  from tff_silo.evaluation import SiloEvaluator
   weights = [MODEL.initial_weights(k) for k in range(SILOS.num_silos)]
   whole = SiloEvaluator(MODEL, chunk_rows=1 << 20)(weights, SILOS.x_train, SILOS.y_train)
   blocks = SiloEvaluator(MODEL, chunk_rows=7)(weights, SILOS.x_train, SILOS.y_train)

@@ -6,8 +6,10 @@ Architecture. Layers, highest first; a module imports only from layers below it
   pandemic/            the pandemic forecasting pipeline (thesis ch. 2)
   runs                 saved runs (weights, recipe, privacy) for attacks
   dprivate_simulation  the driver of d-private clustered FL (user sampling, leakage)
-  simulation           the driver: calibrates, runs a runner for T rounds, charges
-                       ledgers, evaluates every silo
+  simulation           the silo-trained families' driver: calibrates, runs a
+                       runner for T rounds, charges ledgers, evaluates every silo
+  driver, evaluation   the one round loop every driver runs (participation
+                       policies, `RunResult`); per-silo evaluation
   backends/            the runtimes: tff/ (TFF processes, the reference) and
                        vectorized/ (every silo's round as one TF program)
   algorithms/          the definitions, TF only: local, FedAvg, finetune, MR-MTL,

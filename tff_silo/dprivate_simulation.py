@@ -1,8 +1,9 @@
 """The driver of d-private clustered FL (Galli et al., Algorithm 1 and section 5.1).
 
-Each round it samples U users uniformly without replacement; a sampled user whose
-composed leakage would pass `leakage_cap` declines. It keeps every user's leakage
-ledger (n / nu per participation, additive: Theorem 1), evaluates the hypotheses on
+It runs the one round loop (`tff_silo.driver.run_rounds`). Each round U users are
+sampled uniformly without replacement (`driver.UniformUsers`); a sampled user whose
+composed leakage would pass `leakage_cap` declines; every user keeps a leakage
+ledger (n / nu per participation, additive: Theorem 1). The driver evaluates the hypotheses on
 held-out validation users after every round (each validation user takes the
 hypothesis with its lowest mean loss) and stops after `patience` rounds without
 improvement, keeping the best hypotheses. Losses are the model's batch objective
@@ -19,43 +20,41 @@ from typing import Callable, Optional
 import numpy as np
 import tensorflow as tf
 
-from tff_silo import keys, runtime
+from tff_silo import keys
 from tff_silo.algorithms.rounds import SiloInput
 from tff_silo.data.silos import SiloData, padded_stack
-from tff_silo.privacy.ledger import PrivacyLedger, leakages
+from tff_silo.driver import (
+    RunResult, UniformUsers, check_run_length, run_rounds, tff_workers_stopped)
+from tff_silo.evaluation import SiloEvaluator
 from tff_silo.runner import runner_for
-from tff_silo.simulation import SiloEvaluator, check_run_length
-
-_LEAKAGE_SLACK = 1e-9
 
 
 @dataclasses.dataclass(frozen=True)
-class DPrivateResult:
-  """What one run of Algorithm 1 produced.
+class DPrivateResult(RunResult):
+  """What one run of Algorithm 1 produced (`RunResult`'s fields, the silo models
+  each training user's chosen hypothesis, evaluated after `best_round` rounds, and):
 
-  `leakage` is each training user's composed leakage (n / nu per participation);
-  `history` holds (round, validation loss) after every round run.
+  best_round: the round whose hypotheses were kept (the last without validation).
+  hypotheses: the k kept hypotheses; assignments: each training user's.
+  participations, leakage: per training user, its rounds taken part in and its
+    composed leakage (n / nu per participation: `leakage_per_participation`);
+    layer_leakage: per layer.
+  declined: participations declined under `leakage_cap`.
+  validation_history: (round, validation loss) after every round run.
+  stopped_because: `rounds`, `leakage_cap` (every user would decline) or
+    `early_stopping`.
   """
 
-  algorithm: str
-  rounds_run: int
-  best_round: int
-  metric: str
-  train_metric: float
-  test_metric: float
-  silo_train_metric: np.ndarray
-  silo_test_metric: np.ndarray
-  hypotheses: tuple
-  assignments: np.ndarray
-  participations: np.ndarray
-  leakage: np.ndarray
-  layer_leakage: tuple
-  leakage_per_participation: float
-  declined: int
-  history: tuple
-  stopped_because: str
-  round_seconds: np.ndarray
-  wall_seconds: float
+  best_round: int = 0
+  hypotheses: tuple = ()
+  assignments: Optional[np.ndarray] = None
+  participations: Optional[np.ndarray] = None
+  leakage: Optional[np.ndarray] = None
+  layer_leakage: tuple = ()
+  leakage_per_participation: float = 0.0
+  declined: int = 0
+  validation_history: tuple = ()
+  stopped_because: str = "rounds"
 
 
 class _LossTable:
@@ -136,10 +135,9 @@ def run_dprivate_clustering(process, data: SiloData, *, rounds: int,
   process = runner_for(process, backend)
   _check(process, data, rounds, clients_per_round, leakage_cap, patience, validation)
   start = time.perf_counter()
-  rng = np.random.default_rng([seed, 2])
-  per_participation = process.leakage_per_participation
-  ledgers = [PrivacyLedger(None) for _ in range(data.num_silos)]   # leakage only
-  participations = np.zeros(data.num_silos, np.int64)
+  users = UniformUsers(data.num_silos, clients_per_round, seed,
+                       per_participation=process.leakage_per_participation,
+                       leakage_cap=leakage_cap)
   inputs = process.prepare([SiloInput(x, y, np.float32(0.0), key)
                             for x, y, key in zip(data.x_train, data.y_train,
                                                  keys.unit_keys(seed, data.num_silos))])
@@ -148,57 +146,49 @@ def run_dprivate_clustering(process, data: SiloData, *, rounds: int,
         process.model,
         [np.concatenate([a, b]) for a, b in zip(validation.x_train, validation.x_test)],
         [np.concatenate([a, b]) for a, b in zip(validation.y_train, validation.y_test)])
-  history, round_seconds, declined = [], [], 0
-  stopped_because = "rounds"
-  try:
+  validation_history = []
+  with tff_workers_stopped():
     state = process.initialize()
     best_state, best_loss, best_round = state, np.inf, 0
-    for r in range(1, rounds + 1):
-      t0 = time.perf_counter()
-      sampled = rng.choice(data.num_silos, clients_per_round, replace=False)
-      leakage = leakages(ledgers)
-      if leakage_cap is not None:
-        fits = leakage[sampled] + per_participation <= leakage_cap + _LEAKAGE_SLACK
-        declined += int(np.sum(~fits))
-        sampled = sampled[fits]
+
+    def step(r):
+      nonlocal state
+      sampled = users.sample(r)
       if len(sampled):
         state, _ = process.next(state, process.sampled(inputs, sampled))
-        for k in sampled:
-          ledgers[k].charge_leakage(per_participation, "d_privacy")
-        participations[sampled] += 1
-      if leakage_cap is not None and np.all(
-          leakages(ledgers) + per_participation > leakage_cap + _LEAKAGE_SLACK):
-        stopped_because = "leakage_cap"  # every user would decline from now on
-      round_seconds.append(time.perf_counter() - t0)
+        users.charge(sampled)
+
+    def after(r):
+      nonlocal best_state, best_loss, best_round
       if validation is not None:
         loss = float(np.mean(validation_losses(state.hypotheses).min(axis=0)))
-        history.append((r, loss))
+        validation_history.append((r, loss))
         if loss < best_loss:
           best_state, best_loss, best_round = state, loss, r
       else:
         best_state, best_round = state, r
-      if progress is not None:
-        progress(r, rounds, time.perf_counter() - start)
-      if stopped_because == "leakage_cap":
-        break
+      if users.exhausted():
+        return "leakage_cap"
       if patience is not None and r - best_round >= patience:
-        stopped_because = "early_stopping"
-        break
-  finally:
-    runtime.stop_tff_workers()
+        return "early_stopping"
+      return None
+
+    log = run_rounds(rounds, step, after=after, progress=progress, start=start)
   hypotheses = tuple(tuple(np.asarray(w) for w in h) for h in best_state.hypotheses)
   assignments = _LossTable(process.model, data.x_train,
                            data.y_train)(hypotheses).argmin(axis=0)
-  chosen = [hypotheses[j] for j in assignments]
+  chosen = tuple(hypotheses[j] for j in assignments)
   evaluator = SiloEvaluator(process.model)
   train, silo_train = evaluator(chosen, data.x_train, data.y_train)
   test, silo_test = evaluator(chosen, data.x_test, data.y_test)
   return DPrivateResult(
-      algorithm=process.name, rounds_run=len(round_seconds), best_round=best_round,
-      metric=process.model.metric, train_metric=train, test_metric=test,
-      silo_train_metric=silo_train, silo_test_metric=silo_test, hypotheses=hypotheses,
-      assignments=assignments, participations=participations,
-      leakage=leakages(ledgers),
-      layer_leakage=process.layer_leakage, leakage_per_participation=per_participation,
-      declined=declined, history=tuple(history), stopped_because=stopped_because,
-      round_seconds=np.array(round_seconds), wall_seconds=time.perf_counter() - start)
+      algorithm=process.name, rounds=log.rounds_run, metric=process.model.metric,
+      train_metric=train, test_metric=test, silo_train_metric=silo_train,
+      silo_test_metric=silo_test, history=((best_round, train, test),),
+      round_seconds=log.round_seconds, wall_seconds=time.perf_counter() - start,
+      silo_weights=chosen, best_round=best_round, hypotheses=hypotheses,
+      assignments=assignments, participations=users.participations,
+      leakage=users.leakage(), layer_leakage=process.layer_leakage,
+      leakage_per_participation=process.leakage_per_participation,
+      declined=users.declined, validation_history=tuple(validation_history),
+      stopped_because=log.stopped_because)

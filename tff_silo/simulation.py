@@ -1,5 +1,7 @@
-"""The simulation driver: runs a definition's runner (`tff_silo.runner`) for T rounds
-over every silo.
+"""The driver of the silo-trained families (the MR-MTL family, Mocha, IFCA): runs a
+definition's runner (`tff_silo.runner`) for T rounds over every silo, in the one
+round loop (`tff_silo.driver.run_rounds`), several runs stacked where the backend
+stacks them.
 
 Its privacy bookkeeping is a `privacy.silo_accounts.SiloAccounts` per run: each
 silo's DP-SGD noise calibrated to the silo's own (epsilon_k, delta_k) (silo-specific
@@ -7,8 +9,9 @@ example-level DP) under a `PrivacyProtocol` (neighbouring relation, what is publ
 and every round's queries charged to each silo's `PrivacyLedger` before the round
 (the only source of the epsilon reported; a round that would exceed a silo's budget
 is not run). The driver keeps the client states keyed by silo index, evaluates
-every silo's personalized model (the test metric averaged over silos weighted by
-test counts, thesis app. B.4), and stops TFF's worker process when done.
+every silo's personalized model (`tff_silo.evaluation`: the test metric averaged
+over silos weighted by test counts, thesis app. B.4), and stops TFF's worker
+process when done.
 
 Figures computed on the silos' training data (`train_metric`, `silo_train_metric`)
 are not noised: they are outside the DP guarantee and for inspection only.
@@ -21,105 +24,37 @@ import time
 from typing import Callable, Optional, Sequence
 
 import numpy as np
-import tensorflow as tf
 
-from tff_silo import keys, runtime
+from tff_silo import keys
 from tff_silo.algorithms.rounds import SiloInput
-from tff_silo.data.silos import SiloData, padded_stack
+from tff_silo.data.silos import SiloData
+from tff_silo.driver import RunResult, check_run_length, run_rounds, tff_workers_stopped
+from tff_silo.evaluation import SiloEvaluator, pooled
 from tff_silo.privacy.protocol import PrivacyProtocol
 from tff_silo.privacy.silo_accounts import SiloAccounts, SiloPrivacy, charge_round
 from tff_silo.runner import Runner, runner_for, stack_key
 
 
 @dataclasses.dataclass(frozen=True)
-class SimulationResult:
-  """What one run produced. Metrics are `mse` (lower is better) or `accuracy`."""
+class SimulationResult(RunResult):
+  """What one run of the silo-trained families produced (`RunResult`'s fields and):
 
-  algorithm: str
-  rounds: int
-  metric: str
-  train_metric: float
-  test_metric: float
-  silo_train_metric: np.ndarray
-  silo_test_metric: np.ndarray
-  privacy: Optional[SiloPrivacy]
-  history: tuple           # ((rounds_done, train_metric, test_metric), ...)
-  clusters: Optional[np.ndarray]  # each silo's final cluster (clustered processes)
-  round_seconds: np.ndarray
-  wall_seconds: float
-  silo_weights: tuple      # each silo's model at the end, as evaluated
-  # the server's models at the end: (the global model,) for the MR-MTL family (for
-  # local training, the untrained initial one), the G cluster models for IFCA
+  privacy: the silos' `SiloPrivacy` (None without DP).
+  clusters: each silo's final cluster (IFCA), else None.
+  server_weights: the server's models at the end: (the global model,) for the MR-MTL
+    family (for local training, the untrained initial one), the G cluster models for
+    IFCA, () for Mocha (no server model).
+  runs_stacked: runs that shared these rounds and this wall time.
+  aggregator_measurements: the last round's measurements of a `tff.aggregators`
+    factory, flattened ("clipping/clip": value); empty where there are none (plain
+    means, stacked runs).
+  """
+
+  privacy: Optional[SiloPrivacy] = None
+  clusters: Optional[np.ndarray] = None
   server_weights: tuple = ()
-  runs_stacked: int = 1    # runs that shared these rounds and this wall time
-  # the last round's measurements of a `tff.aggregators` factory, flattened
-  # ("clipping/clip": value); empty where there are none (plain means, stacked runs)
+  runs_stacked: int = 1
   aggregator_measurements: dict = dataclasses.field(default_factory=dict)
-
-
-class SiloEvaluator:
-  """Per-silo metric means. Silos go in chunks of at most `chunk_rows` padded
-  examples: their models stacked and their data zero-padded, one call of one traced
-  function per chunk (the model's `stacked_apply_fn`, or `apply_fn` mapped over
-  silos), padded rows masked out."""
-
-  def __init__(self, model, chunk_rows: int = 8192):
-    self._chunk_rows = chunk_rows
-    self._metric_sums = _metric_sums_function(model)
-
-  def _chunks(self, sizes):
-    chunk, longest = [], 0
-    for k, n in enumerate(sizes):
-      if chunk and (len(chunk) + 1) * max(longest, n) > self._chunk_rows:
-        yield chunk
-        chunk, longest = [], 0
-      chunk.append(k)
-      longest = max(longest, n)
-    if chunk:
-      yield chunk
-
-  def __call__(self, silo_weights, xs, ys):
-    """(mean over all examples pooled, per-silo means). A silo larger than
-    `chunk_rows` goes alone, in blocks of `chunk_rows` rows."""
-    sizes = np.array([len(y) for y in ys])
-    sums = np.zeros(len(ys))
-    for chunk in self._chunks(sizes):
-      if len(chunk) == 1 and sizes[chunk[0]] > self._chunk_rows:
-        k, step = chunk[0], self._chunk_rows
-        weights = [np.asarray(w, np.float32)[None] for w in silo_weights[k]]
-        for start in range(0, int(sizes[k]), step):
-          x, y = xs[k][start:start + step], ys[k][start:start + step]
-          sums[k] += float(self._metric_sums(weights, x[None], y[None],
-                                             np.ones((1, len(y)), np.float32))[0])
-        continue
-      rows = max(1, int(sizes[chunk].max()))
-      weights = [np.stack([np.asarray(silo_weights[k][i], np.float32) for k in chunk])
-                 for i in range(len(silo_weights[chunk[0]]))]
-      mask = (np.arange(rows)[None] < sizes[chunk][:, None]).astype(np.float32)
-      sums[chunk] = self._metric_sums(
-          weights, padded_stack([xs[k] for k in chunk], rows),
-          padded_stack([ys[k] for k in chunk], rows), mask).numpy()
-    return float(sums.sum() / sizes.sum()), sums / sizes
-
-
-_METRIC_FUNCTIONS = {}
-
-
-def _metric_sums_function(model):
-  """`(stacked weights, x, y, mask) -> per-silo metric sums`, traced once per model
-  computation (`computation_key`) for every evaluator (a sweep's runs share it)."""
-  key = model.computation_key
-  if key in _METRIC_FUNCTIONS:
-    return _METRIC_FUNCTIONS[key]
-  apply = model.stacked_apply_fn or (lambda weights, x: tf.vectorized_map(
-      lambda a: model.apply_fn(list(a[0]), a[1]), (weights, x)))
-
-  @tf.function(reduce_retracing=True)
-  def metric_sums(weights, x, y, mask):
-    return tf.reduce_sum(model.metric_of(apply(weights, x), y) * mask, axis=1)
-
-  _METRIC_FUNCTIONS[key] = metric_sums
-  return metric_sums
 
 
 def silo_runner(process, backend: str):
@@ -132,14 +67,6 @@ def silo_runner(process, backend: str):
         f"{type(process).__name__} runs with its own driver "
         "(tff_silo.dprivate_simulation.run_dprivate_clustering, hypernet.run_hypernet)")
   return runner
-
-
-def check_run_length(rounds, eval_every: int = 0) -> None:
-  """The drivers' shared check: T a positive integer, `eval_every` >= 0."""
-  if int(rounds) != rounds or rounds < 1:
-    raise ValueError(f"rounds must be a positive integer, got {rounds}")
-  if eval_every < 0:
-    raise ValueError(f"eval_every must be >= 0, got {eval_every}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -299,40 +226,43 @@ def _simulate(process, runs, rounds: int, eval_every: int, progress) -> list:
     weights_all = [w for run_weights in weights for w in run_weights]
     _, silo_train = evaluator(weights_all, x_train, y_train)
     _, silo_test = evaluator(weights_all, x_test, y_test)
-    return [(_pooled(silo_train[a:b], y_train[a:b]), _pooled(silo_test[a:b], y_test[a:b]),
+    return [(pooled(silo_train[a:b], y_train[a:b]), pooled(silo_test[a:b], y_test[a:b]),
              silo_train[a:b], silo_test[a:b], w)
             for a, b, w in zip(bounds[:-1], bounds[1:], weights)]
 
-  active = [True] * len(runs)
+  active = [True] * len(runs)   # a run whose budget a round would pass stops alone
   histories = [[] for _ in runs]
-  metrics = {}
-  try:
+  with tff_workers_stopped():
     state = process.initialize()
     client_states = process.initial_client_states(state, int(bounds[-1]))
-    round_seconds = []
-    for r in range(1, rounds + 1):
+    metrics = {}
+
+    def before(r):
       charge_round(accounts, active, r)
-      if not any(active):
-        break
-      t0 = time.perf_counter()
+      return any(active)
+
+    def step(r):
+      del r
+      nonlocal state, client_states, metrics
       state, client_states, metrics = (
           process.next(state, client_states, inputs) if all(active)
           else process.next(state, client_states, inputs, active))
-      round_seconds.append(time.perf_counter() - t0)
+
+    def after(r):
       for account, on in zip(accounts, active):
         if on:
           account.finish_round(r)
-      if eval_every and r % eval_every == 0 and r != rounds:
-        evaluated = evaluate(state, client_states, [a.rounds_done for a in accounts])
-        for i, on in enumerate(active):
-          if on:
-            histories[i].append((r, *evaluated[i][:2]))
-      if progress is not None:
-        progress(r, rounds, time.perf_counter() - start)
+
+    def evaluate_now(r):
+      evaluated = evaluate(state, client_states, [a.rounds_done for a in accounts])
+      for i, on in enumerate(active):
+        if on:
+          histories[i].append((r, *evaluated[i][:2]))
+
+    log = run_rounds(rounds, step, before=before, after=after, evaluate=evaluate_now,
+                     eval_every=eval_every, progress=progress, start=start)
     final = evaluate(state, client_states, [a.rounds_done for a in accounts])
     server = process.server_models(state)
-  finally:
-    runtime.stop_tff_workers()
   clusters = process.cluster_assignments(client_states)
   wall = time.perf_counter() - start
   results = []
@@ -345,7 +275,7 @@ def _simulate(process, runs, rounds: int, eval_every: int, progress) -> list:
         train_metric=train, test_metric=test, silo_train_metric=silo_train,
         silo_test_metric=silo_test, privacy=privacy, history=tuple(histories[i]),
         clusters=None if clusters is None else clusters[bounds[i]:bounds[i + 1]],
-        round_seconds=np.array(round_seconds), wall_seconds=wall,
+        round_seconds=log.round_seconds, wall_seconds=wall,
         silo_weights=tuple(tuple(np.asarray(w) for w in silo) for silo in weights),
         server_weights=server[i], runs_stacked=len(runs),
         aggregator_measurements=(_flat(metrics.get("aggregator", {}))
@@ -366,9 +296,3 @@ def _flat(measurements, prefix: str = "") -> dict:
   if value.size == 0:
     return {}
   return {prefix.rstrip("/"): value.item() if value.ndim == 0 else value.tolist()}
-
-
-def _pooled(silo_means, ys) -> float:
-  """The mean over every example of these silos."""
-  sizes = np.array([len(y) for y in ys])
-  return float(np.sum(silo_means * sizes) / sizes.sum())

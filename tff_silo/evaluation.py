@@ -1,0 +1,81 @@
+"""Evaluating every silo's model on its own examples (thesis app. B.4: the test metric
+averaged over silos weighted by their test counts, i.e. pooled over examples), for
+every driver: `SiloEvaluator`, `pooled`."""
+
+from __future__ import annotations
+
+import numpy as np
+import tensorflow as tf
+
+from tff_silo.data.silos import padded_stack
+
+
+class SiloEvaluator:
+  """Per-silo metric means. Silos go in chunks of at most `chunk_rows` padded
+  examples: their models stacked and their data zero-padded, one call of one traced
+  function per chunk (the model's `stacked_apply_fn`, or `apply_fn` mapped over
+  silos), padded rows masked out."""
+
+  def __init__(self, model, chunk_rows: int = 8192):
+    self._chunk_rows = chunk_rows
+    self._metric_sums = _metric_sums_function(model)
+
+  def _chunks(self, sizes):
+    chunk, longest = [], 0
+    for k, n in enumerate(sizes):
+      if chunk and (len(chunk) + 1) * max(longest, n) > self._chunk_rows:
+        yield chunk
+        chunk, longest = [], 0
+      chunk.append(k)
+      longest = max(longest, n)
+    if chunk:
+      yield chunk
+
+  def __call__(self, silo_weights, xs, ys):
+    """(mean over all examples pooled, per-silo means). A silo larger than
+    `chunk_rows` goes alone, in blocks of `chunk_rows` rows."""
+    sizes = np.array([len(y) for y in ys])
+    sums = np.zeros(len(ys))
+    for chunk in self._chunks(sizes):
+      if len(chunk) == 1 and sizes[chunk[0]] > self._chunk_rows:
+        k, step = chunk[0], self._chunk_rows
+        weights = [np.asarray(w, np.float32)[None] for w in silo_weights[k]]
+        for start in range(0, int(sizes[k]), step):
+          x, y = xs[k][start:start + step], ys[k][start:start + step]
+          sums[k] += float(self._metric_sums(weights, x[None], y[None],
+                                             np.ones((1, len(y)), np.float32))[0])
+        continue
+      rows = max(1, int(sizes[chunk].max()))
+      weights = [np.stack([np.asarray(silo_weights[k][i], np.float32) for k in chunk])
+                 for i in range(len(silo_weights[chunk[0]]))]
+      mask = (np.arange(rows)[None] < sizes[chunk][:, None]).astype(np.float32)
+      sums[chunk] = self._metric_sums(
+          weights, padded_stack([xs[k] for k in chunk], rows),
+          padded_stack([ys[k] for k in chunk], rows), mask).numpy()
+    return float(sums.sum() / sizes.sum()), sums / sizes
+
+
+_METRIC_FUNCTIONS = {}
+
+
+def _metric_sums_function(model):
+  """`(stacked weights, x, y, mask) -> per-silo metric sums`, traced once per model
+  computation (`computation_key`) for every evaluator (a sweep's runs share it)."""
+  key = model.computation_key
+  if key in _METRIC_FUNCTIONS:
+    return _METRIC_FUNCTIONS[key]
+  apply = model.stacked_apply_fn or (lambda weights, x: tf.vectorized_map(
+      lambda a: model.apply_fn(list(a[0]), a[1]), (weights, x)))
+
+  @tf.function(reduce_retracing=True)
+  def metric_sums(weights, x, y, mask):
+    return tf.reduce_sum(model.metric_of(apply(weights, x), y) * mask, axis=1)
+
+  _METRIC_FUNCTIONS[key] = metric_sums
+  return metric_sums
+
+
+def pooled(silo_means, ys) -> float:
+  """The mean over every example of these silos, from their per-silo means."""
+  sizes = np.array([len(y) for y in ys])
+  return float(np.sum(silo_means * sizes) / sizes.sum())

@@ -11,7 +11,6 @@ from tff_silo.algorithms.local_training import LocalTrainingConfig, batch_plan
 from tff_silo.algorithms.rounds import SiloInput
 from tff_silo.backends.tff import process_for
 from tff_silo.privacy import PAPER, PrivacyProtocol
-from tff_silo.privacy import silo_accounts
 from tff_silo.privacy.silo_accounts import calibrate_silos
 from tff_silo.simulation import run_simulation
 
@@ -261,17 +260,28 @@ def test_digits_cnn_round():
   assert result.metric == "accuracy" and 0.0 <= result.test_metric <= 1.0
 
 
-@pytest.mark.parametrize("n, size, batch, sampling", [
-    (40, 0, 8, "poisson"), (5, 0, 8, "poisson"), (30, 88, 32, "poisson"),
-    (100, 24, 32, "poisson"), (7, 7, 7, "poisson"), (50, 0, 16, "without_replacement")])
-def test_training_takes_the_steps_and_rate_the_accounting_charges(n, size, batch,
+@pytest.mark.parametrize("n, protocol, batch, sampling", [
+    (40, PrivacyProtocol(public_silo_sizes=True), 8, "poisson"),
+    (5, PrivacyProtocol(public_silo_sizes=True), 8, "poisson"),
+    (30, PrivacyProtocol(assumed_silo_size=88), 32, "poisson"),
+    (100, PrivacyProtocol(assumed_silo_size=24), 32, "poisson"),
+    (7, PrivacyProtocol(assumed_silo_size=7), 7, "poisson"),
+    (50, PrivacyProtocol("replace_one"), 16, "without_replacement"),
+    (100, PrivacyProtocol(assumed_silo_size=24), 16, "shuffle")])
+def test_training_takes_the_steps_and_rate_the_accounting_charges(n, protocol, batch,
                                                                   sampling):
-  """`batch_plan` (the training's tensors) and `silo_accounts` (the calibration's
-  numbers) agree from the public size m: steps per epoch, steps per call, rate."""
+  """A silo's calibration (its steps and sampling rate) and its training
+  (`batch_plan` of the public size the accounts carry into `SiloInput.size`) agree:
+  Poisson batches from the public m, the others from n (shuffled epochs too, under
+  an assumed size)."""
   config = LocalTrainingConfig(learning_rate=0.1, batch_size=batch, epochs=3,
                                l2_norm_clip=1.0, sampling=sampling)
-  _, per_epoch, total, rate = batch_plan(config, tf.constant(n), tf.constant(float(size)))
-  m = size if size and sampling == "poisson" else n
-  assert int(per_epoch) == silo_accounts.steps_per_epoch(m, batch)
-  assert int(total) == 3 * silo_accounts.steps_per_epoch(m, batch)
-  assert float(rate) == pytest.approx(silo_accounts.sampling_rate(m, batch), rel=1e-7)
+  privacy = calibrate_silos([n], batch_size=batch, epochs_per_round=3, rounds=2,
+                            target_epsilon=None, target_delta=1e-3,
+                            noise_multiplier=1.0, protocol=protocol, sampling=sampling)
+  _, per_epoch, total, rate = batch_plan(config, tf.constant(n),
+                                         tf.constant(float(privacy.sizes[0])))
+  assert 2 * int(total) == privacy.steps[0] == 2 * 3 * int(per_epoch)
+  assert float(rate) == pytest.approx(privacy.sampling_rates[0], rel=1e-7)
+  followed = privacy.sizes[0] if sampling == "poisson" else n
+  assert int(per_epoch) == max(1, followed // min(batch, followed))

@@ -5,7 +5,7 @@ import pytest
 import tensorflow as tf
 
 from tff_silo import keys
-from tff_silo.privacy.silo_accounts import steps_per_epoch
+from tff_silo.privacy import batching
 from tff_silo.privacy import dp_sgd, selection
 
 SCHOOL_SILOS, SCHOOL_ROUNDS, SCHOOL_BATCH = 139, 200, 32
@@ -57,7 +57,8 @@ def test_school_sized_run_has_no_two_equal_keys():
   root = keys.root_key(0)
   units = np.stack(keys.unit_keys(0, SCHOOL_SILOS))
   rounds = _expand(units, [SCHOOL_ROUNDS] * SCHOOL_SILOS)
-  steps = np.repeat([steps_per_epoch(int(n), SCHOOL_BATCH) for n in sizes], SCHOOL_ROUNDS)
+  steps = np.repeat(batching.batch_plan(np, "poisson", SCHOOL_BATCH, sizes, sizes)[2],
+                    SCHOOL_ROUNDS)
   everything = [root[None], units, rounds]
   for purpose, passes in ((keys.SAMPLING, 2), (keys.DP_NOISE, 2), (keys.SHUFFLE, 2),
                           (keys.SELECTION, 1), (keys.D_PRIVACY, 1)):

@@ -119,10 +119,8 @@ def test_stacked_mocha_runs_compute_what_each_computes_alone():
   stacked = run_simulations(runs, rounds=3, eval_every=2, backend="vectorized")
   assert [r.runs_stacked for r in stacked] == [3, 3, 3]
   for spec, result in zip(runs, stacked):
-    alone = run_simulation(spec.process, spec.data, rounds=3, eval_every=2,
-                           backend="vectorized", seed=spec.seed,
-                           target_epsilon=spec.target_epsilon,
-                           target_delta=spec.target_delta, protocol=spec.protocol)
+    alone, = run_simulations([spec], rounds=3, eval_every=2, backend="vectorized")
+    assert alone.runs_stacked == 1
     _assert_same(alone, result)
     np.testing.assert_allclose(np.array(result.history), np.array(alone.history),
                                rtol=1e-5)

@@ -23,7 +23,8 @@ Architecture. Layers, highest first; a module imports only from layers below it
   models/, data/       functional models (weights as tuples of tensors); per-silo
                        arrays, loaders, generators, DP preprocessing
   privacy/             mechanisms and accounting: DP-SGD, ledgers, calibration,
-                       protocols, node- and user-level DP, tuning
+                       protocols, node- and user-level DP, tuning; the batching
+                       arithmetic accounting and training share
   keys                 every random key of a run, in one tree
   batched_random       TF's stateless draws for many keys at once
 

@@ -10,6 +10,7 @@ from tff_silo.algorithms import ditto, fedavg, finetune, ifca, local, mocha, mrm
 from tff_silo.algorithms.method_names import (
     IFCA_VARIANTS, LAMBDA_NAMES, NAMES, UNAGGREGATED_NAMES)
 
+
 def silo_definition(name: str, model, feature_shape, *, client_learning_rate: float,
                     batch_size: int, rounds: int, lam: float = 0.0,
                     l2_norm_clip: Optional[float] = None, local_epochs: int = 1,
@@ -29,10 +30,10 @@ def silo_definition(name: str, model, feature_shape, *, client_learning_rate: fl
   one program."""
   if name not in NAMES:
     raise ValueError(f"unknown method {name!r}; one of {', '.join(NAMES)}")
-  if name in UNAGGREGATED_NAMES:
-    if aggregator not in (None, "mean"):
-      raise ValueError(f"aggregator: {name} has no server mean to aggregate with "
-                       f"(None or 'mean', the default), got {aggregator!r}")
+  if name in UNAGGREGATED_NAMES and aggregator not in (None, "mean"):
+    raise ValueError(f"aggregator: {name} has no server mean to aggregate with "
+                     f"(None or 'mean', the default), got {aggregator!r}")
+  if name == "mocha":
     if num_silos is None:
       raise ValueError(f"num_silos: {name} needs the number of silos it relates")
     return mocha.mocha_algorithm(

@@ -37,7 +37,7 @@ from typing import Optional
 import tensorflow as tf
 
 from tff_silo import keys
-from tff_silo.privacy import dp_sgd
+from tff_silo.privacy import batching, dp_sgd
 
 SAMPLING_MODES = ("poisson", "without_replacement", "shuffle")
 
@@ -109,16 +109,22 @@ def first_of_permutation(values, k):
   return tf.math.top_k(-values, k=k, sorted=True).indices
 
 
+def public_size(size, n):
+  """The public size m_k a silo samples with and is weighted by, elementwise: `size`,
+  what the privacy protocol settled (`PrivacyProtocol.silo_sizes`, carried by the
+  driver's `SiloAccounts.sizes` into `SiloInput.size`), or the silo's n where
+  `size` is 0 (training called without the driver)."""
+  return tf.where(size > 0, size, tf.cast(n, tf.float32))
+
+
 def batch_plan(config: LocalTrainingConfig, n, size):
   """(batch size, steps per epoch, steps per call, Poisson rate) of a silo with n
   examples and public size `size` (0: n), elementwise over int32 `n` and float32
-  `size` (scalars, or one per silo in the vectorized backend)."""
-  if config.batches == "poisson":   # everything from the public m
-    m = tf.cast(tf.where(size > 0, size, tf.cast(n, tf.float32)), tf.int32)
-  else:
-    m = n
-  batch = tf.minimum(tf.constant(config.batch_size), m)
-  per_epoch = tf.maximum(1, m // batch)
+  `size` (scalars, or one per silo in the vectorized backend): the accounting's
+  arithmetic (`tff_silo.privacy.batching`)."""
+  m, batch, per_epoch = batching.batch_plan(
+      tf, config.batches, tf.constant(config.batch_size), n,
+      tf.cast(public_size(size, n), tf.int32))
   total = (per_epoch * config.epochs if config.steps is None
            else tf.fill(tf.shape(n), tf.constant(config.steps)))
   return batch, per_epoch, total, tf.cast(batch, tf.float32) / tf.cast(m, tf.float32)

@@ -19,6 +19,7 @@ import numpy as np
 import tensorflow as tf
 
 from tff_silo import runner
+from tff_silo.algorithms import local_training
 from tff_silo.algorithms.local_training import LocalTrainingConfig
 
 START_POINTS = ("personal", "global", "switch")
@@ -84,8 +85,8 @@ def server_step(spec: RoundSpec, global_w, round_num, mean_delta):
 
 
 def public_size(data):
-  """The silo's public size m (`SiloInput.size`), or its n when that is 0."""
-  return tf.where(data.size > 0, data.size, tf.cast(tf.shape(data.y)[0], tf.float32))
+  """The silo's public size m (`local_training.public_size` of its `SiloInput`)."""
+  return local_training.public_size(data.size, tf.shape(data.y)[0])
 
 
 def check_lambda(lam: float) -> float:

@@ -7,9 +7,8 @@ train with (noise multiplier, public size, selection epsilon), calls
 `charge_round` before every round and `privacy()` at the end; the ledgers are the
 only source of the epsilon a run reports.
 
-The batching arithmetic that accounting and training share lives here too:
-`sampling_rate` and `steps_per_epoch` of a silo's public size m_k (the training's
-tensor form is `algorithms.local_training.batch_plan`, tested equal).
+Steps and sampling rates come from the arithmetic the training runs
+(`tff_silo.privacy.batching`).
 """
 
 from __future__ import annotations
@@ -23,18 +22,8 @@ from typing import Optional, Sequence
 import dp_accounting
 import numpy as np
 
-from tff_silo.privacy import accounting, ledger as ledger_lib
+from tff_silo.privacy import accounting, batching, ledger as ledger_lib
 from tff_silo.privacy.protocol import PrivacyProtocol
-
-
-def steps_per_epoch(num_examples: int, batch_size: int) -> int:
-  """max(1, floor(n / min(B, n))): the number of (DP-)SGD steps in one epoch."""
-  return max(1, num_examples // min(batch_size, num_examples))
-
-
-def sampling_rate(num_examples: int, batch_size: int) -> float:
-  """min(B, n) / n: the Poisson rate (or share of a fixed-size batch) of one step."""
-  return min(batch_size, num_examples) / num_examples
 
 
 @dataclasses.dataclass(frozen=True)
@@ -109,9 +98,10 @@ def calibrate_silos(train_sizes: Sequence[int], *, batch_size: int, epochs_per_r
                     preprocessing_events: Optional[Sequence] = None,
                     noise_multiplier=None) -> SiloPrivacy:
   """Silo k's noise multiplier for its own (epsilon_k, delta_k), its sampling rate
-  min(B, m_k) / m_k and T * epochs * max(1, floor(m_k / B)) steps, where m_k is the
-  size the protocol makes public (n_k, or the assumed size for every silo); epsilon
-  spent is recomputed from it.
+  min(B, m_k) / m_k and T * epochs * max(1, floor(m_k / min(B, m_k))) steps, where
+  m_k is the size the protocol makes public (n_k, or the assumed size for every silo)
+  under Poisson sampling and n_k for the other samplings (`batching`: what the
+  training takes); epsilon spent is recomputed from it.
 
   With `num_selections` private cluster selections of epsilon
   share * epsilon_k each, and `preprocessing_events` (one Gaussian `DpEvent` or None
@@ -135,9 +125,10 @@ def calibrate_silos(train_sizes: Sequence[int], *, batch_size: int, epochs_per_r
                   "target_epsilon")
   delta = per_silo(target_delta, k, "target_delta")
   select = eps * selection_budget_share if num_selections else np.zeros(k)
-  rates = np.array([sampling_rate(int(n), batch_size) for n in sizes])
-  steps = np.array([steps_per_epoch(int(n), batch_size) * epochs_per_round * rounds
-                    for n in sizes])
+  followed, batch, per_epoch = batching.batch_plan(
+      np, sampling, batch_size, np.asarray(train_sizes, np.int64), sizes)
+  rates = batch / followed
+  steps = per_epoch * epochs_per_round * rounds
   extra = ([()] * k if preprocessing_events is None
            else [() if e is None else (e,) for e in preprocessing_events])
   if len(extra) != k:

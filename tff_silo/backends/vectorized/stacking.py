@@ -8,6 +8,7 @@ from typing import NamedTuple
 import numpy as np
 import tensorflow as tf
 
+from tff_silo.algorithms import local_training
 from tff_silo.data.silos import padded_stack
 
 
@@ -25,8 +26,8 @@ class StackedSilos(NamedTuple):
 
   @property
   def public_size(self):
-    """Each silo's public size m_k (`rounds.public_size` of every silo)."""
-    return tf.where(self.size > 0, self.size, tf.cast(self.n, tf.float32))
+    """Each silo's public size m_k (`local_training.public_size`)."""
+    return local_training.public_size(self.size, self.n)
 
 
 

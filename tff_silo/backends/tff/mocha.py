@@ -61,10 +61,6 @@ class MochaProcess(SiloProcess):
     del state
     return [()]
 
-  def relationships(self, state) -> list:
-    """Each run's Omega (one here)."""
-    return [np.asarray(state.relationship)]
-
 
 def runner(process) -> MochaProcess:
   return process if isinstance(process, MochaProcess) else process_for(process)

@@ -116,8 +116,3 @@ class VectorizedMocha(RunStackingRunner):
   def cluster_assignments(self, client_states):
     del client_states
     return None
-
-  def relationships(self, state) -> list:
-    """Each run's Omega (K x K)."""
-    omega = state.relationship.numpy()
-    return [omega[r, :k, :k] for r, k in enumerate(self._num_silos)]

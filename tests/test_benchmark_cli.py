@@ -3,6 +3,7 @@ run writes its CSV row and leaves no TFF worker holding the output pipes."""
 
 import math
 import os
+import re
 import subprocess
 import sys
 
@@ -114,6 +115,18 @@ def test_tiny_run_writes_a_row_and_exits(tmp_path):
   # auto picks the vectorized backend for these; the row says where it ran
   assert (rows.backend == "vectorized").all() and rows.device.isin(["cpu", "gpu"]).all()
   assert (rows.peak_memory_mb > 0).all()
+
+
+def test_a_run_prints_no_tensorflow_start_up_lines(tmp_path):
+  """Without TF_CPP_MIN_LOG_LEVEL set, TensorFlow's C++ log lines (on a CPU machine:
+  "Unable to register cuDNN factory" ...) stay silent; the progress lines show."""
+  env = {k: v for k, v in os.environ.items() if k != "TF_CPP_MIN_LOG_LEVEL"}
+  proc = subprocess.run([sys.executable, "-m", "benchmarks.run", "--dataset=synthetic",
+                         "--algorithm=local", "--rounds=1", f"--output={tmp_path / 'r.csv'}"],
+                        cwd=ROOT, capture_output=True, text=True, timeout=600, env=env)
+  assert proc.returncode == 0, proc.stderr[-2000:]
+  assert not re.search(r"^\d{4}-\d\d-\d\d [\d:.]+: [IWEF] ", proc.stderr, re.M), proc.stderr
+  assert "round 1/1" in proc.stderr
 
 
 def test_mocha_runs_from_the_command_line(tmp_path):

@@ -144,6 +144,7 @@ def _settings():
   for name in ("attack_lr", "clip", "client_lr"):
     _positive(name, FLAGS[name].value)
   common.check_finite_floats()
+  common.check_given_lists()
   if FLAGS.run is not None:
     if not FLAGS["parts"].present:
       FLAGS.parts = ["membership"]
@@ -188,8 +189,6 @@ def _settings():
               common.parse_numbers([e], float, "mia_epsilon")[0]
               for e in FLAGS.mia_epsilon]
   common.check_unique("mia_epsilon", epsilons)
-  if not nus or not zs:
-    raise UsageError("--nu and --noise_multiplier must name at least one value each")
   if not epsilons or any(not e > 0 for e in epsilons):
     raise UsageError(f"--mia_epsilon must be positive numbers or {NON_PRIVATE}; got "
                      f"{','.join(FLAGS.mia_epsilon)}")

@@ -54,6 +54,16 @@ def check_finite_floats() -> None:
       raise UsageError(f"--{name} must be a finite number; got {flag.value}")
 
 
+def check_given_lists() -> None:
+  """UsageError for a list flag given empty (`--lams=`): it would otherwise run the
+  default silently, or nothing."""
+  for name in FLAGS:
+    flag = FLAGS[name]
+    if flag.present and isinstance(flag.value, list) and not flag.value:
+      raise UsageError(f"--{name} is empty: give at least one value, or leave the flag "
+                       "out for its default")
+
+
 def parse_seeds(values) -> list:
   """--seeds as distinct integers >= 0, at least one; UsageError otherwise."""
   seeds = parse_numbers(values, int, "seeds")

@@ -92,6 +92,7 @@ def _settings():
   common.check_among("algorithm", FLAGS.algorithm, ALGORITHMS)
   common.check_backend(FLAGS.backend, FLAGS.device)
   common.check_finite_floats()
+  common.check_given_lists()
   for name in HYPERNET_FLAGS:
     common.check_applies(name, ["hypernet"], FLAGS.algorithm)
   common.check_applies("fedavg_local_epochs", ["fedavg"], FLAGS.algorithm)
@@ -125,9 +126,6 @@ def _settings():
   rates = common.parse_numbers(FLAGS.sampling_rate, float, "sampling_rate")
   clips = common.parse_numbers(FLAGS.l2_norm_clip, float, "l2_norm_clip") or [None]
   noises = common.parse_numbers(FLAGS.noise_multiplier, float, "noise_multiplier")
-  for name, values in (("sampling_rate", rates), ("noise_multiplier", noises)):
-    if not values:
-      raise UsageError(f"--{name} must name at least one value")
   if FLAGS.public_user_sizes and FLAGS.weight_cap is None:
     raise UsageError("--public_user_sizes applies with --weight_cap only (without it "
                      "every w_u = 1 and W = N)")

@@ -76,6 +76,7 @@ PROFILE_NAMES = ("tiny", "small", "medium", "large", "smoke")
 
 def _settings() -> dict:
   from tff_silo.pandemic import features, graph, pipeline
+  common.check_given_lists()
   common.check_one_of("profile", FLAGS.profile, PROFILE_NAMES)
   common.check_among("methods", FLAGS.methods, pipeline.METHODS)
   common.check_among("modes", FLAGS.modes, graph.MODES)

@@ -54,6 +54,7 @@ SIGNATURE = ("condition", "lam", "error")
 
 def _settings():
   common.check_finite_floats()
+  common.check_given_lists()
   for name in ("num_silos", "n"):
     if FLAGS[name].value < (2 if name == "num_silos" else 1):
       raise UsageError(f"--{name} must be >= {2 if name == 'num_silos' else 1}; got "

@@ -28,6 +28,7 @@ def _run(*flags, timeout=600):
     (["--algorithm=sgd"], "--algorithm must be among"),
     (["--dataset=school"], "--data_dir is required"),
     (["--lam=-2"], "--lam values must be >= 0"),
+    (["--lam="], "--lam is empty: give at least one value"),
     (["--seeds=a,b"], "--seeds must be a comma-separated list"),
     (["--algorithm=ifca", "--num_clusters=0"], "--num_clusters must be >= 1"),
     (["--algorithm=ifca", "--selection_fraction=0"], "--selection_fraction must be in"),

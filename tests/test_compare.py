@@ -338,6 +338,7 @@ def test_every_trial_of_a_grid_has_keys_of_its_own(tuning):
     ("--epsilons=2000", "--epsilons must be at most 1000"),
     ("--epsilons=a", "--epsilons must be numbers or inf"),
     ("--lams=-1", "--lams must list numbers > 0"),
+    ("--lams=", "--lams is empty: give at least one value, or leave the flag out"),
     ("--validation_fraction=1", "--validation_fraction must be in (0, 1)"),
     ("--preset=school", "--preset=school needs --data_dir"),
     ("--preset=fmnist", "--preset=fmnist needs --data_dir (the folder with Fashion"),

@@ -75,13 +75,13 @@ PROFILE_NAMES = ("tiny", "small", "medium", "large", "smoke")
 
 
 def _settings() -> dict:
-  from tff_silo.pandemic import features, graph, pipeline
+  from tff_silo.pandemic import choices, graph   # no TensorFlow: flags checked first
   common.check_given_lists()
   common.check_one_of("profile", FLAGS.profile, PROFILE_NAMES)
-  common.check_among("methods", FLAGS.methods, pipeline.METHODS)
+  common.check_among("methods", FLAGS.methods, choices.METHODS)
   common.check_among("modes", FLAGS.modes, graph.MODES)
-  common.check_among("losses", FLAGS.losses, features.LOSSES)
-  common.check_among("architectures", FLAGS.architectures, features.ARCHITECTURES)
+  common.check_among("losses", FLAGS.losses, choices.LOSSES)
+  common.check_among("architectures", FLAGS.architectures, choices.ARCHITECTURES)
   common.check_backend(FLAGS.backend, FLAGS.device)
   if FLAGS.data_dir is not None:
     if not os.path.isdir(FLAGS.data_dir):

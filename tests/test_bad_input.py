@@ -267,3 +267,20 @@ def test_every_bad_input_ends_in_one_line_before_any_work(binary, tmp_path):
   print(f"{binary}: {len(cases)} bad-input cases")
   assert not failures, "\n".join(failures)
   assert len(results) == len(cases)
+
+
+@pytest.mark.parametrize("binary, flag", [
+    ("run", "--algorithm=sgd"), ("compare", "--preset=mnist"),
+    ("pandemic", "--profile=bogus"), ("hypernet", "--algorithm=sgd")])
+def test_a_bad_flag_is_refused_before_tensorflow_loads(binary, flag):
+  """The one-line error arrives without TensorFlow's import (seconds, and its
+  start-up lines) before it."""
+  script = ("import runpy, sys\n"
+            f"sys.argv = ['{binary}', '{flag}']\n"
+            "try:\n"
+            f"  runpy.run_module('benchmarks.{binary}', run_name='__main__')\n"
+            "except SystemExit as e:\n"
+            "  print('exit', e.code, 'tensorflow' in sys.modules)\n")
+  proc = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True,
+                        text=True, timeout=120)
+  assert proc.stdout.strip() == "exit 2 False", (proc.stdout, proc.stderr[-1000:])

@@ -25,12 +25,11 @@ import numpy as np
 import tensorflow as tf
 
 from tff_silo.models.functional import SiloModel
+from tff_silo.pandemic.choices import ARCHITECTURES, LOSSES
 from tff_silo.pandemic.graph import D_NODE, D_STATIC, WINDOW
 
 PREDICTION_START = 36            # days 36..56 predict days 57..63
 LAST_TRAINING_START = 28         # label days up to 55 (the authors' indexing)
-LOSSES = ("focal", "bce")
-ARCHITECTURES = ("logistic", "mlp")
 
 
 def input_size(sample_size: int) -> int:

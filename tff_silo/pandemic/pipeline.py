@@ -43,9 +43,9 @@ from sklearn import metrics
 
 from tff_silo.data.silos import SiloData
 from tff_silo.pandemic import features, files, graph
+from tff_silo.pandemic.choices import METHODS
 from tff_silo.pandemic.files import DataError
 
-METHODS = ("mrmtl", "local", "fedavg", "centralized")
 BATCH_SIZE = 512                  # the authors' (thesis Table 2.1)
 LEARNING_RATE = 0.2
 NUM_WINDOWS = features.LAST_TRAINING_START + 1    # 29 training windows per person

@@ -91,10 +91,10 @@ flags.DEFINE_float("client_lr", 0.1, "The client's SGD step size (update = -lr *
 flags.DEFINE_float("delta", 1e-5, "delta of the reported dp_sgd epsilon.")
 flags.DEFINE_integer("seed", 0, "Seeds the model, the images, the dummies and the noise.")
 flags.DEFINE_integer("figure_images", 8, "Images shown in the reconstruction grids.")
-flags.DEFINE_string("output", "benchmarks/out/attacks.csv", "Inversion CSV rows are "
-                    "appended to; reconstructions go to <output>_images/.")
-flags.DEFINE_string("figures", "benchmarks/out", "Folder for attacks_grid_<method>.png "
-                    "and attacks_curves.png.")
+common.define_output_flags(
+    output=("attacks.csv", "Inversion CSV rows are appended to; reconstructions go to "
+            "<output>_images/."),
+    figures=(".", "Folder for attacks_grid_<method>.png and attacks_curves.png."))
 flags.DEFINE_list("mia_algorithm", list(MIA_ALGORITHMS), f"Comma-separated, of "
                   f"{MIA_ALGORITHMS}.")
 flags.DEFINE_list("mia_epsilon", [NON_PRIVATE, "1"], "Per-silo target epsilons of the "
@@ -105,10 +105,10 @@ flags.DEFINE_integer("mia_rounds", None, "Rounds (default: the digits preset).")
 flags.DEFINE_float("mia_lam", None, "MR-MTL lambda (default: the digits preset).")
 flags.DEFINE_float("mia_test_fraction", 0.5, "Each silo's held-out share (the "
                    "non-members).")
-flags.DEFINE_string("mia_output", "benchmarks/out/membership.csv", "Membership CSV.")
-flags.DEFINE_string("mia_models", "benchmarks/out/mia_runs", "Where the fresh "
-                    "membership targets are saved (tff_silo.runs) before they are "
-                    "attacked; `--run` attacks them again.")
+common.define_output_flags(
+    mia_output=("membership.csv", "Membership CSV."),
+    mia_models=("mia_runs", "Where the fresh membership targets are saved "
+                "(tff_silo.runs) before they are attacked; `--run` attacks them again."))
 flags.DEFINE_string("mia_backend", "vectorized", "Backend training the membership "
                     "targets: vectorized (one TF program for all silos) or tff.")
 flags.DEFINE_bool("resume", True, "Skip runs whose row is already in the CSV.")

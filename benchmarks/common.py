@@ -355,6 +355,39 @@ def check_output(path: str, signature=(), flag: str = "output") -> None:
     read_rows(path, signature, flag)
 
 
+OUTPUT_DIR = os.path.join("benchmarks", "out")   # git ignores it
+_OUTPUT_NAMES = {}   # path flag -> its file or folder name under --output_dir
+
+
+def define_output_flags(**paths) -> None:
+  """--output_dir, and a path flag for each `name=(file name, help)` whose default
+  is that file (or folder; "." is --output_dir itself) under --output_dir, so that
+  no run writes outside one ignored folder unless told to (`resolve_output_flags`)."""
+  if "output_dir" not in FLAGS:
+    flags.DEFINE_string("output_dir", OUTPUT_DIR, "Folder every output goes to unless "
+                        "its own flag names another path (git ignores the default).")
+  for name, (file_name, help_text) in paths.items():
+    _OUTPUT_NAMES[name] = file_name
+    where = "--output_dir" if file_name == "." else f"--output_dir/{file_name}"
+    flags.DEFINE_string(name, None, f"{help_text} (default: {where})")
+
+
+def output_dir() -> str:
+  """--output_dir; UsageError unless it names a folder (or where one can be)."""
+  folder = FLAGS.output_dir
+  if not folder or os.path.isfile(folder):
+    raise UsageError(f"--output_dir must name a folder; got {folder!r}")
+  return folder
+
+
+def resolve_output_flags() -> None:
+  """Sets every path flag of `define_output_flags` left unset to its file under
+  --output_dir (`run_main` does this before the binary's main)."""
+  for name, file_name in _OUTPUT_NAMES.items():
+    if FLAGS[name].value is None:
+      FLAGS[name].value = os.path.normpath(os.path.join(output_dir(), file_name))
+
+
 FIGURE_FORMATS = ("png", "pdf", "svg", "jpg", "jpeg")
 
 
@@ -446,9 +479,15 @@ def _replace(path: str, content: bytes) -> None:
 
 
 def run_main(main) -> None:
-  """`app.run(main)`, printing a UsageError as `error: ...` and exiting with 2."""
+  """`app.run(main)` with the path flags resolved (`resolve_output_flags`), printing
+  a UsageError as `error: ...` and exiting with 2."""
+  def resolved_main(argv):
+    if "output_dir" in FLAGS:
+      resolve_output_flags()
+    return main(argv)
+
   try:
-    app.run(main)
+    app.run(resolved_main)
   except UsageError as e:
     print(f"error: {e}", file=sys.stderr)
     sys.exit(2)

@@ -127,15 +127,16 @@ flags.DEFINE_float("score_clip", None, "--tuning=private: per-example validation
 common.define_backend_flags("every method here")
 common.define_aggregator_flags()   # the server step of every method but hypernet
 flags.adopt_module_key_flags(common)
+common.define_output_flags()
 flags.DEFINE_string("output", None, "CSV rows are appended to (default: "
-                    "benchmarks/out/compare_<preset>.csv).")
-flags.DEFINE_string("figures_dir", "benchmarks/figures", "Folder of the figures.")
+                    "--output_dir/compare_<preset>.csv).")
+flags.DEFINE_string("figures_dir", None, "Folder of the figures (default: --output_dir).")
 common.define_save_models_flag("every trial (private tuning: every selected trial)")
 flags.DEFINE_string("trials_output", None, "--tuning=private: also write every trial's "
                     "row to this CSV, outside the guarantee (each row's "
                     "epsilon_if_released: releasing every trial of its cell).")
 flags.DEFINE_string("table", None, "Markdown table path (default: "
-                    "benchmarks/out/compare_<preset>[_private].md).")
+                    "--output_dir/compare_<preset>[_private].md).")
 
 
 def _positive_list(name, values, kind):
@@ -233,9 +234,11 @@ def _settings() -> dict:
                      "silo-level cost of tuning is not accounted; use --tuning=free")
   # the default mean adds nothing to the run keys (rows written before it existed)
   s["aggregator_key"] = common.aggregator_key() if FLAGS.aggregator != "mean" else {}
-  s["output"] = FLAGS.output or f"benchmarks/out/compare_{FLAGS.preset}.csv"
+  out = common.output_dir()
+  s["output"] = FLAGS.output or os.path.join(out, f"compare_{FLAGS.preset}.csv")
   suffix = "" if s["tuning"] == "free" else f"_{s['tuning']}"
-  s["table"] = FLAGS.table or f"benchmarks/out/compare_{FLAGS.preset}{suffix}.md"
+  s["table"] = FLAGS.table or os.path.join(out, f"compare_{FLAGS.preset}{suffix}.md")
+  s["figures_dir"] = FLAGS.figures_dir or out
   common.check_output(s["output"], SIGNATURE)
   if FLAGS.trials_output is not None and s["tuning"] != "private":
     raise UsageError("--trials_output applies to --tuning=private only (free tuning "
@@ -721,7 +724,7 @@ def _wins(selected) -> str:
 def _figure(s, name) -> str:
   """Figure `name` of this preset (and tuning mode, unless free)."""
   suffix = "" if s["tuning"] == "free" else f"_{s['tuning']}"
-  return os.path.join(FLAGS.figures_dir, f"{name}_{s['preset']}{suffix}.png")
+  return os.path.join(s["figures_dir"], f"{name}_{s['preset']}{suffix}.png")
 
 
 def _plots(s, trials, selected):

@@ -67,7 +67,7 @@ flags.DEFINE_list("seeds", ["0"], "Comma-separated seeds (partition, init, sampl
 flags.DEFINE_integer("eval_every", 0, "Also evaluate every this many rounds (0: end).")
 common.define_backend_flags("both algorithms; the user-level DP mean")
 flags.adopt_module_key_flags(common)   # --help lists --backend and --device
-flags.DEFINE_string("output", "benchmarks/out/hypernet.csv", "CSV rows are appended to.")
+common.define_output_flags(output=("hypernet.csv", "CSV rows are appended to."))
 flags.DEFINE_bool("resume", True, "Skip runs whose row is already in --output.")
 common.define_save_models_flag("every run (and a hypernetwork run's phi and "
                                "embeddings; FedAvg's global model)")

@@ -40,8 +40,6 @@ flags.DEFINE_string("profile", "small", "Generated profile: tiny, small, medium,
 flags.DEFINE_integer("seed", 0, "Seed of the generated data.")
 flags.DEFINE_float("final_week_rate", 0.003, "Generated data: the share of persons "
                    "newly infected in days 57..63 the outbreak is calibrated to.")
-flags.DEFINE_string("generated_dir", "benchmarks/out/pandemic_data", "Where generated "
-                    "data sets are kept (one folder per profile and seed).")
 flags.DEFINE_string("scenario", "scenario01", "The federated scenario (its clients are "
                     "the silos).")
 flags.DEFINE_list("methods", ["mrmtl", "local", "fedavg", "centralized"], "Of mrmtl, "
@@ -62,9 +60,11 @@ flags.DEFINE_list("architectures", ["logistic"], "Of logistic, mlp.")
 flags.DEFINE_list("seeds", ["0"], "Training seeds (windows, batches, noise).")
 common.define_backend_flags("every method")
 flags.adopt_module_key_flags(common)
-flags.DEFINE_string("output", "benchmarks/out/pandemic.csv", "CSV rows are appended to.")
-flags.DEFINE_string("figures_dir", "benchmarks/out", "Folder of pandemic_ap_epsilon.png "
-                    "and pandemic_time.png.")
+common.define_output_flags(
+    output=("pandemic.csv", "CSV rows are appended to."),
+    generated_dir=("pandemic_data", "Where generated data sets are kept (one folder per "
+                   "profile and seed)."),
+    figures_dir=(".", "Folder of pandemic_ap_epsilon.png and pandemic_time.png."))
 flags.DEFINE_bool("resume", True, "Skip runs whose row is already in --output.")
 flags.DEFINE_bool("epsilon_table", False, "Only print Table 2.6's epsilons recomputed "
                   "by the accountant (Smoke: n = 2,609,976, b = 512, two epochs, "

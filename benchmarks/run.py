@@ -150,7 +150,7 @@ flags.DEFINE_integer("patience", None, "dprivate_clustering on two_cluster: stop
 flags.DEFINE_integer("kmeans_iterations", 10, "dprivate_clustering: Lloyd iterations.")
 common.define_backend_flags("every algorithm here")
 flags.adopt_module_key_flags(common)   # --help lists --backend and --device
-flags.DEFINE_string("output", "benchmarks/out/run.csv", "CSV file rows are appended to.")
+common.define_output_flags(output=("run.csv", "CSV file rows are appended to."))
 flags.DEFINE_bool("resume", True, "Skip runs whose row (same settings, algorithm, "
                   "lambda and seed) is already in --output.")
 common.define_save_models_flag("every run")

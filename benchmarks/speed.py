@@ -66,7 +66,7 @@ flags.DEFINE_integer("digits_rounds", 20, "Rounds of a digits run.")
 flags.DEFINE_integer("sweep_runs", 20, "School runs in the one-process sweep.")
 flags.DEFINE_integer("dprivate_rounds", 150, "Rounds of a dprivate run.")
 flags.DEFINE_integer("hypernet_rounds", 50, "Rounds of a hypernet run.")
-flags.DEFINE_string("output", "benchmarks/out/speed.csv", "CSV file rows are appended to.")
+common.define_output_flags(output=("speed.csv", "CSV file rows are appended to."))
 flags.DEFINE_string("calibration_cache", "warm", f"One of {CACHE_MODES}: the noise "
                     "calibration cache every timed process starts with.")
 flags.DEFINE_string("memory_child", None, f"Internal: one of {MEMORY_BUDGETS}; run the "

@@ -46,8 +46,8 @@ flags.DEFINE_integer("num_lambdas", 100, "Log-spaced lambdas in [1e-3, 1e2] (and
 flags.DEFINE_integer("monte_carlo_trials", 500, "Samples of the model per lambda "
                      "(the thesis ran 500) to check the closed form; 0: none.")
 flags.DEFINE_integer("seed", 0, "Seed of the Monte Carlo check.")
-flags.DEFINE_string("output", "benchmarks/out/tuning_cost.csv", "CSV rows are appended to.")
-flags.DEFINE_string("plot", "benchmarks/figures/tuning_cost.png", "Figure path.")
+common.define_output_flags(output=("tuning_cost.csv", "CSV rows are appended to."),
+                           plot=("tuning_cost.png", "Figure path."))
 
 SIGNATURE = ("condition", "lam", "error")
 

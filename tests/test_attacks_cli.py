@@ -89,9 +89,8 @@ def test_a_tiny_run_writes_rows_figures_and_the_membership_table(tmp_path):
   out = str(tmp_path)
   args = ["--image_size=8", "--images=2", "--iterations=20", "--method=idlg",
           "--defense=none,laplace,dp_sgd", "--nu=1", "--noise_multiplier=0.05",
-          f"--output={out}/attacks.csv", f"--figures={out}", "--mia_rounds=1",
-          "--mia_algorithm=local", "--mia_epsilon=inf,1",
-          f"--mia_output={out}/membership.csv", f"--mia_models={out}/targets"]
+          f"--output_dir={out}", "--mia_rounds=1", "--mia_algorithm=local",
+          "--mia_epsilon=inf,1"]
   done = _run(*args)
   assert done.returncode == 0, done.stderr[-2000:]
   rows = pd.read_csv(f"{out}/attacks.csv")
@@ -107,7 +106,7 @@ def test_a_tiny_run_writes_rows_figures_and_the_membership_table(tmp_path):
   private = mia[mia.target_epsilon == 1]
   assert (private.epsilon_spent <= 1.0).all()
   # train, save, attack: each target is a saved run, its rows those of --run
-  assert sorted(os.listdir(f"{out}/targets")) == sorted(set(mia.saved_run.map(
+  assert sorted(os.listdir(f"{out}/mia_runs")) == sorted(set(mia.saved_run.map(
       os.path.basename)))
   pooled = mia[mia.silo == "all"]
   assert pooled["tpr_at_fpr_0.01"].between(0, 1).all()

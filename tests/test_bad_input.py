@@ -107,6 +107,8 @@ def _cases(binary, f):
     return [
         (["--output=/proc/x/y.csv"], "--output /proc/x/y.csv: its folder cannot be"),
         ([f"--output={f['dir']}"], "is a directory"),
+        ([f"--output_dir={f['a_file']}"], "--output_dir must name a folder"),
+        (["--output_dir=/proc/x"], "--output /proc/x/run.csv: its folder cannot be"),
         ([f"--output={f['a_file']}/y.csv"], "its folder cannot be created"),
         ([f"--output={f['empty_csv']}"], "is an empty file"),
         ([f"--output={f['empty_csv']}", "--noresume"], "is an empty file"),
@@ -167,6 +169,7 @@ def _cases(binary, f):
         ([f"--output={f['dir']}"], "is a directory"),
         ([f"--output={f['garbage_csv']}"], "cannot be read as a CSV"),
         ([f"--output={f['run_csv']}"], "no mean_user_accuracy column"),
+        ([f"--output_dir={f['a_file']}"], "--output_dir must name a folder"),
         (["--plot=/proc/x/p.png", *tiny], "--plot /proc/x/p.png: its folder"),
         (["--plot=figure.txt", *tiny], "--plot figure.txt must end in one of"),
         (["--dataset=femnist", f"--cache_dir={f['empty_folder']}", *tiny],

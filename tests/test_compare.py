@@ -20,8 +20,12 @@ TINY = ["--epsilons=4,inf", "--seeds=0", "--lams=0.1,1", "--rounds=3"]
 
 
 def _compare(tmp_path, *flags, timeout=600, popen=False):
-  args = [sys.executable, "-m", "benchmarks.compare", f"--output={tmp_path / 'c.csv'}",
-          f"--table={tmp_path / 'c.md'}", f"--figures_dir={tmp_path}", *flags]
+  """benchmarks.compare writing to c.csv, c.md and figures in `tmp_path` (or with
+  --output_dir among `flags`, to its defaults there)."""
+  paths = ([] if any(f.startswith("--output_dir") for f in flags) else
+           [f"--output={tmp_path / 'c.csv'}", f"--table={tmp_path / 'c.md'}",
+            f"--figures_dir={tmp_path}"])
+  args = [sys.executable, "-m", "benchmarks.compare", *paths, *flags]
   env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"}
   if popen:
     return subprocess.Popen(args, cwd=ROOT, stdout=subprocess.PIPE,
@@ -30,16 +34,18 @@ def _compare(tmp_path, *flags, timeout=600, popen=False):
                         timeout=timeout, env=env)
 
 
-def _finished(tmp_path, *flags):
+def _finished(tmp_path, *flags, csv="c.csv"):
   """(process, rows of the CSV, its selected rows) of a run that must succeed."""
   proc = _compare(tmp_path, *flags)
   assert proc.returncode == 0, proc.stderr
-  rows = pd.read_csv(tmp_path / "c.csv")
+  rows = pd.read_csv(tmp_path / csv)
   return proc, rows, rows[rows.row_type == "selected"]
 
 
 def test_a_tiny_grid_selects_on_validation_and_writes_its_outputs(tmp_path):
-  proc, rows, selected = _finished(tmp_path, *TINY)
+  out = tmp_path / "out"
+  proc, rows, selected = _finished(out, *TINY, f"--output_dir={out}",
+                                   csv="compare_quick.csv")
   trials = rows[rows.row_type == "trial"]
   # local and fedavg: 1 configuration, mrmtl: 2 lambdas; x 2 epsilons x 1 seed
   assert len(trials) == (1 + 1 + 2) * 2 and len(selected) == 3 * 2
@@ -59,8 +65,11 @@ def test_a_tiny_grid_selects_on_validation_and_writes_its_outputs(tmp_path):
   assert trials[~np.isfinite(trials.epsilon)].epsilon_spent.isna().all()
   # validation and test are different examples: different numbers
   assert not np.allclose(trials.validation_metric, trials.test_metric)
-  for name in ("privacy_utility_quick.png", "lambda_quick.png", "c.md"):
-    assert (tmp_path / name).stat().st_size > 0
+  # every output, and nothing else, in --output_dir
+  written = {"compare_quick.csv", "compare_quick.md", "privacy_utility_quick.png",
+             "lambda_quick.png"}
+  assert set(os.listdir(out)) == written and os.listdir(tmp_path) == ["out"]
+  assert all((out / name).stat().st_size > 0 for name in written)
   assert "| mrmtl |" in proc.stdout and "beats" in proc.stdout
 
 
@@ -331,6 +340,7 @@ def test_every_trial_of_a_grid_has_keys_of_its_own(tuning):
 
 @pytest.mark.parametrize("flag, message", [
     ("--preset=mnist", "--preset must be one of"),
+    ("--output_dir=README.md", "--output_dir must name a folder; got 'README.md'"),
     ("--methods=sgd", "--methods must be among"),
     ("--methods=hypernet", "--methods=hypernet runs on image silos only (--preset=digits"),
     ("--epsilons=0", "--epsilons must be > 0 (inf runs without DP)"),

@@ -39,11 +39,10 @@ def test_a_tiny_profile_runs_end_to_end(tmp_path):
   replacement changes is in it, so a noise small against that shift has no finite
   epsilon, and the row says so.)"""
   args = ["--profile=tiny", "--final_week_rate=0.01", "--methods=mrmtl,centralized",
-          "--noise_multipliers=0,8", f"--generated_dir={tmp_path}/data",
-          f"--output={tmp_path}/p.csv", f"--figures_dir={tmp_path}"]
+          "--noise_multipliers=0,8", f"--output_dir={tmp_path}"]
   done = _run(*args)
   assert done.returncode == 0, done.stderr[-3000:]
-  rows = pd.read_csv(tmp_path / "p.csv")
+  rows = pd.read_csv(tmp_path / "pandemic.csv")
   assert list(rows.method) == ["mrmtl", "mrmtl", "centralized", "centralized"]
   assert (rows.persons == 2000).all() and rows.average_precision.between(0, 1).all()
   private = rows[rows.sigma == 8]
@@ -57,14 +56,17 @@ def test_a_tiny_profile_runs_end_to_end(tmp_path):
   assert (rows.scored_on == "held-out households").all()
   assert (rows.scored < 0.35 * rows.persons).all()
   assert list(private.noise_multiplier) == [8.0, 8.0]   # the noise given
+  # every output in --output_dir
+  assert set(os.listdir(tmp_path)) == {"pandemic.csv", "pandemic_data",
+                                       "pandemic_ap_epsilon.png", "pandemic_time.png"}
   for name in ("pandemic_ap_epsilon.png", "pandemic_time.png"):
     assert (tmp_path / name).stat().st_size > 0
   again = _run(*args)
   assert again.returncode == 0 and again.stderr.count("skipped") == 4
-  assert len(pd.read_csv(tmp_path / "p.csv")) == 4
+  assert len(pd.read_csv(tmp_path / "pandemic.csv")) == 4
   small = _run(*args[:3], "--noise_multipliers=2", *args[4:])
   assert small.returncode == 0, small.stderr[-2000:]
-  rows = pd.read_csv(tmp_path / "p.csv")
+  rows = pd.read_csv(tmp_path / "pandemic.csv")
   row = rows[(rows.sigma == 2) & (rows.method == "mrmtl")].iloc[0]
   assert math.isinf(row.epsilon_theorem)
   assert row.guarantee.startswith("none: no finite node-level epsilon")

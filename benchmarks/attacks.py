@@ -1,10 +1,10 @@
 r"""Attacks against each defense: gradient inversion and membership inference.
 
-Inversion (issue 5; Galli et al. sec. 5.3): the sigmoid LeNet (weights uniform in
+Inversion (Galli et al. sec. 5.3): the sigmoid LeNet (weights uniform in
 (-0.5, 0.5)) at initialization; each attacked image is one client's batch of size 1
 and one SGD step; the server inverts the update it receives under each defense:
 
-    python -m benchmarks.attacks --parts=inversion
+    uv run python -m benchmarks.attacks --parts=inversion
 
 Defaults: 20 digits images upsampled to 32x32, iDLG and DLG with 300 L-BFGS
 iterations; defenses none, the Euclidean Laplace mechanism per layer for each
@@ -17,7 +17,7 @@ Membership inference (thesis sec. 2.5.3): the silo models of local training, Fed
 and MR-MTL on the rotated & masked digits silos, non-private and with silo-specific
 DP-SGD at each --mia_epsilon, attacked with tensorflow-privacy's tools:
 
-    python -m benchmarks.attacks --parts=membership
+    uv run python -m benchmarks.attacks --parts=membership
 
 Each target is trained, saved under --mia_models (`tff_silo.runs`) and attacked
 from its files as `--run` attacks any saved run: one row per silo and one
@@ -26,7 +26,7 @@ pooled TPR at 0.1% and 1% FPR, LiRA's with --lira_shadows).
 
 Membership inference against saved runs (`benchmarks.run --save_models=DIR`):
 
-    python -m benchmarks.attacks --run=DIR
+    uv run python -m benchmarks.attacks --run=DIR
 
 attacks every saved run in DIR (or the one DIR is) with --mia_attack on the silos
 rebuilt from the run's data recipe (checked against its fingerprint; --data_dir
@@ -120,6 +120,7 @@ flags.DEFINE_integer("lira_shadows", 0, "Membership: also the offline "
                      "likelihood-ratio attack (attacks.lira) with this many shadow "
                      "runs, trained as the attacked run was on random halves of every "
                      "silo (0: off).")
+flags.adopt_module_key_flags(common)   # --help lists the shared flags too
 
 FLAGS = flags.FLAGS
 

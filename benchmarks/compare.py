@@ -1,8 +1,8 @@
 """Compare personalization methods across privacy levels, each tuned on validation
 (thesis Fig. 1.3 and G.3; app. B.4).
 
-    python -m benchmarks.compare                      # the `quick` preset
-    python -m benchmarks.compare --preset=school --data_dir=../shared/data
+    uv run python -m benchmarks.compare                      # the `quick` preset
+    uv run python -m benchmarks.compare --preset=school --data_dir=../shared/data
 
 For every (method, epsilon, seed) cell the binary trains each configuration of the
 grid (--lrs x --lams; lambda only for mrmtl, ditto and ifca_mrmtl) on each silo's
@@ -67,7 +67,6 @@ import os
 
 import collections
 import contextlib
-import json
 import math
 import shutil
 import sys
@@ -126,7 +125,6 @@ flags.DEFINE_float("score_clip", None, "--tuning=private: per-example validation
                    "metrics are clipped to [0, score_clip] (default: the preset's).")
 common.define_backend_flags("every method here")
 common.define_aggregator_flags()   # the server step of every method but hypernet
-flags.adopt_module_key_flags(common)
 common.define_output_flags()
 flags.DEFINE_string("output", None, "CSV rows are appended to (default: "
                     "--output_dir/compare_<preset>.csv).")
@@ -137,6 +135,7 @@ flags.DEFINE_string("trials_output", None, "--tuning=private: also write every t
                     "epsilon_if_released: releasing every trial of its cell).")
 flags.DEFINE_string("table", None, "Markdown table path (default: "
                     "--output_dir/compare_<preset>[_private].md).")
+flags.adopt_module_key_flags(common)   # --help lists the shared flags too
 
 
 def _positive_list(name, values, kind):

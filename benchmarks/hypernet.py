@@ -1,7 +1,7 @@
 """HyperNetFL with user-level DP (UDP-Alg, Nemala et al. CIKM'23) against FedAvg.
 
-    python -m benchmarks.hypernet                   # digits: pFedHN vs FedAvg
-    python -m benchmarks.hypernet --algorithm=hypernet --l2_norm_clip=0.05,0.1,0.2 \
+    uv run python -m benchmarks.hypernet                   # digits: pFedHN vs FedAvg
+    uv run python -m benchmarks.hypernet --algorithm=hypernet --l2_norm_clip=0.05,0.1,0.2 \
         --noise_multiplier=5,10 --sampling_rate=0.05,0.1,0.2 --delta=1e-5
 
 Users are label-skewed partitions (`--classes_per_user` classes each, unequal sizes)
@@ -28,7 +28,7 @@ import time
 
 from absl import flags
 
-from benchmarks import common, summarize  # noqa: F401  (summarize defines --plot)
+from benchmarks import common
 from benchmarks.common import UsageError
 
 ALGORITHMS = ("hypernet", "fedavg")
@@ -66,13 +66,13 @@ flags.DEFINE_integer("fedavg_local_epochs", 1, "FedAvg: local epochs per round."
 flags.DEFINE_list("seeds", ["0"], "Comma-separated seeds (partition, init, sampling, noise).")
 flags.DEFINE_integer("eval_every", 0, "Also evaluate every this many rounds (0: end).")
 common.define_backend_flags("both algorithms; the user-level DP mean")
-flags.adopt_module_key_flags(common)   # --help lists --backend and --device
 common.define_output_flags(output=("hypernet.csv", "CSV rows are appended to."))
 flags.DEFINE_bool("resume", True, "Skip runs whose row is already in --output.")
 common.define_save_models_flag("every run (and a hypernetwork run's phi and "
                                "embeddings; FedAvg's global model)")
-# --plot (defined by `benchmarks.summarize`, imported above): a PNG of mean user
-# accuracy against epsilon for this command's runs.
+flags.DEFINE_string("plot", None, "Also write a PNG of mean user accuracy against "
+                    "epsilon for this command's runs here.")
+flags.adopt_module_key_flags(common)   # --help lists the shared flags too
 # Columns every row of this binary has: an existing --output without them is refused.
 SIGNATURE = ("run_key", "algorithm", "mean_user_accuracy")
 HYPERNET_FLAGS = ("sampling_rate", "l2_norm_clip", "noise_multiplier", "weight_cap",

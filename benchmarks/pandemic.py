@@ -1,7 +1,7 @@
 """Pandemic forecasting (thesis ch. 2, the PETs Prize pandemic track): MR-MTL with
 node-level DP-SGD across regional silos, scored by pooled average precision.
 
-    python -m benchmarks.pandemic      # generates the `small` profile (50,000
+    uv run python -m benchmarks.pandemic      # generates the `small` profile (50,000
                                        # persons) and runs the default grid
 
 With `--data_dir` it reads the challenge's own layout (real files or a generated
@@ -59,7 +59,6 @@ flags.DEFINE_list("alphas", ["0.75"], "Focal loss alphas.")
 flags.DEFINE_list("architectures", ["logistic"], "Of logistic, mlp.")
 flags.DEFINE_list("seeds", ["0"], "Training seeds (windows, batches, noise).")
 common.define_backend_flags("every method")
-flags.adopt_module_key_flags(common)
 common.define_output_flags(
     output=("pandemic.csv", "CSV rows are appended to."),
     generated_dir=("pandemic_data", "Where generated data sets are kept (one folder per "
@@ -69,6 +68,7 @@ flags.DEFINE_bool("resume", True, "Skip runs whose row is already in --output.")
 flags.DEFINE_bool("epsilon_table", False, "Only print Table 2.6's epsilons recomputed "
                   "by the accountant (Smoke: n = 2,609,976, b = 512, two epochs, "
                   "the thesis' delta = 1/n), with both exponents; no data is read.")
+flags.adopt_module_key_flags(common)   # --help lists the shared flags too
 
 SIGNATURE = ("run_key", "average_precision", "mode")
 PROFILE_NAMES = ("tiny", "small", "medium", "large", "smoke")

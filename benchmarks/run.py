@@ -1,12 +1,12 @@
 """Compare personalization methods under silo-specific example-level DP.
 
-    python -m benchmarks.run                        # digits: local, FedAvg, MR-MTL
-    python -m benchmarks.run --dataset=school --data_dir=../shared/data \
+    uv run python -m benchmarks.run                        # digits: local, FedAvg, MR-MTL
+    uv run python -m benchmarks.run --dataset=school --data_dir=../shared/data \
         --algorithm=mrmtl,fedavg,local --epsilon=6 --seeds=0,1,2,3,4
 
-    python -m benchmarks.run --dataset=two_cluster --algorithm=dprivate_clustering \
+    uv run python -m benchmarks.run --dataset=two_cluster --algorithm=dprivate_clustering \
         --nu=5 --clients_per_round=7 --patience=6
-    python -m benchmarks.run --dataset=school --data_dir=../shared/data \
+    uv run python -m benchmarks.run --dataset=school --data_dir=../shared/data \
         --algorithm=mrmtl --aggregator=dp_fixed --silo_epsilon=4
 
 Appends one CSV row per (algorithm, lambda, seed) to --output and prints a table of
@@ -149,11 +149,11 @@ flags.DEFINE_integer("patience", None, "dprivate_clustering on two_cluster: stop
                      "this many rounds without validation improvement.")
 flags.DEFINE_integer("kmeans_iterations", 10, "dprivate_clustering: Lloyd iterations.")
 common.define_backend_flags("every algorithm here")
-flags.adopt_module_key_flags(common)   # --help lists --backend and --device
 common.define_output_flags(output=("run.csv", "CSV file rows are appended to."))
 flags.DEFINE_bool("resume", True, "Skip runs whose row (same settings, algorithm, "
                   "lambda and seed) is already in --output.")
 common.define_save_models_flag("every run")
+flags.adopt_module_key_flags(common)   # --help lists the shared flags too
 
 
 def _settings():
@@ -619,13 +619,13 @@ def _row(result, seed, algorithm, lam, s, silos, backend, device):
 
 def _print_table(rows):
   import pandas as pd
-  from benchmarks import summarize
+  from benchmarks import tables
   df = pd.DataFrame(rows)
   print(f"\n{FLAGS.dataset}: {rows[0]['metric']} over {len(set(df.seed))} seed(s), "
         f"epsilon={FLAGS.epsilon}, rounds={rows[0]['rounds']} (a row's epsilon covers "
         "that run; runs on the same silos compose)")
-  print(summarize.summary_table(df).to_string(index=False,
-                                             float_format=lambda v: f"{v:.4f}"))
+  print(tables.summary_table(df).to_string(index=False,
+                                          float_format=lambda v: f"{v:.4f}"))
 
 
 def _batches(planned, backend):

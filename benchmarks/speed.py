@@ -28,7 +28,7 @@ timed process uses a cache folder of this invocation: `--calibration_cache=cold`
 gives each an empty one, `warm` one shared folder filled (untimed) with the
 calibrations of every timed run first, as a user's rerun or sweep finds it.
 
-    python -m benchmarks.speed --data_dir=../shared/data --repeats=3
+    uv run python -m benchmarks.speed --data_dir=../shared/data --repeats=3
 """
 
 from __future__ import annotations
@@ -69,10 +69,14 @@ flags.DEFINE_integer("hypernet_rounds", 50, "Rounds of a hypernet run.")
 common.define_output_flags(output=("speed.csv", "CSV file rows are appended to."))
 flags.DEFINE_string("calibration_cache", "warm", f"One of {CACHE_MODES}: the noise "
                     "calibration cache every timed process starts with.")
-flags.DEFINE_string("memory_child", None, f"Internal: one of {MEMORY_BUDGETS}; run the "
-                    "memory part's round in this process and print it as JSON.")
-flags.DEFINE_bool("sweep_child", False, "Internal: run the sweep in this process and "
-                  "print its timings as JSON.")
+# The children this binary starts; under a module of their own, out of --help.
+INTERNAL = "benchmarks.speed (internal: the timed children)"
+flags.DEFINE_string("memory_child", None, f"One of {MEMORY_BUDGETS}; run the memory "
+                    "part's round in this process and print it as JSON.",
+                    module_name=INTERNAL)
+flags.DEFINE_bool("sweep_child", False, "Run the sweep in this process and print its "
+                  "timings as JSON.", module_name=INTERNAL)
+flags.adopt_module_key_flags(common)   # --help lists the shared flags too
 
 
 def _school_args(rounds, algorithm="mrmtl"):

@@ -18,7 +18,7 @@ tuning can reach; h = 0 of Poisson releases nothing and counts as local training
 against local training (lambda = 0) and FedAvg (lambda -> inf) of the `private`
 condition, which need no tuning.
 
-    python -m benchmarks.tuning_cost   # the authors' settings (flag defaults)
+    uv run python -m benchmarks.tuning_cost   # the authors' settings (flag defaults)
 """
 
 from __future__ import annotations
@@ -48,6 +48,7 @@ flags.DEFINE_integer("monte_carlo_trials", 500, "Samples of the model per lambda
 flags.DEFINE_integer("seed", 0, "Seed of the Monte Carlo check.")
 common.define_output_flags(output=("tuning_cost.csv", "CSV rows are appended to."),
                            plot=("tuning_cost.png", "Figure path."))
+flags.adopt_module_key_flags(common)   # --help lists the shared flags too
 
 SIGNATURE = ("condition", "lam", "error")
 

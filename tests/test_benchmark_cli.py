@@ -196,20 +196,20 @@ def test_paper_and_shuffled_rows_say_what_their_epsilon_is(tmp_path):
   assert paper["protocol"] == "paper" and paper["public_silo_sizes"]
   assert paper["epsilon_spent_max"] <= 2.0 and paper["train_metric_outside_guarantee"] > 0
   assert pd.isna(shuffled["epsilon_spent_max"]) and shuffled["epsilon_if_poisson_max"] > 0
-  from benchmarks import summarize
-  assert len(summarize.summary_table(pd.read_csv(out))) == 2   # never averaged together
+  from benchmarks import tables
+  assert len(tables.summary_table(pd.read_csv(out))) == 2   # never averaged together
 
 
 def test_summary_table_means_over_seeds():
-  from benchmarks import summarize
+  from benchmarks import tables
   df = pd.DataFrame(dict(dataset="d", algorithm=["a", "a", "b"], lam=0.0, epsilon=1.0,
                          seed=[0, 1, 0], test_metric=[0.2, 0.4, 0.5],
                          train_metric=[0.1, 0.1, 0.1], epsilon_spent_max=[0.9, 1.0, 0.8],
                          noise_multiplier_mean=1.0, wall_seconds=1.0))
-  table = summarize.summary_table(df).set_index("algorithm")
+  table = tables.summary_table(df).set_index("algorithm")
   assert table.loc["a", "test_mean"] == pytest.approx(0.3)
   assert table.loc["a", "seeds"] == 2 and table.loc["a", "eps_spent_max"] == 1.0
-  assert "| d | a |" in summarize.to_markdown(summarize.summary_table(df))
+  assert "| d | a |" in tables.to_markdown(tables.summary_table(df))
 
 
 def test_rerun_resumes_from_the_csv(tmp_path):

@@ -1,5 +1,5 @@
 """A coordinate-wise trimmed mean as a `tff.aggregators.UnweightedAggregationFactory`:
-the README's worked example of a new aggregator (section "Writing a new
+the worked example of a new aggregator in `tff_silo/README.md` ("Writing a new
 aggregator"), usable as `--aggregator=tff_silo.trimmed_mean:TrimmedMeanFactory`.
 
 For every coordinate the server drops the floor(beta n) smallest and the

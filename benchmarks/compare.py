@@ -652,7 +652,8 @@ def _grid_table(selected, column: str, lambdas: bool) -> str:
   """Markdown: method x epsilon, `column` mean +- sd over seeds (and the lambdas
   selected)."""
   epsilons = sorted(selected.epsilon.unique())
-  lines = ["| method | " + " | ".join(f"eps {_epsilon_label(e)}" for e in epsilons) + " |",
+  lines = ["| method | " + " | ".join(_epsilon_label(e) if math.isinf(e) else f"eps {e:g}"
+                                     for e in epsilons) + " |",
            "|---" * (len(epsilons) + 1) + "|"]
   for method, part in selected.groupby("method", sort=False):
     cells = []
@@ -726,6 +727,40 @@ def _figure(s, name) -> str:
   return os.path.join(s["figures_dir"], f"{name}_{s['preset']}{suffix}.png")
 
 
+def _against_epsilon(ax, selected, column: str) -> None:
+  """`column` of the selected rows against epsilon, one line per method: the mean
+  over seeds with a band of one sd, on a log epsilon axis; the non-private cells as
+  points set apart on the right (side by side); a log y when the largest value is
+  4 or more times the smallest, so that the small ones stay readable."""
+  finite = sorted(e for e in selected.epsilon.unique() if math.isfinite(e))
+  apart = (finite[-1] if finite else 1.0) * 3   # where the non-private points go
+  for i, (method, rows) in enumerate(selected.groupby("method", sort=False)):
+    stats = rows.groupby("epsilon")[column].agg(["mean", "std"]).fillna(0.0)
+    private = stats[np.isfinite(stats.index)]
+    color = f"C{i}"
+    ax.plot(private.index, private["mean"], marker="o", color=color, label=method)
+    ax.fill_between(private.index, private["mean"] - private["std"],
+                    private["mean"] + private["std"], color=color, alpha=0.2, lw=0)
+    if np.isinf(stats.index).any():
+      point = stats.loc[np.inf]
+      ax.errorbar([apart * 1.06 ** i], [point["mean"]], yerr=[point["std"]], marker="s",
+                  color=color, capsize=3, ls="none")
+  ax.set_xscale("log")
+  ticks = finite + ([apart] if np.isinf(selected.epsilon).any() else [])
+  ax.set_xticks(ticks, [f"{e:g}" for e in finite]
+                + (["non-private"] if len(ticks) > len(finite) else []))
+  ax.minorticks_off()
+  if len(ticks) > len(finite):
+    ax.axvline((finite[-1] * apart) ** 0.5 if finite else apart / 2, color="grey",
+               ls=":", lw=0.8)
+  values = selected[column][np.isfinite(selected[column])]
+  if len(values) and values.min() > 0 and values.max() >= 4 * values.min():
+    ax.set_yscale("log")
+  ax.set_xlabel("per-silo epsilon (log scale)")
+  ax.legend(title=f"mean, band: sd over {selected.seed.nunique()} seeds",
+            title_fontsize=7, fontsize=7)
+
+
 def _plots(s, trials, selected):
   """The privacy-utility, leakage (with --membership) and lambda figures; `trials`
   None (private tuning) draws every figure from the selected rows alone."""
@@ -734,13 +769,9 @@ def _plots(s, trials, selected):
   import matplotlib.pyplot as plt
   import seaborn as sns
   epsilons = sorted(selected.epsilon.unique())
-  position = {e: i for i, e in enumerate(epsilons)}
   metric = selected.metric.iloc[0]
   fig, ax = plt.subplots(figsize=(6.5, 4.2))
-  sns.lineplot(data=selected.assign(x=selected.epsilon.map(position)), x="x",
-               y="test_metric", hue="method", marker="o", errorbar="sd", ax=ax)
-  ax.set_xticks(range(len(epsilons)), [_epsilon_label(e) for e in epsilons])
-  ax.set_xlabel("per-silo epsilon")
+  _against_epsilon(ax, selected, "test_metric")
   ax.set_ylabel(f"test {metric} (tuned on validation)")
   ax.set_title(f"{s['preset']}: tuning {s['tuning']}" + (
       " (not accounted)" if s["tuning"] == "free" else " (accounted)"), fontsize=9)
@@ -749,12 +780,9 @@ def _plots(s, trials, selected):
   plt.close(fig)
   if "mia_auc" in selected and selected.mia_auc.notna().any():
     fig, ax = plt.subplots(figsize=(6.5, 4.2))
-    sns.lineplot(data=selected.assign(x=selected.epsilon.map(position)), x="x",
-                 y="mia_auc", hue="method", marker="o", errorbar="sd", ax=ax)
-    ax.axhline(0.5, ls=":", color="grey")
-    ax.set_xticks(range(len(epsilons)), [_epsilon_label(e) for e in epsilons])
-    ax.set_xlabel("per-silo epsilon")
-    ax.set_ylabel("membership inference AUC (pooled)")
+    _against_epsilon(ax, selected[selected.mia_auc.notna()], "mia_auc")
+    ax.axhline(0.5, ls=":", color="grey")   # chance
+    ax.set_ylabel("membership inference AUC (pooled; chance 0.5)")
     ax.set_title(f"{s['preset']}: leakage of the selected models", fontsize=9)
     fig.tight_layout()
     fig.savefig(_figure(s, "leakage"), dpi=120)
@@ -768,7 +796,7 @@ def _plots(s, trials, selected):
   columns = min(4, len(epsilons))
   rows = -(-len(epsilons) // columns)
   fig, axes = plt.subplots(rows, columns, figsize=(3.2 * columns, 3.2 * rows),
-                           sharey=True, squeeze=False)
+                           squeeze=False)   # each epsilon its own y: scales differ
   for ax in axes.flat[len(epsilons):]:
     ax.set_visible(False)
   for ax, epsilon in zip(axes.flat, epsilons):
@@ -787,10 +815,13 @@ def _plots(s, trials, selected):
       if len(line):
         ax.axhline(line.test_metric.mean(), ls="--", color=f"C{i + 3}", label=other)
     ax.set_xscale("log")
-    ax.set_title(f"epsilon {_epsilon_label(epsilon)}", fontsize=9)
+    ax.set_title(_epsilon_label(epsilon) if math.isinf(epsilon) else f"epsilon {epsilon:g}",
+                 fontsize=9)
     ax.set_xlabel("lambda" if trials is not None else "lambda selected (each seed)")
     ax.set_ylabel(f"test {metric}")
-  axes[0][0].legend(fontsize=7)
+  axes[0][0].legend(fontsize=7, title=None if trials is None else
+                    f"band: sd over {lam_rows.seed.nunique()} seeds; dashed: "
+                    "untuned methods' mean", title_fontsize=6)
   fig.tight_layout()
   fig.savefig(_figure(s, "lambda"), dpi=120)
   plt.close(fig)

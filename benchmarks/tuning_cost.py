@@ -93,6 +93,9 @@ def _conditions(etas):
 
 
 def _plot(rows, summary, path):
+  """E(lambda) per condition; at the right, the error tuning reaches under each
+  (x) beside the untuned baselines at the one-release noise (local: one line;
+  FedAvg, near it here: its own)."""
   import matplotlib
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt
@@ -100,12 +103,23 @@ def _plot(rows, summary, path):
   import seaborn as sns
   df = pd.DataFrame(rows)
   df = df[df.lam > 0]
+  conditions = list(dict.fromkeys(df.condition))
+  colors = dict(zip(conditions, sns.color_palette("viridis", len(conditions))))
   fig, ax = plt.subplots(figsize=(8.5, 4.5))
-  sns.lineplot(data=df, x="lam", y="error", hue="condition", ax=ax,
-               palette="viridis", linewidth=1.3)
+  sns.lineplot(data=df, x="lam", y="error", hue="condition", ax=ax, palette=colors,
+               linewidth=1.3)
+  right = df.lam.max() * 3
+  for entry in summary:
+    if np.isfinite(entry["tuned_error"]):
+      ax.plot([right], [entry["tuned_error"]], marker="x", ms=8, mew=2, ls="none",
+              color=colors[entry["condition"]])
+  ax.plot([], [], marker="x", ls="none", color="grey",
+          label="after tuning (oracle score), per condition")
   private = next(s for s in summary if s["condition"] == "private")
-  ax.axhline(private["local_error"], ls="--", color="green", label="local (private)")
-  ax.axhline(private["fedavg_error"], ls=":", color="green", label="FedAvg (private)")
+  ax.axhline(private["local_error"], ls="--", color="black", lw=1,
+             label=f"local, untuned ({private['local_error']:.4f})")
+  ax.axhline(private["fedavg_error"], ls=":", color="firebrick", lw=1.5,
+             label=f"FedAvg, untuned ({private['fedavg_error']:.4f})")
   ax.set_xscale("log")
   ax.set_yscale("log")
   ax.set_xlabel("lambda")

@@ -66,3 +66,27 @@ def _stop_tff_workers_at_end():
   yield
   from tff_silo import runtime
   runtime.stop_tff_workers()
+
+
+def pytest_configure(config):
+  config.addinivalue_line("markers", "cli: starts a Python subprocess (a binary); "
+                          "`pytest -m 'not cli'` leaves these out for a quick loop")
+
+
+@pytest.fixture(autouse=True)
+def _only_cli_tests_start_python(request, monkeypatch):
+  """A test that starts a Python interpreter must be marked `cli`, so that the
+  marker leaves out every slow start (TFF's worker, not Python, is exempt)."""
+  if request.node.get_closest_marker("cli"):
+    return
+  import subprocess
+  import sys
+
+  class Refused(subprocess.Popen):
+    def __init__(self, args, *rest, **kwargs):
+      first = args[0] if isinstance(args, (list, tuple)) else str(args).split()[0]
+      if os.path.realpath(first) == os.path.realpath(sys.executable):
+        raise AssertionError("this test starts Python: mark it @pytest.mark.cli")
+      super().__init__(args, *rest, **kwargs)
+
+  monkeypatch.setattr(subprocess, "Popen", Refused)

@@ -9,6 +9,8 @@ import sys
 import pandas as pd
 import pytest
 
+pytestmark = pytest.mark.cli   # every test here starts a binary
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 

@@ -13,6 +13,8 @@ import sys
 
 import pytest
 
+pytestmark = pytest.mark.cli   # every test here starts a binary
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 # The functions of each binary that start training (or timing) when called.

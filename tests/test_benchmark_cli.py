@@ -20,6 +20,7 @@ def _run(*flags, timeout=600):
                         env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"})
 
 
+@pytest.mark.cli
 @pytest.mark.parametrize("flags, message", [
     (["--epsilon=0"], "--epsilon must be > 0"),
     (["--epsilon=-1"], "--epsilon must be > 0"),
@@ -77,6 +78,7 @@ def test_bad_flags_end_in_one_line(flags, message):
   assert "Traceback" not in proc.stderr
 
 
+@pytest.mark.cli
 def test_gpu_without_one_ends_in_one_line():
   import tensorflow as tf
   if tf.config.list_physical_devices("GPU"):
@@ -87,6 +89,7 @@ def test_gpu_without_one_ends_in_one_line():
   assert len(lines) == 1 and "TensorFlow sees no GPU" in lines[0], proc.stderr
 
 
+@pytest.mark.cli
 def test_data_dir_without_the_file(tmp_path):
   proc = _run("--dataset=school", f"--data_dir={tmp_path}", timeout=120)
   assert proc.returncode != 0
@@ -94,6 +97,7 @@ def test_data_dir_without_the_file(tmp_path):
   assert len(lines) == 1 and "data file not found" in lines[0], proc.stderr
 
 
+@pytest.mark.cli
 def test_tiny_run_writes_a_row_and_exits(tmp_path):
   out = tmp_path / "rows.csv"
   # capture_output waits for the pipes to close: a leaked worker would hang this.
@@ -118,6 +122,7 @@ def test_tiny_run_writes_a_row_and_exits(tmp_path):
   assert (rows.peak_memory_mb > 0).all()
 
 
+@pytest.mark.cli
 def test_a_run_prints_no_tensorflow_start_up_lines(tmp_path):
   """Without TF_CPP_MIN_LOG_LEVEL set, TensorFlow's C++ log lines (on a CPU machine:
   "Unable to register cuDNN factory" ...) stay silent; the progress lines show."""
@@ -130,6 +135,7 @@ def test_a_run_prints_no_tensorflow_start_up_lines(tmp_path):
   assert "round 1/1" in proc.stderr
 
 
+@pytest.mark.cli
 def test_mocha_runs_from_the_command_line(tmp_path):
   out = tmp_path / "rows.csv"
   proc = _run("--dataset=synthetic", "--algorithm=mocha", "--rounds=2", "--epsilon=2",
@@ -141,6 +147,7 @@ def test_mocha_runs_from_the_command_line(tmp_path):
   assert rows.test_metric.notna().all() and rows.test_metric.nunique() == 2
 
 
+@pytest.mark.cli
 def test_aggregators_from_the_command_line(tmp_path):
   """A built-in with silo-level DP and a user's factory by module path: each row
   says which ran, its parameters, its measurements and its own guarantee."""
@@ -167,6 +174,7 @@ def test_aggregators_from_the_command_line(tmp_path):
   assert own["aggregator"] == user and pd.isna(own["silo_epsilon_spent"])
 
 
+@pytest.mark.cli
 def test_saved_models_load_with_the_split_they_trained_on(tmp_path):
   from benchmarks import datasets
   from tff_silo import runs
@@ -186,6 +194,7 @@ def test_saved_models_load_with_the_split_they_trained_on(tmp_path):
     assert saved.model().name == "linear_regression"
 
 
+@pytest.mark.cli
 def test_paper_and_shuffled_rows_say_what_their_epsilon_is(tmp_path):
   out = tmp_path / "rows.csv"
   base = ["--dataset=synthetic", "--algorithm=local", "--rounds=1", "--epsilon=2",
@@ -212,6 +221,7 @@ def test_summary_table_means_over_seeds():
   assert "| d | a |" in tables.to_markdown(tables.summary_table(df))
 
 
+@pytest.mark.cli
 def test_rerun_resumes_from_the_csv(tmp_path):
   out = tmp_path / "rows.csv"
   flags = ["--dataset=synthetic", "--algorithm=local", "--rounds=1", f"--output={out}"]
@@ -223,6 +233,7 @@ def test_rerun_resumes_from_the_csv(tmp_path):
   assert len(pd.read_csv(out)) == 2
 
 
+@pytest.mark.cli
 def test_sigterm_stops_the_worker(tmp_path):
   import signal
   import time
@@ -241,6 +252,7 @@ def test_sigterm_stops_the_worker(tmp_path):
   assert proc.returncode != 0
 
 
+@pytest.mark.cli
 @pytest.mark.parametrize("flags, message", [
     (["--dataset=two_cluster", "--algorithm=dprivate_clustering", "--nu=5",
       "--leakage_cap=0.1"], "below the leakage of one participation"),
@@ -254,6 +266,7 @@ def test_clustering_inputs_checked_at_run_time_end_in_one_line(tmp_path, flags, 
   assert len(lines) == 1 and message in lines[0], proc.stderr[-2000:]
 
 
+@pytest.mark.cli
 def test_clustering_rows_record_cluster_quality_and_leakage(tmp_path):
   out = tmp_path / "rows.csv"
   proc = _run("--dataset=two_cluster", "--algorithm=dprivate_clustering,ifca",
@@ -270,6 +283,7 @@ def test_clustering_rows_record_cluster_quality_and_leakage(tmp_path):
   assert pd.isna(rows.loc["dprivate_clustering", "ari"])
 
 
+@pytest.mark.cli
 def test_speed_times_both_backends_side_by_side(tmp_path):
   """`benchmarks.speed --parts=hypernet`: one fresh UDP-Alg run per backend, the
   same accuracy on both, and the medians' ratios printed."""

@@ -42,6 +42,7 @@ def _finished(tmp_path, *flags, csv="c.csv"):
   return proc, rows, rows[rows.row_type == "selected"]
 
 
+@pytest.mark.cli
 def test_a_tiny_grid_selects_on_validation_and_writes_its_outputs(tmp_path):
   out = tmp_path / "out"
   proc, rows, selected = _finished(out, *TINY, f"--output_dir={out}",
@@ -73,6 +74,7 @@ def test_a_tiny_grid_selects_on_validation_and_writes_its_outputs(tmp_path):
   assert "| mrmtl |" in proc.stdout and "beats" in proc.stdout
 
 
+@pytest.mark.cli
 def test_a_killed_run_resumes_without_redoing_finished_trials(tmp_path):
   proc = _compare(tmp_path, *TINY, "--lams=0.01,0.1,1,10", popen=True)
   deadline = time.monotonic() + 300
@@ -94,6 +96,7 @@ def test_a_killed_run_resumes_without_redoing_finished_trials(tmp_path):
   pd.testing.assert_frame_equal(rows.iloc[:len(first)], first, check_dtype=False)
 
 
+@pytest.mark.cli
 def test_a_killed_private_tuning_resumes_from_its_partial_trials(tmp_path):
   """Under private tuning finished trials wait in the partial file (each marked
   outside the guarantee) until their cell is selected; a rerun picks them up, and
@@ -114,6 +117,7 @@ def test_a_killed_private_tuning_resumes_from_its_partial_trials(tmp_path):
   assert len(rows) == len(selected) == 2 and not partial.exists()
 
 
+@pytest.mark.cli
 def test_private_tuning_meets_its_budget_by_dp_accountings_own_bound(tmp_path):
   """Each private cell draws h trials with their own seeds; the noisy score alone
   selects; the selected row's epsilon is the tuning's total, and dp_accounting's
@@ -162,6 +166,7 @@ def test_private_tuning_meets_its_budget_by_dp_accountings_own_bound(tmp_path):
   assert "4 already in" in again.stderr and "in 0 batches" in again.stderr
 
 
+@pytest.mark.cli
 def test_private_tuning_writes_only_what_its_accountant_covers(tmp_path):
   """Papernot & Steinke's bound covers the best trial alone, with h hidden: a
   private-tuning run writes one row per cell with the released columns only (no
@@ -192,6 +197,7 @@ def test_private_tuning_writes_only_what_its_accountant_covers(tmp_path):
   assert "| mrmtl |" in table and proc.stdout.startswith(table.splitlines()[0])
 
 
+@pytest.mark.cli
 def test_membership_inference_reports_leakage_beside_utility(tmp_path):
   proc, _, selected = _finished(tmp_path, "--methods=local,fedavg", "--epsilons=inf",
                                 "--seeds=0", "--rounds=3", "--membership")
@@ -201,6 +207,7 @@ def test_membership_inference_reports_leakage_beside_utility(tmp_path):
   assert "Membership inference" in proc.stdout
 
 
+@pytest.mark.cli
 def test_ifca_methods_run_in_the_grid(tmp_path):
   _, _, selected = _finished(tmp_path, "--methods=ifca,ifca_mrmtl", "--epsilons=4",
                              "--seeds=0", "--lams=1", "--rounds=3")
@@ -208,6 +215,7 @@ def test_ifca_methods_run_in_the_grid(tmp_path):
   assert np.all((selected.epsilon_spent > 3.99) & (selected.epsilon_spent <= 4.0))
 
 
+@pytest.mark.cli
 def test_mocha_is_tuned_over_lambda_in_the_grid(tmp_path):
   _, rows, selected = _finished(tmp_path, "--methods=mocha,local", "--epsilons=4",
                                 "--seeds=0", "--lams=0.001,0.1", "--rounds=3")
@@ -217,6 +225,7 @@ def test_mocha_is_tuned_over_lambda_in_the_grid(tmp_path):
   assert np.all((selected.epsilon_spent > 3.99) & (selected.epsilon_spent <= 4.0))
 
 
+@pytest.mark.cli
 def test_the_hypernetwork_runs_with_a_user_level_epsilon(tmp_path):
   """UDP-Alg among the methods: one configuration, its noise calibrated so that T
   user-sampled Gaussian rounds are (epsilon, delta)-DP at the user level, by
@@ -239,6 +248,7 @@ def test_the_hypernetwork_runs_with_a_user_level_epsilon(tmp_path):
   assert selected.test_metric.between(0, 1).all()
 
 
+@pytest.mark.cli
 def test_a_dp_aggregator_reports_its_silo_level_epsilon(tmp_path):
   proc, _, selected = _finished(tmp_path, "--methods=fedavg", "--epsilons=4", "--seeds=0",
                                 "--rounds=3", "--aggregator=dp_fixed", "--silo_epsilon=3")
@@ -251,6 +261,7 @@ def test_a_dp_aggregator_reports_its_silo_level_epsilon(tmp_path):
   assert "covers the server's aggregates" in proc.stdout
 
 
+@pytest.mark.cli
 def test_saved_trials_load_with_the_silos_they_trained_on(tmp_path):
   from benchmarks import datasets
   from tff_silo import runs, simulation
@@ -267,6 +278,7 @@ def test_saved_trials_load_with_the_silos_they_trained_on(tmp_path):
   assert 3.99 < max(shadow.privacy.epsilon_spent) <= 4.0
 
 
+@pytest.mark.cli
 def test_vehicle_accuracy_is_tuned_upwards(tmp_path, shared_data):
   """A preset read from --data_dir whose metric is accuracy (higher is better)."""
   _, rows, selected = _finished(tmp_path, "--preset=vehicle", f"--data_dir={shared_data}",
@@ -286,6 +298,7 @@ def test_the_fashion_mnist_presets_read_their_folder(tmp_path, idx_files):
     datasets.compare_preset_silos("fmnist", 0, str(tmp_path))
 
 
+@pytest.mark.cli
 def test_private_tuning_of_ifca_counts_its_selections(tmp_path):
   """IFCA's private selections take a share of the trial's own epsilon; the
   calibration solves for it and the total, recomputed from what ran, meets the
@@ -338,6 +351,7 @@ def test_every_trial_of_a_grid_has_keys_of_its_own(tuning):
   assert not set(seeds) & {t["run_seed"] for t in grid.trials(dict(s, rounds=4))}
 
 
+@pytest.mark.cli
 @pytest.mark.parametrize("flag, message", [
     ("--preset=mnist", "--preset must be one of"),
     ("--output_dir=README.md", "--output_dir must name a folder; got 'README.md'"),

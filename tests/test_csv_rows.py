@@ -55,6 +55,7 @@ def _run(out, *extra):
       env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"})
 
 
+@pytest.mark.cli
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL], ids=["term", "kill"])
 def test_a_killed_sweep_keeps_its_finished_rows_and_resumes(tmp_path, sig):
   out = tmp_path / "rows.csv"

@@ -9,6 +9,8 @@ import pytest
 
 from benchmarks import common, flag_docs
 
+pytestmark = pytest.mark.cli   # the tables are read from a subprocess per binary
+
 
 @pytest.fixture(scope="module")
 def found():

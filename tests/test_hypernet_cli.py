@@ -57,12 +57,14 @@ def test_bad_flags_raise_usage_errors(overrides, message):
   assert message in str(error.value)
 
 
+@pytest.mark.cli
 def test_bad_input_ends_in_one_line():
   done = _run("--sampling_rate=1.5")
   assert done.returncode == 2
   assert done.stderr.strip() == "error: sampling_rate (q) must be in (0, 1], got 1.5"
 
 
+@pytest.mark.cli
 def test_a_user_without_data_ends_in_one_line():
   done = _run("--num_users=1000", "--algorithm=hypernet")
   assert done.returncode == 2
@@ -70,6 +72,7 @@ def test_a_user_without_data_ends_in_one_line():
   assert len(lines) == 1 and "use fewer users" in lines[0]
 
 
+@pytest.mark.cli
 def test_tiny_grid_writes_rows_with_the_accounted_epsilon(tmp_path):
   out = tmp_path / "hn.csv"
   done = _run("--rounds=2", "--num_users=6", "--sampling_rate=0.5",

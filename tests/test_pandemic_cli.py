@@ -10,6 +10,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
+pytestmark = pytest.mark.cli   # every test here starts a binary
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 

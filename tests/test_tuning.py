@@ -197,6 +197,7 @@ def _tuning_cost(*flags):
                         cwd=root, capture_output=True, text=True, timeout=300)
 
 
+@pytest.mark.cli
 def test_the_tuning_cost_binary_writes_rows_and_a_figure(tmp_path):
   import pandas as pd
   out, plot = tmp_path / "t.csv", tmp_path / "t.png"
@@ -214,6 +215,7 @@ def test_the_tuning_cost_binary_writes_rows_and_a_figure(tmp_path):
   assert "tuned_error" in proc.stdout
 
 
+@pytest.mark.cli
 @pytest.mark.parametrize("flag, message", [
     ("--etas=-1", "--etas must be > -1"), ("--mean_trials=1", "--mean_trials must be > 1"),
     ("--delta=0", "--delta must be in (0, 1)"), ("--plot=x.txt", "--plot x.txt must end"),

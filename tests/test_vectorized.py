@@ -370,6 +370,7 @@ common.run_main(__import__("benchmarks." + binary, fromlist=["main"]).main)
 """
 
 
+@pytest.mark.cli
 @pytest.mark.parametrize("binary, args", [
     ("run", ["--dataset=synthetic", "--algorithm=mrmtl,ditto,ifca_mrmtl", "--rounds=1",
              "--epsilon=2"]),

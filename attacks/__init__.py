@@ -11,6 +11,6 @@
   tensorflow-privacy's tools (AUC and attacker advantage per silo and overall).
 
 `python -m benchmarks.attacks` runs them against each defense. (In an absl binary,
-import TensorFlow before `app.run`: imported later, TF 2.14's Keras cannot build the
-LeNet.)
+import TensorFlow before `app.run` calls main: imported inside it, TF 2.14's Keras
+cannot build the LeNet; `benchmarks.common.run_main(main, check_first=...)` does.)
 """

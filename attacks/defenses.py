@@ -24,9 +24,8 @@ from typing import Optional
 import tensorflow as tf
 
 from attacks import models
+from attacks.choices import DEFENSES
 from tff_silo.privacy import accounting, d_privacy, dp_sgd
-
-DEFENSES = ("none", "dp_sgd", "clip", "laplace")
 
 
 @dataclasses.dataclass(frozen=True)

@@ -27,10 +27,8 @@ import tensorflow as tf
 import tensorflow_probability as tfp
 
 from attacks import models
+from attacks.choices import METHODS, OPTIMIZERS
 from tff_silo.privacy import dp_sgd
-
-METHODS = ("dlg", "idlg")
-OPTIMIZERS = ("lbfgs", "adam")
 
 
 @dataclasses.dataclass(frozen=True)

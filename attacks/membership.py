@@ -18,17 +18,13 @@ import numpy as np
 import pandas as pd
 import tensorflow as tf
 
+from attacks import choices
 from tff_silo.data.silos import SiloData
 from tff_silo.models.functional import SiloModel
 
 # Our names for the tool's AttackType members.
-_ATTACK_TYPES = {"threshold": "THRESHOLD_ATTACK",
-                 "threshold_entropy": "THRESHOLD_ENTROPY_ATTACK",
-                 "logistic_regression": "LOGISTIC_REGRESSION",
-                 "random_forest": "RANDOM_FOREST",
-                 "k_nearest_neighbors": "K_NEAREST_NEIGHBORS",
-                 "multi_layered_perceptron": "MULTI_LAYERED_PERCEPTRON"}
-ATTACKS = tuple(_ATTACK_TYPES)
+_ATTACK_TYPES = choices.MIA_ATTACK_TYPES
+ATTACKS = choices.MIA_ATTACKS
 ALL_SILOS = "all"
 
 

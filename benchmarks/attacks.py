@@ -48,18 +48,11 @@ import time
 
 import numpy as np
 import pandas as pd
-# TensorFlow is imported before absl's app.run parses flags: imported later, Keras
-# builds its functional models from graph tensors and fails (TF 2.14).
-import tensorflow as tf
 from absl import flags
 
-from attacks import defenses, dlg, membership, metrics, models
-from attacks.defenses import DEFENSES, Defense
-from attacks.dlg import METHODS, OPTIMIZERS
-from attacks.membership import ATTACKS as MIA_ATTACKS
+from attacks.choices import DEFENSES, METHODS, MIA_ATTACKS, OPTIMIZERS
 from benchmarks import common, configs
 from benchmarks.common import UsageError
-from tff_silo.evaluation import SiloEvaluator
 
 PARTS = ("inversion", "membership")
 DATASETS = ("digits", "cifar10")
@@ -217,6 +210,7 @@ def _settings():
 
 def _images():
   """The attacked images and labels: a seeded choice from the dataset, resized."""
+  import tensorflow as tf
   from tff_silo import data
   if FLAGS.dataset == "digits":
     x, y = data.digits_images()
@@ -236,6 +230,7 @@ def _images():
 
 
 def _defenses(s):
+  from attacks.defenses import Defense
   for name in FLAGS.defense:
     if name == "none":
       yield Defense()
@@ -268,6 +263,7 @@ def _attack_rows(model, x, y, method, defense, batch, learning_rate=None,
                  saved=None):
   """Attacks batch `batch` under `defense`: one row per image of the batch. `saved`
   (columns naming a saved run's model) replaces the dataset's columns in the key."""
+  from attacks import defenses, dlg, metrics, models
   learning_rate = FLAGS.client_lr if learning_rate is None else learning_rate
   lo = batch * FLAGS.batch_size
   xb, yb = x[lo:lo + FLAGS.batch_size], y[lo:lo + FLAGS.batch_size]
@@ -307,6 +303,7 @@ def _attack_rows(model, x, y, method, defense, batch, learning_rate=None,
 
 
 def _run_inversion(s):
+  from attacks import models
   x, y, num_classes = _images()
   model = models.sigmoid_lenet(x.shape[1:], num_classes, seed=FLAGS.seed)
   done = common.done_rows(FLAGS.output, FLAGS.resume, INVERSION_SIGNATURE)
@@ -561,6 +558,7 @@ def _saved_inversion():
   its clip and silo 0's noise multiplier (one example's step: the per-example
   signal-to-noise of any batch), or none. Attacked: the first --images training
   images of silo 0 (members)."""
+  from attacks.defenses import Defense
   done = common.done_rows(FLAGS.output, FLAGS.resume, INVERSION_SIGNATURE)
   rows = []
   for folder in _saved_runs():
@@ -623,6 +621,8 @@ def _membership_key(run_key: str) -> str:
 
 def _saved_rows(saved, silos):
   """Membership rows of one saved run: per silo, pooled, and TPR at low FPR."""
+  from attacks import membership
+  from tff_silo.evaluation import SiloEvaluator
   folder = saved.directory
   model = saved.model()
   table = membership.attack_silo_models(model, saved.silo_weights, silos,
@@ -724,4 +724,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  common.run_main(main)
+  common.run_main(main, check_first=_settings)

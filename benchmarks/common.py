@@ -288,13 +288,16 @@ def peak_memory_mb() -> float:
 
 def round_progress(tag: str, rounds: int):
   """A `progress(rounds_done, total, seconds)` callback for the simulation drivers:
-  prints `tag` and the round to stderr about every tenth round and at the end."""
+  prints `tag`, the round, the time so far and the time left at this pace to stderr
+  about every tenth round and at the end."""
   step = max(1, rounds // 10)
 
   def progress(rounds_done, total, seconds):
     if rounds_done % step == 0 or rounds_done == total:
-      print(f"{tag}: round {rounds_done}/{total} ({seconds:.1f} s)", file=sys.stderr,
-            flush=True)
+      left = (f", ~{seconds / rounds_done * (total - rounds_done):.0f} s left"
+              if 0 < rounds_done < total else "")
+      print(f"{tag}: round {rounds_done}/{total} ({seconds:.1f} s{left})",
+            file=sys.stderr, flush=True)
 
   return progress
 
@@ -478,15 +481,24 @@ def _replace(path: str, content: bytes) -> None:
     raise
 
 
-def run_main(main) -> None:
+def run_main(main, check_first=None) -> None:
   """`app.run(main)` with the path flags resolved (`resolve_output_flags`), printing
-  a UsageError as `error: ...` and exiting with 2."""
+  a UsageError as `error: ...` and exiting with 2. A binary that must import
+  TensorFlow before `app.run` calls its main (TF 2.14's Keras, first imported inside
+  it, cannot build functional models) passes `check_first`, its flag checks: they
+  run on the parsed flags before TensorFlow is imported, so a mistake costs no
+  TensorFlow start-up."""
   def resolved_main(argv):
     if "output_dir" in FLAGS:
       resolve_output_flags()
     return main(argv)
 
   try:
+    if check_first is not None and _parses(sys.argv):
+      if "output_dir" in FLAGS:
+        resolve_output_flags()
+      check_first()
+      import tensorflow  # noqa: F401  (before app.run: see above)
     app.run(resolved_main)
   except UsageError as e:
     print(f"error: {e}", file=sys.stderr)
@@ -495,3 +507,12 @@ def run_main(main) -> None:
     print("interrupted: every finished run's row is in the output; rerun the same "
           "command to resume", file=sys.stderr)
     sys.exit(130)
+
+
+def _parses(argv) -> bool:
+  """Whether absl parses `argv` (--help and bad flags are left to app.run)."""
+  try:
+    FLAGS(argv)
+  except flags.Error:
+    return False
+  return True

@@ -276,7 +276,8 @@ def test_every_bad_input_ends_in_one_line_before_any_work(binary, tmp_path):
 
 @pytest.mark.parametrize("binary, flag", [
     ("run", "--algorithm=sgd"), ("compare", "--preset=mnist"),
-    ("pandemic", "--profile=bogus"), ("hypernet", "--algorithm=sgd")])
+    ("pandemic", "--profile=bogus"), ("hypernet", "--algorithm=sgd"),
+    ("attacks", "--method=sgd")])
 def test_a_bad_flag_is_refused_before_tensorflow_loads(binary, flag):
   """The one-line error arrives without TensorFlow's import (seconds, and its
   start-up lines) before it."""

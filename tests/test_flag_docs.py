@@ -58,6 +58,6 @@ def test_every_binary_has_a_table():
   binaries = set()
   for path in glob.glob(os.path.join(root, "*.py")):
     with open(path) as f:
-      if "\n  common.run_main(main)" in f.read():
+      if "\n  common.run_main(main" in f.read():
         binaries.add(os.path.splitext(os.path.basename(path))[0])
   assert binaries == set(flag_docs.BINARIES)

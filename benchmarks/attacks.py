@@ -80,14 +80,14 @@ flags.DEFINE_list("noise_multiplier", ["0.0001", "0.001", "0.003", "0.01", "0.1"
                   "dp_sgd: comma-separated noise multipliers z.")
 flags.DEFINE_float("clip", 1.0, "dp_sgd and clip: the per-example L2 clip C.")
 flags.DEFINE_bool("clip_aware", True, "The attacker clips its dummy gradient to C too.")
-flags.DEFINE_float("client_lr", 0.1, "The client's SGD step size (update = -lr * g).")
+flags.DEFINE_float("lr", 0.1, "The client's SGD step size (update = -lr * g).")
 flags.DEFINE_float("delta", 1e-5, "delta of the reported dp_sgd epsilon.")
 flags.DEFINE_integer("seed", 0, "Seeds the model, the images, the dummies and the noise.")
 flags.DEFINE_integer("figure_images", 8, "Images shown in the reconstruction grids.")
 common.define_output_flags(
     output=("attacks.csv", "Inversion CSV rows are appended to; reconstructions go to "
             "<output>_images/."),
-    figures=(".", "Folder for attacks_grid_<method>.png and attacks_curves.png."))
+    figures_dir=(".", "Folder for attacks_grid_<method>.png and attacks_curves.png."))
 flags.DEFINE_list("mia_algorithm", list(MIA_ALGORITHMS), f"Comma-separated, of "
                   f"{MIA_ALGORITHMS}.")
 flags.DEFINE_list("mia_epsilon", [NON_PRIVATE, "1"], "Per-silo target epsilons of the "
@@ -113,6 +113,7 @@ flags.DEFINE_integer("lira_shadows", 0, "Membership: also the offline "
                      "likelihood-ratio attack (attacks.lira) with this many shadow "
                      "runs, trained as the attacked run was on random halves of every "
                      "silo (0: off).")
+common.define_renamed_flags(client_lr="lr", figures="figures_dir")
 flags.adopt_module_key_flags(common)   # --help lists the shared flags too
 
 FLAGS = flags.FLAGS
@@ -135,7 +136,7 @@ def _settings():
   common.check_one_of("mia_backend", FLAGS.mia_backend, ("tff", "vectorized"))
   for name in ("image_size", "images", "iterations", "batch_size", "figure_images"):
     _positive(name, FLAGS[name].value, int)
-  for name in ("attack_lr", "clip", "client_lr"):
+  for name in ("attack_lr", "clip", "lr"):
     _positive(name, FLAGS[name].value)
   common.check_finite_floats()
   common.check_given_lists()
@@ -143,7 +144,7 @@ def _settings():
     if not FLAGS["parts"].present:
       FLAGS.parts = ["membership"]
     for name in ("dataset", "image_size", "defense", "nu", "noise_multiplier", "clip",
-                 "client_lr"):
+                 "lr"):
       if FLAGS[name].present:
         raise UsageError(f"--{name} sets the inversion of a fresh model; --run attacks "
                          "saved runs with their own data, model, learning rate and "
@@ -197,10 +198,10 @@ def _settings():
     raise UsageError(f"--mia_lam must be >= 0; got {lam}")
   if "inversion" in FLAGS.parts:
     common.check_output(FLAGS.output, INVERSION_SIGNATURE)
-    if os.path.exists(FLAGS.figures) and not os.path.isdir(FLAGS.figures):
-      raise UsageError(f"--figures {FLAGS.figures} is a file; give a folder")
-    common.check_figure_path(os.path.join(FLAGS.figures, "attacks_curves.png"),
-                             "figures")
+    if os.path.exists(FLAGS.figures_dir) and not os.path.isdir(FLAGS.figures_dir):
+      raise UsageError(f"--figures_dir {FLAGS.figures_dir} is a file; give a folder")
+    common.check_figure_path(os.path.join(FLAGS.figures_dir, "attacks_curves.png"),
+                             "figures_dir")
   if "membership" in FLAGS.parts:
     common.check_output(FLAGS.mia_output, MEMBERSHIP_SIGNATURE, "mia_output")
   return dict(nus=nus, zs=zs, epsilons=epsilons, rounds=rounds, lam=lam, preset=preset)
@@ -251,7 +252,7 @@ def _attack_key(method, defense, batch):
       batch_size=FLAGS.batch_size, batch=batch, defense=defense.name,
       parameter=defense.parameter, l2_norm_clip=defense.l2_norm_clip,
       clip_aware=FLAGS.clip_aware,
-      client_lr=FLAGS.client_lr), sort_keys=True)
+      client_lr=FLAGS.lr), sort_keys=True)
 
 
 def _image_path(key):
@@ -264,7 +265,7 @@ def _attack_rows(model, x, y, method, defense, batch, learning_rate=None,
   """Attacks batch `batch` under `defense`: one row per image of the batch. `saved`
   (columns naming a saved run's model) replaces the dataset's columns in the key."""
   from attacks import defenses, dlg, metrics, models
-  learning_rate = FLAGS.client_lr if learning_rate is None else learning_rate
+  learning_rate = FLAGS.lr if learning_rate is None else learning_rate
   lo = batch * FLAGS.batch_size
   xb, yb = x[lo:lo + FLAGS.batch_size], y[lo:lo + FLAGS.batch_size]
   start = time.perf_counter()
@@ -321,11 +322,11 @@ def _run_inversion(s):
   df = pd.read_csv(FLAGS.output)
   df = df[df.run_key.isin({_attack_key(*r) for r in runs})]
   _print_inversion(df)
-  os.makedirs(FLAGS.figures, exist_ok=True)
+  os.makedirs(FLAGS.figures_dir, exist_ok=True)
   for method in FLAGS.method:
     _grid(df[df.method == method], x, y, method,
-          os.path.join(FLAGS.figures, f"attacks_grid_{method}.png"))
-  _curves(df, os.path.join(FLAGS.figures, "attacks_curves.png"))
+          os.path.join(FLAGS.figures_dir, f"attacks_grid_{method}.png"))
+  _curves(df, os.path.join(FLAGS.figures_dir, "attacks_curves.png"))
 
 
 def _print_inversion(df):

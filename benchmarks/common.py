@@ -106,7 +106,7 @@ def check_epsilon(name: str, value: float, non_private: str) -> None:
     raise UsageError(f"--{name} must be at least {MIN_EPSILON:g}; got {value:g}")
 
 
-def check_applies(name: str, applies_to, requested, what: str = "--algorithm") -> None:
+def check_applies(name: str, applies_to, requested, what: str = "--methods") -> None:
   """UsageError if flag `--name` was given but none of `requested` (the values of
   `what`) is among `applies_to`, the values it affects."""
   if FLAGS[name].present and not set(applies_to) & set(requested):
@@ -481,6 +481,24 @@ def _replace(path: str, content: bytes) -> None:
     raise
 
 
+_RENAMED = {}   # old flag name -> new
+
+
+def define_renamed_flags(**renamed) -> None:
+  """Flags renamed to the one name each concept has in every binary (`old="new"`):
+  an old name, left out of --help, ends in a one-line error naming the new one."""
+  for old, new in renamed.items():
+    flags.DEFINE_string(old, None, f"Renamed: give --{new}.",
+                        module_name="benchmarks (internal: renamed flags)")
+    _RENAMED[old] = new
+
+
+def check_renamed_flags() -> None:
+  for old, new in _RENAMED.items():
+    if FLAGS[old].present:
+      raise UsageError(f"--{old} is now --{new}")
+
+
 def run_main(main, check_first=None) -> None:
   """`app.run(main)` with the path flags resolved (`resolve_output_flags`), printing
   a UsageError as `error: ...` and exiting with 2. A binary that must import
@@ -489,12 +507,14 @@ def run_main(main, check_first=None) -> None:
   run on the parsed flags before TensorFlow is imported, so a mistake costs no
   TensorFlow start-up."""
   def resolved_main(argv):
+    check_renamed_flags()
     if "output_dir" in FLAGS:
       resolve_output_flags()
     return main(argv)
 
   try:
     if check_first is not None and _parses(sys.argv):
+      check_renamed_flags()
       if "output_dir" in FLAGS:
         resolve_output_flags()
       check_first()

@@ -1,7 +1,7 @@
 """HyperNetFL with user-level DP (UDP-Alg, Nemala et al. CIKM'23) against FedAvg.
 
     uv run python -m benchmarks.hypernet                   # digits: pFedHN vs FedAvg
-    uv run python -m benchmarks.hypernet --algorithm=hypernet --l2_norm_clip=0.05,0.1,0.2 \
+    uv run python -m benchmarks.hypernet --methods=hypernet --l2_norm_clip=0.05,0.1,0.2 \
         --noise_multiplier=5,10 --sampling_rate=0.05,0.1,0.2 --delta=1e-5
 
 Users are label-skewed partitions (`--classes_per_user` classes each, unequal sizes)
@@ -35,7 +35,7 @@ ALGORITHMS = ("hypernet", "fedavg")
 DATASETS = ("digits", "cifar10", "femnist")
 
 FLAGS = flags.FLAGS
-flags.DEFINE_list("algorithm", ["hypernet", "fedavg"], f"Comma-separated, of {ALGORITHMS}.")
+flags.DEFINE_list("methods", ["hypernet", "fedavg"], f"Comma-separated, of {ALGORITHMS}.")
 flags.DEFINE_string("dataset", "digits", f"One of {DATASETS}.")
 flags.DEFINE_string("data_dir", None, "cifar10: folder holding cifar-10-batches-py.")
 flags.DEFINE_string("cache_dir", None, "femnist: folder holding emnist_all.sqlite.")
@@ -55,7 +55,7 @@ flags.DEFINE_float("delta", 1e-5, "delta of the reported user-level epsilon.")
 flags.DEFINE_integer("rounds", 200, "Rounds T.")
 flags.DEFINE_integer("local_steps", 20, "K, local SGD steps per sampled user and round.")
 flags.DEFINE_integer("batch_size", 16, "Local mini-batch size.")
-flags.DEFINE_float("client_lr", 0.05, "eta, the users' SGD step size (FedAvg's too).")
+flags.DEFINE_float("lr", 0.05, "eta, the users' SGD step size (FedAvg's too).")
 flags.DEFINE_float("hypernet_lr", 0.1, "lambda, the step size of phi.")
 flags.DEFINE_float("embedding_lr", 0.1, "zeta, the step size of the embeddings.")
 flags.DEFINE_integer("hidden_width", 100, "Width of the hypernetwork's hidden layers.")
@@ -72,16 +72,17 @@ common.define_save_models_flag("every run (and a hypernetwork run's phi and "
                                "embeddings; FedAvg's global model)")
 flags.DEFINE_string("plot", None, "Also write a PNG of mean user accuracy against "
                     "epsilon for this command's runs here.")
+common.define_renamed_flags(algorithm="methods", client_lr="lr")
 flags.adopt_module_key_flags(common)   # --help lists the shared flags too
 # Columns every row of this binary has: an existing --output without them is refused.
 SIGNATURE = ("run_key", "algorithm", "mean_user_accuracy")
 HYPERNET_FLAGS = ("sampling_rate", "l2_norm_clip", "noise_multiplier", "weight_cap",
                   "public_user_sizes", "local_steps", "hypernet_lr", "embedding_lr",
                   "hidden_width", "embedding_dim")
-FLAG_NAMES = ("algorithm", "dataset", "data_dir", "cache_dir", "num_users",
+FLAG_NAMES = ("methods", "dataset", "data_dir", "cache_dir", "num_users",
               "classes_per_user", "sampling_rate", "l2_norm_clip", "noise_multiplier",
               "weight_cap", "public_user_sizes", "delta", "rounds", "local_steps",
-              "batch_size", "client_lr", "hypernet_lr", "embedding_lr", "hidden_width",
+              "batch_size", "lr", "hypernet_lr", "embedding_lr", "hidden_width",
               "embedding_dim", "channels", "dense", "fedavg_local_epochs", "seeds",
               "eval_every", "plot", "backend", "device", "save_models")
 
@@ -89,13 +90,13 @@ FLAG_NAMES = ("algorithm", "dataset", "data_dir", "cache_dir", "num_users",
 def _settings():
   """Validates the flags; returns the grid and the parsed lists; raises UsageError."""
   common.check_one_of("dataset", FLAGS.dataset, DATASETS)
-  common.check_among("algorithm", FLAGS.algorithm, ALGORITHMS)
+  common.check_among("methods", FLAGS.methods, ALGORITHMS)
   common.check_backend(FLAGS.backend, FLAGS.device)
   common.check_finite_floats()
   common.check_given_lists()
   for name in HYPERNET_FLAGS:
-    common.check_applies(name, ["hypernet"], FLAGS.algorithm)
-  common.check_applies("fedavg_local_epochs", ["fedavg"], FLAGS.algorithm)
+    common.check_applies(name, ["hypernet"], FLAGS.methods)
+  common.check_applies("fedavg_local_epochs", ["fedavg"], FLAGS.methods)
   common.check_applies("data_dir", ["cifar10"], [FLAGS.dataset], "--dataset")
   common.check_applies("cache_dir", ["femnist"], [FLAGS.dataset], "--dataset")
   common.check_applies("classes_per_user", ["digits", "cifar10"], [FLAGS.dataset],
@@ -112,7 +113,7 @@ def _settings():
                "dense", "fedavg_local_epochs", "classes_per_user"):
     if FLAGS[name].value < 1:
       raise UsageError(f"--{name} must be >= 1; got {FLAGS[name].value}")
-  for name in ("client_lr", "hypernet_lr", "embedding_lr"):
+  for name in ("lr", "hypernet_lr", "embedding_lr"):
     if not FLAGS[name].value > 0:
       raise UsageError(f"--{name} must be > 0; got {FLAGS[name].value}")
   if not 0.0 < FLAGS.delta < 1.0:
@@ -181,7 +182,7 @@ def _run_hypernet(users, settings, seed, s, progress, backend):
       hidden_width=FLAGS.hidden_width)
   algorithm = hypernet.hypernet_algorithm(
       hn, users.feature_shape, users.train_sizes, settings,
-      client_learning_rate=FLAGS.client_lr, batch_size=FLAGS.batch_size,
+      client_learning_rate=FLAGS.lr, batch_size=FLAGS.batch_size,
       local_steps=FLAGS.local_steps, hypernet_learning_rate=FLAGS.hypernet_lr,
       embedding_learning_rate=FLAGS.embedding_lr, init_seed=seed, noise_seed=run_seed)
   result = hypernet.run_hypernet(
@@ -207,7 +208,7 @@ def _run_fedavg(users, seed, s, progress, backend):
   from tff_silo import algorithms, simulation
   target = _target(users, s)
   algorithm = algorithms.fedavg_algorithm(
-      target, users.feature_shape, client_learning_rate=FLAGS.client_lr,
+      target, users.feature_shape, client_learning_rate=FLAGS.lr,
       batch_size=FLAGS.batch_size, local_epochs=FLAGS.fedavg_local_epochs,
       init_seed=seed)
   result = simulation.run_simulation(algorithm, users, rounds=FLAGS.rounds, seed=seed,
@@ -250,7 +251,7 @@ def _measured(result, private=False, **extra):
 
 def _runs(s):
   for seed in s["seeds"]:
-    for algorithm in FLAGS.algorithm:
+    for algorithm in FLAGS.methods:
       for settings in (s["grid"] if algorithm == "hypernet" else [None]):
         yield seed, algorithm, settings
 
@@ -273,7 +274,7 @@ def _run_key(seed, algorithm, settings, s):
       algorithm=algorithm, dataset=FLAGS.dataset, data_dir=FLAGS.data_dir,
       cache_dir=FLAGS.cache_dir, num_users=FLAGS.num_users,
       classes_per_user=FLAGS.classes_per_user, seed=seed, rounds=FLAGS.rounds,
-      batch_size=FLAGS.batch_size, client_lr=FLAGS.client_lr,
+      batch_size=FLAGS.batch_size, client_lr=FLAGS.lr,
       channels=list(s["channels"]), dense=FLAGS.dense,
       delta=FLAGS.delta if settings is not None and settings.private else None,
       **(hypernet_only if algorithm == "hypernet" else
@@ -290,7 +291,7 @@ def _row(seed, algorithm, settings, s, users, measured, backend, device):
       delta=FLAGS.delta if settings is not None and settings.private else None,
       local_steps=FLAGS.local_steps if algorithm == "hypernet" else None,
       local_epochs=FLAGS.fedavg_local_epochs if algorithm == "fedavg" else None,
-      batch_size=FLAGS.batch_size, client_lr=FLAGS.client_lr,
+      batch_size=FLAGS.batch_size, client_lr=FLAGS.lr,
       hypernet_lr=FLAGS.hypernet_lr if algorithm == "hypernet" else None,
       embedding_lr=FLAGS.embedding_lr if algorithm == "hypernet" else None,
       **measured, backend=backend, device=device,
@@ -318,7 +319,7 @@ def _save(seed, algorithm, users, row, trained) -> str:
             info=dict(binary="benchmarks.hypernet", algorithm=algorithm, seed=seed,
                       rounds=FLAGS.rounds, epsilon=row["epsilon"] if private else None,
                       delta=FLAGS.delta if private else None,
-                      clip=row["l2_norm_clip"], lr=FLAGS.client_lr,
+                      clip=row["l2_norm_clip"], lr=FLAGS.lr,
                       batch_size=FLAGS.batch_size, metric="accuracy",
                       test_metric=row["test_accuracy"], privacy_unit="user",
                       flags=json.loads(row["flags"]), training=None))

@@ -2,12 +2,12 @@
 
     uv run python -m benchmarks.run                        # digits: local, FedAvg, MR-MTL
     uv run python -m benchmarks.run --dataset=school --data_dir=../shared/data \
-        --algorithm=mrmtl,fedavg,local --epsilon=6 --seeds=0,1,2,3,4
+        --methods=mrmtl,fedavg,local --epsilon=6 --seeds=0,1,2,3,4
 
-    uv run python -m benchmarks.run --dataset=two_cluster --algorithm=dprivate_clustering \
+    uv run python -m benchmarks.run --dataset=two_cluster --methods=dprivate_clustering \
         --nu=5 --clients_per_round=7 --patience=6
     uv run python -m benchmarks.run --dataset=school --data_dir=../shared/data \
-        --algorithm=mrmtl --aggregator=dp_fixed --silo_epsilon=4
+        --methods=mrmtl --aggregator=dp_fixed --silo_epsilon=4
 
 Appends one CSV row per (algorithm, lambda, seed) to --output and prints a table of
 means over seeds. Unset --epsilon trains without privacy. `dprivate_clustering`
@@ -68,7 +68,7 @@ VALIDATION_USERS = 30
 SIGNATURE = ("run_key", "algorithm", "test_metric")
 # Flags that only affect some algorithms: giving one for none of them is an error.
 APPLIES_TO = {
-    "lam": LAMBDA_ALGORITHMS,
+    "lams": LAMBDA_ALGORITHMS,
     "num_clusters": (*IFCA_ALGORITHMS, "dprivate_clustering"),
     "selection_fraction": tuple(IFCA_ALGORITHMS),
     "selection_budget_share": tuple(IFCA_ALGORITHMS),
@@ -82,7 +82,7 @@ APPLIES_TO = {
 DP_FLAGS = ("delta", "clip", "sampling", "ledger_csv", "outside_guarantee_metrics")
 
 FLAGS = flags.FLAGS
-flags.DEFINE_list("algorithm", ["local", "fedavg", "mrmtl"],
+flags.DEFINE_list("methods", ["local", "fedavg", "mrmtl"],
                   f"Comma-separated algorithms, of {ALGORITHMS}.")
 flags.DEFINE_string("dataset", "digits", f"One of {DATASETS}.")
 flags.DEFINE_string("data_dir", None, "Folder with the dataset's file (school.mat, "
@@ -90,7 +90,7 @@ flags.DEFINE_string("data_dir", None, "Folder with the dataset's file (school.ma
 flags.DEFINE_integer("rounds", None, "Rounds T (default: the dataset's preset).")
 flags.DEFINE_float("epsilon", None, "Per-silo target epsilon; unset = non-private.")
 flags.DEFINE_float("delta", None, "Per-silo target delta (default: preset).")
-flags.DEFINE_list("lam", None, "Comma-separated lambdas for mrmtl and ditto "
+flags.DEFINE_list("lams", None, "Comma-separated lambdas for mrmtl and ditto "
                   "(default: the dataset's preset).")
 flags.DEFINE_float("lr", None, "Client learning rate (default: preset).")
 flags.DEFINE_integer("batch_size", None, "Local batch size B (default: preset).")
@@ -153,13 +153,14 @@ common.define_output_flags(output=("run.csv", "CSV file rows are appended to."))
 flags.DEFINE_bool("resume", True, "Skip runs whose row (same settings, algorithm, "
                   "lambda and seed) is already in --output.")
 common.define_save_models_flag("every run")
+common.define_renamed_flags(algorithm="methods", lam="lams")
 flags.adopt_module_key_flags(common)   # --help lists the shared flags too
 
 
 def _settings():
   """Validates the flags and fills the dataset's preset; raises UsageError."""
   common.check_one_of("dataset", FLAGS.dataset, DATASETS)
-  common.check_among("algorithm", FLAGS.algorithm, ALGORITHMS)
+  common.check_among("methods", FLAGS.methods, ALGORITHMS)
   common.check_one_of("neighbouring", FLAGS.neighbouring, NEIGHBOURING)
   common.check_one_of("protocol", FLAGS.protocol, PROTOCOLS)
   common.check_backend(FLAGS.backend, FLAGS.device)
@@ -167,10 +168,10 @@ def _settings():
   common.check_given_lists()
   common.check_aggregator_flags()
   for name, algorithms in APPLIES_TO.items():
-    common.check_applies(name, algorithms, FLAGS.algorithm)
-  unaggregated = sorted(set(FLAGS.algorithm) & set(method_names.UNAGGREGATED_NAMES))
+    common.check_applies(name, algorithms, FLAGS.methods)
+  unaggregated = sorted(set(FLAGS.methods) & set(method_names.UNAGGREGATED_NAMES))
   if unaggregated and FLAGS["aggregator"].present and FLAGS.aggregator != "mean":
-    raise UsageError(f"--aggregator applies to --algorithm={','.join(AGGREGATED)} only; "
+    raise UsageError(f"--aggregator applies to --methods={','.join(AGGREGATED)} only; "
                      f"{','.join(unaggregated)} has no server mean: run it apart")
   if FLAGS.epsilon is None:
     for name in DP_FLAGS:
@@ -190,7 +191,7 @@ def _settings():
       lr=FLAGS.lr if FLAGS.lr is not None else preset.lr,
       delta=FLAGS.delta if FLAGS.delta is not None else preset.delta,
       epsilon=FLAGS.epsilon,
-      lams=(common.parse_numbers(FLAGS.lam, float, "lam") if FLAGS.lam
+      lams=(common.parse_numbers(FLAGS.lams, float, "lams") if FLAGS.lams
             else [preset.lam]),
       seeds=common.parse_seeds(FLAGS.seeds))
   if s["epsilon"] is not None:
@@ -208,7 +209,7 @@ def _settings():
   if FLAGS.local_epochs < 1:
     raise UsageError(f"--local_epochs must be >= 1; got {FLAGS.local_epochs}")
   if any(not lam >= 0 for lam in s["lams"]):
-    raise UsageError(f"--lam values must be >= 0; got {FLAGS.lam}")
+    raise UsageError(f"--lams values must be >= 0; got {FLAGS.lams}")
   s["num_clusters"] = (FLAGS.num_clusters if FLAGS.num_clusters is not None
                        else preset.num_clusters)
   _privacy_settings(s, preset)
@@ -294,8 +295,8 @@ def _standardize_settings(s):
 
 
 def _check_clustering(s):
-  clustered = [a for a in FLAGS.algorithm if a in IFCA_ALGORITHMS]
-  dprivate = "dprivate_clustering" in FLAGS.algorithm
+  clustered = [a for a in FLAGS.methods if a in IFCA_ALGORITHMS]
+  dprivate = "dprivate_clustering" in FLAGS.methods
   if (clustered or dprivate) and s["num_clusters"] < 1:
     raise UsageError(f"--num_clusters must be >= 1; got {s['num_clusters']}")
   if clustered and not 0 < FLAGS.selection_fraction <= 1:
@@ -432,7 +433,7 @@ def _build(algorithm, lam, seed, silos, s):
 def _runs(s):
   """(seed, algorithm, lambda) of every run, a method's seeds one after another (on
   the vectorized backend they run stacked: `_batches`)."""
-  for algorithm in FLAGS.algorithm:
+  for algorithm in FLAGS.methods:
     for lam in (s["lams"] if algorithm in LAMBDA_ALGORITHMS else [0.0]):
       for seed in s["seeds"]:
         yield seed, algorithm, lam
@@ -607,7 +608,7 @@ def _row(result, seed, algorithm, lam, s, silos, backend, device):
       tff_version=metadata.version("tensorflow-federated"), tf_version=tf.__version__,
       run_key=_run_key(seed, algorithm, lam, s),
       flags=json.dumps({k: FLAGS[k].value for k in (
-          "algorithm", "dataset", "data_dir", "rounds", "epsilon", "delta", "lam", "lr",
+          "methods", "dataset", "data_dir", "rounds", "epsilon", "delta", "lams", "lr",
           "batch_size", "clip", "local_epochs", "sampling", "neighbouring",
           "public_silo_sizes", "assumed_silo_size", "protocol", "standardize",
           "standardize_clip", "standardize_budget_share", "finetune_fraction",
@@ -700,7 +701,7 @@ def main(argv):
       if "aggregator" not in s:   # DP factories need the number of silos
         s["aggregator"] = common.aggregator_choice(silos.num_silos, s["rounds"])
         if not s["aggregator"].weighted and any(a in IFCA_ALGORITHMS
-                                                for a in FLAGS.algorithm):
+                                                for a in FLAGS.methods):
           raise UsageError(f"--aggregator={FLAGS.aggregator} is unweighted; the ifca "
                            "algorithms need a weighted one (mean, robust, compressed; "
                            "their per-cluster means weigh non-members 0)")

@@ -80,15 +80,15 @@ flags.adopt_module_key_flags(common)   # --help lists the shared flags too
 
 
 def _school_args(rounds, algorithm="mrmtl"):
-  return ["--dataset=school", f"--data_dir={FLAGS.data_dir}", f"--algorithm={algorithm}",
-          "--lam=1", f"--epsilon={SCHOOL_EPSILON:g}", "--delta=1e-3", f"--rounds={rounds}",
+  return ["--dataset=school", f"--data_dir={FLAGS.data_dir}", f"--methods={algorithm}",
+          "--lams=1", f"--epsilon={SCHOOL_EPSILON:g}", "--delta=1e-3", f"--rounds={rounds}",
           "--seeds=0"]
 
 
 def _part_args(part):
   """(binary, its flags) of a part timed as fresh runs."""
   if part == "hypernet":
-    return "hypernet", ["--algorithm=hypernet", "--sampling_rate=0.1",
+    return "hypernet", ["--methods=hypernet", "--sampling_rate=0.1",
                         "--l2_norm_clip=0.1", "--noise_multiplier=1",
                         f"--rounds={FLAGS.hypernet_rounds}"]
   return "run", _run_args(part)
@@ -101,8 +101,8 @@ def _run_args(part):
   if part == "ifca":
     return _school_args(FLAGS.rounds, "ifca_mrmtl")
   if part == "digits":
-    return ["--algorithm=mrmtl", f"--rounds={FLAGS.digits_rounds}"]
-  return ["--dataset=two_cluster", "--algorithm=dprivate_clustering", "--nu=5",
+    return ["--methods=mrmtl", f"--rounds={FLAGS.digits_rounds}"]
+  return ["--dataset=two_cluster", "--methods=dprivate_clustering", "--nu=5",
           "--clients_per_round=7", f"--rounds={FLAGS.dprivate_rounds}"]
 
 

@@ -47,7 +47,7 @@ def test_saved_runs_are_attacked_from_their_files(tmp_path):
   saved = tmp_path / "saved"
   trained = subprocess.run(
       [sys.executable, "-m", "benchmarks.run", "--dataset=synthetic",
-       "--algorithm=local", "--rounds=2", "--epsilon=4", f"--output={tmp_path}/r.csv",
+       "--methods=local", "--rounds=2", "--epsilon=4", f"--output={tmp_path}/r.csv",
        f"--save_models={saved}"], cwd=ROOT, capture_output=True, text=True,
       timeout=600, env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"})
   assert trained.returncode == 0, trained.stderr
@@ -74,13 +74,13 @@ def test_saved_runs_are_attacked_from_their_files(tmp_path):
 def test_a_saved_image_run_is_inverted_at_round_0_and_after_training(tmp_path):
   saved = tmp_path / "saved"
   trained = subprocess.run(
-      [sys.executable, "-m", "benchmarks.run", "--dataset=digits", "--algorithm=local",
+      [sys.executable, "-m", "benchmarks.run", "--dataset=digits", "--methods=local",
        "--rounds=1", f"--output={tmp_path}/r.csv", f"--save_models={saved}"], cwd=ROOT,
       capture_output=True, text=True, timeout=600,
       env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"})
   assert trained.returncode == 0, trained.stderr
   done = _run(f"--run={saved}", "--parts=inversion", "--images=1", "--iterations=3",
-              "--method=idlg", f"--output={tmp_path}/inv.csv", f"--figures={tmp_path}")
+              "--method=idlg", f"--output={tmp_path}/inv.csv", f"--figures_dir={tmp_path}")
   assert done.returncode == 0, done.stderr
   rows = pd.read_csv(tmp_path / "inv.csv")
   assert list(rows.stage) == ["round 0", "round 1"] and set(rows.defense) == {"none"}

@@ -107,6 +107,8 @@ def _cases(binary, f):
   if binary == "run":
     school = ["--dataset=school", "--rounds=1"]
     return [
+        (["--algorithm=local"], "--algorithm is now --methods"),
+        (["--lam=1"], "--lam is now --lams"),
         (["--output=/proc/x/y.csv"], "--output /proc/x/y.csv: its folder cannot be"),
         ([f"--output={f['dir']}"], "is a directory"),
         ([f"--output_dir={f['a_file']}"], "--output_dir must name a folder"),
@@ -133,14 +135,14 @@ def _cases(binary, f):
         (["--epsilon=1", "--clip=inf", out], "--clip must be a finite number"),
         (["--epsilon=1e300", out], "--epsilon must be at most 1000"),
         (["--epsilon=nan", out], "--epsilon must be a finite number"),
-        (["--algorithm=dprivate_clustering", "--nu=1", "--leakage_cap=nan", out],
+        (["--methods=dprivate_clustering", "--nu=1", "--leakage_cap=nan", out],
          "--leakage_cap must be a finite number"),
-        (["--algorithm=fedavg", "--nu=1", out], "--nu applies to"),
-        (["--algorithm=fedavg", "--num_clusters=2", out], "--num_clusters applies to"),
-        (["--algorithm=fedavg", "--kmeans_iterations=0", out],
+        (["--methods=fedavg", "--nu=1", out], "--nu applies to"),
+        (["--methods=fedavg", "--num_clusters=2", out], "--num_clusters applies to"),
+        (["--methods=fedavg", "--kmeans_iterations=0", out],
          "--kmeans_iterations applies to"),
-        (["--algorithm=fedavg", "--lam=1", out], "--lam applies to"),
-        (["--algorithm=local", "--selection_fraction=0.5", out],
+        (["--methods=fedavg", "--lams=1", out], "--lams applies to"),
+        (["--methods=local", "--selection_fraction=0.5", out],
          "--selection_fraction applies to"),
         (["--delta=1e-5", out], "--delta applies to private runs only"),
         (["--clip=1", out], "--clip applies to private runs only"),
@@ -148,15 +150,15 @@ def _cases(binary, f):
         ([f"--data_dir={f['dir']}", out], "--data_dir applies to --dataset=school"),
         (["--dataset=synthetic", "--mask_probability=0.2", out],
          "--mask_probability applies to --dataset=digits"),
-        (["--algorithm=mrmtl,mrmtl", out], "--algorithm lists mrmtl twice"),
-        (["--lam=1,1", out], "--lam lists 1.0 twice"),
+        (["--methods=mrmtl,mrmtl", out], "--methods lists mrmtl twice"),
+        (["--lams=1,1", out], "--lams lists 1.0 twice"),
         (["--seeds=0,0", out], "--seeds lists 0 twice"),
         (["--seeds=-1", out], "--seeds must be integers >= 0"),
         (["--eval_every=-1", f"--output={f['run_csv']}"], "--eval_every must be >= 0"),
-        (["--algorithm=local,ifca", "--num_clusters=100", out],
+        (["--methods=local,ifca", "--num_clusters=100", out],
          "--num_clusters=100 is more than the 40 silos"),
         (["stray", out], "unexpected arguments: stray"),
-        (["--algorithm=finetune", "--finetune_fraction=2", out], "--finetune_fraction"),
+        (["--methods=finetune", "--finetune_fraction=2", out], "--finetune_fraction"),
         (["--epsilon=1e-300", out], "--epsilon must be at least 0.001"),
         (["--batch_size=100000", out], "--batch_size=100000 is larger than every silo"),
         (["--dataset=vehicle", f"--data_dir={folder('vehicle_one_example')}", out],
@@ -167,6 +169,8 @@ def _cases(binary, f):
   if binary == "hypernet":
     tiny = ["--num_users=4", "--rounds=1", out]
     return [
+        (["--algorithm=fedavg", *tiny], "--algorithm is now --methods"),
+        (["--client_lr=0.1", *tiny], "--client_lr is now --lr"),
         (["--output=/proc/x/y.csv"], "its folder cannot be created"),
         ([f"--output={f['dir']}"], "is a directory"),
         ([f"--output={f['garbage_csv']}"], "cannot be read as a CSV"),
@@ -184,16 +188,16 @@ def _cases(binary, f):
          "is not a CIFAR-10 python batch"),
         (["--sampling_rate=", *tiny], "--sampling_rate is empty: give at least one value"),
         (["--noise_multiplier=", *tiny], "--noise_multiplier is empty: give at least one"),
-        (["--client_lr=inf", *tiny], "--client_lr must be a finite number"),
+        (["--lr=inf", *tiny], "--lr must be a finite number"),
         (["--hypernet_lr=inf", *tiny], "--hypernet_lr must be a finite number"),
         (["--embedding_dim=0", *tiny], "--embedding_dim must be >= 1"),
         ([f"--cache_dir={f['dir']}", *tiny], "--cache_dir applies to --dataset=femnist"),
         ([f"--data_dir={f['dir']}", *tiny], "--data_dir applies to --dataset=cifar10"),
         (["--seeds=0,0", *tiny], "--seeds lists 0 twice"),
-        (["--algorithm=hypernet,hypernet", *tiny], "--algorithm lists hypernet twice"),
+        (["--methods=hypernet,hypernet", *tiny], "--methods lists hypernet twice"),
         (["--noise_multiplier=1,1", "--l2_norm_clip=1", *tiny],
          "--noise_multiplier lists 1.0 twice"),
-        (["--algorithm=fedavg", "--hypernet_lr=0.2", *tiny], "--hypernet_lr applies to"),
+        (["--methods=fedavg", "--hypernet_lr=0.2", *tiny], "--hypernet_lr applies to"),
         (["--delta=1e-3", *tiny], "--delta applies to noised runs only"),
     ]
   if binary == "summarize":
@@ -224,13 +228,15 @@ def _cases(binary, f):
         (["--parts=hypernet,hypernet", out], "--parts lists hypernet twice"),
     ]
   mia = f"--mia_output={f['dir']}/mia.csv"
-  figures = f"--figures={f['dir']}/figures"
+  figures = f"--figures_dir={f['dir']}/figures"
   both = [out, mia, figures]
   return [
+      (["--figures=x", out, mia], "--figures is now --figures_dir"),
+      (["--client_lr=0.1", *both], "--client_lr is now --lr"),
       (["--mia_lam=nan", *both], "--mia_lam must be a finite number"),
       (["--mia_lam=inf", *both], "--mia_lam must be a finite number"),
       (["--attack_lr=inf", *both], "--attack_lr must be a finite number"),
-      (["--client_lr=inf", *both], "--client_lr must be a finite number"),
+      (["--lr=inf", *both], "--lr must be a finite number"),
       (["--clip=inf", *both], "--clip must be a finite number"),
       (["--nu=inf", *both], "--nu must hold finite numbers"),
       (["--noise_multiplier=inf", *both], "--noise_multiplier must hold finite"),
@@ -241,7 +247,7 @@ def _cases(binary, f):
       (["--mia_epsilon=inf,inf", *both], "--mia_epsilon lists inf twice"),
       ([f"--output={f['dir']}", mia, figures], "is a directory"),
       ([out, f"--mia_output={f['dir']}", figures], "--mia_output"),
-      ([out, mia, f"--figures={f['a_file']}"], "--figures"),
+      ([out, mia, f"--figures_dir={f['a_file']}"], "--figures_dir"),
       ([f"--output={f['garbage_csv']}", mia, figures], "cannot be read as a CSV"),
       ([f"--output={f['run_csv']}", mia, figures], "no method, psnr column"),
       (["--dataset=cifar10", f"--data_dir={f['empty_folder']}", "--parts=inversion",
@@ -275,8 +281,8 @@ def test_every_bad_input_ends_in_one_line_before_any_work(binary, tmp_path):
 
 
 @pytest.mark.parametrize("binary, flag", [
-    ("run", "--algorithm=sgd"), ("compare", "--preset=mnist"),
-    ("pandemic", "--profile=bogus"), ("hypernet", "--algorithm=sgd"),
+    ("run", "--methods=sgd"), ("compare", "--preset=mnist"),
+    ("pandemic", "--profile=bogus"), ("hypernet", "--methods=sgd"),
     ("attacks", "--method=sgd")])
 def test_a_bad_flag_is_refused_before_tensorflow_loads(binary, flag):
   """The one-line error arrives without TensorFlow's import (seconds, and its

@@ -26,17 +26,17 @@ def _run(*flags, timeout=600):
     (["--epsilon=-1"], "--epsilon must be > 0"),
     (["--epsilon=1", "--delta=1.5"], "--delta must be in (0, 1)"),
     (["--dataset=mnist"], "--dataset must be one of"),
-    (["--algorithm=sgd"], "--algorithm must be among"),
+    (["--methods=sgd"], "--methods must be among"),
     (["--dataset=school"], "--data_dir is required"),
-    (["--lam=-2"], "--lam values must be >= 0"),
-    (["--lam="], "--lam is empty: give at least one value"),
+    (["--lams=-2"], "--lams values must be >= 0"),
+    (["--lams="], "--lams is empty: give at least one value"),
     (["--seeds=a,b"], "--seeds must be a comma-separated list"),
-    (["--algorithm=ifca", "--num_clusters=0"], "--num_clusters must be >= 1"),
-    (["--algorithm=ifca", "--selection_fraction=0"], "--selection_fraction must be in"),
-    (["--algorithm=dprivate_clustering", "--nu=0"], "--nu must be > 0"),
-    (["--algorithm=dprivate_clustering", "--nu=-1"], "--nu must be > 0"),
-    (["--algorithm=dprivate_clustering", "--epsilon=1"], "run it without --epsilon"),
-    (["--algorithm=dprivate_clustering", "--leakage_cap=1"], "--leakage_cap needs --nu"),
+    (["--methods=ifca", "--num_clusters=0"], "--num_clusters must be >= 1"),
+    (["--methods=ifca", "--selection_fraction=0"], "--selection_fraction must be in"),
+    (["--methods=dprivate_clustering", "--nu=0"], "--nu must be > 0"),
+    (["--methods=dprivate_clustering", "--nu=-1"], "--nu must be > 0"),
+    (["--methods=dprivate_clustering", "--epsilon=1"], "run it without --epsilon"),
+    (["--methods=dprivate_clustering", "--leakage_cap=1"], "--leakage_cap needs --nu"),
     (["--neighbouring=swap"], "--neighbouring must be one of"),
     (["--protocol=mine"], "--protocol must be one of"),
     (["--epsilon=1", "--neighbouring=replace_one", "--sampling=poisson"],
@@ -55,13 +55,13 @@ def _run(*flags, timeout=600):
     (["--aggregator=robust", "--backend=vectorized"],
      "--aggregator=robust runs on TFF's runtime only"),
     (["--aggregator=no_such_module_x:f"], "--aggregator no_such_module_x:f: cannot import"),
-    (["--algorithm=ifca", "--aggregator=dp_fixed", "--silo_epsilon=2"],
+    (["--methods=ifca", "--aggregator=dp_fixed", "--silo_epsilon=2"],
      "--aggregator=dp_fixed is unweighted; the ifca algorithms need a weighted one"),
-    (["--algorithm=dprivate_clustering", "--aggregator=robust"],
-     "--aggregator applies to --algorithm=local,fedavg"),
-    (["--algorithm=mocha", "--aggregator=unweighted_mean"],
-     "--aggregator applies to --algorithm=local,fedavg"),
-    (["--algorithm=mocha,mrmtl", "--aggregator=unweighted_mean"],
+    (["--methods=dprivate_clustering", "--aggregator=robust"],
+     "--aggregator applies to --methods=local,fedavg"),
+    (["--methods=mocha", "--aggregator=unweighted_mean"],
+     "--aggregator applies to --methods=local,fedavg"),
+    (["--methods=mocha,mrmtl", "--aggregator=unweighted_mean"],
      "mocha has no server mean: run it apart"),
     (["--corrupt_silos=1"], "--corrupt_silos applies to --dataset=school,synthetic"),
     (["--dataset=synthetic", "--corruption=-5"], "--corruption applies with "
@@ -101,8 +101,8 @@ def test_data_dir_without_the_file(tmp_path):
 def test_tiny_run_writes_a_row_and_exits(tmp_path):
   out = tmp_path / "rows.csv"
   # capture_output waits for the pipes to close: a leaked worker would hang this.
-  proc = _run("--dataset=synthetic", "--algorithm=mrmtl,local", "--rounds=2",
-              "--epsilon=2", "--lam=0.5", f"--output={out}")
+  proc = _run("--dataset=synthetic", "--methods=mrmtl,local", "--rounds=2",
+              "--epsilon=2", "--lams=0.5", f"--output={out}")
   assert proc.returncode == 0, proc.stderr[-2000:]
   rows = pd.read_csv(out)
   assert list(rows.algorithm) == ["mrmtl", "local"]
@@ -128,7 +128,7 @@ def test_a_run_prints_no_tensorflow_start_up_lines(tmp_path):
   "Unable to register cuDNN factory" ...) stay silent; the progress lines show."""
   env = {k: v for k, v in os.environ.items() if k != "TF_CPP_MIN_LOG_LEVEL"}
   proc = subprocess.run([sys.executable, "-m", "benchmarks.run", "--dataset=synthetic",
-                         "--algorithm=local", "--rounds=1", f"--output={tmp_path / 'r.csv'}"],
+                         "--methods=local", "--rounds=1", f"--output={tmp_path / 'r.csv'}"],
                         cwd=ROOT, capture_output=True, text=True, timeout=600, env=env)
   assert proc.returncode == 0, proc.stderr[-2000:]
   assert not re.search(r"^\d{4}-\d\d-\d\d [\d:.]+: [IWEF] ", proc.stderr, re.M), proc.stderr
@@ -138,8 +138,8 @@ def test_a_run_prints_no_tensorflow_start_up_lines(tmp_path):
 @pytest.mark.cli
 def test_mocha_runs_from_the_command_line(tmp_path):
   out = tmp_path / "rows.csv"
-  proc = _run("--dataset=synthetic", "--algorithm=mocha", "--rounds=2", "--epsilon=2",
-              "--lam=0.01,0.1", f"--output={out}")
+  proc = _run("--dataset=synthetic", "--methods=mocha", "--rounds=2", "--epsilon=2",
+              "--lams=0.01,0.1", f"--output={out}")
   assert proc.returncode == 0, proc.stderr[-2000:]
   rows = pd.read_csv(out)
   assert list(rows.algorithm) == ["mocha", "mocha"] and list(rows.lam) == [0.01, 0.1]
@@ -152,7 +152,7 @@ def test_aggregators_from_the_command_line(tmp_path):
   """A built-in with silo-level DP and a user's factory by module path: each row
   says which ran, its parameters, its measurements and its own guarantee."""
   out = tmp_path / "agg.csv"
-  common = ["--dataset=synthetic", "--algorithm=mrmtl", "--rounds=3", f"--output={out}"]
+  common = ["--dataset=synthetic", "--methods=mrmtl", "--rounds=3", f"--output={out}"]
   proc = _run(*common, "--aggregator=dp_fixed", "--silo_epsilon=2",
               "--aggregator_clip=0.5")
   assert proc.returncode == 0, proc.stderr
@@ -179,7 +179,7 @@ def test_saved_models_load_with_the_split_they_trained_on(tmp_path):
   from benchmarks import datasets
   from tff_silo import runs
   out = tmp_path / "runs.csv"
-  proc = _run("--dataset=synthetic", "--algorithm=mrmtl,fedavg", "--rounds=2",
+  proc = _run("--dataset=synthetic", "--methods=mrmtl,fedavg", "--rounds=2",
               "--epsilon=4", f"--output={out}", f"--save_models={tmp_path / 'saved'}")
   assert proc.returncode == 0, proc.stderr
   rows = pd.read_csv(out)
@@ -197,7 +197,7 @@ def test_saved_models_load_with_the_split_they_trained_on(tmp_path):
 @pytest.mark.cli
 def test_paper_and_shuffled_rows_say_what_their_epsilon_is(tmp_path):
   out = tmp_path / "rows.csv"
-  base = ["--dataset=synthetic", "--algorithm=local", "--rounds=1", "--epsilon=2",
+  base = ["--dataset=synthetic", "--methods=local", "--rounds=1", "--epsilon=2",
           f"--output={out}"]
   assert _run(*base, "--protocol=paper", "--outside_guarantee_metrics").returncode == 0
   assert _run(*base, "--protocol=paper", "--sampling=shuffle").returncode == 0
@@ -224,7 +224,7 @@ def test_summary_table_means_over_seeds():
 @pytest.mark.cli
 def test_rerun_resumes_from_the_csv(tmp_path):
   out = tmp_path / "rows.csv"
-  flags = ["--dataset=synthetic", "--algorithm=local", "--rounds=1", f"--output={out}"]
+  flags = ["--dataset=synthetic", "--methods=local", "--rounds=1", f"--output={out}"]
   assert _run(*flags).returncode == 0
   again = _run(*flags)
   assert again.returncode == 0 and "skipped" in again.stderr
@@ -238,7 +238,7 @@ def test_sigterm_stops_the_worker(tmp_path):
   import signal
   import time
   proc = subprocess.Popen(
-      [sys.executable, "-m", "benchmarks.run", "--dataset=synthetic", "--algorithm=local",
+      [sys.executable, "-m", "benchmarks.run", "--dataset=synthetic", "--methods=local",
        "--rounds=3000", "--backend=tff", f"--output={tmp_path / 'rows.csv'}"],
       cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
       env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"})
@@ -254,9 +254,9 @@ def test_sigterm_stops_the_worker(tmp_path):
 
 @pytest.mark.cli
 @pytest.mark.parametrize("flags, message", [
-    (["--dataset=two_cluster", "--algorithm=dprivate_clustering", "--nu=5",
+    (["--dataset=two_cluster", "--methods=dprivate_clustering", "--nu=5",
       "--leakage_cap=0.1"], "below the leakage of one participation"),
-    (["--dataset=synthetic", "--algorithm=ifca", "--num_clusters=30"],
+    (["--dataset=synthetic", "--methods=ifca", "--num_clusters=30"],
      "more than the 20 silos"),
 ])
 def test_clustering_inputs_checked_at_run_time_end_in_one_line(tmp_path, flags, message):
@@ -269,7 +269,7 @@ def test_clustering_inputs_checked_at_run_time_end_in_one_line(tmp_path, flags, 
 @pytest.mark.cli
 def test_clustering_rows_record_cluster_quality_and_leakage(tmp_path):
   out = tmp_path / "rows.csv"
-  proc = _run("--dataset=two_cluster", "--algorithm=dprivate_clustering,ifca",
+  proc = _run("--dataset=two_cluster", "--methods=dprivate_clustering,ifca",
               "--rounds=4", "--nu=5", "--clients_per_round=7", "--leakage_cap=1.2",
               f"--output={out}")
   assert proc.returncode == 0, proc.stderr[-2000:]

@@ -43,7 +43,7 @@ def _parsed_flags():
     (dict(weight_cap=0.0), "weight_cap (w_hat) must be a positive"),
     (dict(public_user_sizes=True), "--public_user_sizes applies with --weight_cap"),
     (dict(sampling_rate=["a"]), "--sampling_rate must be a comma-separated list"),
-    (dict(algorithm=["sgd"]), "--algorithm must be among"),
+    (dict(methods=["sgd"]), "--methods must be among"),
     (dict(dataset="mnist"), "--dataset must be one of"),
     (dict(rounds=0), "--rounds must be >= 1"),
     (dict(channels=["4"]), "--channels must be two positive integers"),
@@ -66,7 +66,7 @@ def test_bad_input_ends_in_one_line():
 
 @pytest.mark.cli
 def test_a_user_without_data_ends_in_one_line():
-  done = _run("--num_users=1000", "--algorithm=hypernet")
+  done = _run("--num_users=1000", "--methods=hypernet")
   assert done.returncode == 2
   lines = done.stderr.strip().splitlines()
   assert len(lines) == 1 and "use fewer users" in lines[0]

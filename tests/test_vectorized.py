@@ -372,7 +372,7 @@ common.run_main(__import__("benchmarks." + binary, fromlist=["main"]).main)
 
 @pytest.mark.cli
 @pytest.mark.parametrize("binary, args", [
-    ("run", ["--dataset=synthetic", "--algorithm=mrmtl,ditto,ifca_mrmtl", "--rounds=1",
+    ("run", ["--dataset=synthetic", "--methods=mrmtl,ditto,ifca_mrmtl", "--rounds=1",
              "--epsilon=2"]),
     ("hypernet", ["--num_users=6", "--rounds=1", "--sampling_rate=0.5",
                   "--l2_norm_clip=0.1", "--noise_multiplier=1", "--channels=4,8",

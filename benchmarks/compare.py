@@ -282,7 +282,10 @@ def _trial_privacy(s, definition, silos, epsilon):
   import dp_accounting
   from tff_silo.privacy import silo_accounts, tuning
   selections = definition.num_selections(s["rounds"])
-  key = (definition.epochs_per_round, selections, definition.selection_budget_share,
+  # everything the calibration reads: the run's settings (a second run in the same
+  # process, with other settings, must not reuse this one's), the method's, epsilon
+  key = (repr(sorted(grid.settings_key(s).items())), int(silos.train_sizes[0]),
+         definition.epochs_per_round, selections, definition.selection_budget_share,
          epsilon)
   if key not in _TRIAL_PRIVACY:
     protocol = _protocol(s)

@@ -494,6 +494,7 @@ def define_renamed_flags(**renamed) -> None:
 
 
 def check_renamed_flags() -> None:
+  """UsageError naming the new flag for an old name that was given."""
   for old, new in _RENAMED.items():
     if FLAGS[old].present:
       raise UsageError(f"--{old} is now --{new}")
@@ -506,17 +507,18 @@ def run_main(main, check_first=None) -> None:
   it, cannot build functional models) passes `check_first`, its flag checks: they
   run on the parsed flags before TensorFlow is imported, so a mistake costs no
   TensorFlow start-up."""
-  def resolved_main(argv):
+  def prepare():
     check_renamed_flags()
     if "output_dir" in FLAGS:
       resolve_output_flags()
+
+  def resolved_main(argv):
+    prepare()
     return main(argv)
 
   try:
     if check_first is not None and _parses(sys.argv):
-      check_renamed_flags()
-      if "output_dir" in FLAGS:
-        resolve_output_flags()
+      prepare()
       check_first()
       import tensorflow  # noqa: F401  (before app.run: see above)
     app.run(resolved_main)

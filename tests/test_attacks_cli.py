@@ -1,23 +1,19 @@
 """`python -m benchmarks.attacks`: one-line errors, and a tiny run of both parts that
-writes its rows and figures. Run as subprocesses: its flags share names with the
-other benchmark binaries'."""
+writes its rows and figures. Run in a process of their own (`binaries`): its flags
+share names with the other benchmark binaries'."""
 
 import os
-import subprocess
-import sys
 
 import pandas as pd
 import pytest
 
-pytestmark = pytest.mark.cli   # every test here starts a binary
+import binaries
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+pytestmark = pytest.mark.cli   # every test here starts a binary
 
 
 def _run(*args):
-  return subprocess.run([sys.executable, "-m", "benchmarks.attacks", *args], cwd=ROOT,
-                        capture_output=True, text=True, timeout=600,
-                        env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"})
+  return binaries.run("attacks", *args)
 
 
 @pytest.mark.parametrize("args, message", [
@@ -45,11 +41,9 @@ def test_saved_runs_are_attacked_from_their_files(tmp_path):
   """benchmarks.run --save_models, then --run: per-silo and pooled rows with the
   TPR at low FPR, the epsilon each saved silo spent."""
   saved = tmp_path / "saved"
-  trained = subprocess.run(
-      [sys.executable, "-m", "benchmarks.run", "--dataset=synthetic",
-       "--methods=local", "--rounds=2", "--epsilon=4", f"--output={tmp_path}/r.csv",
-       f"--save_models={saved}"], cwd=ROOT, capture_output=True, text=True,
-      timeout=600, env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"})
+  trained = binaries.run("run", "--dataset=synthetic", "--methods=local", "--rounds=2",
+                         "--epsilon=4", f"--output={tmp_path}/r.csv",
+                         f"--save_models={saved}")
   assert trained.returncode == 0, trained.stderr
   done = _run(f"--run={saved}", f"--mia_output={tmp_path}/m.csv", "--lira_shadows=2")
   assert done.returncode == 0, done.stderr
@@ -73,11 +67,8 @@ def test_saved_runs_are_attacked_from_their_files(tmp_path):
 
 def test_a_saved_image_run_is_inverted_at_round_0_and_after_training(tmp_path):
   saved = tmp_path / "saved"
-  trained = subprocess.run(
-      [sys.executable, "-m", "benchmarks.run", "--dataset=digits", "--methods=local",
-       "--rounds=1", f"--output={tmp_path}/r.csv", f"--save_models={saved}"], cwd=ROOT,
-      capture_output=True, text=True, timeout=600,
-      env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"})
+  trained = binaries.run("run", "--dataset=digits", "--methods=local", "--rounds=1",
+                         f"--output={tmp_path}/r.csv", f"--save_models={saved}")
   assert trained.returncode == 0, trained.stderr
   done = _run(f"--run={saved}", "--parts=inversion", "--images=1", "--iterations=3",
               "--method=idlg", f"--output={tmp_path}/inv.csv", f"--figures_dir={tmp_path}")

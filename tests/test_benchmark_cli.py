@@ -11,13 +11,13 @@ import numpy as np
 import pandas as pd
 import pytest
 
+import binaries
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def _run(*flags, timeout=600):
-  return subprocess.run([sys.executable, "-m", "benchmarks.run", *flags], cwd=ROOT,
-                        capture_output=True, text=True, timeout=timeout,
-                        env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"})
+  return binaries.run("run", *flags, timeout=timeout)
 
 
 @pytest.mark.cli

@@ -13,6 +13,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
+import binaries
+
 from tff_silo import data
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -27,11 +29,10 @@ def _compare(tmp_path, *flags, timeout=600, popen=False):
             f"--figures_dir={tmp_path}"])
   args = [sys.executable, "-m", "benchmarks.compare", *paths, *flags]
   env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"}
-  if popen:
+  if popen:   # a process of its own, to kill
     return subprocess.Popen(args, cwd=ROOT, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, env=env)
-  return subprocess.run(args, cwd=ROOT, capture_output=True, text=True,
-                        timeout=timeout, env=env)
+  return binaries.run("compare", *paths, *flags, timeout=timeout)
 
 
 def _finished(tmp_path, *flags, csv="c.csv"):
@@ -195,6 +196,21 @@ def test_private_tuning_writes_only_what_its_accountant_covers(tmp_path):
       assert max(spent) == pytest.approx(row.epsilon_spent) and max(spent) <= 4.0
   table = (tmp_path / "c.md").read_text()
   assert "| mrmtl |" in table and proc.stdout.startswith(table.splitlines()[0])
+
+
+@pytest.mark.cli
+def test_a_second_run_in_one_process_calibrates_for_its_own_settings(tmp_path):
+  """Two private-tuning runs in one process (`binaries` keeps one per binary, as a
+  notebook calling main twice would) share no calibration: the second, with fewer
+  trials' worth of budget each (E[h] 10 after 4), meets its own epsilon."""
+  for mean_trials in ("4", "10"):
+    out = tmp_path / mean_trials
+    proc = binaries.run("compare", *TINY, "--tuning=private", "--methods=mrmtl",
+                        f"--mean_trials={mean_trials}", f"--output_dir={out}")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    rows = pd.read_csv(out / "compare_quick.csv")
+    private = rows[np.isfinite(rows.epsilon)]
+    assert len(private) == 1 and (private.epsilon_spent <= 4.0).all()
 
 
 @pytest.mark.cli

@@ -4,27 +4,23 @@ row per (algorithm, q, S, z) with the accounted user-level epsilon."""
 import json
 import math
 import os
-import subprocess
-import sys
 
 import pandas as pd
 import pytest
 from absl import flags
 from absl.testing import flagsaver
 
+import binaries
 import hypernet
 from benchmarks import hypernet as bench
 from benchmarks.common import UsageError
 from tff_silo.privacy.user_level import UserDPSettings
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FLAGS = flags.FLAGS
 
 
 def _run(*args):
-  return subprocess.run([sys.executable, "-m", "benchmarks.hypernet", *args], cwd=ROOT,
-                        capture_output=True, text=True, timeout=600,
-                        env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"})
+  return binaries.run("hypernet", *args)
 
 
 @pytest.fixture(autouse=True)
@@ -122,11 +118,8 @@ def _check_saved(rows, epsilon):
   assert fedavg.meta["privacy"] is None and len(fedavg.server_weights) == 1
   for ours, theirs in zip(fedavg.server_weights[0], fedavg.silo_weights[5]):
     assert np.array_equal(ours, theirs)
-  attacked = subprocess.run(
-      [sys.executable, "-m", "benchmarks.attacks", f"--run={rows.saved_to[1]}",
-       "--parts=membership", f"--mia_output={os.path.dirname(rows.saved_to[1])}/m.csv"],
-      cwd=ROOT, capture_output=True, text=True, timeout=600,
-      env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"})
+  attacked = binaries.run("attacks", f"--run={rows.saved_to[1]}", "--parts=membership",
+                          f"--mia_output={os.path.dirname(rows.saved_to[1])}/m.csv")
   assert attacked.returncode == 0, attacked.stderr[-2000:]
   pooled = pd.read_csv(f"{os.path.dirname(rows.saved_to[1])}/m.csv").iloc[-1]
   assert pooled.privacy_unit == "user" and pooled.algorithm == "hypernet"

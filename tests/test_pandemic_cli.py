@@ -3,22 +3,18 @@ profile runs end to end, writes rows and figures, and a rerun resumes."""
 
 import math
 import os
-import subprocess
-import sys
 
 import numpy as np
 import pandas as pd
 import pytest
 
-pytestmark = pytest.mark.cli   # every test here starts a binary
+import binaries
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+pytestmark = pytest.mark.cli   # every test here starts a binary
 
 
 def _run(*args):
-  return subprocess.run([sys.executable, "-m", "benchmarks.pandemic", *args], cwd=ROOT,
-                        capture_output=True, text=True, timeout=900,
-                        env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"})
+  return binaries.run("pandemic", *args, timeout=900)
 
 
 @pytest.mark.parametrize("args, message", [

@@ -189,12 +189,8 @@ def test_expected_best_is_the_mean_best_of_random_draws():
 
 
 def _tuning_cost(*flags):
-  import os
-  import subprocess
-  import sys
-  root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-  return subprocess.run([sys.executable, "-m", "benchmarks.tuning_cost", *flags],
-                        cwd=root, capture_output=True, text=True, timeout=300)
+  import binaries
+  return binaries.run("tuning_cost", *flags, timeout=300)
 
 
 @pytest.mark.cli

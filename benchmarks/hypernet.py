@@ -343,7 +343,8 @@ def _print_table(rows):
 
 
 def _plot(rows, path):
-  """Mean user accuracy against epsilon: colour S, marker z; non-private runs dashed."""
+  """Mean user accuracy against epsilon: colour S, marker z; non-private runs dashed;
+  chance (one class of the dataset's) dotted."""
   import matplotlib
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt
@@ -364,6 +365,11 @@ def _plot(rows, path):
       ["algorithm", "sampling_rate", "l2_norm_clip"], dropna=False, sort=False)):
     ax.axhline(part.mean_user_accuracy.mean(), ls="--", color=f"C{i + 3}",
                label=f"{label[0]} (no noise, q={label[1]}, S={label[2]})")
+  from benchmarks import datasets
+  from tff_silo.data.images import EMNIST_CLASSES
+  classes = {**datasets.HYPERNET_NUM_CLASSES, "femnist": EMNIST_CLASSES[False]}
+  ax.axhline(1 / classes[FLAGS.dataset], ls=":", color="grey",
+             label=f"chance (1/{classes[FLAGS.dataset]})")
   ax.set_xlabel(f"user-level epsilon at delta={FLAGS.delta:g} (covers phi and the "
                 "noised aggregates)")
   ax.set_ylabel("mean accuracy over users")

@@ -125,10 +125,9 @@ flags.DEFINE_float("score_clip", None, "--tuning=private: per-example validation
                    "metrics are clipped to [0, score_clip] (default: the preset's).")
 common.define_backend_flags("every method here")
 common.define_aggregator_flags()   # the server step of every method but hypernet
-common.define_output_flags()
+common.define_output_flags(figures_dir=(".", "Folder of the figures."))
 flags.DEFINE_string("output", None, "CSV rows are appended to (default: "
                     "--output_dir/compare_<preset>.csv).")
-flags.DEFINE_string("figures_dir", None, "Folder of the figures (default: --output_dir).")
 common.define_save_models_flag("every trial (private tuning: every selected trial)")
 flags.DEFINE_string("trials_output", None, "--tuning=private: also write every trial's "
                     "row to this CSV, outside the guarantee (each row's "
@@ -237,7 +236,6 @@ def _settings() -> dict:
   s["output"] = FLAGS.output or os.path.join(out, f"compare_{FLAGS.preset}.csv")
   suffix = "" if s["tuning"] == "free" else f"_{s['tuning']}"
   s["table"] = FLAGS.table or os.path.join(out, f"compare_{FLAGS.preset}{suffix}.md")
-  s["figures_dir"] = FLAGS.figures_dir or out
   common.check_output(s["output"], SIGNATURE)
   if FLAGS.trials_output is not None and s["tuning"] != "private":
     raise UsageError("--trials_output applies to --tuning=private only (free tuning "
@@ -647,16 +645,16 @@ def _forget_partial_trials(s, planned) -> None:
       os.rmdir(os.path.join(FLAGS.save_models, STAGED_MODELS))
 
 
-def _epsilon_label(epsilon) -> str:
-  return "non-private" if math.isinf(epsilon) else f"{epsilon:g}"
+def _epsilon_label(epsilon, prefix: str) -> str:
+  """A table column or panel title: `prefix` and epsilon, or non-private."""
+  return "non-private" if math.isinf(epsilon) else f"{prefix} {epsilon:g}"
 
 
 def _grid_table(selected, column: str, lambdas: bool) -> str:
   """Markdown: method x epsilon, `column` mean +- sd over seeds (and the lambdas
   selected)."""
   epsilons = sorted(selected.epsilon.unique())
-  lines = ["| method | " + " | ".join(_epsilon_label(e) if math.isinf(e) else f"eps {e:g}"
-                                     for e in epsilons) + " |",
+  lines = ["| method | " + " | ".join(_epsilon_label(e, "eps") for e in epsilons) + " |",
            "|---" * (len(epsilons) + 1) + "|"]
   for method, part in selected.groupby("method", sort=False):
     cells = []
@@ -727,7 +725,7 @@ def _wins(selected) -> str:
 def _figure(s, name) -> str:
   """Figure `name` of this preset (and tuning mode, unless free)."""
   suffix = "" if s["tuning"] == "free" else f"_{s['tuning']}"
-  return os.path.join(s["figures_dir"], f"{name}_{s['preset']}{suffix}.png")
+  return os.path.join(FLAGS.figures_dir, f"{name}_{s['preset']}{suffix}.png")
 
 
 def _against_epsilon(ax, selected, column: str) -> None:
@@ -818,8 +816,7 @@ def _plots(s, trials, selected):
       if len(line):
         ax.axhline(line.test_metric.mean(), ls="--", color=f"C{i + 3}", label=other)
     ax.set_xscale("log")
-    ax.set_title(_epsilon_label(epsilon) if math.isinf(epsilon) else f"epsilon {epsilon:g}",
-                 fontsize=9)
+    ax.set_title(_epsilon_label(epsilon, "epsilon"), fontsize=9)
     ax.set_xlabel("lambda" if trials is not None else "lambda selected (each seed)")
     ax.set_ylabel(f"test {metric}")
   axes[0][0].legend(fontsize=7, title=None if trials is None else

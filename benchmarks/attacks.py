@@ -322,98 +322,22 @@ def _run_inversion(s):
   df = pd.read_csv(FLAGS.output)
   df = df[df.run_key.isin({_attack_key(*r) for r in runs})]
   _print_inversion(df)
-  os.makedirs(FLAGS.figures_dir, exist_ok=True)
+  from benchmarks import plots
   for method in FLAGS.method:
-    _grid(df[df.method == method], x, y, method,
-          os.path.join(FLAGS.figures_dir, f"attacks_grid_{method}.png"))
-  _curves(df, os.path.join(FLAGS.figures_dir, "attacks_curves.png"))
+    path = os.path.join(FLAGS.figures_dir, f"attacks_grid_{method}.png")
+    plots.reconstruction_grid(df[df.method == method], x, y, FLAGS.figure_images,
+                              f"{method.upper()} ({FLAGS.optimizer}, "
+                              f"{FLAGS.iterations} iterations)", path)
+    print(f"wrote {path}")
+  path = os.path.join(FLAGS.figures_dir, "attacks_curves.png")
+  if plots.inversion_curves(df, path):
+    print(f"wrote {path}")
 
 
 def _print_inversion(df):
-  table = (df.groupby(["method", "defense", "parameter"], sort=False)
-           .agg(psnr=("psnr", "median"), ssim=("ssim", "median"),
-                label_accuracy=("label_correct", "mean"), images=("image", "count"),
-                epsilon=("epsilon", "first"), leakage=("leakage", "first"))
-           .reset_index())
+  from benchmarks import tables
   print("\nmedian over images:")
-  print(table.to_string(index=False, float_format=lambda v: f"{v:.4g}"))
-
-
-def _setting_label(row):
-  name, value = row["defense"], row["parameter"]
-  return {"none": "no defense", "laplace": f"Laplace nu={value:g}",
-          "dp_sgd": f"DP-SGD z={value:g}", "clip": f"clip C={value:g}"}[name]
-
-
-def _grid(df, x, y, method, path):
-  """Ground truth (top row) and each setting's reconstructions of the first images."""
-  import matplotlib
-  matplotlib.use("Agg")
-  import matplotlib.pyplot as plt
-  shown = min(FLAGS.figure_images, len(y))
-  settings = df.drop_duplicates(["defense", "parameter"])[["defense", "parameter"]]
-  fig, axes = plt.subplots(len(settings) + 1, shown, squeeze=False,
-                           figsize=(1.1 * shown + 1.6, 1.1 * (len(settings) + 1)))
-  rows = [("ground truth", x)] + [
-      (_setting_label(setting), _reconstructions(df, setting, shown))
-      for _, setting in settings.iterrows()]
-  for r, (label, images) in enumerate(rows):
-    for c in range(shown):
-      ax = axes[r, c]
-      if images[c] is not None:
-        image = np.clip(images[c], 0, 1)
-        ax.imshow(image[..., 0] if image.shape[-1] == 1 else image, cmap="gray",
-                  vmin=0, vmax=1)
-      ax.set_xticks([]), ax.set_yticks([])
-      if c == 0:
-        ax.set_ylabel(label, rotation=0, ha="right", va="center", fontsize=8)
-      if r == 0:
-        ax.set_title(f"label {y[c]}", fontsize=8)
-  fig.suptitle(f"{method.upper()} ({FLAGS.optimizer}, {FLAGS.iterations} iterations)")
-  fig.tight_layout(rect=(0, 0, 1, 1 - 0.4 / fig.get_figheight()))
-  fig.savefig(path, dpi=60)
-  plt.close(fig)
-  print(f"wrote {path}")
-
-
-def _reconstructions(df, setting, shown):
-  rows = df[(df.defense == setting["defense"]) & (df.parameter == setting["parameter"])]
-  images = [None] * shown
-  for _, row in rows[rows.image < shown].iterrows():
-    batch = np.load(row["images_file"])
-    images[int(row["image"])] = batch[int(row["image"]) % len(batch)]
-  return images
-
-
-def _curves(df, path):
-  """Median PSNR and SSIM (interquartile band) against nu and against z."""
-  import matplotlib
-  matplotlib.use("Agg")
-  import matplotlib.pyplot as plt
-  import seaborn as sns
-  sweeps = [(d, t) for d, t in (("laplace", "Euclidean Laplace nu"),
-                                ("dp_sgd", "DP-SGD noise multiplier z"))
-            if (df.defense == d).any()]
-  if not sweeps:
-    return
-  fig, axes = plt.subplots(2, len(sweeps), squeeze=False, figsize=(5 * len(sweeps), 7))
-  baseline = df[df.defense == "none"].groupby("method")[["psnr", "ssim"]].median()
-  for c, (defense, title) in enumerate(sweeps):
-    for r, metric in enumerate(("psnr", "ssim")):
-      ax = axes[r, c]
-      sns.lineplot(data=df[df.defense == defense], x="parameter", y=metric,
-                   hue="method", estimator="median", errorbar=("pi", 50), marker="o",
-                   ax=ax)
-      for method, value in baseline[metric].items():
-        ax.axhline(value, ls=":", color="gray")
-      ax.set_xscale("log")
-      ax.set_xlabel(title)
-      ax.set_ylabel(metric.upper() + (" (dB)" if metric == "psnr" else ""))
-  fig.suptitle("Reconstruction quality vs noise (median, IQR; dotted: no defense)")
-  fig.tight_layout()
-  fig.savefig(path, dpi=100)
-  plt.close(fig)
-  print(f"wrote {path}")
+  tables.print_frame(tables.inversion_summary(df))
 
 
 # --- membership inference -----------------------------------------------------------

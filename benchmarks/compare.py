@@ -76,7 +76,7 @@ from typing import NamedTuple, Optional
 from absl import flags
 import numpy as np
 
-from benchmarks import common, configs, grid
+from benchmarks import common, configs, grid, tables
 from benchmarks.grid import (LAMBDA_METHODS, METHODS, TUNING, TUNING_MODES,
                              TUNING_PRIVATE, UNTUNED)
 from benchmarks.common import UsageError
@@ -645,186 +645,29 @@ def _forget_partial_trials(s, planned) -> None:
       os.rmdir(os.path.join(FLAGS.save_models, STAGED_MODELS))
 
 
-def _epsilon_label(epsilon, prefix: str) -> str:
-  """A table column or panel title: `prefix` and epsilon, or non-private."""
-  return "non-private" if math.isinf(epsilon) else f"{prefix} {epsilon:g}"
-
-
-def _grid_table(selected, column: str, lambdas: bool) -> str:
-  """Markdown: method x epsilon, `column` mean +- sd over seeds (and the lambdas
-  selected)."""
-  epsilons = sorted(selected.epsilon.unique())
-  lines = ["| method | " + " | ".join(_epsilon_label(e, "eps") for e in epsilons) + " |",
-           "|---" * (len(epsilons) + 1) + "|"]
-  for method, part in selected.groupby("method", sort=False):
-    cells = []
-    for epsilon in epsilons:
-      values = part[part.epsilon == epsilon][column]
-      if values.empty:
-        cells.append("-")
-        continue
-      text = (f"{values.mean():.4f} +- {values.std(ddof=1):.4f}" if len(values) > 1
-              else f"{values.mean():.4f}")
-      if lambdas and method in LAMBDA_METHODS:
-        lams = part[part.epsilon == epsilon].lam
-        text += " (lam " + "/".join(f"{v:g}" for v in sorted(lams.unique())) + ")"
-      cells.append(text)
-    lines.append(f"| {method} | " + " | ".join(cells) + " |")
-  return "\n".join(lines) + "\n"
-
-
-def _table(selected) -> str:
-  """The markdown report: test metric (and, where attacks ran, membership
-  inference) of the selected models, and the paired wins."""
-  metric = selected.metric.iloc[0]
-  tunings = "; ".join(sorted(selected.tuning.unique()))
-  units = ""
-  if "privacy_unit" in selected and (selected.privacy_unit == "user").any():
-    users = ", ".join(sorted(selected[selected.privacy_unit == "user"].method.unique()))
-    units = (f" Under DP the epsilon of {users} is user-level (a silo's whole data, "
-             "add/remove one silo), the others' example-level in each silo; the "
-             "user-level one covers the hypernetwork's phi and noised aggregates, "
-             "not its test metric (each user's model, from its un-noised embedding).")
-  if "aggregator" in selected and (selected.aggregator.fillna("mean") != "mean").any():
-    names = ", ".join(sorted(selected.aggregator.dropna().unique()))
-    units += f" Server aggregator: {names}"
-    if "silo_epsilon_spent" in selected and selected.silo_epsilon_spent.notna().any():
-      units += (f", silo-level epsilon {selected.silo_epsilon_spent.max():.3g} at delta "
-                f"{selected.silo_delta_with_sampler_tail.max():.3g} per trial (tuning "
-                "not counted; it covers the server's aggregates, not the personalized "
-                "models or their metrics)")
-    units += "."
-  out = (_grid_table(selected, "test_metric", True) + f"\nTest {metric}, mean +- sd "
-         f"over seeds; tuning {tunings}.{units} A row's epsilon covers its own "
-         "release; rows on the same silos (one seed) compose.\n" + _wins(selected))
-  if "mia_auc" in selected and selected.mia_auc.notna().any():
-    out += ("\n" + _grid_table(selected, "mia_auc", False) + "\nMembership inference "
-            "against the same models (threshold attack, every silo's training vs "
-            "test examples pooled): ROC AUC, 0.5 is a coin flip.\n")
-  return out
-
-
-def _wins(selected) -> str:
-  """How often each lambda method beats each other method in the same private
-  (epsilon, seed) cell: the paired comparison the seed spread above hides."""
-  sign = -1.0 if selected.metric.iloc[0] == "accuracy" else 1.0
-  private = selected[np.isfinite(selected.epsilon)]
-  cells = private.pivot_table(index=["epsilon", "seed"], columns="method",
-                              values="test_metric", aggfunc="first")
-  lines = []
-  for method in (m for m in cells.columns if m in LAMBDA_METHODS):
-    others = [f"{other} in {int(np.sum(sign * both[method] < sign * both[other]))} of "
-              f"{len(both)}" for other in cells.columns if other not in LAMBDA_METHODS
-              for both in [cells[[method, other]].dropna()]]
-    if others:
-      lines.append(f"Under DP, {method} beats " + ", ".join(others)
-                   + " (epsilon, seed) cells.\n")
-  return "".join(lines)
-
-
 def _figure(s, name) -> str:
   """Figure `name` of this preset (and tuning mode, unless free)."""
   suffix = "" if s["tuning"] == "free" else f"_{s['tuning']}"
   return os.path.join(FLAGS.figures_dir, f"{name}_{s['preset']}{suffix}.png")
 
 
-def _against_epsilon(ax, selected, column: str) -> None:
-  """`column` of the selected rows against epsilon, one line per method: the mean
-  over seeds with a band of one sd, on a log epsilon axis; the non-private cells as
-  points set apart on the right (side by side); a log y when the largest value is
-  4 or more times the smallest, so that the small ones stay readable."""
-  finite = sorted(e for e in selected.epsilon.unique() if math.isfinite(e))
-  apart = (finite[-1] if finite else 1.0) * 3   # where the non-private points go
-  for i, (method, rows) in enumerate(selected.groupby("method", sort=False)):
-    stats = rows.groupby("epsilon")[column].agg(["mean", "std"]).fillna(0.0)
-    private = stats[np.isfinite(stats.index)]
-    color = f"C{i}"
-    ax.plot(private.index, private["mean"], marker="o", color=color, label=method)
-    ax.fill_between(private.index, private["mean"] - private["std"],
-                    private["mean"] + private["std"], color=color, alpha=0.2, lw=0)
-    if np.isinf(stats.index).any():
-      point = stats.loc[np.inf]
-      ax.errorbar([apart * 1.06 ** i], [point["mean"]], yerr=[point["std"]], marker="s",
-                  color=color, capsize=3, ls="none")
-  ax.set_xscale("log")
-  ticks = finite + ([apart] if np.isinf(selected.epsilon).any() else [])
-  ax.set_xticks(ticks, [f"{e:g}" for e in finite]
-                + (["non-private"] if len(ticks) > len(finite) else []))
-  ax.minorticks_off()
-  if len(ticks) > len(finite):
-    ax.axvline((finite[-1] * apart) ** 0.5 if finite else apart / 2, color="grey",
-               ls=":", lw=0.8)
-  values = selected[column][np.isfinite(selected[column])]
-  if len(values) and values.min() > 0 and values.max() >= 4 * values.min():
-    ax.set_yscale("log")
-  ax.set_xlabel("per-silo epsilon (log scale)")
-  ax.legend(title=f"mean, band: sd over {selected.seed.nunique()} seeds",
-            title_fontsize=7, fontsize=7)
-
-
 def _plots(s, trials, selected):
   """The privacy-utility, leakage (with --membership) and lambda figures; `trials`
   None (private tuning) draws every figure from the selected rows alone."""
-  import matplotlib
-  matplotlib.use("Agg")
-  import matplotlib.pyplot as plt
-  import seaborn as sns
-  epsilons = sorted(selected.epsilon.unique())
-  metric = selected.metric.iloc[0]
-  fig, ax = plt.subplots(figsize=(6.5, 4.2))
-  _against_epsilon(ax, selected, "test_metric")
-  ax.set_ylabel(f"test {metric} (tuned on validation)")
-  ax.set_title(f"{s['preset']}: tuning {s['tuning']}" + (
-      " (not accounted)" if s["tuning"] == "free" else " (accounted)"), fontsize=9)
-  fig.tight_layout()
-  fig.savefig(_figure(s, "privacy_utility"), dpi=120)
-  plt.close(fig)
+  from benchmarks import plots
+  plots.privacy_utility(selected, f"{s['preset']}: tuning {s['tuning']}" + (
+      " (not accounted)" if s["tuning"] == "free" else " (accounted)"),
+                        _figure(s, "privacy_utility"))
   if "mia_auc" in selected and selected.mia_auc.notna().any():
-    fig, ax = plt.subplots(figsize=(6.5, 4.2))
-    _against_epsilon(ax, selected[selected.mia_auc.notna()], "mia_auc")
-    ax.axhline(0.5, ls=":", color="grey")   # chance
-    ax.set_ylabel("membership inference AUC (pooled; chance 0.5)")
-    ax.set_title(f"{s['preset']}: leakage of the selected models", fontsize=9)
-    fig.tight_layout()
-    fig.savefig(_figure(s, "leakage"), dpi=120)
-    plt.close(fig)
+    plots.leakage(selected, f"{s['preset']}: leakage of the selected models",
+                  _figure(s, "leakage"))
   # free tuning: per (method, lambda, seed) the trial with the best validation metric;
   # private tuning: the selected models alone, at the lambda each selected
   lam_rows = (selected if trials is None else trials)
   lam_rows = lam_rows[lam_rows.method.isin(LAMBDA_METHODS)]
-  if lam_rows.empty:
-    return
-  columns = min(4, len(epsilons))
-  rows = -(-len(epsilons) // columns)
-  fig, axes = plt.subplots(rows, columns, figsize=(3.2 * columns, 3.2 * rows),
-                           squeeze=False)   # each epsilon its own y: scales differ
-  for ax in axes.flat[len(epsilons):]:
-    ax.set_visible(False)
-  for ax, epsilon in zip(axes.flat, epsilons):
-    part = lam_rows[lam_rows.epsilon == epsilon]
-    if trials is None:
-      sns.scatterplot(data=part, x="lam", y="test_metric", hue="method", ax=ax,
-                      legend=ax is axes.flat[0])
-    else:
-      best = part.loc[grid.score(part).groupby([part.method, part.lam,
-                                                part.seed]).idxmin()]
-      best = best[np.isfinite(best.test_metric)]
-      sns.lineplot(data=best, x="lam", y="test_metric", hue="method", marker="o",
-                   errorbar="sd", ax=ax, legend=ax is axes.flat[0])
-    for i, other in enumerate(("local", "fedavg")):
-      line = selected[(selected.method == other) & (selected.epsilon == epsilon)]
-      if len(line):
-        ax.axhline(line.test_metric.mean(), ls="--", color=f"C{i + 3}", label=other)
-    ax.set_xscale("log")
-    ax.set_title(_epsilon_label(epsilon, "epsilon"), fontsize=9)
-    ax.set_xlabel("lambda" if trials is not None else "lambda selected (each seed)")
-    ax.set_ylabel(f"test {metric}")
-  axes[0][0].legend(fontsize=7, title=None if trials is None else
-                    f"band: sd over {lam_rows.seed.nunique()} seeds; dashed: "
-                    "untuned methods' mean", title_fontsize=6)
-  fig.tight_layout()
-  fig.savefig(_figure(s, "lambda"), dpi=120)
-  plt.close(fig)
+  if not lam_rows.empty:
+    plots.lambda_panels(lam_rows, selected, _figure(s, "lambda"),
+                        every_trial=trials is not None)
 
 
 def main(argv):
@@ -899,7 +742,7 @@ def main(argv):
     ours = table[(table.row_type == "trial")
                  & table.run_key.isin({grid.trial_key(s, t) for t in trials})]
   _forget_partial_trials(s, trials)
-  markdown = _table(selected)
+  markdown = tables.compare_report(selected)
   os.makedirs(os.path.dirname(os.path.abspath(s["table"])), exist_ok=True)
   with open(s["table"], "w") as f:
     f.write(markdown)

@@ -328,57 +328,21 @@ def _save(seed, algorithm, users, row, trained) -> str:
 
 def _print_table(rows):
   import pandas as pd
-  df = pd.DataFrame(rows)
-  keys = ["algorithm", "sampling_rate", "l2_norm_clip", "noise_multiplier"]
-  table = df.fillna({k: "-" for k in keys[1:]}).groupby(keys, sort=False).agg(
-      seeds=("seed", "nunique"), epsilon=("epsilon", "max"),
-      test_accuracy=("test_accuracy", "mean"),
-      mean_user_accuracy=("mean_user_accuracy", "mean"),
-      wall_seconds=("wall_seconds", "mean")).reset_index()
+  from benchmarks import tables
   print(f"\n{FLAGS.dataset}: {FLAGS.num_users} users, {FLAGS.rounds} rounds, "
         f"epsilon at delta={FLAGS.delta}, user-level: it covers phi and the noised "
         "aggregates; the accuracies come from each user's un-noised embedding, "
         "outside it")
-  print(table.to_string(index=False, float_format=lambda v: f"{v:.4f}"))
+  tables.print_frame(tables.hypernet_summary(pd.DataFrame(rows)))
 
 
 def _plot(rows, path):
-  """Mean user accuracy against epsilon: colour S, marker z; non-private runs dashed;
-  chance (one class of the dataset's) dotted."""
-  import matplotlib
-  matplotlib.use("Agg")
-  import matplotlib.pyplot as plt
-  import numpy as np
   import pandas as pd
-  import seaborn as sns
-  df = pd.DataFrame(rows)
-  private = df[np.isfinite(df.epsilon)]
-  fig, ax = plt.subplots(figsize=(6.5, 4.2))
-  if len(private):
-    sns.scatterplot(data=private.assign(S=private.l2_norm_clip.astype(str),
-                                        z=private.noise_multiplier.astype(str),
-                                        q=private.sampling_rate),
-                    x="epsilon", y="mean_user_accuracy", hue="S", style="z", size="q",
-                    sizes=(30, 120), ax=ax)
-    ax.set_xscale("log")
-  for i, (label, part) in enumerate(df[~np.isfinite(df.epsilon)].groupby(
-      ["algorithm", "sampling_rate", "l2_norm_clip"], dropna=False, sort=False)):
-    ax.axhline(part.mean_user_accuracy.mean(), ls="--", color=f"C{i + 3}",
-               label=f"{label[0]} (no noise, q={label[1]}, S={label[2]})")
-  from benchmarks import datasets
+  from benchmarks import datasets, plots
   from tff_silo.data.images import EMNIST_CLASSES
   classes = {**datasets.HYPERNET_NUM_CLASSES, "femnist": EMNIST_CLASSES[False]}
-  ax.axhline(1 / classes[FLAGS.dataset], ls=":", color="grey",
-             label=f"chance (1/{classes[FLAGS.dataset]})")
-  ax.set_xlabel(f"user-level epsilon at delta={FLAGS.delta:g} (covers phi and the "
-                "noised aggregates)")
-  ax.set_ylabel("mean accuracy over users")
-  ax.set_title("accuracies: each user's own model, from its un-noised embedding "
-               "(outside the user-level guarantee)", fontsize=8)
-  ax.legend(fontsize=7, loc="best")
-  fig.tight_layout()
-  os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
-  fig.savefig(path, dpi=120)
+  plots.hypernet_accuracy(pd.DataFrame(rows), delta=FLAGS.delta,
+                          num_classes=classes[FLAGS.dataset], path=path)
 
 
 def main(argv):

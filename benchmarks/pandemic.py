@@ -259,12 +259,8 @@ def main(argv):
 
 def _print_table(rows):
   import pandas as pd
-  table = pd.DataFrame(rows)
-  columns = ["method", "mode", "sample_size", "sigma", "lam", "loss", "alpha",
-             "architecture", "epsilon_theorem", "epsilon_code", "average_precision",
-             "lift", "recall_at_half", "train_seconds"]
-  print(table[[c for c in columns if c in table]].to_string(
-      index=False, float_format=lambda v: f"{v:.4g}"))
+  from benchmarks import tables
+  tables.print_frame(pd.DataFrame(rows), tables.PANDEMIC_COLUMNS)
 
 
 # What one curve of the AP figure holds fixed (its points differ in sigma only)
@@ -273,66 +269,25 @@ CURVE = ["method", "mode", "sample_size", "lam", "loss", "alpha", "architecture"
 
 def _figures(persons):
   """AP against the printed theorem's epsilon for the rows of data sets of
-  `persons` persons: one curve per setting with private rows (means over seeds),
-  its non-private rows' mean as a dashed line; and time and peak memory against
+  `persons` persons (`plots.pandemic_ap`); and time and peak memory against
   persons (every profile's rows in --output, median per method and profile)."""
-  import matplotlib
-  matplotlib.use("Agg")
-  import matplotlib.pyplot as plt
   import numpy as np
   import pandas as pd
+  from benchmarks import plots
   every = pd.read_csv(FLAGS.output)
   if "scored_on" in every:   # this pipeline's rows only (not an earlier one's)
     every = every[every.scored_on == PIPELINE["scored_on"]]
   df = every if persons is None else every[every.persons == persons]
   df = df.assign(**{c: df[c].fillna("-") for c in CURVE if c in df})
-  os.makedirs(FLAGS.figures_dir, exist_ok=True)
-  fig, ax = plt.subplots(figsize=(6.5, 4))
   private = np.isfinite(df.epsilon_theorem)
   unbounded = sorted(df.sigma[(df.sigma > 0) & ~private].unique())
-  varying = [c for c in CURVE if df.loc[private, c].nunique() > 1] or ["method"]
-  for setting, part in df[private].groupby(varying if len(varying) > 1 else varying[0]):
-    setting = setting if isinstance(setting, tuple) else (setting,)
-    label = ", ".join(str(v) if c == "method" else f"{c} {v}"
-                      for c, v in zip(varying, setting))
-    curve = part.groupby("epsilon_theorem").average_precision.mean()
-    line, = ax.plot(curve.index, curve.values, "o-", label=label)
-    match = df[df.sigma == 0]
-    for c, v in zip(varying, setting):
-      match = match[match[c] == v]
-    if len(match):
-      ax.axhline(match.average_precision.mean(), ls="--", lw=0.8,
-                 color=line.get_color(), label=f"{label}, no DP")
-  ax.set_xscale("log")
-  ax.set_xlabel("node-level epsilon (replace one node of the capped graph, Theorem "
-                "2.4.4's exponent), delta = 1/(10 n)", fontsize=8)
-  ax.set_ylabel("average precision (held-out households, pooled)")
-  ax.set_title((f"{int(persons):,} persons" if persons else "given files") + (
+  plots.pandemic_ap(df, CURVE, (f"{int(persons):,} persons" if persons
+                                else "given files") + (
       f"; sigma {', '.join(f'{v:g}' for v in unbounded)}: no finite epsilon, not drawn"
-      if unbounded else ""), fontsize=9)
-  ax.legend(fontsize=6)
-  fig.tight_layout()
-  fig.savefig(os.path.join(FLAGS.figures_dir, "pandemic_ap_epsilon.png"), dpi=120)
-  plt.close(fig)
+      if unbounded else ""), os.path.join(FLAGS.figures_dir, "pandemic_ap_epsilon.png"))
   timed = every.dropna(subset=["persons"]).assign(
       load=lambda d: d.load_seconds.fillna(0), memory=lambda d: d.peak_memory_mb / 1024)
-  fig, (left, right) = plt.subplots(1, 2, figsize=(9, 3.6))
-  for method, part in timed.groupby("method"):
-    part = part.groupby("persons")[["load", "train_seconds", "memory"]].median()
-    line, = left.plot(part.index, part.load + part.train_seconds, "o-",
-                      label=f"{method}: load + train")
-    left.plot(part.index, part.train_seconds, "x:", color=line.get_color(),
-              label=f"{method}: train")
-    right.plot(part.index, part.memory, "o-", color=line.get_color(), label=method)
-  for ax, label in ((left, "seconds (median)"), (right, "peak memory of the process, GB")):
-    ax.set_xscale("log")
-    ax.set_yscale("log")
-    ax.set_xlabel("persons")
-    ax.set_ylabel(label)
-    ax.legend(fontsize=7)
-  fig.tight_layout()
-  fig.savefig(os.path.join(FLAGS.figures_dir, "pandemic_time.png"), dpi=120)
-  plt.close(fig)
+  plots.pandemic_time(timed, os.path.join(FLAGS.figures_dir, "pandemic_time.png"))
 
 
 if __name__ == "__main__":

@@ -10,25 +10,11 @@ import os
 
 from absl import flags
 
-from benchmarks import common
+from benchmarks import common, plots
 from benchmarks.tables import summary_table, to_markdown
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string("plot", None, "Write a PNG plot of the test metric here.")
-
-def plot(df, path):
-  import matplotlib
-  matplotlib.use("Agg")
-  import seaborn as sns
-  df = df.assign(method=[f"{a} (lam={l:g})" if a in ("mrmtl", "ditto") else a
-                         for a, l in zip(df.algorithm, df.lam)])
-  ax = sns.pointplot(data=df, x="method", y="test_metric", errorbar="sd",
-                     linestyles="none", capsize=0.2)
-  ax.set_ylabel(f"test {df.metric.iloc[0]} (mean +- sd over seeds)")
-  ax.tick_params(axis="x", rotation=30)
-  ax.figure.tight_layout()
-  ax.figure.savefig(path, dpi=120)
-
 
 # Columns a `benchmarks.run` CSV has, which the table needs.
 REQUIRED = ("dataset", "algorithm", "lam", "epsilon", "seed", "test_metric",
@@ -52,7 +38,7 @@ def main(argv):
     raise common.UsageError(f"{', '.join(paths)} hold(s) no rows")
   print(to_markdown(summary_table(df)))
   if FLAGS.plot:
-    plot(df, FLAGS.plot)
+    plots.run_summary(df, FLAGS.plot)
     print(f"\nplot written to {FLAGS.plot}")
 
 

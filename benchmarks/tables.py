@@ -1,8 +1,15 @@
-"""Tables of `benchmarks.run` rows: means over seeds, grouped so that rows of
-different privacy settings are never averaged together (no flags: any binary or
-test may import it)."""
+"""The binaries' tables (no flags: any binary or test may import it): means over
+seeds of `benchmarks.run` rows, grouped so that rows of different privacy settings
+are never averaged together; `benchmarks.compare`'s markdown report; the printed
+tables of the other binaries."""
 
 from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from benchmarks.grid import LAMBDA_METHODS
 
 GROUP = ["dataset", "algorithm", "lam", "epsilon"]
 # Every privacy setting: rows differing in any of them are never averaged together.
@@ -52,3 +59,118 @@ def to_markdown(table) -> str:
     cells = [f"{v:.4f}" if isinstance(v, float) else str(v) for v in row]
     lines.append("| " + " | ".join(cells) + " |")
   return "\n".join(lines)
+
+
+def print_frame(df, columns=None, digits: int = 4) -> None:
+  """`df` (its `columns` present, in that order) as fixed-width text."""
+  if columns is not None:
+    df = df[[c for c in columns if c in df]]
+  print(df.to_string(index=False, float_format=lambda v: f"{v:.{digits}g}"))
+
+
+def epsilon_label(epsilon, prefix: str) -> str:
+  """A table column or panel title: `prefix` and epsilon, or non-private."""
+  return "non-private" if math.isinf(epsilon) else f"{prefix} {epsilon:g}"
+
+
+# --- benchmarks.compare ---------------------------------------------------------------
+
+def _grid_table(selected, column: str, lambdas: bool) -> str:
+  """Markdown: method x epsilon, `column` mean +- sd over seeds (and the lambdas
+  selected)."""
+  epsilons = sorted(selected.epsilon.unique())
+  lines = ["| method | " + " | ".join(epsilon_label(e, "eps") for e in epsilons) + " |",
+           "|---" * (len(epsilons) + 1) + "|"]
+  for method, part in selected.groupby("method", sort=False):
+    cells = []
+    for epsilon in epsilons:
+      values = part[part.epsilon == epsilon][column]
+      if values.empty:
+        cells.append("-")
+        continue
+      text = (f"{values.mean():.4f} +- {values.std(ddof=1):.4f}" if len(values) > 1
+              else f"{values.mean():.4f}")
+      if lambdas and method in LAMBDA_METHODS:
+        lams = part[part.epsilon == epsilon].lam
+        text += " (lam " + "/".join(f"{v:g}" for v in sorted(lams.unique())) + ")"
+      cells.append(text)
+    lines.append(f"| {method} | " + " | ".join(cells) + " |")
+  return "\n".join(lines) + "\n"
+
+
+def compare_report(selected) -> str:
+  """The markdown report: test metric (and, where attacks ran, membership
+  inference) of the selected models, and the paired wins."""
+  metric = selected.metric.iloc[0]
+  tunings = "; ".join(sorted(selected.tuning.unique()))
+  units = ""
+  if "privacy_unit" in selected and (selected.privacy_unit == "user").any():
+    users = ", ".join(sorted(selected[selected.privacy_unit == "user"].method.unique()))
+    units = (f" Under DP the epsilon of {users} is user-level (a silo's whole data, "
+             "add/remove one silo), the others' example-level in each silo; the "
+             "user-level one covers the hypernetwork's phi and noised aggregates, "
+             "not its test metric (each user's model, from its un-noised embedding).")
+  if "aggregator" in selected and (selected.aggregator.fillna("mean") != "mean").any():
+    names = ", ".join(sorted(selected.aggregator.dropna().unique()))
+    units += f" Server aggregator: {names}"
+    if "silo_epsilon_spent" in selected and selected.silo_epsilon_spent.notna().any():
+      units += (f", silo-level epsilon {selected.silo_epsilon_spent.max():.3g} at delta "
+                f"{selected.silo_delta_with_sampler_tail.max():.3g} per trial (tuning "
+                "not counted; it covers the server's aggregates, not the personalized "
+                "models or their metrics)")
+    units += "."
+  out = (_grid_table(selected, "test_metric", True) + f"\nTest {metric}, mean +- sd "
+         f"over seeds; tuning {tunings}.{units} A row's epsilon covers its own "
+         "release; rows on the same silos (one seed) compose.\n" + _wins(selected))
+  if "mia_auc" in selected and selected.mia_auc.notna().any():
+    out += ("\n" + _grid_table(selected, "mia_auc", False) + "\nMembership inference "
+            "against the same models (threshold attack, every silo's training vs "
+            "test examples pooled): ROC AUC, 0.5 is a coin flip.\n")
+  return out
+
+
+def _wins(selected) -> str:
+  """How often each lambda method beats each other method in the same private
+  (epsilon, seed) cell: the paired comparison the seed spread above hides."""
+  sign = -1.0 if selected.metric.iloc[0] == "accuracy" else 1.0
+  private = selected[np.isfinite(selected.epsilon)]
+  cells = private.pivot_table(index=["epsilon", "seed"], columns="method",
+                              values="test_metric", aggfunc="first")
+  lines = []
+  for method in (m for m in cells.columns if m in LAMBDA_METHODS):
+    others = [f"{other} in {int(np.sum(sign * both[method] < sign * both[other]))} of "
+              f"{len(both)}" for other in cells.columns if other not in LAMBDA_METHODS
+              for both in [cells[[method, other]].dropna()]]
+    if others:
+      lines.append(f"Under DP, {method} beats " + ", ".join(others)
+                   + " (epsilon, seed) cells.\n")
+  return "".join(lines)
+
+
+# --- the other binaries ---------------------------------------------------------------
+
+def hypernet_summary(df):
+  """`benchmarks.hypernet` rows: means over seeds per algorithm and privacy
+  setting (the largest epsilon)."""
+  keys = ["algorithm", "sampling_rate", "l2_norm_clip", "noise_multiplier"]
+  return df.fillna({k: "-" for k in keys[1:]}).groupby(keys, sort=False).agg(
+      seeds=("seed", "nunique"), epsilon=("epsilon", "max"),
+      test_accuracy=("test_accuracy", "mean"),
+      mean_user_accuracy=("mean_user_accuracy", "mean"),
+      wall_seconds=("wall_seconds", "mean")).reset_index()
+
+
+# `benchmarks.pandemic`'s printed columns
+PANDEMIC_COLUMNS = ["method", "mode", "sample_size", "sigma", "lam", "loss", "alpha",
+                    "architecture", "epsilon_theorem", "epsilon_code",
+                    "average_precision", "lift", "recall_at_half", "train_seconds"]
+
+
+def inversion_summary(df):
+  """`benchmarks.attacks` inversion rows: medians over images per method and
+  defense setting."""
+  return (df.groupby(["method", "defense", "parameter"], sort=False)
+          .agg(psnr=("psnr", "median"), ssim=("ssim", "median"),
+               label_accuracy=("label_correct", "mean"), images=("image", "count"),
+               epsilon=("epsilon", "first"), leakage=("leakage", "first"))
+          .reset_index())

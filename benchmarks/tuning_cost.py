@@ -92,46 +92,6 @@ def _conditions(etas):
   return out
 
 
-def _plot(rows, summary, path):
-  """E(lambda) per condition; at the right, the error tuning reaches under each
-  (x) beside the untuned baselines at the one-release noise (local: one line;
-  FedAvg, near it here: its own)."""
-  import matplotlib
-  matplotlib.use("Agg")
-  import matplotlib.pyplot as plt
-  import pandas as pd
-  import seaborn as sns
-  df = pd.DataFrame(rows)
-  df = df[df.lam > 0]
-  conditions = list(dict.fromkeys(df.condition))
-  colors = dict(zip(conditions, sns.color_palette("viridis", len(conditions))))
-  fig, ax = plt.subplots(figsize=(8.5, 4.5))
-  sns.lineplot(data=df, x="lam", y="error", hue="condition", ax=ax, palette=colors,
-               linewidth=1.3)
-  right = df.lam.max() * 3
-  for entry in summary:
-    if np.isfinite(entry["tuned_error"]):
-      ax.plot([right], [entry["tuned_error"]], marker="x", ms=8, mew=2, ls="none",
-              color=colors[entry["condition"]])
-  ax.plot([], [], marker="x", ls="none", color="grey",
-          label="after tuning (oracle score), per condition")
-  private = next(s for s in summary if s["condition"] == "private")
-  ax.axhline(private["local_error"], ls="--", color="black", lw=1,
-             label=f"local, untuned ({private['local_error']:.4f})")
-  ax.axhline(private["fedavg_error"], ls=":", color="firebrick", lw=1.5,
-             label=f"FedAvg, untuned ({private['fedavg_error']:.4f})")
-  ax.set_xscale("log")
-  ax.set_yscale("log")
-  ax.set_xlabel("lambda")
-  ax.set_ylabel("MR-MTL error E(lambda)")
-  ax.set_title(f"K={FLAGS.num_silos}, n={FLAGS.n}, sigma={FLAGS.sigma:g}, "
-               f"tau={FLAGS.tau:g}, eps={FLAGS.epsilon:g}, delta={FLAGS.delta:g}, "
-               f"E[h]={FLAGS.mean_trials:g}", fontsize=9)
-  ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1))
-  fig.tight_layout()
-  fig.savefig(path, dpi=120)
-
-
 def main(argv):
   if len(argv) > 1:
     raise UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
@@ -163,7 +123,10 @@ def main(argv):
         local_error=errors[0], fedavg_error=theory.mrmtl_error(math.inf, k, sigma_loc2,
                                                                tau2)))
   common.append_rows(FLAGS.output, rows)
-  _plot(rows, summary, FLAGS.plot)
+  from benchmarks import plots
+  plots.tuning_cost(rows, summary, f"K={FLAGS.num_silos}, n={FLAGS.n}, "
+                    f"sigma={FLAGS.sigma:g}, tau={FLAGS.tau:g}, eps={FLAGS.epsilon:g}, "
+                    f"delta={FLAGS.delta:g}, E[h]={FLAGS.mean_trials:g}", FLAGS.plot)
   import pandas as pd
   print(pd.DataFrame(summary).to_string(index=False, float_format=lambda v: f"{v:.6g}"))
   print(f"{len(rows)} row(s) appended to {FLAGS.output}; figure: {FLAGS.plot}")

@@ -1,0 +1,347 @@
+"""Every figure the binaries draw (no flags: the binaries pass what a figure needs).
+
+Conventions (issue 29): a numeric log epsilon axis with the non-private point set
+apart; one y per panel where scales differ; a log y where values span decades;
+chance and noiseless reference lines where they frame the result; legends that
+say what a band is.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+
+import numpy as np
+
+from benchmarks.tables import epsilon_label
+
+
+def _pyplot():
+  """matplotlib's pyplot on the file-only Agg backend (no display needed)."""
+  import matplotlib
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt
+  return plt
+
+
+def _save(fig, path: str, dpi: int = 120) -> None:
+  plt = _pyplot()
+  os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+  fig.savefig(path, dpi=dpi)
+  plt.close(fig)
+
+
+# --- benchmarks.compare ---------------------------------------------------------------
+
+def _against_epsilon(ax, selected, column: str) -> None:
+  """`column` of the selected rows against epsilon, one line per method: the mean
+  over seeds with a band of one sd, on a log epsilon axis; the non-private cells as
+  points set apart on the right (side by side); a log y when the largest value is
+  4 or more times the smallest, so that the small ones stay readable."""
+  finite = sorted(e for e in selected.epsilon.unique() if math.isfinite(e))
+  apart = (finite[-1] if finite else 1.0) * 3   # where the non-private points go
+  for i, (method, rows) in enumerate(selected.groupby("method", sort=False)):
+    stats = rows.groupby("epsilon")[column].agg(["mean", "std"]).fillna(0.0)
+    private = stats[np.isfinite(stats.index)]
+    color = f"C{i}"
+    ax.plot(private.index, private["mean"], marker="o", color=color, label=method)
+    ax.fill_between(private.index, private["mean"] - private["std"],
+                    private["mean"] + private["std"], color=color, alpha=0.2, lw=0)
+    if np.isinf(stats.index).any():
+      point = stats.loc[np.inf]
+      ax.errorbar([apart * 1.06 ** i], [point["mean"]], yerr=[point["std"]], marker="s",
+                  color=color, capsize=3, ls="none")
+  ax.set_xscale("log")
+  ticks = finite + ([apart] if np.isinf(selected.epsilon).any() else [])
+  ax.set_xticks(ticks, [f"{e:g}" for e in finite]
+                + (["non-private"] if len(ticks) > len(finite) else []))
+  ax.minorticks_off()
+  if len(ticks) > len(finite):
+    ax.axvline((finite[-1] * apart) ** 0.5 if finite else apart / 2, color="grey",
+               ls=":", lw=0.8)
+  values = selected[column][np.isfinite(selected[column])]
+  if len(values) and values.min() > 0 and values.max() >= 4 * values.min():
+    ax.set_yscale("log")
+  ax.set_xlabel("per-silo epsilon (log scale)")
+  ax.legend(title=f"mean, band: sd over {selected.seed.nunique()} seeds",
+            title_fontsize=7, fontsize=7)
+
+
+def privacy_utility(selected, title: str, path: str) -> None:
+  """`benchmarks.compare`: the selected models' test metric against epsilon."""
+  plt = _pyplot()
+  fig, ax = plt.subplots(figsize=(6.5, 4.2))
+  _against_epsilon(ax, selected, "test_metric")
+  ax.set_ylabel(f"test {selected.metric.iloc[0]} (tuned on validation)")
+  ax.set_title(title, fontsize=9)
+  fig.tight_layout()
+  _save(fig, path)
+
+
+def leakage(selected, title: str, path: str) -> None:
+  """`benchmarks.compare --membership`: the selected models' membership inference
+  AUC against epsilon, chance (0.5) dotted."""
+  plt = _pyplot()
+  fig, ax = plt.subplots(figsize=(6.5, 4.2))
+  _against_epsilon(ax, selected[selected.mia_auc.notna()], "mia_auc")
+  ax.axhline(0.5, ls=":", color="grey")
+  ax.set_ylabel("membership inference AUC (pooled; chance 0.5)")
+  ax.set_title(title, fontsize=9)
+  fig.tight_layout()
+  _save(fig, path)
+
+
+def lambda_panels(lam_rows, selected, path: str, *, every_trial: bool) -> None:
+  """`benchmarks.compare`: the test metric against lambda, one panel (and y) per
+  epsilon, the untuned methods' means dashed. `every_trial` (free tuning):
+  `lam_rows` are trials, drawn per (method, lambda, seed) at the best validation
+  score as a mean with an sd band; otherwise the selected models alone, at the
+  lambda each selected."""
+  from benchmarks import grid
+  import seaborn as sns
+  plt = _pyplot()
+  epsilons = sorted(selected.epsilon.unique())
+  metric = selected.metric.iloc[0]
+  columns = min(4, len(epsilons))
+  rows = -(-len(epsilons) // columns)
+  fig, axes = plt.subplots(rows, columns, figsize=(3.2 * columns, 3.2 * rows),
+                           squeeze=False)
+  for ax in axes.flat[len(epsilons):]:
+    ax.set_visible(False)
+  for ax, epsilon in zip(axes.flat, epsilons):
+    part = lam_rows[lam_rows.epsilon == epsilon]
+    if not every_trial:
+      sns.scatterplot(data=part, x="lam", y="test_metric", hue="method", ax=ax,
+                      legend=ax is axes.flat[0])
+    else:
+      best = part.loc[grid.score(part).groupby([part.method, part.lam,
+                                                part.seed]).idxmin()]
+      best = best[np.isfinite(best.test_metric)]
+      sns.lineplot(data=best, x="lam", y="test_metric", hue="method", marker="o",
+                   errorbar="sd", ax=ax, legend=ax is axes.flat[0])
+    for i, other in enumerate(("local", "fedavg")):
+      line = selected[(selected.method == other) & (selected.epsilon == epsilon)]
+      if len(line):
+        ax.axhline(line.test_metric.mean(), ls="--", color=f"C{i + 3}", label=other)
+    ax.set_xscale("log")
+    ax.set_title(epsilon_label(epsilon, "epsilon"), fontsize=9)
+    ax.set_xlabel("lambda" if every_trial else "lambda selected (each seed)")
+    ax.set_ylabel(f"test {metric}")
+  axes[0][0].legend(fontsize=7, title=None if not every_trial else
+                    f"band: sd over {lam_rows.seed.nunique()} seeds; dashed: "
+                    "untuned methods' mean", title_fontsize=6)
+  fig.tight_layout()
+  _save(fig, path)
+
+
+# --- benchmarks.summarize ---------------------------------------------------------------
+
+def run_summary(df, path: str) -> None:
+  """`benchmarks.summarize`: the test metric of `benchmarks.run` rows per method
+  (and lambda), mean +- sd over seeds."""
+  import seaborn as sns
+  plt = _pyplot()
+  df = df.assign(method=[f"{a} (lam={l:g})" if a in ("mrmtl", "ditto") else a
+                         for a, l in zip(df.algorithm, df.lam)])
+  fig, ax = plt.subplots()
+  sns.pointplot(data=df, x="method", y="test_metric", errorbar="sd",
+                linestyles="none", capsize=0.2, ax=ax)
+  ax.set_ylabel(f"test {df.metric.iloc[0]} (mean +- sd over seeds)")
+  ax.tick_params(axis="x", rotation=30)
+  fig.tight_layout()
+  _save(fig, path)
+
+
+# --- benchmarks.tuning_cost -----------------------------------------------------------
+
+def tuning_cost(rows, summary, title: str, path: str) -> None:
+  """E(lambda) per condition; at the right, the error tuning reaches under each
+  (x) beside the untuned baselines at the one-release noise (local: one line;
+  FedAvg, near it here: its own)."""
+  import pandas as pd
+  import seaborn as sns
+  plt = _pyplot()
+  df = pd.DataFrame(rows)
+  df = df[df.lam > 0]
+  conditions = list(dict.fromkeys(df.condition))
+  colors = dict(zip(conditions, sns.color_palette("viridis", len(conditions))))
+  fig, ax = plt.subplots(figsize=(8.5, 4.5))
+  sns.lineplot(data=df, x="lam", y="error", hue="condition", ax=ax, palette=colors,
+               linewidth=1.3)
+  right = df.lam.max() * 3
+  for entry in summary:
+    if np.isfinite(entry["tuned_error"]):
+      ax.plot([right], [entry["tuned_error"]], marker="x", ms=8, mew=2, ls="none",
+              color=colors[entry["condition"]])
+  ax.plot([], [], marker="x", ls="none", color="grey",
+          label="after tuning (oracle score), per condition")
+  private = next(s for s in summary if s["condition"] == "private")
+  ax.axhline(private["local_error"], ls="--", color="black", lw=1,
+             label=f"local, untuned ({private['local_error']:.4f})")
+  ax.axhline(private["fedavg_error"], ls=":", color="firebrick", lw=1.5,
+             label=f"FedAvg, untuned ({private['fedavg_error']:.4f})")
+  ax.set_xscale("log")
+  ax.set_yscale("log")
+  ax.set_xlabel("lambda")
+  ax.set_ylabel("MR-MTL error E(lambda)")
+  ax.set_title(title, fontsize=9)
+  ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1))
+  fig.tight_layout()
+  _save(fig, path)
+
+
+# --- benchmarks.hypernet ----------------------------------------------------------------
+
+def hypernet_accuracy(df, *, delta: float, num_classes: int, path: str) -> None:
+  """Mean user accuracy against epsilon: colour S, marker z; non-private runs dashed;
+  chance (one class in `num_classes`) dotted."""
+  import seaborn as sns
+  plt = _pyplot()
+  private = df[np.isfinite(df.epsilon)]
+  fig, ax = plt.subplots(figsize=(6.5, 4.2))
+  if len(private):
+    sns.scatterplot(data=private.assign(S=private.l2_norm_clip.astype(str),
+                                        z=private.noise_multiplier.astype(str),
+                                        q=private.sampling_rate),
+                    x="epsilon", y="mean_user_accuracy", hue="S", style="z", size="q",
+                    sizes=(30, 120), ax=ax)
+    ax.set_xscale("log")
+  for i, (label, part) in enumerate(df[~np.isfinite(df.epsilon)].groupby(
+      ["algorithm", "sampling_rate", "l2_norm_clip"], dropna=False, sort=False)):
+    ax.axhline(part.mean_user_accuracy.mean(), ls="--", color=f"C{i + 3}",
+               label=f"{label[0]} (no noise, q={label[1]}, S={label[2]})")
+  ax.axhline(1 / num_classes, ls=":", color="grey", label=f"chance (1/{num_classes})")
+  ax.set_xlabel(f"user-level epsilon at delta={delta:g} (covers phi and the "
+                "noised aggregates)")
+  ax.set_ylabel("mean accuracy over users")
+  ax.set_title("accuracies: each user's own model, from its un-noised embedding "
+               "(outside the user-level guarantee)", fontsize=8)
+  ax.legend(fontsize=7, loc="best")
+  fig.tight_layout()
+  _save(fig, path)
+
+
+# --- benchmarks.pandemic ----------------------------------------------------------------
+
+def pandemic_ap(df, curve_columns, title: str, path: str) -> None:
+  """AP against the printed theorem's epsilon: one curve per setting (the columns
+  of `curve_columns` that vary among private rows) as means over seeds, its
+  non-private rows' mean as a dashed line."""
+  plt = _pyplot()
+  fig, ax = plt.subplots(figsize=(6.5, 4))
+  private = np.isfinite(df.epsilon_theorem)
+  varying = [c for c in curve_columns if df.loc[private, c].nunique() > 1] or ["method"]
+  for setting, part in df[private].groupby(varying if len(varying) > 1 else varying[0]):
+    setting = setting if isinstance(setting, tuple) else (setting,)
+    label = ", ".join(str(v) if c == "method" else f"{c} {v}"
+                      for c, v in zip(varying, setting))
+    curve = part.groupby("epsilon_theorem").average_precision.mean()
+    line, = ax.plot(curve.index, curve.values, "o-", label=label)
+    match = df[df.sigma == 0]
+    for c, v in zip(varying, setting):
+      match = match[match[c] == v]
+    if len(match):
+      ax.axhline(match.average_precision.mean(), ls="--", lw=0.8,
+                 color=line.get_color(), label=f"{label}, no DP")
+  ax.set_xscale("log")
+  ax.set_xlabel("node-level epsilon (replace one node of the capped graph, Theorem "
+                "2.4.4's exponent), delta = 1/(10 n)", fontsize=8)
+  ax.set_ylabel("average precision (held-out households, pooled)")
+  ax.set_title(title, fontsize=9)
+  ax.legend(fontsize=6)
+  fig.tight_layout()
+  _save(fig, path)
+
+
+def pandemic_time(timed, path: str) -> None:
+  """Load + train seconds and peak memory against persons, median per method."""
+  plt = _pyplot()
+  fig, (left, right) = plt.subplots(1, 2, figsize=(9, 3.6))
+  for method, part in timed.groupby("method"):
+    part = part.groupby("persons")[["load", "train_seconds", "memory"]].median()
+    line, = left.plot(part.index, part.load + part.train_seconds, "o-",
+                      label=f"{method}: load + train")
+    left.plot(part.index, part.train_seconds, "x:", color=line.get_color(),
+              label=f"{method}: train")
+    right.plot(part.index, part.memory, "o-", color=line.get_color(), label=method)
+  for ax, label in ((left, "seconds (median)"), (right, "peak memory of the process, GB")):
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("persons")
+    ax.set_ylabel(label)
+    ax.legend(fontsize=7)
+  fig.tight_layout()
+  _save(fig, path)
+
+
+# --- benchmarks.attacks -----------------------------------------------------------------
+
+def _setting_label(defense: str, value: float) -> str:
+  return {"none": "no defense", "laplace": f"Laplace nu={value:g}",
+          "dp_sgd": f"DP-SGD z={value:g}", "clip": f"clip C={value:g}"}[defense]
+
+
+def _reconstructions(df, defense, value, shown):
+  rows = df[(df.defense == defense) & (df.parameter == value)]
+  images = [None] * shown
+  for _, row in rows[rows.image < shown].iterrows():
+    batch = np.load(row["images_file"])
+    images[int(row["image"])] = batch[int(row["image"]) % len(batch)]
+  return images
+
+
+def reconstruction_grid(df, x, y, shown: int, title: str, path: str) -> None:
+  """Ground truth (top row) and each defense setting's reconstructions of the
+  first `shown` images (read from the rows' `images_file`)."""
+  plt = _pyplot()
+  shown = min(shown, len(y))
+  settings = df.drop_duplicates(["defense", "parameter"])[["defense", "parameter"]]
+  fig, axes = plt.subplots(len(settings) + 1, shown, squeeze=False,
+                           figsize=(1.1 * shown + 1.6, 1.1 * (len(settings) + 1)))
+  rows = [("ground truth", x)] + [
+      (_setting_label(d, v), _reconstructions(df, d, v, shown))
+      for d, v in settings.itertuples(index=False)]
+  for r, (label, images) in enumerate(rows):
+    for c in range(shown):
+      ax = axes[r, c]
+      if images[c] is not None:
+        image = np.clip(images[c], 0, 1)
+        ax.imshow(image[..., 0] if image.shape[-1] == 1 else image, cmap="gray",
+                  vmin=0, vmax=1)
+      ax.set_xticks([]), ax.set_yticks([])
+      if c == 0:
+        ax.set_ylabel(label, rotation=0, ha="right", va="center", fontsize=8)
+      if r == 0:
+        ax.set_title(f"label {y[c]}", fontsize=8)
+  fig.suptitle(title)
+  fig.tight_layout(rect=(0, 0, 1, 1 - 0.4 / fig.get_figheight()))
+  _save(fig, path, dpi=60)
+
+
+def inversion_curves(df, path: str) -> bool:
+  """Median PSNR and SSIM (interquartile band) against nu and against z, the
+  undefended medians dotted; False (nothing drawn) without either sweep."""
+  import seaborn as sns
+  plt = _pyplot()
+  sweeps = [(d, t) for d, t in (("laplace", "Euclidean Laplace nu"),
+                                ("dp_sgd", "DP-SGD noise multiplier z"))
+            if (df.defense == d).any()]
+  if not sweeps:
+    return False
+  fig, axes = plt.subplots(2, len(sweeps), squeeze=False, figsize=(5 * len(sweeps), 7))
+  baseline = df[df.defense == "none"].groupby("method")[["psnr", "ssim"]].median()
+  for c, (defense, title) in enumerate(sweeps):
+    for r, metric in enumerate(("psnr", "ssim")):
+      ax = axes[r, c]
+      sns.lineplot(data=df[df.defense == defense], x="parameter", y=metric,
+                   hue="method", estimator="median", errorbar=("pi", 50), marker="o",
+                   ax=ax)
+      for value in baseline[metric]:
+        ax.axhline(value, ls=":", color="gray")
+      ax.set_xscale("log")
+      ax.set_xlabel(title)
+      ax.set_ylabel(metric.upper() + (" (dB)" if metric == "psnr" else ""))
+  fig.suptitle("Reconstruction quality vs noise (median, IQR; dotted: no defense)")
+  fig.tight_layout()
+  _save(fig, path, dpi=100)
+  return True

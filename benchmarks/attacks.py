@@ -51,7 +51,7 @@ import pandas as pd
 from absl import flags
 
 from attacks.choices import DEFENSES, METHODS, MIA_ATTACKS, OPTIMIZERS
-from benchmarks import common, configs
+from benchmarks import common, configs, plan
 from benchmarks.common import UsageError
 
 PARTS = ("inversion", "membership")
@@ -307,20 +307,18 @@ def _run_inversion(s):
   from attacks import models
   x, y, num_classes = _images()
   model = models.sigmoid_lenet(x.shape[1:], num_classes, seed=FLAGS.seed)
-  done = common.done_rows(FLAGS.output, FLAGS.resume, INVERSION_SIGNATURE)
-  runs = [(m, d, b) for m in FLAGS.method for d in _defenses(s)
-          for b in range(FLAGS.images // FLAGS.batch_size)]
-  for k, (method, defense, batch) in enumerate(runs, 1):
-    if _attack_key(method, defense, batch) in done:
-      continue
-    rows = _attack_rows(model, x, y, method, defense, batch)
-    common.append_rows(FLAGS.output, rows)   # all of a run's rows or none
-    r = rows[0]
-    print(f"[{k}/{len(runs)}] {method} {defense.name} {defense.parameter:g} batch "
-          f"{batch}: PSNR {r['psnr']:.1f} SSIM {r['ssim']:.3f} label "
-          f"{'ok' if r['label_correct'] else 'wrong'} ({r['seconds']:.1f}s)", flush=True)
+  todo = plan.Plan(
+      [plan.Run(_attack_key(m, d, b), f"{m} {d.name} {d.parameter:g} batch {b}",
+                (m, d, b))
+       for m in FLAGS.method for d in _defenses(s)
+       for b in range(FLAGS.images // FLAGS.batch_size)],
+      output=FLAGS.output, signature=INVERSION_SIGNATURE, resume=FLAGS.resume)
+  todo.execute(lambda batch, _: [_attack_rows(model, x, y, *run.spec) for run in batch],
+               summary=lambda rows: f"PSNR {rows[0]['psnr']:.1f} SSIM "
+               f"{rows[0]['ssim']:.3f} label "
+               f"{'ok' if rows[0]['label_correct'] else 'wrong'} ({rows[0]['seconds']:.1f} s)")
   df = pd.read_csv(FLAGS.output)
-  df = df[df.run_key.isin({_attack_key(*r) for r in runs})]
+  df = df[df.run_key.isin({run.key for run in todo.runs})]
   _print_inversion(df)
   from benchmarks import plots
   for method in FLAGS.method:

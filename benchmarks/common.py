@@ -278,6 +278,18 @@ def device_scope(device: str, backend: str):
   return tf.device("/GPU:0"), "gpu"
 
 
+@contextlib.contextmanager
+def usage_errors():
+  """A ValueError inside (a setting the data cannot take, a bad file: not a bug)
+  ends the binary as a one-line UsageError."""
+  try:
+    yield
+  except UsageError:
+    raise
+  except ValueError as e:
+    raise UsageError(str(e)) from None
+
+
 def peak_memory_mb() -> float:
   """Peak resident memory of this process or of any child it waited for (TFF's
   worker is one), in MB (Linux reports ru_maxrss in KB)."""

@@ -76,7 +76,7 @@ from typing import NamedTuple, Optional
 from absl import flags
 import numpy as np
 
-from benchmarks import common, configs, grid, tables
+from benchmarks import common, configs, grid, plan, tables
 from benchmarks.grid import (LAMBDA_METHODS, METHODS, TUNING, TUNING_MODES,
                              TUNING_PRIVATE, UNTUNED)
 from benchmarks.common import UsageError
@@ -698,14 +698,7 @@ def main(argv):
                      "need a weighted one (mean, robust, compressed)")
   backend = common.backend_for(FLAGS.backend, s["aggregator"])
   scope, device = common.device_scope(FLAGS.device, backend)
-  batches = []
-  for trial in pending:
-    config = (trial["method"], trial["lam"], trial["lr"])
-    if batches and (batches[-1][0]["method"], batches[-1][0]["lam"],
-                    batches[-1][0]["lr"]) == config:
-      batches[-1].append(trial)
-    else:
-      batches.append([trial])
+  batches = plan.consecutive(pending, lambda t: (t["method"], t["lam"], t["lr"]))
   if private:   # how many trials ran would tell h: counted in cells only
     print(f"{len(cell_trials)} cells, {len(released)} already in {s['output']}; the "
           f"rest in {len(batches)} batches (finished trials wait in "

@@ -23,12 +23,11 @@ import os
 import itertools
 import json
 import math
-import sys
 import time
 
 from absl import flags
 
-from benchmarks import common
+from benchmarks import common, plan
 from benchmarks.common import UsageError
 
 ALGORITHMS = ("hypernet", "fedavg")
@@ -351,45 +350,36 @@ def main(argv):
   s = _settings()
   from tff_silo import runtime
   runtime.exit_cleanly_on_sigterm()
-  rows, runs = [], list(_runs(s))
-  done = common.done_rows(FLAGS.output, FLAGS.resume, SIGNATURE)
+  todo = plan.Plan(
+      [plan.Run(_run_key(seed, algorithm, settings, s),
+                f"{algorithm} seed={seed}" + ("" if settings is None else
+                f" q={settings.sampling_rate} S={settings.l2_norm_clip} "
+                f"z={settings.noise_multiplier}"), (seed, algorithm, settings))
+       for seed, algorithm, settings in _runs(s)],
+      output=FLAGS.output, signature=SIGNATURE, resume=FLAGS.resume,
+      skipped_note="; its models are not saved again" if FLAGS.save_models else "")
   users_by_seed = {}
-  try:   # every seed's users loaded (and every file read) before any run trains
-    for seed, algorithm, settings in runs:
-      if seed not in users_by_seed and _run_key(seed, algorithm, settings, s) not in done:
-        users_by_seed[seed] = _users(seed)
-  except ValueError as e:   # includes DataError: a bad or missing file
-    raise UsageError(str(e)) from None
-  for i, (seed, algorithm, settings) in enumerate(runs, 1):
-    tag = f"[{i}/{len(runs)}] {algorithm} seed={seed}" + (
-        "" if settings is None else f" q={settings.sampling_rate} "
-        f"S={settings.l2_norm_clip} z={settings.noise_multiplier}")
-    key = _run_key(seed, algorithm, settings, s)
-    if key in done:
-      print(f"{tag}: already in {FLAGS.output}, skipped (--noresume reruns it)"
-            + ("; its models are not saved again" if FLAGS.save_models else ""),
-            file=sys.stderr)
-      rows.append(done[key])
-      continue
-    progress = common.round_progress(tag, FLAGS.rounds)
+  with common.usage_errors():   # every file read before any run trains
+    for run in todo.pending:
+      if run.spec[0] not in users_by_seed:
+        users_by_seed[run.spec[0]] = _users(run.spec[0])
+  backend = common.backend_for(FLAGS.backend)
+  scope, device = common.device_scope(FLAGS.device, backend)
 
-    backend = common.backend_for(FLAGS.backend)
-    scope, device = common.device_scope(FLAGS.device, backend)
-    try:
-      users = users_by_seed[seed]
-      with scope:
-        measured, trained = (_run_hypernet(users, settings, seed, s, progress, backend)
-                             if algorithm == "hypernet"
-                             else _run_fedavg(users, seed, s, progress, backend))
-    except ValueError as e:   # includes DataError: a bad file or setting, not a bug
-      raise UsageError(str(e)) from None
+  def run_batch(batch, progress):
+    (run,) = batch
+    seed, algorithm, settings = run.spec
+    users = users_by_seed[seed]
+    measured, trained = (_run_hypernet(users, settings, seed, s, progress, backend)
+                         if algorithm == "hypernet"
+                         else _run_fedavg(users, seed, s, progress, backend))
     row = _row(seed, algorithm, settings, s, users, measured, backend, device)
     if FLAGS.save_models:
       row["saved_to"] = _save(seed, algorithm, users, row, trained)
-    common.append_row(FLAGS.output, row)
-    rows.append(row)
+    return [row]
+
+  rows = todo.execute(run_batch, rounds=FLAGS.rounds, scope=scope)
   _print_table(rows)
-  print(f"rows appended to {FLAGS.output}")
   if FLAGS.plot:
     _plot(rows, FLAGS.plot)
     print(f"plot written to {FLAGS.plot}")

@@ -29,7 +29,7 @@ import time
 
 from absl import flags
 
-from benchmarks import common
+from benchmarks import common, plan
 from benchmarks.common import UsageError
 
 FLAGS = flags.FLAGS
@@ -197,64 +197,58 @@ def main(argv):
   from tff_silo import runtime
   runtime.exit_cleanly_on_sigterm()
   from tff_silo.pandemic import pipeline
-  from tff_silo.pandemic.files import DataError
-  start = time.perf_counter()
   data_dir, meta = _data_dir()
   stats = meta.get("statistics", {})
   data_key = dict(data_dir=os.path.abspath(data_dir),
                   files=meta.get("files_sha256", {}).get(
                       "centralized/train/va_person.csv.gz"))
-  done = common.done_rows(FLAGS.output, FLAGS.resume, SIGNATURE)
-  runs = list(_runs(grid))
-  scenarios, rows = {}, []
+  todo = plan.Plan(
+      [plan.Run(_run_key(run, data_key),
+                f"{run['method']} {run['mode']} S1={run['sample_size']} "
+                f"sigma={run['sigma']:g}" + (f" lam={run['lam']:g}" if run["lam"] else ""),
+                run) for run in _runs(grid)],
+      output=FLAGS.output, signature=SIGNATURE, resume=FLAGS.resume)
+  scenarios = {}
   backend = common.backend_for(FLAGS.backend)
   scope, device = common.device_scope(FLAGS.device, backend)
-  for i, run in enumerate(runs, 1):
-    key = _run_key(run, data_key)
-    tag = (f"[{i}/{len(runs)}] {run['method']} {run['mode']} S1={run['sample_size']} "
-           f"sigma={run['sigma']:g}" + (f" lam={run['lam']:g}" if run["lam"] else ""))
-    if key in done:
-      print(f"{tag}: already in {FLAGS.output}, skipped", file=sys.stderr)
-      rows.append(done[key])
-      continue
+
+  def run_batch(batch, progress):
+    (planned,) = batch
+    run = planned.spec
     name = "centralized" if run["method"] == "centralized" else FLAGS.scenario
     loaded = (name, run["mode"], run["sample_size"], run["seed"])
     load_seconds = 0.0
-    try:
-      if loaded not in scenarios:
-        t0 = time.perf_counter()
-        scenarios[loaded] = pipeline.load_scenario(
-            data_dir, name, sample_size=run["sample_size"], mode=run["mode"],
-            seed=run["seed"])
-        load_seconds = time.perf_counter() - t0
-      scenario = scenarios[loaded]
-      settings = pipeline.Settings(
-          method=run["method"], noise_multiplier=run["sigma"], clip=FLAGS.clip,
-          lam=run["lam"] or 0.0, rounds=FLAGS.rounds, batch_size=FLAGS.batch_size,
-          learning_rate=FLAGS.lr, loss=run["loss"], alpha=run["alpha"] or 0.75,
-          architecture=run["architecture"],
-          seed=common.run_seed(run["seed"], _run_key(run, data_key["files"])))
-      with scope:
-        measured = pipeline.train(scenario, settings, backend=backend,
-                                  progress=common.round_progress(tag, FLAGS.rounds))
-    except (DataError, ValueError) as e:
-      raise UsageError(str(e)) from None
-    row = dict(run_key=key, profile=meta.get("profile", {}).get("name", "given files"),
+    if loaded not in scenarios:   # a DataError (a ValueError) ends it as a usage error
+      t0 = time.perf_counter()
+      scenarios[loaded] = pipeline.load_scenario(
+          data_dir, name, sample_size=run["sample_size"], mode=run["mode"],
+          seed=run["seed"])
+      load_seconds = time.perf_counter() - t0
+    settings = pipeline.Settings(
+        method=run["method"], noise_multiplier=run["sigma"], clip=FLAGS.clip,
+        lam=run["lam"] or 0.0, rounds=FLAGS.rounds, batch_size=FLAGS.batch_size,
+        learning_rate=FLAGS.lr, loss=run["loss"], alpha=run["alpha"] or 0.75,
+        architecture=run["architecture"],
+        seed=common.run_seed(run["seed"], _run_key(run, data_key["files"])))
+    measured = pipeline.train(scenarios[loaded], settings, backend=backend,
+                              progress=progress)
+    row = dict(run_key=planned.key,
+               profile=meta.get("profile", {}).get("name", "given files"),
                persons=stats.get("persons"), contacts=stats.get("contacts"),
                scenario=name, **run, clip=FLAGS.clip if run["sigma"] else None,
                **measured, load_seconds=load_seconds, backend=backend, device=device,
                peak_memory_mb=common.peak_memory_mb(),
                finished=time.strftime("%Y-%m-%dT%H:%M:%S"))
-    common.append_row(FLAGS.output, row)
-    rows.append(row)
     from tff_silo.backends.vectorized import programs
     programs.release_programs()   # each run's model captures its own tables
-    print(f"{tag}: AP {row.get('average_precision', math.nan):.4f} (lift "
-          f"{row.get('lift', math.nan):.2f}), epsilon {row['epsilon_theorem']:.4g} "
-          f"({time.perf_counter() - start:.0f} s so far)", file=sys.stderr, flush=True)
+    return [row]
+
+  rows = todo.execute(
+      run_batch, rounds=FLAGS.rounds, scope=scope,
+      summary=lambda done: f"AP {done[0].get('average_precision', math.nan):.4f} (lift "
+      f"{done[0].get('lift', math.nan):.2f}), epsilon {done[0]['epsilon_theorem']:.4g}")
   _print_table(rows)
   _figures(stats.get("persons"))
-  print(f"rows appended to {FLAGS.output}")
 
 
 def _print_table(rows):

@@ -37,12 +37,11 @@ from __future__ import annotations
 import os
 
 import json
-import sys
 import time
 
 from absl import flags
 
-from benchmarks import common, configs, datasets
+from benchmarks import common, configs, datasets, plan
 from benchmarks.common import UsageError
 from tff_silo.algorithms import method_names   # no TensorFlow imported
 from tff_silo.privacy.accounting import NEIGHBOURING   # no TensorFlow: dp_accounting
@@ -629,28 +628,21 @@ def _print_table(rows):
                                           float_format=lambda v: f"{v:.4f}"))
 
 
-def _batches(planned, backend):
-  """The planned runs, in order, as batches run together: on the vectorized backend
-  consecutive seeds of one (algorithm, lambda) of the MR-MTL family are stacked
-  into one program (`simulation.run_simulations`; not with --ledger_csv, whose rows
-  name no seed); every other run alone."""
-  stackable = lambda algorithm: (backend == "vectorized" and FLAGS.ledger_csv is None
-                                 and algorithm not in IFCA_ALGORITHMS
-                                 and algorithm != "dprivate_clustering")
-  batches = []
-  for run in planned:
-    algorithm, lam = run[2], run[3]
-    if (stackable(algorithm) and batches and batches[-1][-1][2:4] == (algorithm, lam)):
-      batches[-1].append(run)
-    else:
-      batches.append([run])
-  return batches
+def _stack_key(run, backend):
+  """Runs stacked into one program (`simulation.run_simulations`): on the
+  vectorized backend, consecutive seeds of one (algorithm, lambda) of the MR-MTL
+  family (not with --ledger_csv, whose rows name no seed); every other run alone."""
+  _, algorithm, lam = run.spec
+  if (backend == "vectorized" and FLAGS.ledger_csv is None
+      and algorithm not in IFCA_ALGORITHMS and algorithm != "dprivate_clustering"):
+    return algorithm, lam
+  return None
 
 
-def _simulate(batch, loaded, s, progress, backend):
-  """The results of a batch of planned runs (`_batches`), one per run."""
+def _simulate(batch, processes, loaded, s, progress, backend):
+  """The results of a batch of runs (stacked by `_stack_key`), one per run."""
   from tff_silo import data, simulation
-  _, seed, algorithm, lam, process = batch[0]
+  seed, algorithm, lam = batch[0].spec
   if algorithm == "dprivate_clustering":
     from tff_silo import dprivate_simulation
     silos = loaded[seed][0]
@@ -658,22 +650,48 @@ def _simulate(batch, loaded, s, progress, backend):
                                                 seed=[seed, 1])
                   if FLAGS.dataset == "two_cluster" else None)
     return [dprivate_simulation.run_dprivate_clustering(
-        process, silos, rounds=s["rounds"],
+        processes[batch[0].key], silos, rounds=s["rounds"],
         clients_per_round=FLAGS.clients_per_round or silos.num_silos,
         seed=_run_seed(seed, algorithm, lam, s),
         leakage_cap=FLAGS.leakage_cap, validation=validation, patience=FLAGS.patience,
         progress=progress, backend=backend)]
   private = s["epsilon"] is not None
   runs = [simulation.Run(
-      process, loaded[seed][0], target_epsilon=s["epsilon"],
+      processes[run.key], loaded[seed][0], target_epsilon=s["epsilon"],
       target_delta=s["delta"] if private else None,
       seed=_run_seed(seed, algorithm, lam, s),
       protocol=s["protocol"] if private else None, ledger_csv=FLAGS.ledger_csv,
       preprocessing_events=loaded[seed][1])
-          for _, seed, algorithm, lam, process in batch]
+          for run in batch for seed, algorithm, lam in [run.spec]]
   return simulation.run_simulations(runs, rounds=s["rounds"],
                                     eval_every=FLAGS.eval_every, progress=progress,
                                     backend=backend)
+
+
+def _check(run, loaded, s):
+  """Loads the run's silos and builds its process (`processes[run.key]`), raising
+  the one-line errors of settings the data cannot take, before any run trains."""
+  seed, algorithm, lam = run.spec
+  with common.usage_errors():   # includes DataError: a bad file or setting
+    if seed not in loaded:
+      loaded[seed] = _load(seed, s)
+    silos = loaded[seed][0]
+    if "aggregator" not in s:   # DP factories need the number of silos
+      s["aggregator"] = common.aggregator_choice(silos.num_silos, s["rounds"])
+      if not s["aggregator"].weighted and any(a in IFCA_ALGORITHMS
+                                              for a in FLAGS.methods):
+        raise UsageError(f"--aggregator={FLAGS.aggregator} is unweighted; the ifca "
+                         "algorithms need a weighted one (mean, robust, compressed; "
+                         "their per-cluster means weigh non-members 0)")
+    process = _build(algorithm, lam, seed, silos, s)
+  if s["batch_size"] > max(silos.train_sizes):
+    raise UsageError(f"--batch_size={s['batch_size']} is larger than every silo "
+                     f"(the largest has {max(silos.train_sizes)} training examples)")
+  if ((algorithm in IFCA_ALGORITHMS or algorithm == "dprivate_clustering")
+      and s["num_clusters"] > silos.num_silos):
+    raise UsageError(f"--num_clusters={s['num_clusters']} is more than the "
+                     f"{silos.num_silos} silos")
+  return process
 
 
 def main(argv):
@@ -682,64 +700,33 @@ def main(argv):
   s = _settings()
   from tff_silo import runtime
   runtime.exit_cleanly_on_sigterm()
-  rows, planned, loaded = [], [], {}
-  runs = list(_runs(s))
-  done = common.done_rows(FLAGS.output, FLAGS.resume, SIGNATURE)
-  for i, (seed, algorithm, lam) in enumerate(runs, 1):   # every run checked first
-    key = _run_key(seed, algorithm, lam, s)
-    if key in done:
-      print(f"[{i}/{len(runs)}] {algorithm} lam={lam} seed={seed}: already in "
-            f"{FLAGS.output}, skipped (--noresume reruns it)"
-            + ("; its models are not saved again" if FLAGS.save_models else ""),
-            file=sys.stderr)
-      rows.append(done[key])
-      continue
-    try:
-      if seed not in loaded:
-        loaded[seed] = _load(seed, s)
-      silos = loaded[seed][0]
-      if "aggregator" not in s:   # DP factories need the number of silos
-        s["aggregator"] = common.aggregator_choice(silos.num_silos, s["rounds"])
-        if not s["aggregator"].weighted and any(a in IFCA_ALGORITHMS
-                                                for a in FLAGS.methods):
-          raise UsageError(f"--aggregator={FLAGS.aggregator} is unweighted; the ifca "
-                           "algorithms need a weighted one (mean, robust, compressed; "
-                           "their per-cluster means weigh non-members 0)")
-      process = _build(algorithm, lam, seed, silos, s)
-    except ValueError as e:  # includes DataError: a bad file or setting, not a bug
-      raise UsageError(str(e)) from None
-    if s["batch_size"] > max(silos.train_sizes):
-      raise UsageError(f"--batch_size={s['batch_size']} is larger than every silo "
-                       f"(the largest has {max(silos.train_sizes)} training examples)")
-    if ((algorithm in IFCA_ALGORITHMS or algorithm == "dprivate_clustering")
-        and s["num_clusters"] > silos.num_silos):
-      raise UsageError(f"--num_clusters={s['num_clusters']} is more than the "
-                       f"{silos.num_silos} silos")
-    planned.append((i, seed, algorithm, lam, process))
+  todo = plan.Plan(
+      [plan.Run(_run_key(seed, algorithm, lam, s),
+                f"{algorithm} lam={lam} seed={seed}", (seed, algorithm, lam))
+       for seed, algorithm, lam in _runs(s)],
+      output=FLAGS.output, signature=SIGNATURE, resume=FLAGS.resume,
+      skipped_note="; its models are not saved again" if FLAGS.save_models else "")
+  loaded = {}
+  processes = {run.key: _check(run, loaded, s) for run in todo.pending}
   backend = common.backend_for(FLAGS.backend, s.get("aggregator"))
   scope, device = common.device_scope(FLAGS.device, backend)
-  for batch in _batches(planned, backend):
-    first, last = batch[0], batch[-1]
-    seeds = [seed for _, seed, *_ in batch]
-    tag = (f"[{first[0]}/{len(runs)}] {first[2]} lam={first[3]} seed={first[1]}"
-           if len(batch) == 1 else
-           f"[{first[0]}-{last[0]}/{len(runs)}] {first[2]} lam={first[3]} seeds="
-           f"{','.join(map(str, seeds))} (stacked)")
-    progress = common.round_progress(tag, s["rounds"])
-    try:
-      with scope:
-        results = _simulate(batch, loaded, s, progress, backend)
-    except ValueError as e:  # a budget the selections alone exceed, too many clusters
-      raise UsageError(str(e)) from None
-    for (_, seed, algorithm, lam, _), result in zip(batch, results):
+
+  def run_batch(batch, progress):
+    rows = []
+    for run, result in zip(batch, _simulate(batch, processes, loaded, s, progress,
+                                            backend)):
+      seed, algorithm, lam = run.spec
       row = _row(result, seed, algorithm, lam, s, loaded[seed][0], backend, device)
       if FLAGS.save_models:
         row["saved_to"] = _save(result, seed, algorithm, lam, s, loaded[seed][0], row)
-      common.append_row(FLAGS.output, row)
       rows.append(row)
+    return rows
+
+  rows = todo.execute(
+      run_batch, rounds=s["rounds"], stack_key=lambda run: _stack_key(run, backend),
+      batch_tag=lambda batch: f"{batch[0].spec[1]} lam={batch[0].spec[2]} seeds="
+      f"{','.join(str(run.spec[0]) for run in batch)} (stacked)", scope=scope)
   _print_table(rows)
-  print(f"{len(planned)} row(s) appended to {FLAGS.output}" if planned
-        else f"every run was already in {FLAGS.output}; nothing appended")
 
 
 def run():

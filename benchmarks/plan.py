@@ -1,0 +1,118 @@
+"""The plan runner the binaries' grids go through: run keys, resume, stacking,
+progress and atomic appends in one place (no flags).
+
+A binary lists its runs as `Run`s (the CSV's run key, a progress label, and what
+the binary needs to run it), and `Plan` does the rest:
+
+    plan = Plan(runs, output=path, signature=SIGNATURE, resume=FLAGS.resume)
+    for run in plan.pending: ...               # load and check before any training
+    rows = plan.execute(run_batch, rounds=T, stack_key=...)
+
+Runs whose key is already in `output` are skipped (their rows read back); the
+others run in batches of consecutive runs with the same `stack_key` (one program
+on the vectorized backend, `tff_silo.simulation.run_simulations`), and each
+batch's rows are appended as soon as it finishes, so a kill loses at most the
+batch running.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+import time
+from typing import Any, Callable, NamedTuple, Optional
+
+from benchmarks import common
+
+
+# More skipped runs than this are reported in one line.
+MAX_SKIP_LINES = 20
+
+
+class Run(NamedTuple):
+  key: str    # the `run_key` column of the run's rows
+  tag: str    # how progress lines name it
+  spec: Any   # what the binary needs to run it
+
+
+def consecutive(items, key: Callable) -> list:
+  """`items` in order as lists of consecutive items with the same non-None `key`
+  (an item whose key is None is a list of its own)."""
+  groups, last = [], None
+  for item in items:
+    k = key(item)
+    if groups and k is not None and k == last:
+      groups[-1].append(item)
+    else:
+      groups.append([item])
+    last = k
+  return groups
+
+
+class Plan:
+  """The runs of one binary invocation against its output CSV (see the module)."""
+
+  def __init__(self, runs, *, output: str, signature=(), resume: bool = True,
+               skipped_note: str = ""):
+    self.runs, self.output = list(runs), output
+    keys = [run.key for run in self.runs]
+    if len(set(keys)) < len(keys):
+      raise RuntimeError("two runs of one plan share a run key")
+    done = common.done_rows(output, resume, signature)
+    self._rows = {run.key: [done[run.key]] for run in self.runs if run.key in done}
+    self.pending = [run for run in self.runs if run.key not in self._rows]
+    skipped = [(i, run) for i, run in enumerate(self.runs, 1) if run.key in done]
+    if len(skipped) > MAX_SKIP_LINES:
+      print(f"{len(skipped)} of {len(self.runs)} runs already in {output}, skipped "
+            f"(--noresume reruns them){skipped_note}", file=sys.stderr)
+    else:
+      for i, run in skipped:
+        print(f"[{i}/{len(self.runs)}] {run.tag}: already in {output}, skipped "
+              f"(--noresume reruns it){skipped_note}", file=sys.stderr)
+
+  def _label(self, batch, batch_tag) -> str:
+    first, last = (self.runs.index(batch[0]) + 1, self.runs.index(batch[-1]) + 1)
+    if len(batch) == 1:
+      return f"[{first}/{len(self.runs)}] {batch[0].tag}"
+    return f"[{first}-{last}/{len(self.runs)}] " + (
+        batch_tag(batch) if batch_tag else f"{batch[0].tag} and {len(batch) - 1} more "
+        "(stacked)")
+
+  def execute(self, run_batch: Callable, *, rounds: Optional[int] = None,
+              stack_key: Optional[Callable] = None, batch_tag: Optional[Callable] = None,
+              summary: Optional[Callable] = None, scope=None) -> list:
+    """Runs the pending runs and returns every run's rows in plan order.
+
+    `run_batch(runs, progress)` returns one row (a dict) or a list of rows per run
+    (`progress` prints round progress when `rounds` is given, else it is None);
+    its rows are appended to the output at once. `stack_key(run)` groups
+    consecutive runs into one batch; `batch_tag(runs)` names a stacked batch.
+    After each batch a line gives the runs done and the time left, and what
+    `summary(rows)` says of the batch's rows. A ValueError (a setting the data
+    cannot take) ends the binary as a one-line error."""
+    batches = consecutive(self.pending, stack_key or (lambda run: None))
+    start = time.perf_counter()
+    finished = 0
+    for i, batch in enumerate(batches, 1):
+      label = self._label(batch, batch_tag)
+      progress = common.round_progress(label, rounds) if rounds else None
+      with common.usage_errors(), scope or contextlib.nullcontext():
+        results = run_batch(batch, progress)
+      for run, result in zip(batch, results, strict=True):
+        rows = result if isinstance(result, list) else [result]
+        if any(row["run_key"] != run.key for row in rows):
+          raise RuntimeError(f"{run.tag}: a row with another run's key")
+        common.append_rows(self.output, rows)   # all of a run's rows or none
+        self._rows[run.key] = rows
+      finished += len(batch)
+      if len(batches) > 1 or summary:
+        elapsed = time.perf_counter() - start
+        left = elapsed / finished * (len(self.pending) - finished)
+        said = summary([row for run in batch for row in self._rows[run.key]]) + "; " \
+            if summary else ""
+        print(f"{label}: {said}{finished}/{len(self.pending)} runs done in "
+              f"{elapsed:.0f} s" + (f", ~{left:.0f} s left" if i < len(batches) else ""),
+              file=sys.stderr, flush=True)
+    print(f"rows appended to {self.output} ({len(self.pending)} run(s))" if self.pending
+          else f"every run was already in {self.output}; nothing appended")
+    return [row for run in self.runs for row in self._rows[run.key]]

@@ -437,18 +437,11 @@ def _hypernet(s, trial, silos, backend) -> _Outcome:
   settings = user_level.UserDPSettings(
       h.sampling_rate, h.l2_norm_clip if private else None, z)
   target = models.model_for(silos)
-  network = hypernet.Hypernetwork(target, silos.num_silos,
-                                  hypernet.default_embedding_dim(silos.num_silos),
-                                  hidden_width=h.hidden_width)
-  algorithm = hypernet.hypernet_algorithm(
-      network, silos.feature_shape, silos.train_sizes, settings,
-      client_learning_rate=h.client_lr, batch_size=h.batch_size,
-      local_steps=h.local_steps, hypernet_learning_rate=h.hypernet_lr,
-      embedding_learning_rate=h.embedding_lr, init_seed=trial["run_seed"],
-      noise_seed=trial["run_seed"])
-  result = hypernet.run_hypernet(algorithm, silos, rounds=s["rounds"],
-                                 target_delta=s["delta"] if private else None,
-                                 seed=trial["run_seed"], backend=backend)
+  result, _ = hypernet.train(
+      target, silos, settings, rounds=s["rounds"], client_lr=h.client_lr,
+      batch_size=h.batch_size, local_steps=h.local_steps, hypernet_lr=h.hypernet_lr,
+      embedding_lr=h.embedding_lr, hidden_width=h.hidden_width, delta=s["delta"],
+      init_seed=trial["run_seed"], noise_seed=trial["run_seed"], backend=backend)
   if result.epsilon > trial["epsilon"]:
     raise RuntimeError(f"the hypernetwork spent epsilon {result.epsilon} > "
                        f"{trial['epsilon']}: a calibration error; nothing reported")

@@ -175,18 +175,12 @@ def _run_hypernet(users, settings, seed, s, progress, backend):
   from tff_silo import runs
   run_seed = common.run_seed(seed, _run_key(seed, "hypernet", settings, s))
   target = _target(users, s)
-  hn = hypernet.Hypernetwork(
-      target, users.num_silos,
-      FLAGS.embedding_dim or hypernet.default_embedding_dim(users.num_silos),
-      hidden_width=FLAGS.hidden_width)
-  algorithm = hypernet.hypernet_algorithm(
-      hn, users.feature_shape, users.train_sizes, settings,
-      client_learning_rate=FLAGS.lr, batch_size=FLAGS.batch_size,
-      local_steps=FLAGS.local_steps, hypernet_learning_rate=FLAGS.hypernet_lr,
-      embedding_learning_rate=FLAGS.embedding_lr, init_seed=seed, noise_seed=run_seed)
-  result = hypernet.run_hypernet(
-      algorithm, users, rounds=FLAGS.rounds,
-      target_delta=FLAGS.delta if settings.private else None, seed=run_seed,
+  result, hn = hypernet.train(
+      target, users, settings, rounds=FLAGS.rounds, client_lr=FLAGS.lr,
+      batch_size=FLAGS.batch_size, local_steps=FLAGS.local_steps,
+      hypernet_lr=FLAGS.hypernet_lr, embedding_lr=FLAGS.embedding_lr,
+      hidden_width=FLAGS.hidden_width, embedding_dim=FLAGS.embedding_dim,
+      delta=FLAGS.delta, init_seed=seed, noise_seed=run_seed,
       eval_every=FLAGS.eval_every, progress=progress, backend=backend)
   measured = _measured(result, private=settings.private, epsilon=result.epsilon,
                        sigma=result.sigma,

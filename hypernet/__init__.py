@@ -1,8 +1,8 @@
 """HyperNetFL (pFedHN, Shamsian et al. ICML'21) and its user-level DP variant UDP-Alg
 (Nemala, Lai, Phan, CIKM'23): the definition (`hypernet_algorithm`, which registers
 its runners with `tff_silo.runner`), its TFF process (`hypernet.process.process_for`),
-the vectorized round (`hypernet.vectorized`) and the driver (`run_hypernet`, either
-backend).
+the vectorized round (`hypernet.vectorized`), the driver (`run_hypernet`, either
+backend) and one run from its hyperparameters (`train`).
 
 Names load on first use (PEP 562), so a vectorized run never imports TensorFlow
 Federated.
@@ -17,6 +17,7 @@ _WHERE = {
     "HypernetProcess": "process",
     "HypernetResult": "simulation", "run_hypernet": "simulation",
     "sample_users": "simulation",
+    "train": "training",
 }
 __all__ = sorted(_WHERE)
 

@@ -8,14 +8,14 @@ and one SGD step; the server inverts the update it receives under each defense:
 
 Defaults: 20 digits images upsampled to 32x32, iDLG and DLG with 300 L-BFGS
 iterations; defenses none, the Euclidean Laplace mechanism per layer for each
---nu, DP-SGD (clip --clip, each --noise_multiplier) and clipping alone. The attacker
+--nus, DP-SGD (clip --clip, each --noise_multipliers) and clipping alone. The attacker
 knows the public clip C and clips its dummy gradient alike (--clip_aware). One CSV row
 per attacked image and setting (MSE, PSNR, SSIM, label, the privacy spent), a grid of
 ground truth vs reconstructions per method and a PSNR/SSIM-vs-noise figure.
 
 Membership inference (thesis sec. 2.5.3): the silo models of local training, FedAvg
 and MR-MTL on the rotated & masked digits silos, non-private and with silo-specific
-DP-SGD at each --mia_epsilon, attacked with tensorflow-privacy's tools:
+DP-SGD at each --mia_epsilons, attacked with tensorflow-privacy's tools:
 
     uv run python -m benchmarks.attacks --parts=membership
 
@@ -28,7 +28,7 @@ Membership inference against saved runs (`benchmarks.run --save_models=DIR`):
 
     uv run python -m benchmarks.attacks --run=DIR
 
-attacks every saved run in DIR (or the one DIR is) with --mia_attack on the silos
+attacks every saved run in DIR (or the one DIR is) with --mia_attacks on the silos
 rebuilt from the run's data recipe (checked against its fingerprint; --data_dir
 replaces the recipe's folder), per silo and pooled, and adds the pooled
 loss-threshold attack's TPR at 0.1% and 1% FPR (--lira_shadows=N adds the offline
@@ -68,15 +68,15 @@ flags.DEFINE_string("data_dir", None, "cifar10: folder holding cifar-10-batches-
 flags.DEFINE_integer("image_size", 32, "Images are resized to this square size (digits "
                      "are 8x8: 8 keeps them as they are).")
 flags.DEFINE_integer("images", 20, "Images attacked (each its own client step).")
-flags.DEFINE_list("method", ["idlg", "dlg"], f"Comma-separated, of {METHODS}.")
+flags.DEFINE_list("methods", ["idlg", "dlg"], f"Comma-separated, of {METHODS}.")
 flags.DEFINE_string("optimizer", "lbfgs", f"One of {OPTIMIZERS}.")
 flags.DEFINE_integer("iterations", 300, "Optimizer iterations per attack.")
 flags.DEFINE_float("attack_lr", 0.1, "Adam's step size (L-BFGS has a line search).")
 flags.DEFINE_integer("batch_size", 1, "Examples in the attacked step (dlg only for > 1).")
-flags.DEFINE_list("defense", list(DEFENSES), f"Comma-separated, of {DEFENSES}.")
-flags.DEFINE_list("nu", ["0.001", "0.01", "0.1", "1", "3", "5", "10"],
+flags.DEFINE_list("defenses", list(DEFENSES), f"Comma-separated, of {DEFENSES}.")
+flags.DEFINE_list("nus", ["0.001", "0.01", "0.1", "1", "3", "5", "10"],
                   "laplace: comma-separated noise multipliers nu.")
-flags.DEFINE_list("noise_multiplier", ["0.0001", "0.001", "0.003", "0.01", "0.1", "1"],
+flags.DEFINE_list("noise_multipliers", ["0.0001", "0.001", "0.003", "0.01", "0.1", "1"],
                   "dp_sgd: comma-separated noise multipliers z.")
 flags.DEFINE_float("clip", 1.0, "dp_sgd and clip: the per-example L2 clip C.")
 flags.DEFINE_bool("clip_aware", True, "The attacker clips its dummy gradient to C too.")
@@ -88,11 +88,11 @@ common.define_output_flags(
     output=("attacks.csv", "Inversion CSV rows are appended to; reconstructions go to "
             "<output>_images/."),
     figures_dir=(".", "Folder for attacks_grid_<method>.png and attacks_curves.png."))
-flags.DEFINE_list("mia_algorithm", list(MIA_ALGORITHMS), f"Comma-separated, of "
+flags.DEFINE_list("mia_methods", list(MIA_ALGORITHMS), f"Comma-separated, of "
                   f"{MIA_ALGORITHMS}.")
-flags.DEFINE_list("mia_epsilon", [NON_PRIVATE, "1"], "Per-silo target epsilons of the "
+flags.DEFINE_list("mia_epsilons", [NON_PRIVATE, "1"], "Per-silo target epsilons of the "
                   f"attacked models; {NON_PRIVATE} = non-private.")
-flags.DEFINE_list("mia_attack", ["threshold"], f"Comma-separated, of {MIA_ATTACKS}; the "
+flags.DEFINE_list("mia_attacks", ["threshold"], f"Comma-separated, of {MIA_ATTACKS}; the "
                   "best AUC is reported.")
 flags.DEFINE_integer("mia_rounds", None, "Rounds (default: the digits preset).")
 flags.DEFINE_float("mia_lam", None, "MR-MTL lambda (default: the digits preset).")
@@ -113,7 +113,10 @@ flags.DEFINE_integer("lira_shadows", 0, "Membership: also the offline "
                      "likelihood-ratio attack (attacks.lira) with this many shadow "
                      "runs, trained as the attacked run was on random halves of every "
                      "silo (0: off).")
-common.define_renamed_flags(client_lr="lr", figures="figures_dir")
+common.define_renamed_flags(
+    client_lr="lr", figures="figures_dir", method="methods", defense="defenses",
+    nu="nus", noise_multiplier="noise_multipliers", mia_algorithm="mia_methods",
+    mia_epsilon="mia_epsilons", mia_attack="mia_attacks")
 flags.adopt_module_key_flags(common)   # --help lists the shared flags too
 
 FLAGS = flags.FLAGS
@@ -128,11 +131,11 @@ def _settings():
   """The validated flags; a UsageError names the first bad one."""
   common.check_among("parts", FLAGS.parts, PARTS)
   common.check_one_of("dataset", FLAGS.dataset, DATASETS)
-  common.check_among("method", FLAGS.method, METHODS)
+  common.check_among("methods", FLAGS.methods, METHODS)
   common.check_one_of("optimizer", FLAGS.optimizer, OPTIMIZERS)
-  common.check_among("defense", FLAGS.defense, DEFENSES)
-  common.check_among("mia_algorithm", FLAGS.mia_algorithm, MIA_ALGORITHMS)
-  common.check_among("mia_attack", FLAGS.mia_attack, MIA_ATTACKS)
+  common.check_among("defenses", FLAGS.defenses, DEFENSES)
+  common.check_among("mia_methods", FLAGS.mia_methods, MIA_ALGORITHMS)
+  common.check_among("mia_attacks", FLAGS.mia_attacks, MIA_ATTACKS)
   common.check_one_of("mia_backend", FLAGS.mia_backend, ("tff", "vectorized"))
   for name in ("image_size", "images", "iterations", "batch_size", "figure_images"):
     _positive(name, FLAGS[name].value, int)
@@ -143,13 +146,13 @@ def _settings():
   if FLAGS.run is not None:
     if not FLAGS["parts"].present:
       FLAGS.parts = ["membership"]
-    for name in ("dataset", "image_size", "defense", "nu", "noise_multiplier", "clip",
+    for name in ("dataset", "image_size", "defenses", "nus", "noise_multipliers", "clip",
                  "lr"):
       if FLAGS[name].present:
         raise UsageError(f"--{name} sets the inversion of a fresh model; --run attacks "
                          "saved runs with their own data, model, learning rate and "
                          "defense")
-    for name in ("mia_algorithm", "mia_epsilon", "mia_rounds", "mia_lam",
+    for name in ("mia_methods", "mia_epsilons", "mia_rounds", "mia_lam",
                  "mia_test_fraction", "mia_backend", "mia_models"):
       if FLAGS[name].present:
         raise UsageError(f"--{name} sets how new targets are trained; --run attacks "
@@ -167,26 +170,26 @@ def _settings():
     raise UsageError(f"--seed must be >= 0; got {FLAGS.seed}")
   if not 0 < FLAGS.delta < 1:
     raise UsageError(f"--delta must be in (0, 1); got {FLAGS.delta}")
-  if FLAGS.batch_size > 1 and "idlg" in FLAGS.method:
-    raise UsageError("--method=idlg reads one example's label: use --batch_size=1 or "
-                     "--method=dlg")
+  if FLAGS.batch_size > 1 and "idlg" in FLAGS.methods:
+    raise UsageError("--methods=idlg reads one example's label: use --batch_size=1 or "
+                     "--methods=dlg")
   if FLAGS.images % FLAGS.batch_size:
     raise UsageError(f"--images ({FLAGS.images}) must be a multiple of --batch_size "
                      f"({FLAGS.batch_size})")
-  nus = common.parse_numbers(FLAGS.nu, float, "nu")
-  zs = common.parse_numbers(FLAGS.noise_multiplier, float, "noise_multiplier")
+  nus = common.parse_numbers(FLAGS.nus, float, "nus")
+  zs = common.parse_numbers(FLAGS.noise_multipliers, float, "noise_multipliers")
   if any(not nu > 0 for nu in nus):
-    raise UsageError(f"--nu must be positive; got {','.join(FLAGS.nu)}")
+    raise UsageError(f"--nus must be positive; got {','.join(FLAGS.nus)}")
   if any(not z > 0 for z in zs):
-    raise UsageError("--noise_multiplier must be positive (clipping alone is "
-                     f"--defense=clip); got {','.join(FLAGS.noise_multiplier)}")
+    raise UsageError("--noise_multipliers must be positive (clipping alone is "
+                     f"--defenses=clip); got {','.join(FLAGS.noise_multipliers)}")
   epsilons = [math.inf if e == NON_PRIVATE else
-              common.parse_numbers([e], float, "mia_epsilon")[0]
-              for e in FLAGS.mia_epsilon]
-  common.check_unique("mia_epsilon", epsilons)
+              common.parse_numbers([e], float, "mia_epsilons")[0]
+              for e in FLAGS.mia_epsilons]
+  common.check_unique("mia_epsilons", epsilons)
   if not epsilons or any(not e > 0 for e in epsilons):
-    raise UsageError(f"--mia_epsilon must be positive numbers or {NON_PRIVATE}; got "
-                     f"{','.join(FLAGS.mia_epsilon)}")
+    raise UsageError(f"--mia_epsilons must be positive numbers or {NON_PRIVATE}; got "
+                     f"{','.join(FLAGS.mia_epsilons)}")
   if not 0 < FLAGS.mia_test_fraction < 1:
     raise UsageError(f"--mia_test_fraction must be in (0, 1); got "
                      f"{FLAGS.mia_test_fraction}")
@@ -232,7 +235,7 @@ def _images():
 
 def _defenses(s):
   from attacks.defenses import Defense
-  for name in FLAGS.defense:
+  for name in FLAGS.defenses:
     if name == "none":
       yield Defense()
     elif name == "laplace":
@@ -310,7 +313,7 @@ def _run_inversion(s):
   todo = plan.Plan(
       [plan.Run(_attack_key(m, d, b), f"{m} {d.name} {d.parameter:g} batch {b}",
                 (m, d, b))
-       for m in FLAGS.method for d in _defenses(s)
+       for m in FLAGS.methods for d in _defenses(s)
        for b in range(FLAGS.images // FLAGS.batch_size)],
       output=FLAGS.output, signature=INVERSION_SIGNATURE, resume=FLAGS.resume)
   todo.execute(lambda batch, _: [_attack_rows(model, x, y, *run.spec) for run in batch],
@@ -321,7 +324,7 @@ def _run_inversion(s):
   df = df[df.run_key.isin({run.key for run in todo.runs})]
   _print_inversion(df)
   from benchmarks import plots
-  for method in FLAGS.method:
+  for method in FLAGS.methods:
     path = os.path.join(FLAGS.figures_dir, f"attacks_grid_{method}.png")
     plots.reconstruction_grid(df[df.method == method], x, y, FLAGS.figure_images,
                               f"{method.upper()} ({FLAGS.optimizer}, "
@@ -403,14 +406,14 @@ def _mia_train(algorithm, epsilon, silos, s, progress, folder):
 
 
 def _run_membership(s):
-  """Trains each (--mia_algorithm, --mia_epsilon) target, saves it under
+  """Trains each (--mia_methods, --mia_epsilons) target, saves it under
   --mia_models and attacks the saved run as --run does (train, save, attack)."""
   from benchmarks import datasets
   from tff_silo import runs as runs_lib
   silos, _ = datasets.load(_mia_recipe())
   done = common.done_rows(FLAGS.mia_output, FLAGS.resume, MEMBERSHIP_SIGNATURE,
                           "mia_output")
-  targets = [(a, e) for a in FLAGS.mia_algorithm for e in s["epsilons"]]
+  targets = [(a, e) for a in FLAGS.mia_methods for e in s["epsilons"]]
   keys = []
   for k, (algorithm, epsilon) in enumerate(targets, 1):
     run_key = _mia_key(algorithm, epsilon, s)
@@ -508,7 +511,7 @@ def _saved_inversion():
       stages.insert(0, ("round 0", saved.model().init_fn(0)))
     for stage, weights in stages:
       keras = cnn.to_keras(weights, shape)
-      for method in FLAGS.method:
+      for method in FLAGS.methods:
         for batch in range(FLAGS.images // FLAGS.batch_size):
           columns = dict(saved_run=folder, saved_run_key=saved.meta["run_key"],
                          stage=stage, dataset=saved.meta["data"]["dataset"],
@@ -537,7 +540,7 @@ def _membership_key(run_key: str) -> str:
   """The membership rows' key of a saved run: its run key and the attack
   settings."""
   return json.dumps(dict(saved_run=run_key,
-                         attacks=sorted(FLAGS.mia_attack),
+                         attacks=sorted(FLAGS.mia_attacks),
                          lira_shadows=FLAGS.lira_shadows, seed=FLAGS.seed),
                     sort_keys=True)
 
@@ -549,7 +552,7 @@ def _saved_rows(saved, silos):
   folder = saved.directory
   model = saved.model()
   table = membership.attack_silo_models(model, saved.silo_weights, silos,
-                                        attacks=FLAGS.mia_attack)
+                                        attacks=FLAGS.mia_attacks)
   pooled = membership.loss_threshold_tpr(model, saved.silo_weights, silos)
   if FLAGS.lira_shadows:
     try:

@@ -1,13 +1,13 @@
 """HyperNetFL with user-level DP (UDP-Alg, Nemala et al. CIKM'23) against FedAvg.
 
     uv run python -m benchmarks.hypernet                   # digits: pFedHN vs FedAvg
-    uv run python -m benchmarks.hypernet --methods=hypernet --l2_norm_clip=0.05,0.1,0.2 \
-        --noise_multiplier=5,10 --sampling_rate=0.05,0.1,0.2 --delta=1e-5
+    uv run python -m benchmarks.hypernet --methods=hypernet --clips=0.05,0.1,0.2 \
+        --noise_multipliers=5,10 --sampling_rates=0.05,0.1,0.2 --delta=1e-5
 
 Users are label-skewed partitions (`--classes_per_user` classes each, unequal sizes)
 of the offline digits, of CIFAR-10 (`--data_dir` holding cifar-10-batches-py) or the
 FEMNIST writers (`--cache_dir` holding TFF's emnist_all.sqlite). `hypernet` runs one
-process per (q, S, z) of the grid; `--noise_multiplier=0` without `--l2_norm_clip` is
+process per (q, S, z) of the grid; `--noise_multipliers=0` without `--clips` is
 the noiseless pFedHN. `fedavg` trains one global model of the same target CNN on all
 users every round. Both run on the vectorized backend by default (`--backend=tff`:
 TFF's runtime, the same numbers). One CSV row per run (accuracy per user, mean
@@ -40,10 +40,10 @@ flags.DEFINE_string("data_dir", None, "cifar10: folder holding cifar-10-batches-
 flags.DEFINE_string("cache_dir", None, "femnist: folder holding emnist_all.sqlite.")
 flags.DEFINE_integer("num_users", 50, "Users N.")
 flags.DEFINE_integer("classes_per_user", 2, "digits/cifar10: classes of each user.")
-flags.DEFINE_list("sampling_rate", ["0.1"], "Comma-separated user sampling rates q.")
-flags.DEFINE_list("l2_norm_clip", [], "Comma-separated clips S of a user's "
+flags.DEFINE_list("sampling_rates", ["0.1"], "Comma-separated user sampling rates q.")
+flags.DEFINE_list("clips", [], "Comma-separated clips S of a user's "
                   "contribution (empty: no clipping).")
-flags.DEFINE_list("noise_multiplier", ["0"], "Comma-separated noise multipliers z "
+flags.DEFINE_list("noise_multipliers", ["0"], "Comma-separated noise multipliers z "
                   "(0: no noise).")
 flags.DEFINE_float("weight_cap", None, "w_hat in w_u = min(|D_u| / w_hat, 1); unset: "
                    "every w_u = 1.")
@@ -71,15 +71,17 @@ common.define_save_models_flag("every run (and a hypernetwork run's phi and "
                                "embeddings; FedAvg's global model)")
 flags.DEFINE_string("plot", None, "Also write a PNG of mean user accuracy against "
                     "epsilon for this command's runs here.")
-common.define_renamed_flags(algorithm="methods", client_lr="lr")
+common.define_renamed_flags(algorithm="methods", client_lr="lr",
+                             sampling_rate="sampling_rates", l2_norm_clip="clips",
+                             noise_multiplier="noise_multipliers")
 flags.adopt_module_key_flags(common)   # --help lists the shared flags too
 # Columns every row of this binary has: an existing --output without them is refused.
 SIGNATURE = ("run_key", "algorithm", "mean_user_accuracy")
-HYPERNET_FLAGS = ("sampling_rate", "l2_norm_clip", "noise_multiplier", "weight_cap",
+HYPERNET_FLAGS = ("sampling_rates", "clips", "noise_multipliers", "weight_cap",
                   "public_user_sizes", "local_steps", "hypernet_lr", "embedding_lr",
                   "hidden_width", "embedding_dim")
 FLAG_NAMES = ("methods", "dataset", "data_dir", "cache_dir", "num_users",
-              "classes_per_user", "sampling_rate", "l2_norm_clip", "noise_multiplier",
+              "classes_per_user", "sampling_rates", "clips", "noise_multipliers",
               "weight_cap", "public_user_sizes", "delta", "rounds", "local_steps",
               "batch_size", "lr", "hypernet_lr", "embedding_lr", "hidden_width",
               "embedding_dim", "channels", "dense", "fedavg_local_epochs", "seeds",
@@ -123,14 +125,17 @@ def _settings():
   if len(channels) != 2 or min(channels) < 1:
     raise UsageError(f"--channels must be two positive integers; got {FLAGS.channels}")
   seeds = common.parse_seeds(FLAGS.seeds)
-  rates = common.parse_numbers(FLAGS.sampling_rate, float, "sampling_rate")
-  clips = common.parse_numbers(FLAGS.l2_norm_clip, float, "l2_norm_clip") or [None]
-  noises = common.parse_numbers(FLAGS.noise_multiplier, float, "noise_multiplier")
+  rates = common.parse_numbers(FLAGS.sampling_rates, float, "sampling_rates")
+  clips = common.parse_numbers(FLAGS.clips, float, "clips") or [None]
+  noises = common.parse_numbers(FLAGS.noise_multipliers, float, "noise_multipliers")
   if FLAGS.public_user_sizes and FLAGS.weight_cap is None:
     raise UsageError("--public_user_sizes applies with --weight_cap only (without it "
                      "every w_u = 1 and W = N)")
+  if clips == [None] and any(z > 0 for z in noises):
+    raise UsageError("--noise_multipliers > 0 needs --clips (S, the clip of a user's "
+                     "contribution)")
   if FLAGS["delta"].present and not any(z > 0 for z in noises):
-    raise UsageError("--delta applies to noised runs only: give a --noise_multiplier "
+    raise UsageError("--delta applies to noised runs only: give a --noise_multipliers "
                      "> 0, or drop --delta")
   from tff_silo.privacy.user_level import UserDPSettings
   grid = []

@@ -88,8 +88,8 @@ def _school_args(rounds, algorithm="mrmtl"):
 def _part_args(part):
   """(binary, its flags) of a part timed as fresh runs."""
   if part == "hypernet":
-    return "hypernet", ["--methods=hypernet", "--sampling_rate=0.1",
-                        "--l2_norm_clip=0.1", "--noise_multiplier=1",
+    return "hypernet", ["--methods=hypernet", "--sampling_rates=0.1",
+                        "--clips=0.1", "--noise_multipliers=1",
                         f"--rounds={FLAGS.hypernet_rounds}"]
   return "run", _run_args(part)
 

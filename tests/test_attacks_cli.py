@@ -18,13 +18,13 @@ def _run(*args):
 
 @pytest.mark.parametrize("args, message", [
     (["--iterations=0"], "error: --iterations must be a positive int; got 0"),
-    (["--defense=blur"], "error: --defense must be among none, dp_sgd, clip, laplace; got blur"),
-    (["--method=idlg", "--batch_size=2", "--images=2"],
-     "error: --method=idlg reads one example's label"),
+    (["--defenses=blur"], "error: --defenses must be among none, dp_sgd, clip, laplace; got blur"),
+    (["--methods=idlg", "--batch_size=2", "--images=2"],
+     "error: --methods=idlg reads one example's label"),
     (["--run=/nonexistent_runs"], "error: --run /nonexistent_runs holds no saved run"),
-    (["--run=/tmp", "--defense=none"], "error: --defense sets the inversion of a fresh "
+    (["--run=/tmp", "--defenses=none"], "error: --defenses sets the inversion of a fresh "
      "model"),
-    (["--run=/tmp", "--mia_epsilon=1"], "error: --mia_epsilon sets how new targets"),
+    (["--run=/tmp", "--mia_epsilons=1"], "error: --mia_epsilons sets how new targets"),
     (["--lira_shadows=4", "--parts=inversion"],
      "error: --lira_shadows applies to --parts=membership only"),
     (["--lira_shadows=1"], "error: --lira_shadows must be 0 (off) or >= 2"),
@@ -71,7 +71,7 @@ def test_a_saved_image_run_is_inverted_at_round_0_and_after_training(tmp_path):
                          f"--output={tmp_path}/r.csv", f"--save_models={saved}")
   assert trained.returncode == 0, trained.stderr
   done = _run(f"--run={saved}", "--parts=inversion", "--images=1", "--iterations=3",
-              "--method=idlg", f"--output={tmp_path}/inv.csv", f"--figures_dir={tmp_path}")
+              "--methods=idlg", f"--output={tmp_path}/inv.csv", f"--figures_dir={tmp_path}")
   assert done.returncode == 0, done.stderr
   rows = pd.read_csv(tmp_path / "inv.csv")
   assert list(rows.stage) == ["round 0", "round 1"] and set(rows.defense) == {"none"}
@@ -80,10 +80,10 @@ def test_a_saved_image_run_is_inverted_at_round_0_and_after_training(tmp_path):
 
 def test_a_tiny_run_writes_rows_figures_and_the_membership_table(tmp_path):
   out = str(tmp_path)
-  args = ["--image_size=8", "--images=2", "--iterations=20", "--method=idlg",
-          "--defense=none,laplace,dp_sgd", "--nu=1", "--noise_multiplier=0.05",
-          f"--output_dir={out}", "--mia_rounds=1", "--mia_algorithm=local",
-          "--mia_epsilon=inf,1"]
+  args = ["--image_size=8", "--images=2", "--iterations=20", "--methods=idlg",
+          "--defenses=none,laplace,dp_sgd", "--nus=1", "--noise_multipliers=0.05",
+          f"--output_dir={out}", "--mia_rounds=1", "--mia_methods=local",
+          "--mia_epsilons=inf,1"]
   done = _run(*args)
   assert done.returncode == 0, done.stderr[-2000:]
   rows = pd.read_csv(f"{out}/attacks.csv")

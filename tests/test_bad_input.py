@@ -171,6 +171,9 @@ def _cases(binary, f):
     return [
         (["--algorithm=fedavg", *tiny], "--algorithm is now --methods"),
         (["--client_lr=0.1", *tiny], "--client_lr is now --lr"),
+        (["--sampling_rate=0.1", *tiny], "--sampling_rate is now --sampling_rates"),
+        (["--l2_norm_clip=0.1", *tiny], "--l2_norm_clip is now --clips"),
+        (["--noise_multiplier=1", *tiny], "--noise_multiplier is now --noise_multipliers"),
         (["--output=/proc/x/y.csv"], "its folder cannot be created"),
         ([f"--output={f['dir']}"], "is a directory"),
         ([f"--output={f['garbage_csv']}"], "cannot be read as a CSV"),
@@ -186,8 +189,8 @@ def _cases(binary, f):
          "CIFAR-10 file not found"),
         (["--dataset=cifar10", f"--data_dir={folder('cifar_garbage')}/..", *tiny],
          "is not a CIFAR-10 python batch"),
-        (["--sampling_rate=", *tiny], "--sampling_rate is empty: give at least one value"),
-        (["--noise_multiplier=", *tiny], "--noise_multiplier is empty: give at least one"),
+        (["--sampling_rates=", *tiny], "--sampling_rates is empty: give at least one value"),
+        (["--noise_multipliers=", *tiny], "--noise_multipliers is empty: give at least one"),
         (["--lr=inf", *tiny], "--lr must be a finite number"),
         (["--hypernet_lr=inf", *tiny], "--hypernet_lr must be a finite number"),
         (["--embedding_dim=0", *tiny], "--embedding_dim must be >= 1"),
@@ -195,8 +198,8 @@ def _cases(binary, f):
         ([f"--data_dir={f['dir']}", *tiny], "--data_dir applies to --dataset=cifar10"),
         (["--seeds=0,0", *tiny], "--seeds lists 0 twice"),
         (["--methods=hypernet,hypernet", *tiny], "--methods lists hypernet twice"),
-        (["--noise_multiplier=1,1", "--l2_norm_clip=1", *tiny],
-         "--noise_multiplier lists 1.0 twice"),
+        (["--noise_multipliers=1,1", "--clips=1", *tiny],
+         "--noise_multipliers lists 1.0 twice"),
         (["--methods=fedavg", "--hypernet_lr=0.2", *tiny], "--hypernet_lr applies to"),
         (["--delta=1e-3", *tiny], "--delta applies to noised runs only"),
     ]
@@ -233,18 +236,24 @@ def _cases(binary, f):
   return [
       (["--figures=x", out, mia], "--figures is now --figures_dir"),
       (["--client_lr=0.1", *both], "--client_lr is now --lr"),
+      (["--method=idlg", *both], "--method is now --methods"),
+      (["--defense=none", *both], "--defense is now --defenses"),
+      (["--nu=1", *both], "--nu is now --nus"),
+      (["--mia_algorithm=local", *both], "--mia_algorithm is now --mia_methods"),
+      (["--mia_epsilon=1", *both], "--mia_epsilon is now --mia_epsilons"),
+      (["--mia_attack=threshold", *both], "--mia_attack is now --mia_attacks"),
       (["--mia_lam=nan", *both], "--mia_lam must be a finite number"),
       (["--mia_lam=inf", *both], "--mia_lam must be a finite number"),
       (["--attack_lr=inf", *both], "--attack_lr must be a finite number"),
       (["--lr=inf", *both], "--lr must be a finite number"),
       (["--clip=inf", *both], "--clip must be a finite number"),
-      (["--nu=inf", *both], "--nu must hold finite numbers"),
-      (["--noise_multiplier=inf", *both], "--noise_multiplier must hold finite"),
-      (["--nu=", *both], "--nu is empty: give at least one value"),
-      (["--noise_multiplier=", *both], "--noise_multiplier is empty: give at least one"),
+      (["--nus=inf", *both], "--nus must hold finite numbers"),
+      (["--noise_multipliers=inf", *both], "--noise_multipliers must hold finite"),
+      (["--nus=", *both], "--nus is empty: give at least one value"),
+      (["--noise_multipliers=", *both], "--noise_multipliers is empty: give at least one"),
       (["--seed=-1", *both], "--seed must be >= 0"),
-      (["--method=idlg,idlg", *both], "--method lists idlg twice"),
-      (["--mia_epsilon=inf,inf", *both], "--mia_epsilon lists inf twice"),
+      (["--methods=idlg,idlg", *both], "--methods lists idlg twice"),
+      (["--mia_epsilons=inf,inf", *both], "--mia_epsilons lists inf twice"),
       ([f"--output={f['dir']}", mia, figures], "is a directory"),
       ([out, f"--mia_output={f['dir']}", figures], "--mia_output"),
       ([out, mia, f"--figures_dir={f['a_file']}"], "--figures_dir"),
@@ -283,7 +292,7 @@ def test_every_bad_input_ends_in_one_line_before_any_work(binary, tmp_path):
 @pytest.mark.parametrize("binary, flag", [
     ("run", "--methods=sgd"), ("compare", "--preset=mnist"),
     ("pandemic", "--profile=bogus"), ("hypernet", "--methods=sgd"),
-    ("attacks", "--method=sgd")])
+    ("attacks", "--methods=sgd")])
 def test_a_bad_flag_is_refused_before_tensorflow_loads(binary, flag):
   """The one-line error arrives without TensorFlow's import (seconds, and its
   start-up lines) before it."""

@@ -30,15 +30,15 @@ def _parsed_flags():
 
 
 @pytest.mark.parametrize("overrides, message", [
-    (dict(sampling_rate=["0"]), "sampling_rate (q) must be in (0, 1]"),
-    (dict(sampling_rate=["1.5"]), "sampling_rate (q) must be in (0, 1]"),
-    (dict(l2_norm_clip=["0"]), "l2_norm_clip (S) must be positive"),
-    (dict(l2_norm_clip=["0.1"], noise_multiplier=["-1"]),
+    (dict(sampling_rates=["0"]), "sampling_rate (q) must be in (0, 1]"),
+    (dict(sampling_rates=["1.5"]), "sampling_rate (q) must be in (0, 1]"),
+    (dict(clips=["0"]), "l2_norm_clip (S) must be positive"),
+    (dict(clips=["0.1"], noise_multipliers=["-1"]),
      "noise_multiplier (z) must be >= 0"),
-    (dict(noise_multiplier=["5"]), "needs l2_norm_clip"),
+    (dict(noise_multipliers=["5"]), "--noise_multipliers > 0 needs --clips"),
     (dict(weight_cap=0.0), "weight_cap (w_hat) must be a positive"),
     (dict(public_user_sizes=True), "--public_user_sizes applies with --weight_cap"),
-    (dict(sampling_rate=["a"]), "--sampling_rate must be a comma-separated list"),
+    (dict(sampling_rates=["a"]), "--sampling_rates must be a comma-separated list"),
     (dict(methods=["sgd"]), "--methods must be among"),
     (dict(dataset="mnist"), "--dataset must be one of"),
     (dict(rounds=0), "--rounds must be >= 1"),
@@ -55,7 +55,7 @@ def test_bad_flags_raise_usage_errors(overrides, message):
 
 @pytest.mark.cli
 def test_bad_input_ends_in_one_line():
-  done = _run("--sampling_rate=1.5")
+  done = _run("--sampling_rates=1.5")
   assert done.returncode == 2
   assert done.stderr.strip() == "error: sampling_rate (q) must be in (0, 1], got 1.5"
 
@@ -71,8 +71,8 @@ def test_a_user_without_data_ends_in_one_line():
 @pytest.mark.cli
 def test_tiny_grid_writes_rows_with_the_accounted_epsilon(tmp_path):
   out = tmp_path / "hn.csv"
-  done = _run("--rounds=2", "--num_users=6", "--sampling_rate=0.5",
-              "--l2_norm_clip=0.1", "--noise_multiplier=0,2", "--channels=4,8",
+  done = _run("--rounds=2", "--num_users=6", "--sampling_rates=0.5",
+              "--clips=0.1", "--noise_multipliers=0,2", "--channels=4,8",
               "--dense=8", "--hidden_width=8", "--local_steps=2", f"--output={out}",
               f"--plot={tmp_path / 'grid.png'}", f"--save_models={tmp_path / 'saved'}")
   assert done.returncode == 0, done.stderr[-2000:]
@@ -92,8 +92,8 @@ def test_tiny_grid_writes_rows_with_the_accounted_epsilon(tmp_path):
   assert not noisy.accuracy_inside_guarantee and "embeddings" in noisy.guarantee_covers
   assert pd.isna(rows.accuracy_inside_guarantee[0])   # no noise: no guarantee at all
   assert "test_accuracy" in done.stdout and "rows appended" in done.stdout
-  again = _run("--rounds=2", "--num_users=6", "--sampling_rate=0.5",
-               "--l2_norm_clip=0.1", "--noise_multiplier=0,2", "--channels=4,8",
+  again = _run("--rounds=2", "--num_users=6", "--sampling_rates=0.5",
+               "--clips=0.1", "--noise_multipliers=0,2", "--channels=4,8",
                "--dense=8", "--hidden_width=8", "--local_steps=2", f"--output={out}")
   assert again.returncode == 0 and "skipped" in again.stderr
   assert len(pd.read_csv(out)) == 3

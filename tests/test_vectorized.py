@@ -374,8 +374,8 @@ common.run_main(__import__("benchmarks." + binary, fromlist=["main"]).main)
 @pytest.mark.parametrize("binary, args", [
     ("run", ["--dataset=synthetic", "--methods=mrmtl,ditto,ifca_mrmtl", "--rounds=1",
              "--epsilon=2"]),
-    ("hypernet", ["--num_users=6", "--rounds=1", "--sampling_rate=0.5",
-                  "--l2_norm_clip=0.1", "--noise_multiplier=1", "--channels=4,8",
+    ("hypernet", ["--num_users=6", "--rounds=1", "--sampling_rates=0.5",
+                  "--clips=0.1", "--noise_multipliers=1", "--channels=4,8",
                   "--dense=8", "--hidden_width=8", "--local_steps=1"]),
 ])
 def test_a_vectorized_run_never_imports_tff(tmp_path, binary, args):

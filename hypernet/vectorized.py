@@ -10,7 +10,7 @@ and step gradients of `train_locally`), each user's vector-Jacobian products
 (`user_level.weighted_clipped_sum`, `noised_mean`: the same clip, weights, q W and
 noise key of the round as the TFF factory). Only the default aggregator runs here;
 another `tff.aggregators` factory is a one-line error naming backend=tff. Parity with
-the TFF process: tests/test_hypernet.py.
+the TFF process: tests/hypernet/test_hypernet.py.
 """
 
 from __future__ import annotations

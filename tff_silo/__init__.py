@@ -48,7 +48,7 @@ Adding an algorithm, as Mocha was:
    lets a sweep's runs share its program);
 3. `runner.register(Definition, tff="...", vectorized="...")` beside the
    definition; tests against an independent computation and of the two backends'
-   parity (`tests/test_mocha.py`);
+   parity (`tests/algorithms/test_mocha.py`);
 4. its name in `algorithms.method_names` and its builder in `algorithms.by_name`,
    for the binaries (`benchmarks.run`, `benchmarks.compare`).
 """

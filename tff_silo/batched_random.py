@@ -9,7 +9,7 @@ silo's own samples and noise. This module recomputes the same numbers for K keys
 once: Philox-4x32-10 (Salmon et al., SC'11) written with uint32/uint64 tensor ops,
 TF's seed scrambling (`GenerateKey` in tensorflow/core/kernels/stateless_random_ops.cc)
 and its float conversions. Row k of each function equals the TF op with key k
-(tests/test_vectorized.py), bit for bit.
+(tests/backends/test_vectorized.py), bit for bit.
 
 - `fold_in(keys, data)`     == `tff_silo.keys.fold_in(keys[k], data[k])`
 - `random_bits(keys, n)`    == `tf.random.stateless_uniform([n], seed=keys[k],

@@ -12,7 +12,7 @@ gradient (`local_training.batch_plan`, `step_gradient`, vectorized over silos wi
 row k exactly as TF's stateless ops draw with silo k's key, the DP noise is
 `privacy.gaussian.normal` of those keys (as the TFF process draws it), and a padded
 silo's draw of N values starts with its own n values. Parity with the TFF backend is tested
-in tests/test_vectorized.py.
+in tests/backends/test_vectorized.py.
 
 Padding: silo k's rows past n_k are never sampled (Poisson keeps only i < n_k;
 permutations sort them last) and padded batch slots carry mask 0, so they add

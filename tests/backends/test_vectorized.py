@@ -379,7 +379,7 @@ common.run_main(__import__("benchmarks." + binary, fromlist=["main"]).main)
                   "--dense=8", "--hidden_width=8", "--local_steps=1"]),
 ])
 def test_a_vectorized_run_never_imports_tff(tmp_path, binary, args):
-  root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  from tests.binaries import ROOT as root
   out = tmp_path / "rows.csv"
   done = subprocess.run([sys.executable, "-c", _WITHOUT_TFF, binary, *args,
                          "--backend=vectorized", f"--output={out}"],

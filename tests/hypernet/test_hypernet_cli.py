@@ -10,7 +10,7 @@ import pytest
 from absl import flags
 from absl.testing import flagsaver
 
-import binaries
+from tests import binaries
 import hypernet
 from benchmarks import hypernet as bench
 from benchmarks.common import UsageError

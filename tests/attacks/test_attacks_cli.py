@@ -7,7 +7,7 @@ import os
 import pandas as pd
 import pytest
 
-import binaries
+from tests import binaries
 
 pytestmark = pytest.mark.cli   # every test here starts a binary
 

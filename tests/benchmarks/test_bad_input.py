@@ -15,7 +15,7 @@ import pytest
 
 pytestmark = pytest.mark.cli   # every test here starts a binary
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from tests.binaries import ROOT  # the repository
 
 # The functions of each binary that start training (or timing) when called.
 TRAINING = {

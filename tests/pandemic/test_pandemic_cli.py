@@ -8,7 +8,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-import binaries
+from tests import binaries
 
 pytestmark = pytest.mark.cli   # every test here starts a binary
 

@@ -3,7 +3,6 @@ clustered FL (Galli et al., Algorithm 1)."""
 
 import numpy as np
 import pytest
-import tensorflow as tf
 import tensorflow_federated as tff
 from sklearn.metrics import adjusted_rand_score
 

@@ -13,11 +13,11 @@ import numpy as np
 import pandas as pd
 import pytest
 
-import binaries
+from tests import binaries
 
 from tff_silo import data
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = binaries.ROOT   # the repository
 TINY = ["--epsilons=4,inf", "--seeds=0", "--lams=0.1,1", "--rounds=3"]
 
 

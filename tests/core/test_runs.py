@@ -160,7 +160,7 @@ def test_a_version_1_run_loads_without_server_models(tmp_path):
 
 
 def test_fedavg_saves_the_global_model_every_silo_is_evaluated_with():
-  """(The backends' server models are tied by tests/test_vectorized.py.)"""
+  """(The backends' server models are tied by tests/backends/test_vectorized.py.)"""
   silos, _ = datasets.load(RECIPE)
   definition = algorithms.fedavg_algorithm(models.model_for(silos), silos.feature_shape,
                                            client_learning_rate=0.1, batch_size=8)

@@ -13,7 +13,7 @@ import pytest
 
 from benchmarks import common
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from tests.binaries import ROOT  # the repository
 
 
 def test_append_keeps_old_bytes_and_adds_columns_by_union(tmp_path):

@@ -7,7 +7,6 @@ import math
 import numpy as np
 import pytest
 from scipy import optimize, stats
-import tensorflow as tf
 import tensorflow_federated as tff
 
 from tff_silo import aggregators, algorithms, data, models

@@ -189,7 +189,7 @@ def test_expected_best_is_the_mean_best_of_random_draws():
 
 
 def _tuning_cost(*flags):
-  import binaries
+  from tests import binaries
   return binaries.run("tuning_cost", *flags, timeout=300)
 
 

@@ -11,9 +11,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
-import binaries
+from tests import binaries
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = binaries.ROOT   # the repository
 
 
 def _run(*flags, timeout=600):

@@ -117,14 +117,17 @@ common.define_renamed_flags(
     client_lr="lr", figures="figures_dir", method="methods", defense="defenses",
     nu="nus", noise_multiplier="noise_multipliers", mia_algorithm="mia_methods",
     mia_epsilon="mia_epsilons", mia_attack="mia_attacks")
+common.define_bounds(
+    image_size=">= 1", images=">= 1", iterations=">= 1", batch_size=">= 1",
+    figure_images=">= 1", attack_lr="> 0", clip="> 0", lr="> 0", delta="(0, 1)",
+    seed=">= 0", nus="> 0", noise_multipliers="> 0", mia_epsilons="> 0",
+    mia_test_fraction="(0, 1)", mia_rounds=">= 1", mia_lam=">= 0")
 flags.adopt_module_key_flags(common)   # --help lists the shared flags too
+SCALAR_BOUNDS = ("image_size", "images", "iterations", "batch_size", "figure_images",
+                 "attack_lr", "clip", "lr", "delta", "seed", "mia_test_fraction",
+                 "mia_rounds", "mia_lam")
 
 FLAGS = flags.FLAGS
-
-
-def _positive(name, value, kind=float):
-  if not value > 0 or (kind is int and int(value) != value):
-    raise UsageError(f"--{name} must be a positive {kind.__name__}; got {value}")
 
 
 def _settings():
@@ -137,12 +140,9 @@ def _settings():
   common.check_among("mia_methods", FLAGS.mia_methods, MIA_ALGORITHMS)
   common.check_among("mia_attacks", FLAGS.mia_attacks, MIA_ATTACKS)
   common.check_one_of("mia_backend", FLAGS.mia_backend, ("tff", "vectorized"))
-  for name in ("image_size", "images", "iterations", "batch_size", "figure_images"):
-    _positive(name, FLAGS[name].value, int)
-  for name in ("attack_lr", "clip", "lr"):
-    _positive(name, FLAGS[name].value)
   common.check_finite_floats()
   common.check_given_lists()
+  common.check_bounds(*SCALAR_BOUNDS)
   if FLAGS.run is not None:
     if not FLAGS["parts"].present:
       FLAGS.parts = ["membership"]
@@ -166,10 +166,6 @@ def _settings():
       raise UsageError(f"--mia_models must name a folder; got {FLAGS.mia_models!r}")
   if FLAGS.lira_shadows < 0 or FLAGS.lira_shadows == 1:
     raise UsageError(f"--lira_shadows must be 0 (off) or >= 2; got {FLAGS.lira_shadows}")
-  if FLAGS.seed < 0:
-    raise UsageError(f"--seed must be >= 0; got {FLAGS.seed}")
-  if not 0 < FLAGS.delta < 1:
-    raise UsageError(f"--delta must be in (0, 1); got {FLAGS.delta}")
   if FLAGS.batch_size > 1 and "idlg" in FLAGS.methods:
     raise UsageError("--methods=idlg reads one example's label: use --batch_size=1 or "
                      "--methods=dlg")
@@ -178,27 +174,15 @@ def _settings():
                      f"({FLAGS.batch_size})")
   nus = common.parse_numbers(FLAGS.nus, float, "nus")
   zs = common.parse_numbers(FLAGS.noise_multipliers, float, "noise_multipliers")
-  if any(not nu > 0 for nu in nus):
-    raise UsageError(f"--nus must be positive; got {','.join(FLAGS.nus)}")
-  if any(not z > 0 for z in zs):
-    raise UsageError("--noise_multipliers must be positive (clipping alone is "
-                     f"--defenses=clip); got {','.join(FLAGS.noise_multipliers)}")
   epsilons = [math.inf if e == NON_PRIVATE else
               common.parse_numbers([e], float, "mia_epsilons")[0]
               for e in FLAGS.mia_epsilons]
   common.check_unique("mia_epsilons", epsilons)
-  if not epsilons or any(not e > 0 for e in epsilons):
-    raise UsageError(f"--mia_epsilons must be positive numbers or {NON_PRIVATE}; got "
-                     f"{','.join(FLAGS.mia_epsilons)}")
-  if not 0 < FLAGS.mia_test_fraction < 1:
-    raise UsageError(f"--mia_test_fraction must be in (0, 1); got "
-                     f"{FLAGS.mia_test_fraction}")
+  common.check_bounds("nus", "noise_multipliers", "mia_epsilons", nus=nus,
+                      noise_multipliers=zs, mia_epsilons=epsilons)
   preset = configs.PRESETS["digits"]
   rounds = preset.rounds if FLAGS.mia_rounds is None else FLAGS.mia_rounds
-  _positive("mia_rounds", rounds, int)
   lam = preset.lam if FLAGS.mia_lam is None else FLAGS.mia_lam
-  if lam < 0:
-    raise UsageError(f"--mia_lam must be >= 0; got {lam}")
   if "inversion" in FLAGS.parts:
     common.check_output(FLAGS.output, INVERSION_SIGNATURE)
     if os.path.exists(FLAGS.figures_dir) and not os.path.isdir(FLAGS.figures_dir):

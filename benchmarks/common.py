@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import math
 import os
+import re
 import sys
 import tempfile
 import warnings
@@ -62,6 +63,52 @@ def check_given_lists() -> None:
     if flag.present and isinstance(flag.value, list) and not flag.value:
       raise UsageError(f"--{name} is empty: give at least one value, or leave the flag "
                        "out for its default")
+
+
+_BOUNDS = {}   # flag name -> (its range as text, a test of one value, the module
+               # whose define_bounds gave it)
+
+
+def _interval(text: str):
+  """A test of one value for a range written `>= 1`, `> 0`, `(0, 1)`, `[0, 1)` ..."""
+  one_sided = re.fullmatch(r"(>=|>)\s*(\S+)", text)
+  if one_sided:
+    bound = float(one_sided[2])
+    return (lambda v: v >= bound) if one_sided[1] == ">=" else (lambda v: v > bound)
+  lo_kind, lo, hi, hi_kind = re.fullmatch(r"([\[(])(\S+), (\S+)([\])])", text).groups()
+  lo, hi = float(lo), float(hi)
+  return lambda v: ((v >= lo if lo_kind == "[" else v > lo)
+                    and (v <= hi if hi_kind == "]" else v < hi))
+
+
+def define_bounds(**ranges) -> None:
+  """The allowed range of numeric flags, `name=">= 1"`, `"> 0"`, `"(0, 1)"`,
+  `"(0, 1]"` ...: added to the flag's help and checked by `check_bounds`."""
+  module = sys._getframe(1).f_globals["__name__"]
+  for name, text in ranges.items():
+    _BOUNDS[name] = (text, _interval(text), module)
+    FLAGS[name].help += f" Range: {text}."
+
+
+def check_bounds(*names, **values) -> None:
+  """UsageError for the first flag out of its range (`define_bounds`), of `names`
+  (default: every range the calling module defined; a process may hold several
+  binaries' flags): checked is its value in `values` (a number, or the parsed
+  values of a list flag; a setting resolved from a preset) or else the flag's own;
+  None (unset) passes."""
+  caller = sys._getframe(1).f_globals["__name__"]
+  for name in names or [n for n, bound in _BOUNDS.items() if bound[2] == caller]:
+    text, inside, _ = _BOUNDS[name]
+    value = values[name] if name in values else FLAGS[name].value
+    if value is None:
+      continue
+    items = list(value) if isinstance(value, (list, tuple)) else [value]
+    if any(isinstance(v, str) for v in items):
+      raise TypeError(f"check_bounds: give --{name}'s parsed values")
+    if not all(inside(v) for v in items):
+      shown = ",".join(f"{v:g}" if isinstance(v, float) else str(v) for v in items)
+      raise UsageError(f"--{name} must be {'in ' if text[0] in '[(' else ''}{text}; "
+                       f"got {shown}")
 
 
 def parse_seeds(values) -> list:
@@ -187,6 +234,7 @@ def define_aggregator_flags() -> None:
                      "silo-level delta.")
   flags.DEFINE_float("aggregator_clip", 1.0, "--aggregator=dp_fixed: the L2 clip of a "
                      "silo's update (dp_adaptive: its initial clip).")
+  define_bounds(silo_delta="(0, 1)", aggregator_clip="> 0")
 
 
 def check_aggregator_flags() -> None:
@@ -203,10 +251,7 @@ def check_aggregator_flags() -> None:
   if FLAGS.silo_epsilon is not None:
     check_epsilon("silo_epsilon", FLAGS.silo_epsilon, "use --aggregator=mean for no "
                   "silo-level DP")
-  if not 0 < FLAGS.silo_delta < 1:
-    raise UsageError(f"--silo_delta must be in (0, 1); got {FLAGS.silo_delta}")
-  if not FLAGS.aggregator_clip > 0:
-    raise UsageError(f"--aggregator_clip must be > 0; got {FLAGS.aggregator_clip}")
+  check_bounds("silo_delta", "aggregator_clip")
 
 
 def define_save_models_flag(what: str) -> None:

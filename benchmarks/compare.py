@@ -134,14 +134,11 @@ flags.DEFINE_string("trials_output", None, "--tuning=private: also write every t
                     "epsilon_if_released: releasing every trial of its cell).")
 flags.DEFINE_string("table", None, "Markdown table path (default: "
                     "--output_dir/compare_<preset>[_private].md).")
+common.define_bounds(
+    lrs="> 0", lams="> 0", rounds=">= 1", batch_size=">= 1", clip="> 0",
+    delta="(0, 1)", validation_fraction="(0, 1)", tuning_eta="> -1",
+    mean_trials="> 1", score_budget_share="(0, 1)", score_clip="> 0")
 flags.adopt_module_key_flags(common)   # --help lists the shared flags too
-
-
-def _positive_list(name, values, kind):
-  numbers = common.parse_numbers(values, kind, name)
-  if not numbers or min(numbers) <= 0:
-    raise UsageError(f"--{name} must list numbers > 0; got {','.join(values)}")
-  return tuple(numbers)
 
 
 def _settings() -> dict:
@@ -175,21 +172,14 @@ def _settings() -> dict:
         common.check_epsilon("epsilons", epsilon, "inf runs without DP")
     common.check_unique("epsilons", s["epsilons"])
   s["seeds"] = tuple(common.parse_seeds(FLAGS.seeds) if FLAGS.seeds else preset.seeds)
-  s["lrs"] = _positive_list("lrs", FLAGS.lrs, float) if FLAGS.lrs else preset.lrs
-  s["lams"] = _positive_list("lams", FLAGS.lams, float) if FLAGS.lams else preset.lams
+  for name in ("lrs", "lams"):
+    s[name] = (tuple(common.parse_numbers(FLAGS[name].value, float, name))
+               if FLAGS[name].value else getattr(preset, name))
   for name in ("rounds", "batch_size", "clip", "delta", "validation_fraction"):
     value = FLAGS[name].value
     s[name] = getattr(preset, name) if value is None else value
-  for name in ("rounds", "batch_size"):
-    if s[name] < 1:
-      raise UsageError(f"--{name} must be >= 1; got {s[name]}")
-  if not s["clip"] > 0:
-    raise UsageError(f"--clip must be > 0; got {s['clip']}")
-  if not 0 < s["delta"] < 1:
-    raise UsageError(f"--delta must be in (0, 1); got {s['delta']}")
-  if not 0 < s["validation_fraction"] < 1:
-    raise UsageError(f"--validation_fraction must be in (0, 1); got "
-                     f"{s['validation_fraction']}")
+  common.check_bounds(**{name: s[name] for name in (
+      "lrs", "lams", "rounds", "batch_size", "clip", "delta", "validation_fraction")})
   s["assumed_silo_size"] = preset.assumed_silo_size
   s["num_clusters"] = preset.num_clusters
   common.check_one_of("tuning", FLAGS.tuning, TUNING_MODES)
@@ -199,15 +189,6 @@ def _settings() -> dict:
     s.update(tuning_eta=FLAGS.tuning_eta, mean_trials=FLAGS.mean_trials,
              score_budget_share=FLAGS.score_budget_share,
              score_clip=preset.score_clip if FLAGS.score_clip is None else FLAGS.score_clip)
-    if not s["tuning_eta"] > -1:
-      raise UsageError(f"--tuning_eta must be > -1; got {s['tuning_eta']}")
-    if not s["mean_trials"] > 1:
-      raise UsageError(f"--mean_trials must be > 1; got {s['mean_trials']}")
-    if not 0 < s["score_budget_share"] < 1:
-      raise UsageError(f"--score_budget_share must be in (0, 1); got "
-                       f"{s['score_budget_share']}")
-    if not s["score_clip"] > 0:
-      raise UsageError(f"--score_clip must be > 0; got {s['score_clip']}")
   else:
     for name in ("tuning_eta", "mean_trials", "score_budget_share", "score_clip"):
       if FLAGS[name].present:

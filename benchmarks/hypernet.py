@@ -74,6 +74,12 @@ flags.DEFINE_string("plot", None, "Also write a PNG of mean user accuracy agains
 common.define_renamed_flags(algorithm="methods", client_lr="lr",
                              sampling_rate="sampling_rates", l2_norm_clip="clips",
                              noise_multiplier="noise_multipliers")
+common.define_bounds(
+    sampling_rates="(0, 1]", clips="> 0", noise_multipliers=">= 0", delta="(0, 1)",
+    rounds=">= 1", local_steps=">= 1", batch_size=">= 1", lr="> 0", hypernet_lr="> 0",
+    embedding_lr="> 0", hidden_width=">= 1", embedding_dim=">= 1", dense=">= 1",
+    fedavg_local_epochs=">= 1", num_users=">= 1", classes_per_user=">= 1",
+    eval_every=">= 0")
 flags.adopt_module_key_flags(common)   # --help lists the shared flags too
 # Columns every row of this binary has: an existing --output without them is refused.
 SIGNATURE = ("run_key", "algorithm", "mean_user_accuracy")
@@ -107,27 +113,15 @@ def _settings():
   if FLAGS.dataset == "femnist" and FLAGS.cache_dir and not os.path.isdir(
       FLAGS.cache_dir):
     raise UsageError(f"--cache_dir {FLAGS.cache_dir} is not a directory")
-  if FLAGS.embedding_dim is not None and FLAGS.embedding_dim < 1:
-    raise UsageError(f"--embedding_dim must be >= 1 (or unset for 1 + N / 4); got "
-                     f"{FLAGS.embedding_dim}")
-  for name in ("num_users", "rounds", "local_steps", "batch_size", "hidden_width",
-               "dense", "fedavg_local_epochs", "classes_per_user"):
-    if FLAGS[name].value < 1:
-      raise UsageError(f"--{name} must be >= 1; got {FLAGS[name].value}")
-  for name in ("lr", "hypernet_lr", "embedding_lr"):
-    if not FLAGS[name].value > 0:
-      raise UsageError(f"--{name} must be > 0; got {FLAGS[name].value}")
-  if not 0.0 < FLAGS.delta < 1.0:
-    raise UsageError(f"--delta must be in (0, 1); got {FLAGS.delta}")
-  if FLAGS.eval_every < 0:
-    raise UsageError(f"--eval_every must be >= 0; got {FLAGS.eval_every}")
   channels = common.parse_numbers(FLAGS.channels, int, "channels", unique=False)
   if len(channels) != 2 or min(channels) < 1:
     raise UsageError(f"--channels must be two positive integers; got {FLAGS.channels}")
   seeds = common.parse_seeds(FLAGS.seeds)
   rates = common.parse_numbers(FLAGS.sampling_rates, float, "sampling_rates")
-  clips = common.parse_numbers(FLAGS.clips, float, "clips") or [None]
+  clips = common.parse_numbers(FLAGS.clips, float, "clips")
   noises = common.parse_numbers(FLAGS.noise_multipliers, float, "noise_multipliers")
+  common.check_bounds(sampling_rates=rates, clips=clips, noise_multipliers=noises)
+  clips = clips or [None]
   if FLAGS.public_user_sizes and FLAGS.weight_cap is None:
     raise UsageError("--public_user_sizes applies with --weight_cap only (without it "
                      "every w_u = 1 and W = N)")

@@ -68,6 +68,9 @@ flags.DEFINE_bool("resume", True, "Skip runs whose row is already in --output.")
 flags.DEFINE_bool("epsilon_table", False, "Only print Table 2.6's epsilons recomputed "
                   "by the accountant (Smoke: n = 2,609,976, b = 512, two epochs, "
                   "the thesis' delta = 1/n), with both exponents; no data is read.")
+common.define_bounds(
+    sample_sizes=">= 1", noise_multipliers=">= 0", lams=">= 0", alphas="(0, 1)",
+    rounds=">= 1", batch_size=">= 1", clip="> 0", lr="> 0", final_week_rate="(0, 0.5)")
 flags.adopt_module_key_flags(common)   # --help lists the shared flags too
 
 SIGNATURE = ("run_key", "average_precision", "mode")
@@ -96,20 +99,8 @@ def _settings() -> dict:
       lams=common.parse_numbers(FLAGS.lams, float, "lams"),
       alphas=common.parse_numbers(FLAGS.alphas, float, "alphas"),
       seeds=common.parse_seeds(FLAGS.seeds))
-  if min(grid["sample_sizes"]) < 1:
-    raise UsageError(f"--sample_sizes must be positive; got {FLAGS.sample_sizes}")
-  if min(grid["noise_multipliers"]) < 0 or min(grid["lams"]) < 0:
-    raise UsageError("--noise_multipliers and --lams must be >= 0")
-  if not all(0 < a < 1 for a in grid["alphas"]):
-    raise UsageError(f"--alphas must be in (0, 1); got {FLAGS.alphas}")
-  for name in ("rounds", "batch_size"):
-    if FLAGS[name].value < 1:
-      raise UsageError(f"--{name} must be >= 1; got {FLAGS[name].value}")
-  for name in ("clip", "lr"):
-    if not FLAGS[name].value > 0:
-      raise UsageError(f"--{name} must be > 0; got {FLAGS[name].value}")
-  if not 0 < FLAGS.final_week_rate < 0.5:
-    raise UsageError(f"--final_week_rate must be in (0, 0.5); got {FLAGS.final_week_rate}")
+  common.check_bounds(**{name: grid[name] for name in (
+      "sample_sizes", "noise_multipliers", "lams", "alphas")})
   common.check_output(FLAGS.output, SIGNATURE)
   return grid
 

@@ -153,6 +153,12 @@ flags.DEFINE_bool("resume", True, "Skip runs whose row (same settings, algorithm
                   "lambda and seed) is already in --output.")
 common.define_save_models_flag("every run")
 common.define_renamed_flags(algorithm="methods", lam="lams")
+common.define_bounds(
+    rounds=">= 1", batch_size=">= 1", clip="> 0", lr="> 0", delta="(0, 1)",
+    lams=">= 0", local_epochs=">= 1", eval_every=">= 0", finetune_fraction="[0, 1]",
+    corrupt_silos=">= 0", standardize_clip="> 0", standardize_budget_share="(0, 1)",
+    num_clusters=">= 1", selection_fraction="(0, 1]", selection_budget_share="(0, 1)",
+    nu="> 0", clients_per_round=">= 1", patience=">= 1", kmeans_iterations=">= 1")
 flags.adopt_module_key_flags(common)   # --help lists the shared flags too
 
 
@@ -177,11 +183,6 @@ def _settings():
       if FLAGS[name].present:
         raise UsageError(f"--{name} applies to private runs only: give --epsilon, or "
                          f"drop --{name}")
-  if FLAGS.eval_every < 0:
-    raise UsageError(f"--eval_every must be >= 0; got {FLAGS.eval_every}")
-  if not 0 <= FLAGS.finetune_fraction <= 1:
-    raise UsageError(f"--finetune_fraction must be in [0, 1]; got "
-                     f"{FLAGS.finetune_fraction}")
   preset = configs.PRESETS[FLAGS.dataset]
   s = dict(
       rounds=FLAGS.rounds if FLAGS.rounds is not None else preset.rounds,
@@ -195,22 +196,10 @@ def _settings():
       seeds=common.parse_seeds(FLAGS.seeds))
   if s["epsilon"] is not None:
     common.check_epsilon("epsilon", s["epsilon"], "unset it for a non-private run")
-  if not 0 < s["delta"] < 1:
-    raise UsageError(f"--delta must be in (0, 1); got {s['delta']}")
-  if s["rounds"] < 1:
-    raise UsageError(f"--rounds must be >= 1; got {s['rounds']}")
-  if s["batch_size"] < 1:
-    raise UsageError(f"--batch_size must be >= 1; got {s['batch_size']}")
-  if not s["clip"] > 0:
-    raise UsageError(f"--clip must be > 0; got {s['clip']}")
-  if not s["lr"] > 0:
-    raise UsageError(f"--lr must be > 0; got {s['lr']}")
-  if FLAGS.local_epochs < 1:
-    raise UsageError(f"--local_epochs must be >= 1; got {FLAGS.local_epochs}")
-  if any(not lam >= 0 for lam in s["lams"]):
-    raise UsageError(f"--lams values must be >= 0; got {FLAGS.lams}")
   s["num_clusters"] = (FLAGS.num_clusters if FLAGS.num_clusters is not None
                        else preset.num_clusters)
+  common.check_bounds(**{name: s[name] for name in (
+      "rounds", "batch_size", "clip", "lr", "delta", "lams", "num_clusters")})
   _privacy_settings(s, preset)
   _check_clustering(s)
   if preset.needs_data_dir:
@@ -222,8 +211,6 @@ def _settings():
     common.check_applies("data_dir", TABULAR, [FLAGS.dataset], "--dataset")
   common.check_applies("mask_probability", ["digits"], [FLAGS.dataset], "--dataset")
   common.check_applies("corrupt_silos", REGRESSION, [FLAGS.dataset], "--dataset")
-  if FLAGS.corrupt_silos < 0:
-    raise UsageError(f"--corrupt_silos must be >= 0; got {FLAGS.corrupt_silos}")
   if FLAGS["corruption"].present and not FLAGS.corrupt_silos:
     raise UsageError("--corruption applies with --corrupt_silos >= 1 only")
   common.check_output(FLAGS.output, SIGNATURE)
@@ -284,44 +271,23 @@ def _standardize_settings(s):
   if mode == "dp":
     if s["epsilon"] is None:
       raise UsageError("--standardize=dp needs --epsilon (it spends a share of it)")
-    if FLAGS.standardize_clip is None or not FLAGS.standardize_clip > 0:
+    if FLAGS.standardize_clip is None:
       raise UsageError("--standardize=dp needs --standardize_clip > 0 (the L2 clip of "
                        "a feature vector)")
-    if not 0 < FLAGS.standardize_budget_share < 1:
-      raise UsageError(f"--standardize_budget_share must be in (0, 1); got "
-                       f"{FLAGS.standardize_budget_share}")
   s["standardize"] = mode
 
 
 def _check_clustering(s):
-  clustered = [a for a in FLAGS.methods if a in IFCA_ALGORITHMS]
-  dprivate = "dprivate_clustering" in FLAGS.methods
-  if (clustered or dprivate) and s["num_clusters"] < 1:
-    raise UsageError(f"--num_clusters must be >= 1; got {s['num_clusters']}")
-  if clustered and not 0 < FLAGS.selection_fraction <= 1:
-    raise UsageError(f"--selection_fraction must be in (0, 1]; got "
-                     f"{FLAGS.selection_fraction}")
-  if clustered and not 0 < FLAGS.selection_budget_share < 1:
-    raise UsageError(f"--selection_budget_share must be in (0, 1); got "
-                     f"{FLAGS.selection_budget_share}")
-  if not dprivate:
+  if "dprivate_clustering" not in FLAGS.methods:
     return
   if s["epsilon"] is not None:
     raise UsageError("dprivate_clustering is protected by d-privacy (--nu), not "
                      "DP-SGD: run it without --epsilon")
-  if FLAGS.nu is not None and not FLAGS.nu > 0:
-    raise UsageError(f"--nu must be > 0 (or unset for no sanitization); got {FLAGS.nu}")
-  if FLAGS.clients_per_round is not None and FLAGS.clients_per_round < 1:
-    raise UsageError(f"--clients_per_round must be >= 1; got {FLAGS.clients_per_round}")
   if FLAGS.leakage_cap is not None and FLAGS.nu is None:
     raise UsageError("--leakage_cap needs --nu (without sanitization leakage is unbounded)")
-  if FLAGS.patience is not None and FLAGS.patience < 1:
-    raise UsageError(f"--patience must be >= 1; got {FLAGS.patience}")
   if FLAGS.patience is not None and FLAGS.dataset != "two_cluster":
     raise UsageError("--patience needs validation users, which only --dataset="
                      "two_cluster provides")
-  if FLAGS.kmeans_iterations < 1:
-    raise UsageError(f"--kmeans_iterations must be >= 1; got {FLAGS.kmeans_iterations}")
 
 
 def _recipe(seed, s) -> dict:

@@ -76,6 +76,8 @@ flags.DEFINE_string("memory_child", None, f"One of {MEMORY_BUDGETS}; run the mem
                     module_name=INTERNAL)
 flags.DEFINE_bool("sweep_child", False, "Run the sweep in this process and print its "
                   "timings as JSON.", module_name=INTERNAL)
+common.define_bounds(repeats=">= 1", rounds=">= 1", digits_rounds=">= 1",
+                     sweep_runs=">= 1", dprivate_rounds=">= 1", hypernet_rounds=">= 1")
 flags.adopt_module_key_flags(common)   # --help lists the shared flags too
 
 
@@ -303,10 +305,7 @@ def main(argv):
   if not FLAGS.sweep_child:
     common.check_output(FLAGS.output, SIGNATURE)
   common.check_one_of("calibration_cache", FLAGS.calibration_cache, CACHE_MODES)
-  for name in ("repeats", "rounds", "digits_rounds", "sweep_runs", "dprivate_rounds",
-               "hypernet_rounds"):
-    if FLAGS[name].value < 1:
-      raise UsageError(f"--{name} must be >= 1; got {FLAGS[name].value}")
+  common.check_bounds()
   needs_school = {"school", "sweep", "ifca"} & set(FLAGS.parts) or FLAGS.sweep_child
   if needs_school and not (FLAGS.data_dir and os.path.isfile(
       os.path.join(FLAGS.data_dir, "school.mat"))):

@@ -48,6 +48,9 @@ flags.DEFINE_integer("monte_carlo_trials", 500, "Samples of the model per lambda
 flags.DEFINE_integer("seed", 0, "Seed of the Monte Carlo check.")
 common.define_output_flags(output=("tuning_cost.csv", "CSV rows are appended to."),
                            plot=("tuning_cost.png", "Figure path."))
+common.define_bounds(num_silos=">= 2", n=">= 1", sigma="> 0", tau="> 0", epsilon="> 0",
+                     clip="> 0", delta="(0, 1)", mean_trials="> 1", etas="> -1",
+                     num_lambdas=">= 1", monte_carlo_trials=">= 0")
 flags.adopt_module_key_flags(common)   # --help lists the shared flags too
 
 SIGNATURE = ("condition", "lam", "error")
@@ -56,22 +59,8 @@ SIGNATURE = ("condition", "lam", "error")
 def _settings():
   common.check_finite_floats()
   common.check_given_lists()
-  for name in ("num_silos", "n"):
-    if FLAGS[name].value < (2 if name == "num_silos" else 1):
-      raise UsageError(f"--{name} must be >= {2 if name == 'num_silos' else 1}; got "
-                       f"{FLAGS[name].value}")
-  for name in ("sigma", "tau", "epsilon", "clip"):
-    if FLAGS[name].value <= 0:
-      raise UsageError(f"--{name} must be > 0; got {FLAGS[name].value}")
-  if not 0 < FLAGS.delta < 1:
-    raise UsageError(f"--delta must be in (0, 1); got {FLAGS.delta}")
-  if FLAGS.mean_trials <= 1:
-    raise UsageError(f"--mean_trials must be > 1; got {FLAGS.mean_trials}")
   etas = common.parse_numbers(FLAGS.etas, float, "etas")
-  if any(eta <= -1 for eta in etas):
-    raise UsageError(f"--etas must be > -1; got {','.join(FLAGS.etas)}")
-  if FLAGS.num_lambdas < 1 or FLAGS.monte_carlo_trials < 0:
-    raise UsageError("--num_lambdas must be >= 1 and --monte_carlo_trials >= 0")
+  common.check_bounds(etas=etas)
   common.check_output(FLAGS.output, SIGNATURE)
   common.check_figure_path(FLAGS.plot)
   return etas

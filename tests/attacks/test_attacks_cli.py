@@ -17,7 +17,7 @@ def _run(*args):
 
 
 @pytest.mark.parametrize("args, message", [
-    (["--iterations=0"], "error: --iterations must be a positive int; got 0"),
+    (["--iterations=0"], "error: --iterations must be >= 1; got 0"),
     (["--defenses=blur"], "error: --defenses must be among none, dp_sgd, clip, laplace; got blur"),
     (["--methods=idlg", "--batch_size=2", "--images=2"],
      "error: --methods=idlg reads one example's label"),

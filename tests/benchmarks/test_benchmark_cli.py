@@ -28,7 +28,7 @@ def _run(*flags, timeout=600):
     (["--dataset=mnist"], "--dataset must be one of"),
     (["--methods=sgd"], "--methods must be among"),
     (["--dataset=school"], "--data_dir is required"),
-    (["--lams=-2"], "--lams values must be >= 0"),
+    (["--lams=-2"], "--lams must be >= 0; got -2"),
     (["--lams="], "--lams is empty: give at least one value"),
     (["--seeds=a,b"], "--seeds must be a comma-separated list"),
     (["--methods=ifca", "--num_clusters=0"], "--num_clusters must be >= 1"),

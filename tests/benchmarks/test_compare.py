@@ -377,7 +377,7 @@ def test_every_trial_of_a_grid_has_keys_of_its_own(tuning):
     ("--epsilons=-inf", "--epsilons must be > 0"),
     ("--epsilons=2000", "--epsilons must be at most 1000"),
     ("--epsilons=a", "--epsilons must be numbers or inf"),
-    ("--lams=-1", "--lams must list numbers > 0"),
+    ("--lams=-1", "--lams must be > 0; got -1"),
     ("--lams=", "--lams is empty: give at least one value, or leave the flag out"),
     ("--validation_fraction=1", "--validation_fraction must be in (0, 1)"),
     ("--preset=school", "--preset=school needs --data_dir"),

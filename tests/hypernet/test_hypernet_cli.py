@@ -30,11 +30,11 @@ def _parsed_flags():
 
 
 @pytest.mark.parametrize("overrides, message", [
-    (dict(sampling_rates=["0"]), "sampling_rate (q) must be in (0, 1]"),
-    (dict(sampling_rates=["1.5"]), "sampling_rate (q) must be in (0, 1]"),
-    (dict(clips=["0"]), "l2_norm_clip (S) must be positive"),
+    (dict(sampling_rates=["0"]), "--sampling_rates must be in (0, 1]; got 0"),
+    (dict(sampling_rates=["1.5"]), "--sampling_rates must be in (0, 1]; got 1.5"),
+    (dict(clips=["0"]), "--clips must be > 0; got 0"),
     (dict(clips=["0.1"], noise_multipliers=["-1"]),
-     "noise_multiplier (z) must be >= 0"),
+     "--noise_multipliers must be >= 0; got -1"),
     (dict(noise_multipliers=["5"]), "--noise_multipliers > 0 needs --clips"),
     (dict(weight_cap=0.0), "weight_cap (w_hat) must be a positive"),
     (dict(public_user_sizes=True), "--public_user_sizes applies with --weight_cap"),
@@ -57,7 +57,7 @@ def test_bad_flags_raise_usage_errors(overrides, message):
 def test_bad_input_ends_in_one_line():
   done = _run("--sampling_rates=1.5")
   assert done.returncode == 2
-  assert done.stderr.strip() == "error: sampling_rate (q) must be in (0, 1], got 1.5"
+  assert done.stderr.strip() == "error: --sampling_rates must be in (0, 1]; got 1.5"
 
 
 @pytest.mark.cli

@@ -21,7 +21,7 @@ def _run(*args):
     (["--profile=huge"], "error: --profile must be one of"),
     (["--methods=sgd"], "error: --methods must be among"),
     (["--modes=fast"], "error: --modes must be among"),
-    (["--noise_multipliers=-1"], "error: --noise_multipliers and --lams must be >= 0"),
+    (["--noise_multipliers=-1"], "error: --noise_multipliers must be >= 0; got -1"),
     (["--alphas=1.5"], "error: --alphas must be in (0, 1)"),
     (["--data_dir=/nonexistent"], "error: --data_dir /nonexistent is not a directory"),
 ])

@@ -24,10 +24,11 @@ def _pyplot():
   return plt
 
 
-def _save(fig, path: str, dpi: int = 120) -> None:
+def _save(fig, path: str, dpi: int = 120, tight: bool = False) -> None:
+  """Writes `fig` to `path` (`tight`: grown to hold a legend beside the axes)."""
   plt = _pyplot()
   os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-  fig.savefig(path, dpi=dpi)
+  fig.savefig(path, dpi=dpi, bbox_inches="tight" if tight else None)
   plt.close(fig)
 
 
@@ -127,11 +128,16 @@ def lambda_panels(lam_rows, selected, path: str, *, every_trial: bool) -> None:
     ax.set_title(epsilon_label(epsilon, "epsilon"), fontsize=9)
     ax.set_xlabel("lambda" if every_trial else "lambda selected (each seed)")
     ax.set_ylabel(f"test {metric}")
-  axes[0][0].legend(fontsize=7, title=None if not every_trial else
-                    f"band: sd over {lam_rows.seed.nunique()} seeds; dashed: "
-                    "untuned methods' mean", title_fontsize=6)
+  # one legend for every panel, beside them (inside one it hides curves)
+  handles, labels = axes[0][0].get_legend_handles_labels()
+  if axes[0][0].get_legend() is not None:
+    axes[0][0].get_legend().remove()
   fig.tight_layout()
-  _save(fig, path)
+  fig.legend(handles, labels, loc="center left", bbox_to_anchor=(1.0, 0.5),
+             fontsize=8, title_fontsize=7, title=(
+                 f"band: sd over\n{lam_rows.seed.nunique()} seeds;\ndashed: untuned\n"
+                 "methods' mean" if every_trial else "dashed: untuned\nmethods' mean"))
+  _save(fig, path, tight=True)
 
 
 # --- benchmarks.summarize ---------------------------------------------------------------

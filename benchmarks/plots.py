@@ -230,9 +230,11 @@ def hypernet_accuracy(df, *, delta: float, num_classes: int, path: str) -> None:
 # --- benchmarks.pandemic ----------------------------------------------------------------
 
 def pandemic_ap(df, curve_columns, title: str, path: str) -> None:
-  """AP against the printed theorem's epsilon: one curve per setting (the columns
-  of `curve_columns` that vary among private rows) as means over seeds, its
-  non-private rows' mean as a dashed line."""
+  """AP against the node-level epsilon: one curve per setting (the columns of
+  `curve_columns` that vary among private rows), the mean over seeds with a band
+  of one sd; its non-private rows' mean dashed (band likewise); the positive rate
+  (a random forecaster's AP) dotted. A mode other than `honest` has no guarantee
+  (an uncapped degree, shuffled batches): its curves say so."""
   plt = _pyplot()
   fig, ax = plt.subplots(figsize=(6.5, 4))
   private = np.isfinite(df.epsilon_theorem)
@@ -241,20 +243,32 @@ def pandemic_ap(df, curve_columns, title: str, path: str) -> None:
     setting = setting if isinstance(setting, tuple) else (setting,)
     label = ", ".join(str(v) if c == "method" else f"{c} {v}"
                       for c, v in zip(varying, setting))
-    curve = part.groupby("epsilon_theorem").average_precision.mean()
-    line, = ax.plot(curve.index, curve.values, "o-", label=label)
+    if (part["mode"] != "honest").any():
+      label += " (epsilon not a guarantee)"
+    curve = part.groupby("epsilon_theorem").average_precision.agg(["mean", "std"])
+    curve = curve.fillna(0.0)
+    line, = ax.plot(curve.index, curve["mean"], "o-", label=label)
+    ax.fill_between(curve.index, curve["mean"] - curve["std"],
+                    curve["mean"] + curve["std"], color=line.get_color(), alpha=0.2,
+                    lw=0)
     match = df[df.sigma == 0]
     for c, v in zip(varying, setting):
       match = match[match[c] == v]
     if len(match):
-      ax.axhline(match.average_precision.mean(), ls="--", lw=0.8,
-                 color=line.get_color(), label=f"{label}, no DP")
+      mean, sd = match.average_precision.mean(), match.average_precision.std()
+      ax.axhline(mean, ls="--", lw=0.8, color=line.get_color(), label=f"{label}, no DP")
+      if np.isfinite(sd):
+        ax.axhspan(mean - sd, mean + sd, color=line.get_color(), alpha=0.08, lw=0)
+  if "positive_rate" in df and df.positive_rate.notna().any():
+    ax.axhline(df.positive_rate.mean(), ls=":", color="grey",
+               label="positive rate (a random forecaster)")
   ax.set_xscale("log")
   ax.set_xlabel("node-level epsilon (replace one node of the capped graph, Theorem "
                 "2.4.4's exponent), delta = 1/(10 n)", fontsize=8)
   ax.set_ylabel("average precision (held-out households, pooled)")
   ax.set_title(title, fontsize=9)
-  ax.legend(fontsize=6)
+  ax.legend(fontsize=6, title=f"mean, band: sd over {df.seed.nunique()} seeds",
+            title_fontsize=6)
   fig.tight_layout()
   _save(fig, path)
 

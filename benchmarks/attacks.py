@@ -395,29 +395,28 @@ def _run_membership(s):
   from benchmarks import datasets
   from tff_silo import runs as runs_lib
   silos, _ = datasets.load(_mia_recipe())
-  done = common.done_rows(FLAGS.mia_output, FLAGS.resume, MEMBERSHIP_SIGNATURE,
-                          "mia_output")
-  targets = [(a, e) for a in FLAGS.mia_methods for e in s["epsilons"]]
-  keys = []
-  for k, (algorithm, epsilon) in enumerate(targets, 1):
+  todo = plan.Plan(
+      [plan.Run(_membership_key(_mia_key(a, e, s)), f"{a} epsilon={e:g}", (a, e))
+       for a in FLAGS.mia_methods for e in s["epsilons"]],
+      output=FLAGS.mia_output, signature=MEMBERSHIP_SIGNATURE, resume=FLAGS.resume,
+      flag="mia_output")
+
+  def run_batch(batch, progress):
+    (run,) = batch
+    algorithm, epsilon = run.spec
     run_key = _mia_key(algorithm, epsilon, s)
-    keys.append(_membership_key(run_key))
-    if keys[-1] in done:
-      continue
-    start = time.perf_counter()
-    tag = f"[{k}/{len(targets)}] {algorithm} epsilon={epsilon:g}"
     folder = runs_lib.run_folder(FLAGS.mia_models, f"{algorithm}-eps{epsilon:g}", run_key)
     if not os.path.isfile(os.path.join(folder, "run.json")):   # else saved, unattacked
-      _mia_train(algorithm, epsilon, silos, s, common.round_progress(tag, s["rounds"]),
-                 folder)
+      _mia_train(algorithm, epsilon, silos, s, progress, folder)
     saved = runs_lib.load(folder)
     saved.check_data(silos)
-    rows = _saved_rows(saved, silos)
-    common.append_rows(FLAGS.mia_output, rows)   # all of a run's rows or none
-    print(f"{tag}: AUC {rows[-1]['auc']:.3f} advantage {rows[-1]['advantage']:.3f}, "
-          f"saved in {folder} ({time.perf_counter() - start:.0f}s)", flush=True)
+    return [_saved_rows(saved, silos)]
+
+  todo.execute(run_batch, rounds=s["rounds"], summary=lambda rows: f"AUC "
+               f"{rows[-1]['auc']:.3f} advantage {rows[-1]['advantage']:.3f}, saved in "
+               f"{rows[-1]['saved_run']}")
   df = pd.read_csv(FLAGS.mia_output, dtype={"silo": str})
-  df = df[df.run_key.isin(keys)]
+  df = df[df.run_key.isin({run.key for run in todo.runs})]
   per_silo = df[df.silo != "all"].groupby("run_key").auc.agg(
       silo_auc_median="median", silo_auc_max="max")
   overall = df[df.silo == "all"].set_index("run_key").join(per_silo)

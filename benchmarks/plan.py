@@ -53,12 +53,12 @@ class Plan:
   """The runs of one binary invocation against its output CSV (see the module)."""
 
   def __init__(self, runs, *, output: str, signature=(), resume: bool = True,
-               skipped_note: str = ""):
+               skipped_note: str = "", flag: str = "output"):
     self.runs, self.output = list(runs), output
     keys = [run.key for run in self.runs]
     if len(set(keys)) < len(keys):
       raise RuntimeError("two runs of one plan share a run key")
-    done = common.done_rows(output, resume, signature)
+    done = common.done_rows(output, resume, signature, flag)
     self._rows = {run.key: [done[run.key]] for run in self.runs if run.key in done}
     self.pending = [run for run in self.runs if run.key not in self._rows]
     skipped = [(i, run) for i, run in enumerate(self.runs, 1) if run.key in done]

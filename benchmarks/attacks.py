@@ -140,8 +140,6 @@ def _settings():
   common.check_among("mia_methods", FLAGS.mia_methods, MIA_ALGORITHMS)
   common.check_among("mia_attacks", FLAGS.mia_attacks, MIA_ATTACKS)
   common.check_one_of("mia_backend", FLAGS.mia_backend, ("tff", "vectorized"))
-  common.check_finite_floats()
-  common.check_given_lists()
   common.check_bounds(*SCALAR_BOUNDS)
   if FLAGS.run is not None:
     if not FLAGS["parts"].present:

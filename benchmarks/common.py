@@ -558,14 +558,17 @@ def check_renamed_flags() -> None:
 
 
 def run_main(main, check_first=None) -> None:
-  """`app.run(main)` with the path flags resolved (`resolve_output_flags`), printing
-  a UsageError as `error: ...` and exiting with 2. A binary that must import
+  """`app.run(main)` with old flag names, non-finite floats and empty lists refused
+  and the path flags resolved (`resolve_output_flags`), printing a UsageError as
+  `error: ...` and exiting with 2. A binary that must import
   TensorFlow before `app.run` calls its main (TF 2.14's Keras, first imported inside
   it, cannot build functional models) passes `check_first`, its flag checks: they
   run on the parsed flags before TensorFlow is imported, so a mistake costs no
   TensorFlow start-up."""
-  def prepare():
+  def prepare():   # what every binary checks first
     check_renamed_flags()
+    check_finite_floats()
+    check_given_lists()
     if "output_dir" in FLAGS:
       resolve_output_flags()
 

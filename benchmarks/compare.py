@@ -145,8 +145,6 @@ def _settings() -> dict:
   """The preset with the flags over it, checked; a UsageError in one line."""
   common.check_one_of("preset", FLAGS.preset, PRESETS)
   preset = configs.COMPARE_PRESETS[FLAGS.preset]
-  common.check_finite_floats()
-  common.check_given_lists()
   s = dict(preset=FLAGS.preset, dataset=preset.dataset)
   s["methods"] = tuple(FLAGS.methods or preset.methods)
   common.check_among("methods", list(s["methods"]), METHODS)

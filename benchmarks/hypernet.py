@@ -99,8 +99,6 @@ def _settings():
   common.check_one_of("dataset", FLAGS.dataset, DATASETS)
   common.check_among("methods", FLAGS.methods, ALGORITHMS)
   common.check_backend(FLAGS.backend, FLAGS.device)
-  common.check_finite_floats()
-  common.check_given_lists()
   for name in HYPERNET_FLAGS:
     common.check_applies(name, ["hypernet"], FLAGS.methods)
   common.check_applies("fedavg_local_epochs", ["fedavg"], FLAGS.methods)

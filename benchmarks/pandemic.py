@@ -79,7 +79,6 @@ PROFILE_NAMES = ("tiny", "small", "medium", "large", "smoke")
 
 def _settings() -> dict:
   from tff_silo.pandemic import choices, graph   # no TensorFlow: flags checked first
-  common.check_given_lists()
   common.check_one_of("profile", FLAGS.profile, PROFILE_NAMES)
   common.check_among("methods", FLAGS.methods, choices.METHODS)
   common.check_among("modes", FLAGS.modes, graph.MODES)

@@ -169,8 +169,6 @@ def _settings():
   common.check_one_of("neighbouring", FLAGS.neighbouring, NEIGHBOURING)
   common.check_one_of("protocol", FLAGS.protocol, PROTOCOLS)
   common.check_backend(FLAGS.backend, FLAGS.device)
-  common.check_finite_floats()
-  common.check_given_lists()
   common.check_aggregator_flags()
   for name, algorithms in APPLIES_TO.items():
     common.check_applies(name, algorithms, FLAGS.methods)

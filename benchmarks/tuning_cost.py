@@ -57,8 +57,6 @@ SIGNATURE = ("condition", "lam", "error")
 
 
 def _settings():
-  common.check_finite_floats()
-  common.check_given_lists()
   etas = common.parse_numbers(FLAGS.etas, float, "etas")
   common.check_bounds(etas=etas)
   common.check_output(FLAGS.output, SIGNATURE)

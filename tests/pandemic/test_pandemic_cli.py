@@ -23,6 +23,7 @@ def _run(*args):
     (["--modes=fast"], "error: --modes must be among"),
     (["--noise_multipliers=-1"], "error: --noise_multipliers must be >= 0; got -1"),
     (["--alphas=1.5"], "error: --alphas must be in (0, 1)"),
+    (["--lr=inf"], "error: --lr must be a finite number"),   # run_main, every binary
     (["--data_dir=/nonexistent"], "error: --data_dir /nonexistent is not a directory"),
 ])
 def test_bad_flags_end_in_one_line(args, message):

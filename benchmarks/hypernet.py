@@ -127,7 +127,7 @@ def _settings():
     raise UsageError("--noise_multipliers > 0 needs --clips (S, the clip of a user's "
                      "contribution)")
   if FLAGS["delta"].present and not any(z > 0 for z in noises):
-    raise UsageError("--delta applies to noised runs only: give a --noise_multipliers "
+    raise UsageError("--delta applies to noised runs only: give --noise_multipliers "
                      "> 0, or drop --delta")
   from tff_silo.privacy.user_level import UserDPSettings
   grid = []

@@ -55,8 +55,8 @@ class Plan:
   def __init__(self, runs, *, output: str, signature=(), resume: bool = True,
                skipped_note: str = "", flag: str = "output"):
     self.runs, self.output = list(runs), output
-    keys = [run.key for run in self.runs]
-    if len(set(keys)) < len(keys):
+    self._position = {run.key: i for i, run in enumerate(self.runs, 1)}
+    if len(self._position) < len(self.runs):
       raise RuntimeError("two runs of one plan share a run key")
     done = common.done_rows(output, resume, signature, flag)
     self._rows = {run.key: [done[run.key]] for run in self.runs if run.key in done}
@@ -71,7 +71,7 @@ class Plan:
               f"(--noresume reruns it){skipped_note}", file=sys.stderr)
 
   def _label(self, batch, batch_tag) -> str:
-    first, last = (self.runs.index(batch[0]) + 1, self.runs.index(batch[-1]) + 1)
+    first, last = self._position[batch[0].key], self._position[batch[-1].key]
     if len(batch) == 1:
       return f"[{first}/{len(self.runs)}] {batch[0].tag}"
     return f"[{first}-{last}/{len(self.runs)}] " + (
@@ -108,8 +108,9 @@ class Plan:
       if len(batches) > 1 or summary:
         elapsed = time.perf_counter() - start
         left = elapsed / finished * (len(self.pending) - finished)
-        said = summary([row for run in batch for row in self._rows[run.key]]) + "; " \
-            if summary else ""
+        said = ""
+        if summary:
+          said = summary([row for run in batch for row in self._rows[run.key]]) + "; "
         print(f"{label}: {said}{finished}/{len(self.pending)} runs done in "
               f"{elapsed:.0f} s" + (f", ~{left:.0f} s left" if i < len(batches) else ""),
               file=sys.stderr, flush=True)

@@ -62,7 +62,10 @@ def _against_epsilon(ax, selected, column: str) -> None:
                ls=":", lw=0.8)
   values = selected[column][np.isfinite(selected[column])]
   if len(values) and values.min() > 0 and values.max() >= 4 * values.min():
+    from matplotlib import ticker
     ax.set_yscale("log")
+    for axis in (ax.yaxis.set_major_formatter, ax.yaxis.set_minor_formatter):
+      axis(ticker.FormatStrFormatter("%g"))   # 0.03, not 3 x 10^-2
   ax.set_xlabel("per-silo epsilon (log scale)")
   ax.legend(title=f"mean, band: sd over {selected.seed.nunique()} seeds",
             title_fontsize=7, fontsize=7)
@@ -120,10 +123,10 @@ def lambda_panels(lam_rows, selected, path: str, *, every_trial: bool) -> None:
       best = best[np.isfinite(best.test_metric)]
       sns.lineplot(data=best, x="lam", y="test_metric", hue="method", marker="o",
                    errorbar="sd", ax=ax, legend=ax is axes.flat[0])
-    for i, other in enumerate(("local", "fedavg")):
+    for other, color in (("local", "black"), ("fedavg", "grey")):   # not a hue's
       line = selected[(selected.method == other) & (selected.epsilon == epsilon)]
       if len(line):
-        ax.axhline(line.test_metric.mean(), ls="--", color=f"C{i + 3}", label=other)
+        ax.axhline(line.test_metric.mean(), ls="--", color=color, label=other)
     ax.set_xscale("log")
     ax.set_title(epsilon_label(epsilon, "epsilon"), fontsize=9)
     ax.set_xlabel("lambda" if every_trial else "lambda selected (each seed)")

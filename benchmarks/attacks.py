@@ -123,9 +123,6 @@ common.define_bounds(
     seed=">= 0", nus="> 0", noise_multipliers="> 0", mia_epsilons="> 0",
     mia_test_fraction="(0, 1)", mia_rounds=">= 1", mia_lam=">= 0")
 flags.adopt_module_key_flags(common)   # --help lists the shared flags too
-SCALAR_BOUNDS = ("image_size", "images", "iterations", "batch_size", "figure_images",
-                 "attack_lr", "clip", "lr", "delta", "seed", "mia_test_fraction",
-                 "mia_rounds", "mia_lam")
 
 FLAGS = flags.FLAGS
 
@@ -140,7 +137,13 @@ def _settings():
   common.check_among("mia_methods", FLAGS.mia_methods, MIA_ALGORITHMS)
   common.check_among("mia_attacks", FLAGS.mia_attacks, MIA_ATTACKS)
   common.check_one_of("mia_backend", FLAGS.mia_backend, ("tff", "vectorized"))
-  common.check_bounds(*SCALAR_BOUNDS)
+  nus = common.parse_numbers(FLAGS.nus, float, "nus")
+  zs = common.parse_numbers(FLAGS.noise_multipliers, float, "noise_multipliers")
+  epsilons = [math.inf if e == NON_PRIVATE else
+              common.parse_numbers([e], float, "mia_epsilons")[0]
+              for e in FLAGS.mia_epsilons]
+  common.check_unique("mia_epsilons", epsilons)
+  common.check_bounds(nus=nus, noise_multipliers=zs, mia_epsilons=epsilons)
   if FLAGS.run is not None:
     if not FLAGS["parts"].present:
       FLAGS.parts = ["membership"]
@@ -170,14 +173,6 @@ def _settings():
   if FLAGS.images % FLAGS.batch_size:
     raise UsageError(f"--images ({FLAGS.images}) must be a multiple of --batch_size "
                      f"({FLAGS.batch_size})")
-  nus = common.parse_numbers(FLAGS.nus, float, "nus")
-  zs = common.parse_numbers(FLAGS.noise_multipliers, float, "noise_multipliers")
-  epsilons = [math.inf if e == NON_PRIVATE else
-              common.parse_numbers([e], float, "mia_epsilons")[0]
-              for e in FLAGS.mia_epsilons]
-  common.check_unique("mia_epsilons", epsilons)
-  common.check_bounds("nus", "noise_multipliers", "mia_epsilons", nus=nus,
-                      noise_multipliers=zs, mia_epsilons=epsilons)
   preset = configs.PRESETS["digits"]
   rounds = preset.rounds if FLAGS.mia_rounds is None else FLAGS.mia_rounds
   lam = preset.lam if FLAGS.mia_lam is None else FLAGS.mia_lam

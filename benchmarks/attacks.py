@@ -51,7 +51,7 @@ import pandas as pd
 from absl import flags
 
 from attacks.choices import DEFENSES, METHODS, MIA_ATTACKS, OPTIMIZERS
-from benchmarks import common, configs, plan
+from benchmarks import common, configs, plan, tables
 from benchmarks.common import UsageError
 
 PARTS = ("inversion", "membership")
@@ -313,7 +313,6 @@ def _run_inversion(s):
 
 
 def _print_inversion(df):
-  from benchmarks import tables
   print("\nmedian over images:")
   tables.print_frame(tables.inversion_summary(df))
 
@@ -419,8 +418,7 @@ def _run_membership(s):
              "train_accuracy", "train_accuracy_outside_guarantee", "auc", "advantage",
              "silo_auc_median", "silo_auc_max", "tpr_at_fpr_0.001", "tpr_at_fpr_0.01",
              "lira_auc", "lira_tpr_at_fpr_0.001", "lira_tpr_at_fpr_0.01"]
-  print(overall[[c for c in columns if c in overall.columns]].to_string(
-      index=False, float_format=lambda v: f"{v:.3f}"))
+  tables.print_frame(overall, columns, number=".3f")
 
 
 def _saved_runs() -> list:
@@ -602,9 +600,7 @@ def _run_saved():
   columns = ["saved_run", "algorithm", "target_epsilon", "epsilon_spent", "auc",
              "advantage", "tpr_at_fpr_0.001", "tpr_at_fpr_0.01", "lira_auc",
              "lira_tpr_at_fpr_0.001", "lira_tpr_at_fpr_0.01"]
-  table = pd.DataFrame(rows)
-  print(table[[c for c in columns if c in table]].to_string(index=False,
-                                              float_format=lambda v: f"{v:.4f}"))
+  tables.print_frame(pd.DataFrame(rows), columns, number=".4f")
 
 
 def main(argv):

@@ -323,7 +323,7 @@ def _print_table(rows):
         f"epsilon at delta={FLAGS.delta}, user-level: it covers phi and the noised "
         "aggregates; the accuracies come from each user's un-noised embedding, "
         "outside it")
-  tables.print_frame(tables.hypernet_summary(pd.DataFrame(rows)))
+  tables.print_frame(tables.hypernet_summary(pd.DataFrame(rows)), number=".4f")
 
 
 def _plot(rows, path):

@@ -588,8 +588,7 @@ def _print_table(rows):
   print(f"\n{FLAGS.dataset}: {rows[0]['metric']} over {len(set(df.seed))} seed(s), "
         f"epsilon={FLAGS.epsilon}, rounds={rows[0]['rounds']} (a row's epsilon covers "
         "that run; runs on the same silos compose)")
-  print(tables.summary_table(df).to_string(index=False,
-                                          float_format=lambda v: f"{v:.4f}"))
+  tables.print_frame(tables.summary_table(df), number=".4f")
 
 
 def _stack_key(run, backend):

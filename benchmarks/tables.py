@@ -61,11 +61,12 @@ def to_markdown(table) -> str:
   return "\n".join(lines)
 
 
-def print_frame(df, columns=None, digits: int = 4) -> None:
-  """`df` (its `columns` present, in that order) as fixed-width text."""
+def print_frame(df, columns=None, number: str = ".4g") -> None:
+  """`df` (its `columns` present, in that order) as fixed-width text, floats in
+  the format `number`."""
   if columns is not None:
     df = df[[c for c in columns if c in df]]
-  print(df.to_string(index=False, float_format=lambda v: f"{v:.{digits}g}"))
+  print(df.to_string(index=False, float_format=lambda v: format(v, number)))
 
 
 def epsilon_label(epsilon, prefix: str) -> str:

@@ -115,7 +115,8 @@ def main(argv):
                     f"sigma={FLAGS.sigma:g}, tau={FLAGS.tau:g}, eps={FLAGS.epsilon:g}, "
                     f"delta={FLAGS.delta:g}, E[h]={FLAGS.mean_trials:g}", FLAGS.plot)
   import pandas as pd
-  print(pd.DataFrame(summary).to_string(index=False, float_format=lambda v: f"{v:.6g}"))
+  from benchmarks import tables
+  tables.print_frame(pd.DataFrame(summary), number=".6g")
   print(f"{len(rows)} row(s) appended to {FLAGS.output}; figure: {FLAGS.plot}")
 
 

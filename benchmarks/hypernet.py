@@ -1,4 +1,4 @@
-"""HyperNetFL with user-level DP (UDP-Alg, Nemala et al. CIKM'23) against FedAvg.
+r"""HyperNetFL with user-level DP (UDP-Alg, Nemala et al. CIKM'23) against FedAvg.
 
     uv run python -m benchmarks.hypernet                   # digits: pFedHN vs FedAvg
     uv run python -m benchmarks.hypernet --methods=hypernet --clips=0.05,0.1,0.2 \

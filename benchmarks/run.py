@@ -1,4 +1,4 @@
-"""Compare personalization methods under silo-specific example-level DP.
+r"""Compare personalization methods under silo-specific example-level DP.
 
     uv run python -m benchmarks.run                        # digits: local, FedAvg, MR-MTL
     uv run python -m benchmarks.run --dataset=school --data_dir=../shared/data \

@@ -61,3 +61,15 @@ def test_every_binary_has_a_table():
       if "\n  common.run_main(main" in f.read():
         binaries.add(os.path.splitext(os.path.basename(path))[0])
   assert binaries == set(flag_docs.BINARIES)
+
+
+def test_help_examples_keep_their_line_breaks():
+  """A `\\` ending a line of a non-raw docstring joins the lines: `--help` would
+  print one long command with a run of spaces in it."""
+  import ast
+  import re
+  root = os.path.dirname(flag_docs.README)
+  for name in flag_docs.BINARIES:
+    with open(os.path.join(root, name + ".py")) as f:
+      doc = ast.get_docstring(ast.parse(f.read()), clean=False)
+    assert not re.search(r"\S {3,}--", doc), name

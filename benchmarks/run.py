@@ -34,9 +34,9 @@ plain means runs on TFF's runtime.
 
 from __future__ import annotations
 
-import os
-
+import dataclasses
 import json
+import os
 import time
 
 from absl import flags
@@ -162,62 +162,119 @@ common.define_bounds(
 flags.adopt_module_key_flags(common)   # --help lists the shared flags too
 
 
-def _settings():
-  """Validates the flags and fills the dataset's preset; raises UsageError."""
-  common.check_one_of("dataset", FLAGS.dataset, DATASETS)
-  common.check_among("methods", FLAGS.methods, ALGORITHMS)
-  common.check_one_of("neighbouring", FLAGS.neighbouring, NEIGHBOURING)
-  common.check_one_of("protocol", FLAGS.protocol, PROTOCOLS)
-  common.check_backend(FLAGS.backend, FLAGS.device)
-  common.check_aggregator_flags()
-  for name, algorithms in APPLIES_TO.items():
-    common.check_applies(name, algorithms, FLAGS.methods)
-  unaggregated = sorted(set(FLAGS.methods) & set(method_names.UNAGGREGATED_NAMES))
-  if unaggregated and FLAGS["aggregator"].present and FLAGS.aggregator != "mean":
-    raise UsageError(f"--aggregator applies to --methods={','.join(AGGREGATED)} only; "
-                     f"{','.join(unaggregated)} has no server mean: run it apart")
-  if FLAGS.epsilon is None:
-    for name in DP_FLAGS:
-      if FLAGS[name].present:
-        raise UsageError(f"--{name} applies to private runs only: give --epsilon, or "
-                         f"drop --{name}")
-  preset = configs.PRESETS[FLAGS.dataset]
-  s = dict(
-      rounds=FLAGS.rounds if FLAGS.rounds is not None else preset.rounds,
-      batch_size=FLAGS.batch_size if FLAGS.batch_size is not None else preset.batch_size,
-      clip=FLAGS.clip if FLAGS.clip is not None else preset.clip,
-      lr=FLAGS.lr if FLAGS.lr is not None else preset.lr,
-      delta=FLAGS.delta if FLAGS.delta is not None else preset.delta,
-      epsilon=FLAGS.epsilon,
-      lams=(common.parse_numbers(FLAGS.lams, float, "lams") if FLAGS.lams
-            else [preset.lam]),
-      seeds=common.parse_seeds(FLAGS.seeds))
-  if s["epsilon"] is not None:
-    common.check_epsilon("epsilon", s["epsilon"], "unset it for a non-private run")
-  s["num_clusters"] = (FLAGS.num_clusters if FLAGS.num_clusters is not None
-                       else preset.num_clusters)
-  common.check_bounds(**{name: s[name] for name in (
-      "rounds", "batch_size", "clip", "lr", "delta", "lams", "num_clusters")})
-  _privacy_settings(s, preset)
-  _check_clustering(s)
-  if preset.needs_data_dir:
-    if not FLAGS.data_dir:
-      raise UsageError(f"--data_dir is required for --dataset={FLAGS.dataset}")
-    if not os.path.isdir(FLAGS.data_dir):
-      raise UsageError(f"--data_dir {FLAGS.data_dir} is not a directory")
-  else:
-    common.check_applies("data_dir", TABULAR, [FLAGS.dataset], "--dataset")
-  common.check_applies("mask_probability", ["digits"], [FLAGS.dataset], "--dataset")
-  common.check_applies("corrupt_silos", REGRESSION, [FLAGS.dataset], "--dataset")
-  if FLAGS["corruption"].present and not FLAGS.corrupt_silos:
-    raise UsageError("--corruption applies with --corrupt_silos >= 1 only")
-  common.check_output(FLAGS.output, SIGNATURE)
-  common.check_save_models()
-  return s
+@dataclasses.dataclass(frozen=True)
+class Settings:
+  """`benchmarks.run`'s flags, checked (`from_flags`), the dataset's preset filled
+  in. `aggregator` (a `tff_silo.aggregators.AggregatorChoice`) is set once the silos
+  are loaded: DP aggregators need their number."""
+  methods: tuple
+  dataset: str
+  data_dir: str | None
+  rounds: int
+  batch_size: int
+  clip: float
+  lr: float
+  delta: float
+  epsilon: float | None
+  lams: tuple
+  seeds: tuple
+  local_epochs: int
+  num_clusters: int
+  protocol: object   # tff_silo.privacy.protocol.PrivacyProtocol
+  sampling: str
+  standardize: str | None
+  standardize_clip: float | None
+  standardize_budget_share: float
+  ledger_csv: str | None
+  outside_guarantee_metrics: bool
+  finetune_fraction: float
+  corrupt_silos: int
+  corruption: float
+  mask_probability: float
+  eval_every: int
+  selection_fraction: float
+  selection_budget_share: float
+  nu: float | None
+  clients_per_round: int | None
+  leakage_cap: float | None
+  patience: int | None
+  kmeans_iterations: int
+  backend: str
+  device: str
+  output: str
+  resume: bool
+  save_models: str | None
+  given: str   # the flags as given (JSON): a row's `flags`
+  aggregator: object = None
+
+  @property
+  def private(self) -> bool:
+    return self.epsilon is not None
+
+  @classmethod
+  def from_flags(cls) -> "Settings":
+    """Checks the flags and fills the dataset's preset; raises UsageError."""
+    common.check_one_of("dataset", FLAGS.dataset, DATASETS)
+    common.check_among("methods", FLAGS.methods, ALGORITHMS)
+    common.check_one_of("neighbouring", FLAGS.neighbouring, NEIGHBOURING)
+    common.check_one_of("protocol", FLAGS.protocol, PROTOCOLS)
+    common.check_backend(FLAGS.backend, FLAGS.device)
+    common.check_aggregator_flags()
+    for name, algorithms in APPLIES_TO.items():
+      common.check_applies(name, algorithms, FLAGS.methods)
+    unaggregated = sorted(set(FLAGS.methods) & set(method_names.UNAGGREGATED_NAMES))
+    if unaggregated and FLAGS["aggregator"].present and FLAGS.aggregator != "mean":
+      raise UsageError(f"--aggregator applies to --methods={','.join(AGGREGATED)} only; "
+                       f"{','.join(unaggregated)} has no server mean: run it apart")
+    if FLAGS.epsilon is None:
+      for name in DP_FLAGS:
+        if FLAGS[name].present:
+          raise UsageError(f"--{name} applies to private runs only: give --epsilon, or "
+                           f"drop --{name}")
+    else:
+      common.check_epsilon("epsilon", FLAGS.epsilon, "unset it for a non-private run")
+    preset = configs.PRESETS[FLAGS.dataset]
+
+    def given_or_preset(name):
+      return FLAGS[name].value if FLAGS[name].value is not None else getattr(preset, name)
+
+    values = {name: given_or_preset(name) for name in (
+        "rounds", "batch_size", "clip", "lr", "delta", "num_clusters")}
+    values["lams"] = tuple(common.parse_numbers(FLAGS.lams, float, "lams") if FLAGS.lams
+                           else [preset.lam])
+    common.check_bounds(**values)
+    protocol, sampling = _protocol_and_sampling(preset)
+    _check_clustering()
+    _check_data_flags(preset)
+    common.check_output(FLAGS.output, SIGNATURE)
+    common.check_save_models()
+    return cls(
+        **values, methods=tuple(FLAGS.methods), dataset=FLAGS.dataset,
+        data_dir=FLAGS.data_dir, epsilon=FLAGS.epsilon,
+        seeds=tuple(common.parse_seeds(FLAGS.seeds)), protocol=protocol,
+        sampling=sampling, standardize=_standardize(),
+        given=json.dumps({k: FLAGS[k].value for k in GIVEN}),
+        **{name: FLAGS[name].value for name in (
+            "local_epochs", "standardize_clip", "standardize_budget_share",
+            "ledger_csv", "outside_guarantee_metrics", "finetune_fraction",
+            "corrupt_silos", "corruption", "mask_probability", "eval_every",
+            "selection_fraction", "selection_budget_share", "nu", "clients_per_round",
+            "leakage_cap", "patience", "kmeans_iterations", "backend", "device",
+            "output", "resume", "save_models")})
 
 
-def _privacy_settings(s, preset):
-  """Fills the protocol, sampling and public size; raises UsageError."""
+# The flags a row records as given (its `flags` column).
+GIVEN = ("methods", "dataset", "data_dir", "rounds", "epsilon", "delta", "lams", "lr",
+         "batch_size", "clip", "local_epochs", "sampling", "neighbouring",
+         "public_silo_sizes", "assumed_silo_size", "protocol", "standardize",
+         "standardize_clip", "standardize_budget_share", "finetune_fraction",
+         "aggregator", "silo_epsilon", "silo_delta", "aggregator_clip", "seeds",
+         "mask_probability", "corrupt_silos", "corruption", "backend", "device",
+         *CLUSTER_FLAGS, *DPRIVATE_FLAGS)
+
+
+def _protocol_and_sampling(preset):
+  """The privacy protocol and batch sampling the flags name; raises UsageError."""
   from tff_silo.privacy import protocol as protocol_lib
   if FLAGS.protocol == "paper":
     if FLAGS.neighbouring != "add_remove" or FLAGS.sampling not in (None, "poisson",
@@ -232,7 +289,7 @@ def _privacy_settings(s, preset):
     public = FLAGS.public_silo_sizes or FLAGS.neighbouring == "replace_one"
     size = (FLAGS.assumed_silo_size if FLAGS.assumed_silo_size is not None
             else None if public else preset.assumed_silo_size)
-    if s["epsilon"] is not None and not public and size is None:
+    if FLAGS.epsilon is not None and not public and size is None:
       raise UsageError(f"--dataset={FLAGS.dataset} has no preset public silo size: "
                        "give --assumed_silo_size or --public_silo_sizes")
     try:
@@ -240,17 +297,16 @@ def _privacy_settings(s, preset):
                                               size)
     except ValueError as e:
       raise UsageError(str(e)) from None
-  if s["epsilon"] is not None:
+  if FLAGS.epsilon is not None:
     try:
       protocol.check_sampling(sampling)
     except ValueError as e:
       raise UsageError(f"--sampling: {e}") from None
-  s["protocol"], s["sampling"] = protocol, sampling
-  _standardize_settings(s)
+  return protocol, sampling
 
 
-def _standardize_settings(s):
-  """Fills s['standardize']; raises UsageError."""
+def _standardize():
+  """The tabular datasets' feature standardization; raises UsageError."""
   mode = FLAGS.standardize
   if mode is not None:
     common.check_one_of("standardize", mode, STANDARDIZE)
@@ -258,27 +314,26 @@ def _standardize_settings(s):
     if mode not in (None, "none"):
       raise UsageError(f"--standardize applies to {', '.join(TABULAR)}; "
                        f"{FLAGS.dataset} comes in a fixed scale")
-    s["standardize"] = None
-    return
+    return None
   if mode is None:
-    mode = ("silo" if s["epsilon"] is None or FLAGS.protocol == "paper"
+    mode = ("silo" if FLAGS.epsilon is None or FLAGS.protocol == "paper"
             else "public" if FLAGS.dataset == "school" else "none")
   if mode == "public" and FLAGS.dataset != "school":
     raise UsageError(f"--standardize=public needs documented feature ranges, which "
                      f"{FLAGS.dataset} lacks: use none, dp or silo")
   if mode == "dp":
-    if s["epsilon"] is None:
+    if FLAGS.epsilon is None:
       raise UsageError("--standardize=dp needs --epsilon (it spends a share of it)")
     if FLAGS.standardize_clip is None:
       raise UsageError("--standardize=dp needs --standardize_clip > 0 (the L2 clip of "
                        "a feature vector)")
-  s["standardize"] = mode
+  return mode
 
 
-def _check_clustering(s):
+def _check_clustering():
   if "dprivate_clustering" not in FLAGS.methods:
     return
-  if s["epsilon"] is not None:
+  if FLAGS.epsilon is not None:
     raise UsageError("dprivate_clustering is protected by d-privacy (--nu), not "
                      "DP-SGD: run it without --epsilon")
   if FLAGS.leakage_cap is not None and FLAGS.nu is None:
@@ -288,21 +343,35 @@ def _check_clustering(s):
                      "two_cluster provides")
 
 
+def _check_data_flags(preset):
+  if preset.needs_data_dir:
+    if not FLAGS.data_dir:
+      raise UsageError(f"--data_dir is required for --dataset={FLAGS.dataset}")
+    if not os.path.isdir(FLAGS.data_dir):
+      raise UsageError(f"--data_dir {FLAGS.data_dir} is not a directory")
+  else:
+    common.check_applies("data_dir", TABULAR, [FLAGS.dataset], "--dataset")
+  common.check_applies("mask_probability", ["digits"], [FLAGS.dataset], "--dataset")
+  common.check_applies("corrupt_silos", REGRESSION, [FLAGS.dataset], "--dataset")
+  if FLAGS["corruption"].present and not FLAGS.corrupt_silos:
+    raise UsageError("--corruption applies with --corrupt_silos >= 1 only")
+
+
 def _recipe(seed, s) -> dict:
   """What the run's data is made of (`benchmarks.datasets`): saved with a run's
   models instead of the data."""
-  recipe = dict(dataset=FLAGS.dataset, seed=seed, data_dir=FLAGS.data_dir,
-                standardize=s["standardize"])
-  if s["standardize"] == "dp":
+  recipe = dict(dataset=s.dataset, seed=seed, data_dir=s.data_dir,
+                standardize=s.standardize)
+  if s.standardize == "dp":
     from tff_silo.data import preprocessing
-    neighbouring = s["protocol"].neighbouring
+    neighbouring = s.protocol.neighbouring
     recipe.update(
-        standardize_clip=FLAGS.standardize_clip, neighbouring=neighbouring,
+        standardize_clip=s.standardize_clip, neighbouring=neighbouring,
         standardize_noise_multiplier=preprocessing.dp_noise_multiplier(
-            s["epsilon"], s["delta"], FLAGS.standardize_budget_share, neighbouring))
-  if FLAGS.dataset == "digits":
-    recipe["mask_probability"] = FLAGS.mask_probability
-  return dict(recipe, **_corruption())
+            s.epsilon, s.delta, s.standardize_budget_share, neighbouring))
+  if s.dataset == "digits":
+    recipe["mask_probability"] = s.mask_probability
+  return dict(recipe, **_corruption(s))
 
 
 def _load(seed, s):
@@ -311,18 +380,18 @@ def _load(seed, s):
   return datasets.load(_recipe(seed, s))
 
 
-def _model_builder(algorithm) -> dict:
+def _model_builder(algorithm, s) -> dict:
   """Keyword arguments of `models.linear_regression` where the run does not use
   `models.model_for` (two_cluster: Galli et al.'s y = x^T theta, no bias)."""
-  if FLAGS.dataset != "two_cluster":
+  if s.dataset != "two_cluster":
     return {}
   return dict(name="linear_regression", bias=False,
               objective="rmse" if algorithm == "dprivate_clustering" else "squared")
 
 
-def _model(silos, algorithm):
+def _model(silos, algorithm, s):
   from tff_silo import models
-  builder = _model_builder(algorithm)
+  builder = _model_builder(algorithm, s)
   if builder:
     builder.pop("name")
     return models.linear_regression(silos.feature_shape[0], **builder)
@@ -333,15 +402,15 @@ def _save(result, seed, algorithm, lam, s, silos, row) -> str:
   """Saves the run under --save_models (`tff_silo.runs`); its folder."""
   from tff_silo import runs
   key = row["run_key"]
-  folder = runs.run_folder(FLAGS.save_models, f"{algorithm}-lam{lam:g}-seed{seed}", key)
+  folder = runs.run_folder(s.save_models, f"{algorithm}-lam{lam:g}-seed{seed}", key)
   if algorithm == "dprivate_clustering":   # each user's hypothesis
     weights = [result.hypotheses[g] for g in result.assignments]
     server = result.hypotheses
   else:
     weights, server = result.silo_weights, result.server_weights
   runs.save(folder, run_key=key, silo_weights=weights, server_weights=server,
-            model=runs.model_spec(_model(silos, algorithm), silos,
-                                  **_model_builder(algorithm)),
+            model=runs.model_spec(_model(silos, algorithm, s), silos,
+                                  **_model_builder(algorithm, s)),
             data=_recipe(seed, s), silos=silos, privacy=getattr(result, "privacy", None),
             info=dict(binary="benchmarks.run", algorithm=algorithm, lam=lam, seed=seed,
                       rounds=row["rounds"], epsilon=row["epsilon"], delta=row["delta"],
@@ -356,49 +425,49 @@ def _training(algorithm, lam, s):
   """How to train the same way again (`tff_silo.runs.SavedRun.training_run`, for
   shadow models), or None where it cannot be redone from settings alone."""
   from tff_silo import runs
-  if (algorithm == "dprivate_clustering" or not s["aggregator"].plain
-      or FLAGS.dataset == "two_cluster"):
+  if (algorithm == "dprivate_clustering" or not s.aggregator.plain
+      or s.dataset == "two_cluster"):
     return None
-  private = s["epsilon"] is not None
+  private = s.private
   return runs.training_settings(
-      dict(name=algorithm, client_learning_rate=s["lr"], batch_size=s["batch_size"],
-           rounds=s["rounds"], lam=lam, local_epochs=FLAGS.local_epochs,
-           l2_norm_clip=s["clip"] if private else None, sampling=s["sampling"],
-           aggregator=s["aggregator"].name, finetune_fraction=FLAGS.finetune_fraction,
-           num_clusters=s["num_clusters"], selection_fraction=FLAGS.selection_fraction,
-           selection_budget_share=FLAGS.selection_budget_share),
-      target_epsilon=s["epsilon"], target_delta=s["delta"] if private else None,
-      protocol=s["protocol"] if private else None)
+      dict(name=algorithm, client_learning_rate=s.lr, batch_size=s.batch_size,
+           rounds=s.rounds, lam=lam, local_epochs=s.local_epochs,
+           l2_norm_clip=s.clip if private else None, sampling=s.sampling,
+           aggregator=s.aggregator.name, finetune_fraction=s.finetune_fraction,
+           num_clusters=s.num_clusters, selection_fraction=s.selection_fraction,
+           selection_budget_share=s.selection_budget_share),
+      target_epsilon=s.epsilon, target_delta=s.delta if private else None,
+      protocol=s.protocol if private else None)
 
 
 def _build(algorithm, lam, seed, silos, s):
   """The run's TF-only definition, which the drivers run on either backend."""
   from tff_silo import algorithms
-  model = _model(silos, algorithm)
+  model = _model(silos, algorithm, s)
   if algorithm == "dprivate_clustering":
     return algorithms.dprivate_clustering_algorithm(
-        model, silos.feature_shape, client_learning_rate=s["lr"],
-        batch_size=s["batch_size"], num_clusters=s["num_clusters"], nu=FLAGS.nu,
-        local_epochs=FLAGS.local_epochs, kmeans_iterations=FLAGS.kmeans_iterations,
+        model, silos.feature_shape, client_learning_rate=s.lr,
+        batch_size=s.batch_size, num_clusters=s.num_clusters, nu=s.nu,
+        local_epochs=s.local_epochs, kmeans_iterations=s.kmeans_iterations,
         init_seed=seed)
   return algorithms.silo_definition(
-      algorithm, model, silos.feature_shape, client_learning_rate=s["lr"],
-      batch_size=s["batch_size"], rounds=s["rounds"], lam=lam,
-      local_epochs=FLAGS.local_epochs,
-      l2_norm_clip=s["clip"] if s["epsilon"] is not None else None,
-      sampling=s["sampling"], aggregator=s["aggregator"].factory,
-      finetune_fraction=FLAGS.finetune_fraction, num_clusters=s["num_clusters"],
-      selection_fraction=FLAGS.selection_fraction,
-      selection_budget_share=FLAGS.selection_budget_share, cluster_init_seed=seed,
+      algorithm, model, silos.feature_shape, client_learning_rate=s.lr,
+      batch_size=s.batch_size, rounds=s.rounds, lam=lam,
+      local_epochs=s.local_epochs,
+      l2_norm_clip=s.clip if s.private else None,
+      sampling=s.sampling, aggregator=s.aggregator.factory,
+      finetune_fraction=s.finetune_fraction, num_clusters=s.num_clusters,
+      selection_fraction=s.selection_fraction,
+      selection_budget_share=s.selection_budget_share, cluster_init_seed=seed,
       num_silos=silos.num_silos)
 
 
 def _runs(s):
   """(seed, algorithm, lambda) of every run, a method's seeds one after another (on
   the vectorized backend they run stacked: `_batches`)."""
-  for algorithm in FLAGS.methods:
-    for lam in (s["lams"] if algorithm in LAMBDA_ALGORITHMS else [0.0]):
-      for seed in s["seeds"]:
+  for algorithm in s.methods:
+    for lam in (s.lams if algorithm in LAMBDA_ALGORITHMS else [0.0]):
+      for seed in s.seeds:
         yield seed, algorithm, lam
 
 
@@ -412,48 +481,47 @@ def _algorithm_flags(algorithm, s):
   """The clustering settings a run of `algorithm` depends on."""
   names = (CLUSTER_FLAGS if algorithm in IFCA_ALGORITHMS else DPRIVATE_FLAGS
            if algorithm == "dprivate_clustering" else ())
-  return {name: s["num_clusters"] if name == "num_clusters" else FLAGS[name].value
-          for name in names}
+  return {name: getattr(s, name) for name in names}
 
 
 def _run_key(seed, algorithm, lam, s):
   """Identifies a run by everything that determines its result."""
   return json.dumps(dict(
       **_algorithm_flags(algorithm, s),
-      dataset=FLAGS.dataset, data_dir=FLAGS.data_dir, algorithm=algorithm, lam=lam,
-      seed=seed, rounds=s["rounds"], epsilon=s["epsilon"], delta=s["delta"], lr=s["lr"],
-      batch_size=s["batch_size"], clip=s["clip"], local_epochs=FLAGS.local_epochs,
-      sampling=s["sampling"], **common.aggregator_key(),
-      **_protocol_columns(s, private=s["epsilon"] is not None),
-      standardize=s["standardize"],
-      standardize_clip=FLAGS.standardize_clip if s["standardize"] == "dp" else None,
-      standardize_budget_share=(FLAGS.standardize_budget_share
-                                if s["standardize"] == "dp" else None),
-      finetune_fraction=(FLAGS.finetune_fraction
+      dataset=s.dataset, data_dir=s.data_dir, algorithm=algorithm, lam=lam,
+      seed=seed, rounds=s.rounds, epsilon=s.epsilon, delta=s.delta, lr=s.lr,
+      batch_size=s.batch_size, clip=s.clip, local_epochs=s.local_epochs,
+      sampling=s.sampling, **common.aggregator_key(),
+      **_protocol_columns(s, private=s.private),
+      standardize=s.standardize,
+      standardize_clip=s.standardize_clip if s.standardize == "dp" else None,
+      standardize_budget_share=(s.standardize_budget_share
+                                if s.standardize == "dp" else None),
+      finetune_fraction=(s.finetune_fraction
                          if algorithm in ("finetune", "ifca_finetune") else None),
-      mask_probability=FLAGS.mask_probability if FLAGS.dataset == "digits" else None,
-      **_corruption()), sort_keys=True)
+      mask_probability=s.mask_probability if s.dataset == "digits" else None,
+      **_corruption(s)), sort_keys=True)
 
 
-def _corruption() -> dict:
+def _corruption(s) -> dict:
   """The misbehaving silos' settings (nothing when every silo is honest)."""
-  return (dict(corrupt_silos=FLAGS.corrupt_silos, corruption=FLAGS.corruption)
-          if FLAGS.corrupt_silos else {})
+  return (dict(corrupt_silos=s.corrupt_silos, corruption=s.corruption)
+          if s.corrupt_silos else {})
 
 
-def _honest_columns(result, silos) -> dict:
+def _honest_columns(result, silos, s) -> dict:
   """With misbehaving silos: the pooled test metric of the honest ones."""
   import numpy as np
-  if not FLAGS.corrupt_silos:
+  if not s.corrupt_silos:
     return {}
-  honest = slice(FLAGS.corrupt_silos, None)
+  honest = slice(s.corrupt_silos, None)
   sizes = np.array([len(y) for y in silos.y_test])[honest]
   metric = np.asarray(result.silo_test_metric)[honest]
-  return dict(**_corruption(),
+  return dict(**_corruption(s),
               honest_test_metric=float(np.sum(metric * sizes) / sizes.sum()))
 
 
-def _clustering_columns(result, silos, algorithm):
+def _clustering_columns(result, silos, algorithm, s):
   """ARI against the true clusters (where known), selection and leakage figures."""
   import numpy as np
   from sklearn.metrics import adjusted_rand_score
@@ -466,7 +534,7 @@ def _clustering_columns(result, silos, algorithm):
   # d-private clustering's final assignment is each user's lowest-loss hypothesis on
   # its training data, never released: under sanitization that figure is outside
   # the guarantee. IFCA's assignments under DP are its private selections.
-  outside = dprivate and FLAGS.nu is not None
+  outside = dprivate and s.nu is not None
   columns = {"ari_outside_guarantee" if outside else "ari": ari}
   if not dprivate:
     privacy = result.privacy
@@ -493,7 +561,7 @@ def _protocol_columns(s, private=True):
   if not private:
     return dict(protocol=None, neighbouring=None, public_silo_sizes=None,
                 assumed_silo_size=None)
-  protocol = s["protocol"]
+  protocol = s.protocol
   return dict(protocol=protocol.name, neighbouring=protocol.neighbouring,
               public_silo_sizes=protocol.sizes_public,
               assumed_silo_size=protocol.assumed_silo_size)
@@ -503,16 +571,16 @@ def _aggregator_columns(s, result, algorithm):
   import numpy as np
   if algorithm == "dprivate_clustering":   # no server mean
     return {}
-  return common.aggregator_columns(s["aggregator"], result.rounds,
+  return common.aggregator_columns(s.aggregator, result.rounds,
                                    result.aggregator_measurements,
                                    sum(np.size(w) for w in result.silo_weights[0]))
 
 
 def _server_weights(s, privacy):
   """What weighs the server mean: n_k, the same public size for all, or nothing."""
-  if not s["aggregator"].weighted:
+  if not s.aggregator.weighted:
     return "unweighted"
-  if privacy is not None and not s["protocol"].sizes_public:
+  if privacy is not None and not s.protocol.sizes_public:
     return "equal (sizes private)"
   return "n_k"
 
@@ -533,11 +601,11 @@ def _privacy_columns(result):
               stopped_because=privacy.stopped_because, rounds_run=result.rounds)
 
 
-def _train_columns(result, private):
+def _train_columns(result, s):
   """The training metric: un-noised, so outside the guarantee under DP."""
-  if not private:
+  if getattr(result, "privacy", None) is None:
     return dict(train_metric=result.train_metric)
-  if FLAGS.outside_guarantee_metrics:
+  if s.outside_guarantee_metrics:
     return dict(train_metric=None, train_metric_outside_guarantee=result.train_metric)
   return dict(train_metric=None)
 
@@ -549,54 +617,47 @@ def _row(result, seed, algorithm, lam, s, silos, backend, device):
   from tff_silo.data import preprocessing
   privacy = getattr(result, "privacy", None)
   return dict(
-      algorithm=algorithm, dataset=FLAGS.dataset, seed=seed, rounds=s["rounds"],
-      epsilon=s["epsilon"], delta=s["delta"] if privacy is not None else None,
-      lam=lam, lr=s["lr"], batch_size=s["batch_size"],
-      clip=s["clip"] if privacy is not None else None, local_epochs=FLAGS.local_epochs,
-      sampling=s["sampling"] if privacy is not None else None,
+      algorithm=algorithm, dataset=s.dataset, seed=seed, rounds=s.rounds,
+      epsilon=s.epsilon, delta=s.delta if privacy is not None else None,
+      lam=lam, lr=s.lr, batch_size=s.batch_size,
+      clip=s.clip if privacy is not None else None, local_epochs=s.local_epochs,
+      sampling=s.sampling if privacy is not None else None,
       **_protocol_columns(s, private=privacy is not None),
-      standardize=s["standardize"],
-      standardize_inside_guarantee=(preprocessing.inside_guarantee(s["standardize"])
-                                    if privacy is not None and s["standardize"] else None),
-      **_aggregator_columns(s, result, algorithm), **_honest_columns(result, silos),
+      standardize=s.standardize,
+      standardize_inside_guarantee=(preprocessing.inside_guarantee(s.standardize)
+                                    if privacy is not None and s.standardize else None),
+      **_aggregator_columns(s, result, algorithm), **_honest_columns(result, silos, s),
       server_weights=_server_weights(s, privacy),
       num_silos=silos.num_silos, metric=result.metric,
-      **_train_columns(result, privacy is not None), test_metric=result.test_metric,
+      **_train_columns(result, s), test_metric=result.test_metric,
       **_privacy_columns(result),
-      **_algorithm_flags(algorithm, s), **_clustering_columns(result, silos, algorithm),
+      **_algorithm_flags(algorithm, s), **_clustering_columns(result, silos, algorithm, s),
       backend=backend, device=device, wall_seconds=result.wall_seconds,
       runs_stacked=getattr(result, "runs_stacked", 1),
       seconds_per_round_median=float(np.median(result.round_seconds)),
       peak_memory_mb=common.peak_memory_mb(),
       tff_version=metadata.version("tensorflow-federated"), tf_version=tf.__version__,
       run_key=_run_key(seed, algorithm, lam, s),
-      flags=json.dumps({k: FLAGS[k].value for k in (
-          "methods", "dataset", "data_dir", "rounds", "epsilon", "delta", "lams", "lr",
-          "batch_size", "clip", "local_epochs", "sampling", "neighbouring",
-          "public_silo_sizes", "assumed_silo_size", "protocol", "standardize",
-          "standardize_clip", "standardize_budget_share", "finetune_fraction",
-          "aggregator", "silo_epsilon", "silo_delta", "aggregator_clip", "seeds",
-          "mask_probability", "corrupt_silos", "corruption", "backend", "device",
-          *CLUSTER_FLAGS, *DPRIVATE_FLAGS)}),
+      flags=s.given,
       finished=time.strftime("%Y-%m-%dT%H:%M:%S"))
 
 
-def _print_table(rows):
+def _print_table(rows, s):
   import pandas as pd
   from benchmarks import tables
   df = pd.DataFrame(rows)
-  print(f"\n{FLAGS.dataset}: {rows[0]['metric']} over {len(set(df.seed))} seed(s), "
-        f"epsilon={FLAGS.epsilon}, rounds={rows[0]['rounds']} (a row's epsilon covers "
+  print(f"\n{s.dataset}: {rows[0]['metric']} over {len(set(df.seed))} seed(s), "
+        f"epsilon={s.epsilon}, rounds={rows[0]['rounds']} (a row's epsilon covers "
         "that run; runs on the same silos compose)")
   tables.print_frame(tables.summary_table(df), number=".4f")
 
 
-def _stack_key(run, backend):
+def _stack_key(run, s, backend):
   """Runs stacked into one program (`simulation.run_simulations`): on the
   vectorized backend, consecutive seeds of one (algorithm, lambda) of the MR-MTL
   family (not with --ledger_csv, whose rows name no seed); every other run alone."""
   _, algorithm, lam = run.spec
-  if (backend == "vectorized" and FLAGS.ledger_csv is None
+  if (backend == "vectorized" and s.ledger_csv is None
       and algorithm not in IFCA_ALGORITHMS and algorithm != "dprivate_clustering"):
     return algorithm, lam
   return None
@@ -611,48 +672,49 @@ def _simulate(batch, processes, loaded, s, progress, backend):
     silos = loaded[seed][0]
     validation = (data.two_cluster_linear_silos(num_users=VALIDATION_USERS,
                                                 seed=[seed, 1])
-                  if FLAGS.dataset == "two_cluster" else None)
+                  if s.dataset == "two_cluster" else None)
     return [dprivate_simulation.run_dprivate_clustering(
-        processes[batch[0].key], silos, rounds=s["rounds"],
-        clients_per_round=FLAGS.clients_per_round or silos.num_silos,
+        processes[batch[0].key], silos, rounds=s.rounds,
+        clients_per_round=s.clients_per_round or silos.num_silos,
         seed=_run_seed(seed, algorithm, lam, s),
-        leakage_cap=FLAGS.leakage_cap, validation=validation, patience=FLAGS.patience,
+        leakage_cap=s.leakage_cap, validation=validation, patience=s.patience,
         progress=progress, backend=backend)]
-  private = s["epsilon"] is not None
+  private = s.private
   runs = [simulation.Run(
-      processes[run.key], loaded[seed][0], target_epsilon=s["epsilon"],
-      target_delta=s["delta"] if private else None,
+      processes[run.key], loaded[seed][0], target_epsilon=s.epsilon,
+      target_delta=s.delta if private else None,
       seed=_run_seed(seed, algorithm, lam, s),
-      protocol=s["protocol"] if private else None, ledger_csv=FLAGS.ledger_csv,
+      protocol=s.protocol if private else None, ledger_csv=s.ledger_csv,
       preprocessing_events=loaded[seed][1])
           for run in batch for seed, algorithm, lam in [run.spec]]
-  return simulation.run_simulations(runs, rounds=s["rounds"],
-                                    eval_every=FLAGS.eval_every, progress=progress,
+  return simulation.run_simulations(runs, rounds=s.rounds,
+                                    eval_every=s.eval_every, progress=progress,
                                     backend=backend)
 
 
-def _check(run, loaded, s):
-  """Loads the run's silos and builds its process (`processes[run.key]`), raising
-  the one-line errors of settings the data cannot take, before any run trains."""
-  seed, algorithm, lam = run.spec
-  with common.usage_errors():   # includes DataError: a bad file or setting
-    if seed not in loaded:
-      loaded[seed] = _load(seed, s)
-    silos = loaded[seed][0]
-    if "aggregator" not in s:   # DP factories need the number of silos
-      s["aggregator"] = common.aggregator_choice(silos.num_silos, s["rounds"])
-      if not s["aggregator"].weighted and any(a in IFCA_ALGORITHMS
-                                              for a in FLAGS.methods):
-        raise UsageError(f"--aggregator={FLAGS.aggregator} is unweighted; the ifca "
-                         "algorithms need a weighted one (mean, robust, compressed; "
-                         "their per-cluster means weigh non-members 0)")
-    process = _build(algorithm, lam, seed, silos, s)
-  if s["batch_size"] > max(silos.train_sizes):
-    raise UsageError(f"--batch_size={s['batch_size']} is larger than every silo "
+def _aggregator(s, silos):
+  """The server's aggregator the flags name (DP factories need the number of
+  silos); raises UsageError."""
+  choice = common.aggregator_choice(silos.num_silos, s.rounds)
+  if not choice.weighted and any(a in IFCA_ALGORITHMS for a in s.methods):
+    raise UsageError(f"--aggregator={choice.name} is unweighted; the ifca "
+                     "algorithms need a weighted one (mean, robust, compressed; "
+                     "their per-cluster means weigh non-members 0)")
+  return choice
+
+
+def _check(run, silos, s):
+  """The run's process, raising the one-line errors of settings the data cannot
+  take, before any run trains."""
+  _, algorithm, lam = run.spec
+  with common.usage_errors():
+    process = _build(algorithm, lam, run.spec[0], silos, s)
+  if s.batch_size > max(silos.train_sizes):
+    raise UsageError(f"--batch_size={s.batch_size} is larger than every silo "
                      f"(the largest has {max(silos.train_sizes)} training examples)")
   if ((algorithm in IFCA_ALGORITHMS or algorithm == "dprivate_clustering")
-      and s["num_clusters"] > silos.num_silos):
-    raise UsageError(f"--num_clusters={s['num_clusters']} is more than the "
+      and s.num_clusters > silos.num_silos):
+    raise UsageError(f"--num_clusters={s.num_clusters} is more than the "
                      f"{silos.num_silos} silos")
   return process
 
@@ -660,19 +722,24 @@ def _check(run, loaded, s):
 def main(argv):
   if len(argv) > 1:
     raise UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
-  s = _settings()
+  s = Settings.from_flags()
   from tff_silo import runtime
   runtime.exit_cleanly_on_sigterm()
   todo = plan.Plan(
       [plan.Run(_run_key(seed, algorithm, lam, s),
                 f"{algorithm} lam={lam} seed={seed}", (seed, algorithm, lam))
        for seed, algorithm, lam in _runs(s)],
-      output=FLAGS.output, signature=SIGNATURE, resume=FLAGS.resume,
-      skipped_note="; its models are not saved again" if FLAGS.save_models else "")
+      output=s.output, signature=SIGNATURE, resume=s.resume,
+      skipped_note="; its models are not saved again" if s.save_models else "")
   loaded = {}
-  processes = {run.key: _check(run, loaded, s) for run in todo.pending}
-  backend = common.backend_for(FLAGS.backend, s.get("aggregator"))
-  scope, device = common.device_scope(FLAGS.device, backend)
+  with common.usage_errors():   # includes DataError: a bad file or setting
+    for seed in dict.fromkeys(run.spec[0] for run in todo.pending):
+      loaded[seed] = _load(seed, s)
+    if loaded:
+      s = dataclasses.replace(s, aggregator=_aggregator(s, loaded[seed][0]))
+  processes = {run.key: _check(run, loaded[run.spec[0]][0], s) for run in todo.pending}
+  backend = common.backend_for(s.backend, s.aggregator)
+  scope, device = common.device_scope(s.device, backend)
 
   def run_batch(batch, progress):
     rows = []
@@ -680,16 +747,16 @@ def main(argv):
                                             backend)):
       seed, algorithm, lam = run.spec
       row = _row(result, seed, algorithm, lam, s, loaded[seed][0], backend, device)
-      if FLAGS.save_models:
+      if s.save_models:
         row["saved_to"] = _save(result, seed, algorithm, lam, s, loaded[seed][0], row)
       rows.append(row)
     return rows
 
   rows = todo.execute(
-      run_batch, rounds=s["rounds"], stack_key=lambda run: _stack_key(run, backend),
+      run_batch, rounds=s.rounds, stack_key=lambda run: _stack_key(run, s, backend),
       batch_tag=lambda batch: f"{batch[0].spec[1]} lam={batch[0].spec[2]} seeds="
       f"{','.join(str(run.spec[0]) for run in batch)} (stacked)", scope=scope)
-  _print_table(rows)
+  _print_table(rows, s)
 
 
 def run():

@@ -63,11 +63,11 @@ trials run stacked as one program.
 
 from __future__ import annotations
 
-import os
-
 import collections
 import contextlib
+import dataclasses
 import math
+import os
 import shutil
 import sys
 import time
@@ -141,7 +141,7 @@ common.define_bounds(
 flags.adopt_module_key_flags(common)   # --help lists the shared flags too
 
 
-def _settings() -> dict:
+def _settings() -> grid.Settings:
   """The preset with the flags over it, checked; a UsageError in one line."""
   common.check_one_of("preset", FLAGS.preset, PRESETS)
   preset = configs.COMPARE_PRESETS[FLAGS.preset]
@@ -211,6 +211,9 @@ def _settings() -> dict:
                      "silo-level cost of tuning is not accounted; use --tuning=free")
   # the default mean adds nothing to the run keys (rows written before it existed)
   s["aggregator_key"] = common.aggregator_key() if FLAGS.aggregator != "mean" else {}
+  s.update(data_dir=FLAGS.data_dir, save_models=FLAGS.save_models,
+           figures_dir=FLAGS.figures_dir, trials_output=FLAGS.trials_output,
+           backend=FLAGS.backend, device=FLAGS.device)
   out = common.output_dir()
   s["output"] = FLAGS.output or os.path.join(out, f"compare_{FLAGS.preset}.csv")
   suffix = "" if s["tuning"] == "free" else f"_{s['tuning']}"
@@ -227,6 +230,7 @@ def _settings() -> dict:
     raise UsageError("--trials_output must differ from --output")
   common.check_output(s["trials_store"], SIGNATURE, "trials_output")
   common.check_save_models()
+  s = grid.Settings(**s)
   for name in ("privacy_utility", "lambda", "leakage"):
     common.check_figure_path(_figure(s, name), "figures_dir")
   return s
@@ -234,8 +238,8 @@ def _settings() -> dict:
 
 def _recipe(s, seed) -> dict:
   """What a trial's silos are made of (`benchmarks.datasets`)."""
-  return dict(preset_dataset=s["dataset"], seed=seed, data_dir=FLAGS.data_dir,
-              validation_fraction=s["validation_fraction"])
+  return dict(preset_dataset=s.dataset, seed=seed, data_dir=s.data_dir,
+              validation_fraction=s.validation_fraction)
 
 
 def _data(s, seed):
@@ -258,7 +262,7 @@ def _trial_privacy(s, definition, silos, epsilon):
   silo's calibration holds for all."""
   import dp_accounting
   from tff_silo.privacy import silo_accounts, tuning
-  selections = definition.num_selections(s["rounds"])
+  selections = definition.num_selections(s.rounds)
   # everything the calibration reads: the run's settings (a second run in the same
   # process, with other settings, must not reuse this one's), the method's, epsilon
   key = (repr(sorted(grid.settings_key(s).items())), int(silos.train_sizes[0]),
@@ -266,19 +270,19 @@ def _trial_privacy(s, definition, silos, epsilon):
          epsilon)
   if key not in _TRIAL_PRIVACY:
     protocol = _protocol(s)
-    score_z = tuning.calibrate_noise(s["score_budget_share"] * epsilon, s["delta"],
+    score_z = tuning.calibrate_noise(s.score_budget_share * epsilon, s.delta,
                                      dp_accounting.GaussianDpEvent)
 
     def event_for(e):
       privacy = silo_accounts.calibrate_silos(
-          silos.train_sizes[:1], batch_size=s["batch_size"],
-          epochs_per_round=definition.epochs_per_round, rounds=s["rounds"],
-          target_epsilon=e, target_delta=s["delta"], num_selections=selections,
+          silos.train_sizes[:1], batch_size=s.batch_size,
+          epochs_per_round=definition.epochs_per_round, rounds=s.rounds,
+          target_epsilon=e, target_delta=s.delta, num_selections=selections,
           selection_budget_share=definition.selection_budget_share, protocol=protocol)
       return _scored(privacy.silo_event(0), score_z)
 
     _TRIAL_PRIVACY[key] = (tuning.calibrate_trial_epsilon(
-        epsilon, s["delta"], event_for, grid.tnb(s), protocol.neighbouring), score_z)
+        epsilon, s.delta, event_for, grid.tnb(s), protocol.neighbouring), score_z)
   return _TRIAL_PRIVACY[key]
 
 
@@ -290,7 +294,7 @@ def _scored(event, score_z):
 
 def _protocol(s):
   from tff_silo.privacy import PrivacyProtocol
-  return PrivacyProtocol(assumed_silo_size=s["assumed_silo_size"])
+  return PrivacyProtocol(assumed_silo_size=s.assumed_silo_size)
 
 
 def _tuned_epsilons(s, privacy, score_z, num_trials=None) -> np.ndarray:
@@ -336,8 +340,8 @@ def _noisy_score(s, model, weights, x_val, y_val, run_seed, score_z) -> float:
   total = 0.0
   for k, (x, y) in enumerate(zip(x_val, y_val)):
     values = model.metric_values([np.asarray(w) for w in weights[k]], x, y).numpy()
-    total += (np.clip(values, 0.0, s["score_clip"]).sum()
-              + score_z * s["score_clip"] * float(noise[k]))
+    total += (np.clip(values, 0.0, s.score_clip).sum()
+              + score_z * s.score_clip * float(noise[k]))
   return total / len(y_val)
 
 
@@ -345,9 +349,9 @@ def _definition(s, trial, silos):
   from tff_silo import algorithms, models
   return algorithms.silo_definition(
       trial["method"], models.model_for(silos), silos.feature_shape,
-      client_learning_rate=trial["lr"], batch_size=s["batch_size"], rounds=s["rounds"],
-      lam=trial["lam"], l2_norm_clip=None if math.isinf(trial["epsilon"]) else s["clip"],
-      aggregator=s["aggregator"].factory, num_clusters=s["num_clusters"],
+      client_learning_rate=trial["lr"], batch_size=s.batch_size, rounds=s.rounds,
+      lam=trial["lam"], l2_norm_clip=None if math.isinf(trial["epsilon"]) else s.clip,
+      aggregator=s.aggregator.factory, num_clusters=s.num_clusters,
       cluster_init_seed=trial["seed"], num_silos=silos.num_silos)
 
 
@@ -387,9 +391,9 @@ def _simulate(s, batch, loaded, backend) -> list:
     scores.append(score_z)
     runs.append(simulation.Run(
         definition, silos, target_epsilon=epsilon if private else None,
-        target_delta=s["delta"] if private else None, seed=trial["run_seed"],
+        target_delta=s.delta if private else None, seed=trial["run_seed"],
         protocol=_protocol(s) if private else None))
-  results = simulation.run_simulations(runs, rounds=s["rounds"], backend=backend)
+  results = simulation.run_simulations(runs, rounds=s.rounds, backend=backend)
   nan = float("nan")
   return [(_Outcome(
       run.process.model, result.silo_weights, run.data, result.rounds, result.metric,
@@ -408,18 +412,18 @@ def _hypernet(s, trial, silos, backend) -> _Outcome:
   import hypernet
   from tff_silo import models
   from tff_silo.privacy import accounting, user_level
-  h = s["hypernet"]
+  h = s.hypernet
   private = not math.isinf(trial["epsilon"])
-  z = (accounting.calibrate_noise_multiplier(trial["epsilon"], s["delta"],
-                                             h.sampling_rate, s["rounds"])
+  z = (accounting.calibrate_noise_multiplier(trial["epsilon"], s.delta,
+                                             h.sampling_rate, s.rounds)
        if private else 0.0)
   settings = user_level.UserDPSettings(
       h.sampling_rate, h.l2_norm_clip if private else None, z)
   target = models.model_for(silos)
   result, _ = hypernet.train(
-      target, silos, settings, rounds=s["rounds"], client_lr=h.client_lr,
+      target, silos, settings, rounds=s.rounds, client_lr=h.client_lr,
       batch_size=h.batch_size, local_steps=h.local_steps, hypernet_lr=h.hypernet_lr,
-      embedding_lr=h.embedding_lr, hidden_width=h.hidden_width, delta=s["delta"],
+      embedding_lr=h.embedding_lr, hidden_width=h.hidden_width, delta=s.delta,
       init_seed=trial["run_seed"], noise_seed=trial["run_seed"], backend=backend)
   if result.epsilon > trial["epsilon"]:
     raise RuntimeError(f"the hypernetwork spent epsilon {result.epsilon} > "
@@ -431,7 +435,7 @@ def _hypernet(s, trial, silos, backend) -> _Outcome:
                   z if private else nan, result.wall_seconds, 1,
                   hypernetwork=(result.phi, result.embeddings),
                   saved_privacy=runs.user_level_privacy(
-                      settings, result.epsilon, s["delta"], silos.num_silos)
+                      settings, result.epsilon, s.delta, silos.num_silos)
                   if private else None)
 
 
@@ -461,7 +465,7 @@ def _run_batch(s, batch, loaded, backend, device, cell_trials):
     else:
       validation_metric = _validation_metric(model, outcome.silo_weights, x_val, y_val)
     leakage = {}
-    if s["membership"]:
+    if s.membership:
       from attacks import membership
       pooled = membership.attack_silo_models(model, outcome.silo_weights, outcome.data)
       pooled = pooled[pooled.silo == membership.ALL_SILOS].iloc[0]
@@ -469,10 +473,10 @@ def _run_batch(s, batch, loaded, backend, device, cell_trials):
       # guarantee covers it (it says how much the models leak, it is not released)
       leakage = dict(mia_auc=float(pooled.auc), mia_advantage=float(pooled.advantage),
                      mia_inside_guarantee=False)
-    outside = ({} if s["tuning"] == "free" else
+    outside = ({} if s.tuning == "free" else
                dict(outside_guarantee=True, epsilon_if_released=if_released))
     rows.append(dict(
-        row_type="trial", run_key=grid.trial_key(s, trial), preset=s["preset"], **trial,
+        row_type="trial", run_key=grid.trial_key(s, trial), preset=s.preset, **trial,
         privacy_unit=grid.privacy_unit(trial["method"]) if private else None,
         test_metric_inside_guarantee=(grid.privacy_unit(trial["method"]) != "user"
                                       if private else None),
@@ -481,17 +485,17 @@ def _run_batch(s, batch, loaded, backend, device, cell_trials):
         test_metric=outcome.test_metric, epsilon_spent=outcome.epsilon_spent,
         noise_multiplier=outcome.noise_multiplier,
         epsilon_tuned=epsilon_tuned, score_noise_multiplier=score_z,
-        delta=s["delta"] if private else float("nan"),
-        tuning=(TUNING_PRIVATE.format(eta=s["tuning_eta"], mean=s["mean_trials"])
+        delta=s.delta if private else float("nan"),
+        tuning=(TUNING_PRIVATE.format(eta=s.tuning_eta, mean=s.mean_trials)
                 if tuned else UNTUNED
                 if len(grid.configurations(s, trial["method"])) == 1 else TUNING),
         num_trials=1, wall_seconds=outcome.wall_seconds,
         runs_stacked=outcome.runs_stacked, backend=backend, device=device,
         peak_memory_mb=common.peak_memory_mb(), **leakage, **outside,
         **({} if outcome.aggregator_measurements is None else common.aggregator_columns(
-            s["aggregator"], outcome.rounds, outcome.aggregator_measurements,
+            s.aggregator, outcome.rounds, outcome.aggregator_measurements,
             sum(np.size(w) for w in outcome.silo_weights[0])))))
-    if FLAGS.save_models:
+    if s.save_models:
       rows[-1]["saved_to"] = _save(s, trial, outcome, rows[-1], tuned_per_silo)
   return rows
 
@@ -502,9 +506,9 @@ def _save(s, trial, outcome, row, tuned_per_silo=None) -> str:
   privacy block the tuning's per-silo epsilon (`tuned_per_silo`) where drawn."""
   from tff_silo import runs
   key = row["run_key"]
-  parent = FLAGS.save_models
-  if s["tuning"] == "private":
-    parent = os.path.join(FLAGS.save_models, STAGED_MODELS)
+  parent = s.save_models
+  if s.tuning == "private":
+    parent = os.path.join(s.save_models, STAGED_MODELS)
   folder = runs.run_folder(parent, "-".join([
       trial["method"], f"eps{trial['epsilon']:g}", f"lam{trial['lam']:g}",
       f"lr{trial['lr']:g}", f"seed{trial['seed']}", f"t{trial['trial']}"]), key)
@@ -516,21 +520,21 @@ def _save(s, trial, outcome, row, tuned_per_silo=None) -> str:
                    training_epsilon_spent=[float(e) for e in privacy.epsilon_spent],
                    covers=row["tuning"])
   training = None
-  if trial["method"] != "hypernet" and s["aggregator"].plain:
+  if trial["method"] != "hypernet" and s.aggregator.plain:
     training = runs.training_settings(
         dict(name=trial["method"], client_learning_rate=trial["lr"],
-             batch_size=s["batch_size"], rounds=s["rounds"], lam=trial["lam"],
-             l2_norm_clip=s["clip"] if private else None,
-             aggregator=s["aggregator"].name, num_clusters=s["num_clusters"]),
+             batch_size=s.batch_size, rounds=s.rounds, lam=trial["lam"],
+             l2_norm_clip=s.clip if private else None,
+             aggregator=s.aggregator.name, num_clusters=s.num_clusters),
         target_epsilon=outcome.run_epsilon if private else None,
-        target_delta=s["delta"] if private else None,
+        target_delta=s.delta if private else None,
         protocol=_protocol(s) if private else None)
   model = runs.model_spec(outcome.model, outcome.data)
   if outcome.hypernetwork is not None:
     embeddings = outcome.hypernetwork[1]
     model["hypernetwork"] = dict(num_users=embeddings.shape[0],
                                  embedding_dim=embeddings.shape[1],
-                                 hidden_width=s["hypernet"].hidden_width)
+                                 hidden_width=s.hypernet.hidden_width)
   runs.save(folder, run_key=key, silo_weights=outcome.silo_weights,
             server_weights=outcome.server_weights, hypernetwork=outcome.hypernetwork,
             model=model, data=_recipe(s, trial["seed"]), silos=outcome.data,
@@ -539,8 +543,8 @@ def _save(s, trial, outcome, row, tuned_per_silo=None) -> str:
                       lam=trial["lam"], lr=trial["lr"], seed=trial["seed"],
                       trial=trial["trial"], rounds=outcome.rounds,
                       epsilon=None if not private else trial["epsilon"],
-                      delta=s["delta"] if private else None,
-                      clip=s["clip"] if private else None,
+                      delta=s.delta if private else None,
+                      clip=s.clip if private else None,
                       privacy_unit=row["privacy_unit"], metric=outcome.metric,
                       test_metric=outcome.test_metric, training=training))
   return folder
@@ -551,9 +555,9 @@ def _select_ready(s, planned, released: set, loaded) -> None:
   in the trial store and whose row is not there yet (`released`: the cell keys
   written; under private tuning only the released columns, and its saved models
   published)."""
-  if not os.path.exists(s["trials_store"]):
+  if not os.path.exists(s.trials_store):
     return
-  table = common.read_rows(s["trials_store"], SIGNATURE, "trials_output")
+  table = common.read_rows(s.trials_store, SIGNATURE, "trials_output")
   keys = {grid.trial_key(s, t) for t in planned}
   ours = table[(table.row_type == "trial") & table.run_key.isin(keys)]
   if ours.empty:
@@ -562,15 +566,15 @@ def _select_ready(s, planned, released: set, loaded) -> None:
   for row in grid.selected(s, ours, planned).to_dict("records"):
     if row["run_key"] in released:
       continue
-    if s["tuning"] == "private":
-      row = _released_row(row, ours, loaded)
+    if s.tuning == "private":
+      row = _released_row(s, row, ours, loaded)
     rows.append(row)
     released.add(row["run_key"])
   if rows:
-    common.append_rows(s["output"], rows)
+    common.append_rows(s.output, rows)
 
 
-def _released_row(row, trials, loaded) -> dict:
+def _released_row(s, row, trials, loaded) -> dict:
   """A cell's selected row under private tuning: the released columns only; under
   --save_models the selected trial's staged run saved as the cell's, and every
   staged trial of the cell removed."""
@@ -578,9 +582,9 @@ def _released_row(row, trials, loaded) -> dict:
   out.pop("saved_to", None)
   if math.isfinite(row["epsilon"]):   # an exact validation metric is not accounted
     out.pop("validation_metric", None)
-  if FLAGS.save_models:
+  if s.save_models:
     staged = row.get("saved_to")
-    out["saved_to"] = (_publish(row, staged, loaded)
+    out["saved_to"] = (_publish(s, row, staged, loaded)
                        if isinstance(staged, str) and os.path.isdir(staged) else None)
     cell = trials[(trials.method == row["method"]) & (trials.epsilon == row["epsilon"])
                   & (trials.seed == row["seed"])]
@@ -590,13 +594,13 @@ def _released_row(row, trials, loaded) -> dict:
   return out
 
 
-def _publish(row, staged: str, loaded) -> str:
+def _publish(s, row, staged: str, loaded) -> str:
   """The selected trial's staged run saved under --save_models as its cell's run:
   the cell's key, no trial index; its folder."""
   from tff_silo import runs
   run = runs.load(staged)
   info = {name: value for name, value in run.meta["info"].items() if name != "trial"}
-  folder = runs.run_folder(FLAGS.save_models, "-".join([
+  folder = runs.run_folder(s.save_models, "-".join([
       row["method"], f"eps{row['epsilon']:g}", f"lam{row['lam']:g}", f"lr{row['lr']:g}",
       f"seed{row['seed']}"]), row["run_key"])
   runs.save(folder, run_key=row["run_key"], silo_weights=run.silo_weights,
@@ -609,29 +613,29 @@ def _publish(row, staged: str, loaded) -> str:
 def _forget_partial_trials(s, planned) -> None:
   """Private tuning without --trials_output: once every cell is selected, its trials
   leave the partial store (and their staged models the save folder)."""
-  if s["tuning"] != "private" or FLAGS.trials_output is not None:
+  if s.tuning != "private" or s.trials_output is not None:
     return
-  common.drop_rows(s["trials_store"], {grid.trial_key(s, t) for t in planned})
-  if FLAGS.save_models:
+  common.drop_rows(s.trials_store, {grid.trial_key(s, t) for t in planned})
+  if s.save_models:
     with contextlib.suppress(OSError):
-      os.rmdir(os.path.join(FLAGS.save_models, STAGED_MODELS))
+      os.rmdir(os.path.join(s.save_models, STAGED_MODELS))
 
 
 def _figure(s, name) -> str:
   """Figure `name` of this preset (and tuning mode, unless free)."""
-  suffix = "" if s["tuning"] == "free" else f"_{s['tuning']}"
-  return os.path.join(FLAGS.figures_dir, f"{name}_{s['preset']}{suffix}.png")
+  suffix = "" if s.tuning == "free" else f"_{s.tuning}"
+  return os.path.join(s.figures_dir, f"{name}_{s.preset}{suffix}.png")
 
 
 def _plots(s, trials, selected):
   """The privacy-utility, leakage (with --membership) and lambda figures; `trials`
   None (private tuning) draws every figure from the selected rows alone."""
   from benchmarks import plots
-  plots.privacy_utility(selected, f"{s['preset']}: tuning {s['tuning']}" + (
-      " (not accounted)" if s["tuning"] == "free" else " (accounted)"),
+  plots.privacy_utility(selected, f"{s.preset}: tuning {s.tuning}" + (
+      " (not accounted)" if s.tuning == "free" else " (accounted)"),
                         _figure(s, "privacy_utility"))
   if "mia_auc" in selected and selected.mia_auc.notna().any():
-    plots.leakage(selected, f"{s['preset']}: leakage of the selected models",
+    plots.leakage(selected, f"{s.preset}: leakage of the selected models",
                   _figure(s, "leakage"))
   # free tuning: per (method, lambda, seed) the trial with the best validation metric;
   # private tuning: the selected models alone, at the lambda each selected
@@ -648,36 +652,37 @@ def main(argv):
   s = _settings()
   from tff_silo import runtime
   runtime.exit_cleanly_on_sigterm()
-  private = s["tuning"] == "private"
+  private = s.tuning == "private"
   trials = grid.trials(s)
   cell_trials = collections.Counter((t["method"], t["epsilon"], t["seed"])
                                     for t in trials)
   cell_keys = {grid.cell_key(s, *cell): cell for cell in cell_trials}
-  released = {key for key, row in common.done_rows(s["output"], True, SIGNATURE).items()
+  released = {key for key, row in common.done_rows(s.output, True, SIGNATURE).items()
               if row["row_type"] == "selected" and key in cell_keys}
-  done = common.done_rows(s["trials_store"], True, SIGNATURE, "trials_output")
+  done = common.done_rows(s.trials_store, True, SIGNATURE, "trials_output")
   finished_cells = {cell_keys[key] for key in released}
   pending = [t for t in trials if grid.trial_key(s, t) not in done
              and (t["method"], t["epsilon"], t["seed"]) not in finished_cells]
   try:
-    loaded = {seed: _data(s, seed) for seed in s["seeds"]}
+    loaded = {seed: _data(s, seed) for seed in s.seeds}
   except ValueError as e:   # DataError: a missing or bad file, a silo too small
     raise UsageError(str(e)) from None
-  silos = loaded[s["seeds"][0]][0]
-  s["aggregator"] = common.aggregator_choice(silos.num_silos, s["rounds"])
-  if not s["aggregator"].weighted and any(m in grid.IFCA_METHODS for m in s["methods"]):
-    raise UsageError(f"--aggregator={FLAGS.aggregator} is unweighted; the ifca methods "
+  silos = loaded[s.seeds[0]][0]
+  s = dataclasses.replace(
+      s, aggregator=common.aggregator_choice(silos.num_silos, s.rounds))
+  if not s.aggregator.weighted and any(m in grid.IFCA_METHODS for m in s.methods):
+    raise UsageError(f"--aggregator={s.aggregator.name} is unweighted; the ifca methods "
                      "need a weighted one (mean, robust, compressed)")
-  backend = common.backend_for(FLAGS.backend, s["aggregator"])
-  scope, device = common.device_scope(FLAGS.device, backend)
+  backend = common.backend_for(s.backend, s.aggregator)
+  scope, device = common.device_scope(s.device, backend)
   batches = plan.consecutive(pending, lambda t: (t["method"], t["lam"], t["lr"]))
   if private:   # how many trials ran would tell h: counted in cells only
-    print(f"{len(cell_trials)} cells, {len(released)} already in {s['output']}; the "
+    print(f"{len(cell_trials)} cells, {len(released)} already in {s.output}; the "
           f"rest in {len(batches)} batches (finished trials wait in "
-          f"{s['trials_store']}, outside the guarantee)", file=sys.stderr)
+          f"{s.trials_store}, outside the guarantee)", file=sys.stderr)
   else:
     print(f"{len(trials)} trials, {len(trials) - len(pending)} already in "
-          f"{s['output']}; running {len(pending)} in {len(batches)} batches",
+          f"{s.output}; running {len(pending)} in {len(batches)} batches",
           file=sys.stderr)
   start = time.perf_counter()
   for i, batch in enumerate(batches, 1):
@@ -687,7 +692,7 @@ def main(argv):
         rows = _run_batch(s, batch, loaded, backend, device, cell_trials)
     except ValueError as e:   # a budget too small for any noise, say
       raise UsageError(str(e)) from None
-    common.append_rows(s["trials_store"], rows)
+    common.append_rows(s.trials_store, rows)
     _select_ready(s, trials, released, loaded)
     elapsed = time.perf_counter() - start
     left = elapsed / i * (len(batches) - i)
@@ -697,7 +702,7 @@ def main(argv):
           f"lr={first['lr']:g}: {counts}, {elapsed:.0f} s, ~{left:.0f} s left",
           file=sys.stderr, flush=True)
   _select_ready(s, trials, released, loaded)   # cells finished before
-  table = common.read_rows(s["output"], SIGNATURE)
+  table = common.read_rows(s.output, SIGNATURE)
   selected = table[(table.row_type == "selected") & table.run_key.isin(set(cell_keys))]
   in_order = lambda c: c.map(METHODS.index) if c.name == "method" else c
   selected = selected.sort_values(["method", "epsilon", "seed"], kind="stable",
@@ -708,16 +713,16 @@ def main(argv):
                  & table.run_key.isin({grid.trial_key(s, t) for t in trials})]
   _forget_partial_trials(s, trials)
   markdown = tables.compare_report(selected)
-  os.makedirs(os.path.dirname(os.path.abspath(s["table"])), exist_ok=True)
-  with open(s["table"], "w") as f:
+  os.makedirs(os.path.dirname(os.path.abspath(s.table)), exist_ok=True)
+  with open(s.table, "w") as f:
     f.write(markdown)
   _plots(s, ours, selected)
   print(markdown)
   figures = [_figure(s, name) for name in ("privacy_utility", "lambda")
-             + (("leakage",) if s["membership"] else ())]
-  print(f"rows: {s['output']}; table: {s['table']}; figures: {', '.join(figures)}"
-        + (f"; every trial (outside the guarantee): {FLAGS.trials_output}"
-           if FLAGS.trials_output else ""))
+             + (("leakage",) if s.membership else ())]
+  print(f"rows: {s.output}; table: {s.table}; figures: {', '.join(figures)}"
+        + (f"; every trial (outside the guarantee): {s.trials_output}"
+           if s.trials_output else ""))
 
 
 if __name__ == "__main__":

@@ -27,6 +27,51 @@ IMAGE_DATASETS = ("digits", "fmnist", "fmnist_hetero")
 PRIVACY_UNITS = {"hypernet": "user"}
 
 
+@dataclasses.dataclass(frozen=True)
+class Settings:
+  """A `benchmarks.compare` run: its preset with the flags over it (checked by
+  `compare._settings`). The private-tuning fields are None under free
+  tuning; `aggregator` (a `tff_silo.aggregators.AggregatorChoice`) is set once the
+  silos are loaded."""
+  preset: str
+  dataset: str
+  methods: tuple
+  epsilons: tuple   # inf: non-private
+  seeds: tuple
+  lrs: tuple
+  lams: tuple
+  rounds: int
+  batch_size: int
+  clip: float
+  delta: float
+  validation_fraction: float
+  assumed_silo_size: int
+  num_clusters: int
+  tuning: str = "free"
+  membership: bool = False
+  hypernet: configs.HypernetSettings | None = None
+  tuning_eta: float | None = None
+  mean_trials: float | None = None
+  score_budget_share: float | None = None
+  score_clip: float | None = None
+  # the aggregator flags a run key holds (empty for the default mean)
+  aggregator_key: dict = dataclasses.field(default_factory=dict)
+  data_dir: str | None = None
+  output: str | None = None
+  table: str | None = None
+  trials_store: str | None = None   # where trial rows go (`compare`'s docstring)
+  trials_output: str | None = None
+  figures_dir: str | None = None
+  save_models: str | None = None
+  backend: str = "auto"
+  device: str = "auto"
+  aggregator: object = None
+
+  @property
+  def private_tuning(self) -> bool:
+    return self.tuning == "private"
+
+
 def privacy_unit(method: str) -> str:
   return PRIVACY_UNITS.get(method, "example")
 
@@ -53,9 +98,9 @@ def configurations(s, method) -> list:
   """The (lam, lr) configurations of `method`, in grid order (the hypernetwork: its
   one configuration, at its client learning rate)."""
   if method == "hypernet":
-    return [(0.0, s["hypernet"].client_lr)]
-  return [(lam, lr) for lam in (s["lams"] if method in LAMBDA_METHODS else (0.0,))
-          for lr in s["lrs"]]
+    return [(0.0, s.hypernet.client_lr)]
+  return [(lam, lr) for lam in (s.lams if method in LAMBDA_METHODS else (0.0,))
+          for lr in s.lrs]
 
 
 def trials(s) -> list:
@@ -68,11 +113,11 @@ def trials(s) -> list:
   from tff_silo import keys
   from tff_silo.privacy import tuning
   out = []
-  for method in s["methods"]:
+  for method in s.methods:
     options = configurations(s, method)
-    for epsilon in s["epsilons"]:
-      for seed in s["seeds"]:
-        if s["tuning"] == "free" or math.isinf(epsilon) or len(options) == 1:
+    for epsilon in s.epsilons:
+      for seed in s.seeds:
+        if s.tuning == "free" or math.isinf(epsilon) or len(options) == 1:
           cell = [dict(method=method, epsilon=epsilon, seed=seed, lam=lam, lr=lr,
                        trial=-1) for lam, lr in options]
         else:
@@ -97,30 +142,30 @@ def _run_seed(s, trial) -> int:
 def tnb(s):
   """The distribution of private tuning's number of trials."""
   from tff_silo.privacy import tuning
-  return tuning.TruncatedNegativeBinomial.with_mean(s["tuning_eta"], s["mean_trials"])
+  return tuning.TruncatedNegativeBinomial.with_mean(s.tuning_eta, s.mean_trials)
 
 
 def settings_key(s) -> dict:
   """What every trial of the run `s` shares and its results depend on."""
-  key = dict(preset=s["preset"], rounds=s["rounds"], batch_size=s["batch_size"],
-             clip=s["clip"], delta=s["delta"], validation_fraction=s["validation_fraction"],
-             assumed_silo_size=s["assumed_silo_size"],
-             data=configs.QUICK_DATA if s["dataset"] == "quick" else s["dataset"])
-  if s["tuning"] == "private":
-    key.update(tuning="private", **{name: s[name] for name in (
+  key = dict(preset=s.preset, rounds=s.rounds, batch_size=s.batch_size,
+             clip=s.clip, delta=s.delta, validation_fraction=s.validation_fraction,
+             assumed_silo_size=s.assumed_silo_size,
+             data=configs.QUICK_DATA if s.dataset == "quick" else s.dataset)
+  if s.tuning == "private":
+    key.update(tuning="private", **{name: getattr(s, name) for name in (
         "tuning_eta", "mean_trials", "score_budget_share", "score_clip")})
-  if s["membership"]:
+  if s.membership:
     key.update(membership=True)
-  key.update(s.get("aggregator_key", {}))   # empty for the default mean
+  key.update(s.aggregator_key)   # empty for the default mean
   return key
 
 
 def _method_settings(s, method) -> dict:
   """Settings only some methods' results depend on."""
   if method in IFCA_METHODS:
-    return dict(num_clusters=s["num_clusters"])
+    return dict(num_clusters=s.num_clusters)
   if method == "hypernet":
-    return dict(hypernet=dataclasses.asdict(s["hypernet"]))
+    return dict(hypernet=dataclasses.asdict(s.hypernet))
   return {}
 
 
@@ -134,9 +179,9 @@ def cell_key(s, method, epsilon, seed) -> str:
   """A selected row's key (the grid searched is part of it)."""
   return json.dumps(dict(settings_key(s), row_type="selected", method=method,
                          epsilon=epsilon, seed=seed,
-                         lrs=([s["hypernet"].client_lr] if method == "hypernet"
-                              else s["lrs"]),
-                         lams=s["lams"] if method in LAMBDA_METHODS else None,
+                         lrs=([s.hypernet.client_lr] if method == "hypernet"
+                              else s.lrs),
+                         lams=s.lams if method in LAMBDA_METHODS else None,
                          **_method_settings(s, method)), sort_keys=True)
 
 

@@ -2,6 +2,7 @@
 outputs are written, a killed run resumes without redoing finished trials, bad flags
 end in one line."""
 
+import dataclasses
 import math
 import os
 import signal
@@ -333,9 +334,11 @@ def test_private_tuning_of_ifca_counts_its_selections(tmp_path):
 
 def test_selection_never_picks_a_diverged_trial():
   from benchmarks import grid
-  s = dict(preset="quick", dataset="quick", rounds=3, batch_size=16, clip=1.0,
-           delta=1e-3, validation_fraction=0.2, assumed_silo_size=48, lrs=(0.1,),
-           lams=(0.1, 1.0, 10.0), tuning="free", membership=False)
+  s = grid.Settings(
+      preset="quick", dataset="quick", methods=("mrmtl",), epsilons=(math.inf,),
+      seeds=(0,), rounds=3, batch_size=16, clip=1.0, delta=1e-3,
+      validation_fraction=0.2, assumed_silo_size=48, num_clusters=2, lrs=(0.1,),
+      lams=(0.1, 1.0, 10.0))
   trials = pd.DataFrame(dict(
       method="mrmtl", epsilon=math.inf, seed=0, lam=[0.1, 1.0, 10.0], lr=0.1, trial=-1,
       metric="mse", validation_metric=[0.5, math.nan, 0.4], test_metric=[0.6, 0.1, 0.45],
@@ -354,17 +357,19 @@ def test_every_trial_of_a_grid_has_keys_of_its_own(tuning):
   """Trials of one seed (every method, configuration, epsilon and draw) each take
   their own run seed, the same on a rerun; another setting (rounds) moves them all."""
   from benchmarks import grid
-  s = dict(preset="quick", dataset="quick", rounds=3, batch_size=16, clip=1.0,
-           delta=1e-3, validation_fraction=0.2, assumed_silo_size=48, lrs=(0.1, 0.3),
-           lams=(0.1, 1.0, 10.0), tuning=tuning, membership=False, seeds=(0, 1),
-           methods=("local", "fedavg", "mrmtl", "ditto"), epsilons=(2.0, 4.0, math.inf),
-           num_clusters=2, tuning_eta=1.0, mean_trials=4.0, score_budget_share=0.1,
-           score_clip=4.0)
+  s = grid.Settings(
+      preset="quick", dataset="quick", rounds=3, batch_size=16, clip=1.0, delta=1e-3,
+      validation_fraction=0.2, assumed_silo_size=48, lrs=(0.1, 0.3),
+      lams=(0.1, 1.0, 10.0), tuning=tuning, membership=False, seeds=(0, 1),
+      methods=("local", "fedavg", "mrmtl", "ditto"), epsilons=(2.0, 4.0, math.inf),
+      num_clusters=2, tuning_eta=1.0, mean_trials=4.0, score_budget_share=0.1,
+      score_clip=4.0)
   trials = grid.trials(s)
   seeds = [t["run_seed"] for t in trials]
   assert len(set(seeds)) == len(trials) > 40
   assert seeds == [t["run_seed"] for t in grid.trials(s)]
-  assert not set(seeds) & {t["run_seed"] for t in grid.trials(dict(s, rounds=4))}
+  other = dataclasses.replace(s, rounds=4)
+  assert not set(seeds) & {t["run_seed"] for t in grid.trials(other)}
 
 
 @pytest.mark.cli

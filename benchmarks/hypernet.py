@@ -18,11 +18,11 @@ to --output; a table of means is printed.
 
 from __future__ import annotations
 
-import os
-
+import dataclasses
 import itertools
 import json
 import math
+import os
 import time
 
 from absl import flags
@@ -94,74 +94,121 @@ FLAG_NAMES = ("methods", "dataset", "data_dir", "cache_dir", "num_users",
               "eval_every", "plot", "backend", "device", "save_models")
 
 
-def _settings():
-  """Validates the flags; returns the grid and the parsed lists; raises UsageError."""
-  common.check_one_of("dataset", FLAGS.dataset, DATASETS)
-  common.check_among("methods", FLAGS.methods, ALGORITHMS)
-  common.check_backend(FLAGS.backend, FLAGS.device)
-  for name in HYPERNET_FLAGS:
-    common.check_applies(name, ["hypernet"], FLAGS.methods)
-  common.check_applies("fedavg_local_epochs", ["fedavg"], FLAGS.methods)
-  common.check_applies("data_dir", ["cifar10"], [FLAGS.dataset], "--dataset")
-  common.check_applies("cache_dir", ["femnist"], [FLAGS.dataset], "--dataset")
-  common.check_applies("classes_per_user", ["digits", "cifar10"], [FLAGS.dataset],
-                       "--dataset")
-  if FLAGS.dataset == "cifar10" and FLAGS.data_dir and not os.path.isdir(FLAGS.data_dir):
-    raise UsageError(f"--data_dir {FLAGS.data_dir} is not a directory")
-  if FLAGS.dataset == "femnist" and FLAGS.cache_dir and not os.path.isdir(
-      FLAGS.cache_dir):
-    raise UsageError(f"--cache_dir {FLAGS.cache_dir} is not a directory")
-  channels = common.parse_numbers(FLAGS.channels, int, "channels", unique=False)
-  if len(channels) != 2 or min(channels) < 1:
-    raise UsageError(f"--channels must be two positive integers; got {FLAGS.channels}")
-  seeds = common.parse_seeds(FLAGS.seeds)
-  rates = common.parse_numbers(FLAGS.sampling_rates, float, "sampling_rates")
-  clips = common.parse_numbers(FLAGS.clips, float, "clips")
-  noises = common.parse_numbers(FLAGS.noise_multipliers, float, "noise_multipliers")
-  common.check_bounds(sampling_rates=rates, clips=clips, noise_multipliers=noises)
-  clips = clips or [None]
-  if FLAGS.public_user_sizes and FLAGS.weight_cap is None:
-    raise UsageError("--public_user_sizes applies with --weight_cap only (without it "
-                     "every w_u = 1 and W = N)")
-  if clips == [None] and any(z > 0 for z in noises):
-    raise UsageError("--noise_multipliers > 0 needs --clips (S, the clip of a user's "
-                     "contribution)")
-  if FLAGS["delta"].present and not any(z > 0 for z in noises):
-    raise UsageError("--delta applies to noised runs only: give --noise_multipliers "
-                     "> 0, or drop --delta")
-  from tff_silo.privacy.user_level import UserDPSettings
-  grid = []
-  for q, clip, z in itertools.product(rates, clips, noises):
-    try:
-      grid.append(UserDPSettings(sampling_rate=q, l2_norm_clip=clip, noise_multiplier=z,
-                                 weight_cap=FLAGS.weight_cap,
-                                 public_sizes=FLAGS.public_user_sizes))
-    except ValueError as e:
-      raise UsageError(str(e)) from None
-  common.check_output(FLAGS.output, SIGNATURE)
-  common.check_save_models()
-  if FLAGS.plot:
-    common.check_figure_path(FLAGS.plot)
-  return dict(seeds=seeds, grid=grid, channels=tuple(channels))
+@dataclasses.dataclass(frozen=True)
+class Settings:
+  """`benchmarks.hypernet`'s flags, checked (`from_flags`); `grid` holds the
+  `UserDPSettings` of every (q, S, z) asked for."""
+  methods: tuple
+  dataset: str
+  data_dir: str | None
+  cache_dir: str | None
+  num_users: int
+  classes_per_user: int
+  grid: tuple
+  weight_cap: float | None
+  public_user_sizes: bool
+  delta: float
+  rounds: int
+  local_steps: int
+  batch_size: int
+  lr: float
+  hypernet_lr: float
+  embedding_lr: float
+  hidden_width: int
+  embedding_dim: int | None
+  channels: tuple
+  dense: int
+  fedavg_local_epochs: int
+  seeds: tuple
+  eval_every: int
+  backend: str
+  device: str
+  output: str
+  resume: bool
+  save_models: str | None
+  plot: str | None
+  given: str   # the flags as given (JSON): a row's `flags`
+
+  @classmethod
+  def from_flags(cls) -> "Settings":
+    """Checks the flags; raises UsageError."""
+    common.check_one_of("dataset", FLAGS.dataset, DATASETS)
+    common.check_among("methods", FLAGS.methods, ALGORITHMS)
+    common.check_backend(FLAGS.backend, FLAGS.device)
+    for name in HYPERNET_FLAGS:
+      common.check_applies(name, ["hypernet"], FLAGS.methods)
+    common.check_applies("fedavg_local_epochs", ["fedavg"], FLAGS.methods)
+    common.check_applies("data_dir", ["cifar10"], [FLAGS.dataset], "--dataset")
+    common.check_applies("cache_dir", ["femnist"], [FLAGS.dataset], "--dataset")
+    common.check_applies("classes_per_user", ["digits", "cifar10"], [FLAGS.dataset],
+                         "--dataset")
+    if (FLAGS.dataset == "cifar10" and FLAGS.data_dir
+        and not os.path.isdir(FLAGS.data_dir)):
+      raise UsageError(f"--data_dir {FLAGS.data_dir} is not a directory")
+    if FLAGS.dataset == "femnist" and FLAGS.cache_dir and not os.path.isdir(
+        FLAGS.cache_dir):
+      raise UsageError(f"--cache_dir {FLAGS.cache_dir} is not a directory")
+    channels = common.parse_numbers(FLAGS.channels, int, "channels", unique=False)
+    if len(channels) != 2 or min(channels) < 1:
+      raise UsageError(f"--channels must be two positive integers; got "
+                       f"{FLAGS.channels}")
+    seeds = common.parse_seeds(FLAGS.seeds)
+    rates = common.parse_numbers(FLAGS.sampling_rates, float, "sampling_rates")
+    clips = common.parse_numbers(FLAGS.clips, float, "clips")
+    noises = common.parse_numbers(FLAGS.noise_multipliers, float, "noise_multipliers")
+    common.check_bounds(sampling_rates=rates, clips=clips, noise_multipliers=noises)
+    clips = clips or [None]
+    if FLAGS.public_user_sizes and FLAGS.weight_cap is None:
+      raise UsageError("--public_user_sizes applies with --weight_cap only (without it "
+                       "every w_u = 1 and W = N)")
+    if clips == [None] and any(z > 0 for z in noises):
+      raise UsageError("--noise_multipliers > 0 needs --clips (S, the clip of a user's "
+                       "contribution)")
+    if FLAGS["delta"].present and not any(z > 0 for z in noises):
+      raise UsageError("--delta applies to noised runs only: give --noise_multipliers "
+                       "> 0, or drop --delta")
+    from tff_silo.privacy.user_level import UserDPSettings
+    grid = []
+    for q, clip, z in itertools.product(rates, clips, noises):
+      try:
+        grid.append(UserDPSettings(
+            sampling_rate=q, l2_norm_clip=clip, noise_multiplier=z,
+            weight_cap=FLAGS.weight_cap, public_sizes=FLAGS.public_user_sizes))
+      except ValueError as e:
+        raise UsageError(str(e)) from None
+    common.check_output(FLAGS.output, SIGNATURE)
+    common.check_save_models()
+    if FLAGS.plot:
+      common.check_figure_path(FLAGS.plot)
+    return cls(
+        methods=tuple(FLAGS.methods), seeds=tuple(seeds), grid=tuple(grid),
+        channels=tuple(channels),
+        given=json.dumps({name: FLAGS[name].value for name in FLAG_NAMES}),
+        **{name: FLAGS[name].value for name in (
+            "dataset", "data_dir", "cache_dir", "num_users", "classes_per_user",
+            "weight_cap", "public_user_sizes", "delta", "rounds", "local_steps",
+            "batch_size", "lr", "hypernet_lr", "embedding_lr", "hidden_width",
+            "embedding_dim", "dense", "fedavg_local_epochs", "eval_every", "backend",
+            "device", "output", "resume", "save_models", "plot")})
 
 
-def _recipe(seed) -> dict:
+def _recipe(seed, s) -> dict:
   """The users' recipe (`benchmarks.datasets.hypernet_users`): how the binary loads
   them, saved with a run's models instead of the data."""
-  return dict(hypernet_dataset=FLAGS.dataset, seed=seed, num_users=FLAGS.num_users,
-              classes_per_user=FLAGS.classes_per_user, data_dir=FLAGS.data_dir,
-              cache_dir=FLAGS.cache_dir)
+  return dict(hypernet_dataset=s.dataset, seed=seed, num_users=s.num_users,
+              classes_per_user=s.classes_per_user, data_dir=s.data_dir,
+              cache_dir=s.cache_dir)
 
 
-def _users(seed):
+def _users(seed, s):
   from benchmarks import datasets
-  return datasets.hypernet_users(_recipe(seed))
+  return datasets.hypernet_users(_recipe(seed, s))
 
 
 def _target(users, s):
   from tff_silo.models import small_cnn
-  return small_cnn(users.feature_shape, users.num_classes, channels=s["channels"],
-                   hidden=FLAGS.dense)
+  return small_cnn(users.feature_shape, users.num_classes, channels=s.channels,
+                   hidden=s.dense)
 
 
 def _run_hypernet(users, settings, seed, s, progress, backend):
@@ -173,12 +220,12 @@ def _run_hypernet(users, settings, seed, s, progress, backend):
   run_seed = common.run_seed(seed, _run_key(seed, "hypernet", settings, s))
   target = _target(users, s)
   result, hn = hypernet.train(
-      target, users, settings, rounds=FLAGS.rounds, client_lr=FLAGS.lr,
-      batch_size=FLAGS.batch_size, local_steps=FLAGS.local_steps,
-      hypernet_lr=FLAGS.hypernet_lr, embedding_lr=FLAGS.embedding_lr,
-      hidden_width=FLAGS.hidden_width, embedding_dim=FLAGS.embedding_dim,
-      delta=FLAGS.delta, init_seed=seed, noise_seed=run_seed,
-      eval_every=FLAGS.eval_every, progress=progress, backend=backend)
+      target, users, settings, rounds=s.rounds, client_lr=s.lr,
+      batch_size=s.batch_size, local_steps=s.local_steps,
+      hypernet_lr=s.hypernet_lr, embedding_lr=s.embedding_lr,
+      hidden_width=s.hidden_width, embedding_dim=s.embedding_dim,
+      delta=s.delta, init_seed=seed, noise_seed=run_seed,
+      eval_every=s.eval_every, progress=progress, backend=backend)
   measured = _measured(result, private=settings.private, epsilon=result.epsilon,
                        sigma=result.sigma,
                        mean_users_per_round=float(result.users_per_round.mean()),
@@ -189,7 +236,7 @@ def _run_hypernet(users, settings, seed, s, progress, backend):
   return measured, dict(
       silo_weights=result.silo_weights, model=model,
       hypernetwork=(result.phi, result.embeddings),
-      privacy=runs.user_level_privacy(settings, result.epsilon, FLAGS.delta,
+      privacy=runs.user_level_privacy(settings, result.epsilon, s.delta,
                                       users.num_silos) if settings.private else None)
 
 
@@ -198,11 +245,11 @@ def _run_fedavg(users, seed, s, progress, backend):
   from tff_silo import algorithms, simulation
   target = _target(users, s)
   algorithm = algorithms.fedavg_algorithm(
-      target, users.feature_shape, client_learning_rate=FLAGS.lr,
-      batch_size=FLAGS.batch_size, local_epochs=FLAGS.fedavg_local_epochs,
+      target, users.feature_shape, client_learning_rate=s.lr,
+      batch_size=s.batch_size, local_epochs=s.fedavg_local_epochs,
       init_seed=seed)
-  result = simulation.run_simulation(algorithm, users, rounds=FLAGS.rounds, seed=seed,
-                                     eval_every=FLAGS.eval_every, progress=progress,
+  result = simulation.run_simulation(algorithm, users, rounds=s.rounds, seed=seed,
+                                     eval_every=s.eval_every, progress=progress,
                                      backend=backend)
   measured = _measured(result, epsilon=math.inf, sigma=0.0,
                        mean_users_per_round=float(users.num_silos))
@@ -213,8 +260,8 @@ def _run_fedavg(users, seed, s, progress, backend):
 
 def _model_spec(target, users, s) -> dict:
   from tff_silo import runs
-  return runs.model_spec(target, users, name="small_cnn", channels=list(s["channels"]),
-                         hidden=FLAGS.dense)
+  return runs.model_spec(target, users, name="small_cnn", channels=list(s.channels),
+                         hidden=s.dense)
 
 
 def _measured(result, private=False, **extra):
@@ -240,9 +287,9 @@ def _measured(result, private=False, **extra):
 
 
 def _runs(s):
-  for seed in s["seeds"]:
-    for algorithm in FLAGS.methods:
-      for settings in (s["grid"] if algorithm == "hypernet" else [None]):
+  for seed in s.seeds:
+    for algorithm in s.methods:
+      for settings in (s.grid if algorithm == "hypernet" else [None]):
         yield seed, algorithm, settings
 
 
@@ -257,18 +304,18 @@ def _privacy_columns(settings):
 
 
 def _run_key(seed, algorithm, settings, s):
-  hypernet_only = dict(local_steps=FLAGS.local_steps, hypernet_lr=FLAGS.hypernet_lr,
-                       embedding_lr=FLAGS.embedding_lr, hidden_width=FLAGS.hidden_width,
-                       embedding_dim=FLAGS.embedding_dim)
+  hypernet_only = dict(local_steps=s.local_steps, hypernet_lr=s.hypernet_lr,
+                       embedding_lr=s.embedding_lr, hidden_width=s.hidden_width,
+                       embedding_dim=s.embedding_dim)
   return json.dumps(dict(
-      algorithm=algorithm, dataset=FLAGS.dataset, data_dir=FLAGS.data_dir,
-      cache_dir=FLAGS.cache_dir, num_users=FLAGS.num_users,
-      classes_per_user=FLAGS.classes_per_user, seed=seed, rounds=FLAGS.rounds,
-      batch_size=FLAGS.batch_size, client_lr=FLAGS.lr,
-      channels=list(s["channels"]), dense=FLAGS.dense,
-      delta=FLAGS.delta if settings is not None and settings.private else None,
+      algorithm=algorithm, dataset=s.dataset, data_dir=s.data_dir,
+      cache_dir=s.cache_dir, num_users=s.num_users,
+      classes_per_user=s.classes_per_user, seed=seed, rounds=s.rounds,
+      batch_size=s.batch_size, client_lr=s.lr,
+      channels=list(s.channels), dense=s.dense,
+      delta=s.delta if settings is not None and settings.private else None,
       **(hypernet_only if algorithm == "hypernet" else
-         dict(fedavg_local_epochs=FLAGS.fedavg_local_epochs)),
+         dict(fedavg_local_epochs=s.fedavg_local_epochs)),
       **_privacy_columns(settings)), sort_keys=True)
 
 
@@ -276,23 +323,23 @@ def _row(seed, algorithm, settings, s, users, measured, backend, device):
   from importlib import metadata
   import tensorflow as tf
   return dict(
-      algorithm=algorithm, dataset=FLAGS.dataset, seed=seed, num_users=users.num_silos,
-      rounds=FLAGS.rounds, **_privacy_columns(settings),
-      delta=FLAGS.delta if settings is not None and settings.private else None,
-      local_steps=FLAGS.local_steps if algorithm == "hypernet" else None,
-      local_epochs=FLAGS.fedavg_local_epochs if algorithm == "fedavg" else None,
-      batch_size=FLAGS.batch_size, client_lr=FLAGS.lr,
-      hypernet_lr=FLAGS.hypernet_lr if algorithm == "hypernet" else None,
-      embedding_lr=FLAGS.embedding_lr if algorithm == "hypernet" else None,
+      algorithm=algorithm, dataset=s.dataset, seed=seed, num_users=users.num_silos,
+      rounds=s.rounds, **_privacy_columns(settings),
+      delta=s.delta if settings is not None and settings.private else None,
+      local_steps=s.local_steps if algorithm == "hypernet" else None,
+      local_epochs=s.fedavg_local_epochs if algorithm == "fedavg" else None,
+      batch_size=s.batch_size, client_lr=s.lr,
+      hypernet_lr=s.hypernet_lr if algorithm == "hypernet" else None,
+      embedding_lr=s.embedding_lr if algorithm == "hypernet" else None,
       **measured, backend=backend, device=device,
       peak_memory_mb=common.peak_memory_mb(),
       tff_version=metadata.version("tensorflow-federated"), tf_version=tf.__version__,
       run_key=_run_key(seed, algorithm, settings, s),
-      flags=json.dumps({name: FLAGS[name].value for name in FLAG_NAMES}),
+      flags=s.given,
       finished=time.strftime("%Y-%m-%dT%H:%M:%S"))
 
 
-def _save(seed, algorithm, users, row, trained) -> str:
+def _save(seed, algorithm, users, row, trained, s) -> str:
   """Saves the run under --save_models (`tff_silo.runs`); its folder."""
   from tff_silo import runs
   key = row["run_key"]
@@ -300,45 +347,45 @@ def _save(seed, algorithm, users, row, trained) -> str:
       f"{name}{row[column]:g}" for name, column in (
           ("q", "sampling_rate"), ("S", "l2_norm_clip"), ("z", "noise_multiplier"))
       if row[column] is not None))
-  folder = runs.run_folder(FLAGS.save_models, label, key)
+  folder = runs.run_folder(s.save_models, label, key)
   private = trained["privacy"] is not None
   runs.save(folder, run_key=key, silo_weights=trained["silo_weights"],
             server_weights=trained.get("server_weights", ()),
             hypernetwork=trained.get("hypernetwork"), model=trained["model"],
-            data=_recipe(seed), silos=users, privacy=trained["privacy"],
+            data=_recipe(seed, s), silos=users, privacy=trained["privacy"],
             info=dict(binary="benchmarks.hypernet", algorithm=algorithm, seed=seed,
-                      rounds=FLAGS.rounds, epsilon=row["epsilon"] if private else None,
-                      delta=FLAGS.delta if private else None,
-                      clip=row["l2_norm_clip"], lr=FLAGS.lr,
-                      batch_size=FLAGS.batch_size, metric="accuracy",
+                      rounds=s.rounds, epsilon=row["epsilon"] if private else None,
+                      delta=s.delta if private else None,
+                      clip=row["l2_norm_clip"], lr=s.lr,
+                      batch_size=s.batch_size, metric="accuracy",
                       test_metric=row["test_accuracy"], privacy_unit="user",
                       flags=json.loads(row["flags"]), training=None))
   return folder
 
 
-def _print_table(rows):
+def _print_table(rows, s):
   import pandas as pd
   from benchmarks import tables
-  print(f"\n{FLAGS.dataset}: {FLAGS.num_users} users, {FLAGS.rounds} rounds, "
-        f"epsilon at delta={FLAGS.delta}, user-level: it covers phi and the noised "
+  print(f"\n{s.dataset}: {s.num_users} users, {s.rounds} rounds, "
+        f"epsilon at delta={s.delta}, user-level: it covers phi and the noised "
         "aggregates; the accuracies come from each user's un-noised embedding, "
         "outside it")
   tables.print_frame(tables.hypernet_summary(pd.DataFrame(rows)), number=".4f")
 
 
-def _plot(rows, path):
+def _plot(rows, s):
   import pandas as pd
   from benchmarks import datasets, plots
   from tff_silo.data.images import EMNIST_CLASSES
   classes = {**datasets.HYPERNET_NUM_CLASSES, "femnist": EMNIST_CLASSES[False]}
-  plots.hypernet_accuracy(pd.DataFrame(rows), delta=FLAGS.delta,
-                          num_classes=classes[FLAGS.dataset], path=path)
+  plots.hypernet_accuracy(pd.DataFrame(rows), delta=s.delta,
+                          num_classes=classes[s.dataset], path=s.plot)
 
 
 def main(argv):
   if len(argv) > 1:
     raise UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
-  s = _settings()
+  s = Settings.from_flags()
   from tff_silo import runtime
   runtime.exit_cleanly_on_sigterm()
   todo = plan.Plan(
@@ -347,15 +394,15 @@ def main(argv):
                 f" q={settings.sampling_rate} S={settings.l2_norm_clip} "
                 f"z={settings.noise_multiplier}"), (seed, algorithm, settings))
        for seed, algorithm, settings in _runs(s)],
-      output=FLAGS.output, signature=SIGNATURE, resume=FLAGS.resume,
-      skipped_note="; its models are not saved again" if FLAGS.save_models else "")
+      output=s.output, signature=SIGNATURE, resume=s.resume,
+      skipped_note="; its models are not saved again" if s.save_models else "")
   users_by_seed = {}
   with common.usage_errors():   # every file read before any run trains
     for run in todo.pending:
       if run.spec[0] not in users_by_seed:
-        users_by_seed[run.spec[0]] = _users(run.spec[0])
-  backend = common.backend_for(FLAGS.backend)
-  scope, device = common.device_scope(FLAGS.device, backend)
+        users_by_seed[run.spec[0]] = _users(run.spec[0], s)
+  backend = common.backend_for(s.backend)
+  scope, device = common.device_scope(s.device, backend)
 
   def run_batch(batch, progress):
     (run,) = batch
@@ -365,15 +412,15 @@ def main(argv):
                          if algorithm == "hypernet"
                          else _run_fedavg(users, seed, s, progress, backend))
     row = _row(seed, algorithm, settings, s, users, measured, backend, device)
-    if FLAGS.save_models:
-      row["saved_to"] = _save(seed, algorithm, users, row, trained)
+    if s.save_models:
+      row["saved_to"] = _save(seed, algorithm, users, row, trained, s)
     return [row]
 
-  rows = todo.execute(run_batch, rounds=FLAGS.rounds, scope=scope)
-  _print_table(rows)
-  if FLAGS.plot:
-    _plot(rows, FLAGS.plot)
-    print(f"plot written to {FLAGS.plot}")
+  rows = todo.execute(run_batch, rounds=s.rounds, scope=scope)
+  _print_table(rows, s)
+  if s.plot:
+    _plot(rows, s)
+    print(f"plot written to {s.plot}")
 
 
 if __name__ == "__main__":

@@ -49,7 +49,7 @@ def _parsed_flags():
 def test_bad_flags_raise_usage_errors(overrides, message):
   with flagsaver.flagsaver(**overrides):
     with pytest.raises(UsageError) as error:
-      bench._settings()
+      bench.Settings.from_flags()
   assert message in str(error.value)
 
 

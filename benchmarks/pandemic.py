@@ -19,11 +19,11 @@ every profile in --output.
 
 from __future__ import annotations
 
-import os
-
+import dataclasses
 import itertools
 import json
 import math
+import os
 import sys
 import time
 
@@ -77,65 +77,101 @@ SIGNATURE = ("run_key", "average_precision", "mode")
 PROFILE_NAMES = ("tiny", "small", "medium", "large", "smoke")
 
 
-def _settings() -> dict:
-  from tff_silo.pandemic import choices, graph   # no TensorFlow: flags checked first
-  common.check_one_of("profile", FLAGS.profile, PROFILE_NAMES)
-  common.check_among("methods", FLAGS.methods, choices.METHODS)
-  common.check_among("modes", FLAGS.modes, graph.MODES)
-  common.check_among("losses", FLAGS.losses, choices.LOSSES)
-  common.check_among("architectures", FLAGS.architectures, choices.ARCHITECTURES)
-  common.check_backend(FLAGS.backend, FLAGS.device)
-  if FLAGS.data_dir is not None:
-    if not os.path.isdir(FLAGS.data_dir):
-      raise UsageError(f"--data_dir {FLAGS.data_dir} is not a directory")
-    for name in ("profile", "seed", "final_week_rate"):
-      if FLAGS[name].present:
-        raise UsageError(f"--{name} sets generated data; --data_dir reads given files")
-  grid = dict(
-      sample_sizes=common.parse_numbers(FLAGS.sample_sizes, int, "sample_sizes"),
-      noise_multipliers=common.parse_numbers(FLAGS.noise_multipliers, float,
-                                             "noise_multipliers"),
-      lams=common.parse_numbers(FLAGS.lams, float, "lams"),
-      alphas=common.parse_numbers(FLAGS.alphas, float, "alphas"),
-      seeds=common.parse_seeds(FLAGS.seeds))
-  common.check_bounds(**{name: grid[name] for name in (
-      "sample_sizes", "noise_multipliers", "lams", "alphas")})
-  common.check_output(FLAGS.output, SIGNATURE)
-  return grid
+@dataclasses.dataclass(frozen=True)
+class Settings:
+  """`benchmarks.pandemic`'s flags, checked (`from_flags`), the lists parsed."""
+  data_dir: str | None
+  profile: str
+  seed: int
+  final_week_rate: float
+  scenario: str
+  methods: tuple
+  modes: tuple
+  sample_sizes: tuple
+  noise_multipliers: tuple
+  clip: float
+  lams: tuple
+  rounds: int
+  batch_size: int
+  lr: float
+  losses: tuple
+  alphas: tuple
+  architectures: tuple
+  seeds: tuple
+  backend: str
+  device: str
+  output: str
+  generated_dir: str
+  figures_dir: str
+  resume: bool
+
+  @classmethod
+  def from_flags(cls) -> "Settings":
+    """Checks the flags; raises UsageError."""
+    from tff_silo.pandemic import choices, graph   # no TensorFlow: flags checked first
+    common.check_one_of("profile", FLAGS.profile, PROFILE_NAMES)
+    common.check_among("methods", FLAGS.methods, choices.METHODS)
+    common.check_among("modes", FLAGS.modes, graph.MODES)
+    common.check_among("losses", FLAGS.losses, choices.LOSSES)
+    common.check_among("architectures", FLAGS.architectures, choices.ARCHITECTURES)
+    common.check_backend(FLAGS.backend, FLAGS.device)
+    if FLAGS.data_dir is not None:
+      if not os.path.isdir(FLAGS.data_dir):
+        raise UsageError(f"--data_dir {FLAGS.data_dir} is not a directory")
+      for name in ("profile", "seed", "final_week_rate"):
+        if FLAGS[name].present:
+          raise UsageError(f"--{name} sets generated data; --data_dir reads given files")
+    lists = dict(
+        sample_sizes=common.parse_numbers(FLAGS.sample_sizes, int, "sample_sizes"),
+        noise_multipliers=common.parse_numbers(FLAGS.noise_multipliers, float,
+                                               "noise_multipliers"),
+        lams=common.parse_numbers(FLAGS.lams, float, "lams"),
+        alphas=common.parse_numbers(FLAGS.alphas, float, "alphas"))
+    common.check_bounds(**lists)
+    common.check_output(FLAGS.output, SIGNATURE)
+    return cls(
+        **{name: tuple(values) for name, values in lists.items()},
+        seeds=tuple(common.parse_seeds(FLAGS.seeds)),
+        **{name: tuple(FLAGS[name].value)
+           for name in ("methods", "modes", "losses", "architectures")},
+        **{name: FLAGS[name].value for name in (
+            "data_dir", "profile", "seed", "final_week_rate", "scenario", "clip",
+            "rounds", "batch_size", "lr", "backend", "device", "output",
+            "generated_dir", "figures_dir", "resume")})
 
 
-def _data_dir() -> tuple:
+def _data_dir(s) -> tuple:
   """(the data folder, its generator metadata or {}), generating it if needed."""
-  if FLAGS.data_dir is not None:
-    path = os.path.join(FLAGS.data_dir, "synthetic_meta.json")
+  if s.data_dir is not None:
+    path = os.path.join(s.data_dir, "synthetic_meta.json")
     meta = json.load(open(path)) if os.path.isfile(path) else {}
-    return FLAGS.data_dir, meta
+    return s.data_dir, meta
   from tff_silo.pandemic import synth
-  folder = os.path.join(FLAGS.generated_dir, f"{FLAGS.profile}-seed{FLAGS.seed}-rate"
-                        f"{FLAGS.final_week_rate:g}")
+  folder = os.path.join(s.generated_dir, f"{s.profile}-seed{s.seed}-rate"
+                        f"{s.final_week_rate:g}")
   meta_path = os.path.join(folder, "synthetic_meta.json")
   if os.path.isfile(meta_path):
     with open(meta_path) as f:
       return folder, json.load(f)
-  print(f"generating the {FLAGS.profile} profile in {folder}", file=sys.stderr, flush=True)
+  print(f"generating the {s.profile} profile in {folder}", file=sys.stderr, flush=True)
   staging = folder + ".partial"
   import shutil
   shutil.rmtree(staging, ignore_errors=True)
-  meta = synth.generate(staging, FLAGS.profile, FLAGS.seed,
-                        final_week_rate=FLAGS.final_week_rate,
+  meta = synth.generate(staging, s.profile, s.seed,
+                        final_week_rate=s.final_week_rate,
                         progress=lambda m: print(f"  {m}", file=sys.stderr, flush=True))
   os.rename(staging, folder)
   return folder, meta
 
 
-def _runs(grid):
+def _runs(s):
   for seed, mode, s1, method, sigma, lam, loss, alpha, architecture in itertools.product(
-      grid["seeds"], FLAGS.modes, grid["sample_sizes"], FLAGS.methods,
-      grid["noise_multipliers"], grid["lams"], FLAGS.losses, grid["alphas"],
-      FLAGS.architectures):
-    if method != "mrmtl" and lam != grid["lams"][0]:
+      s.seeds, s.modes, s.sample_sizes, s.methods,
+      s.noise_multipliers, s.lams, s.losses, s.alphas,
+      s.architectures):
+    if method != "mrmtl" and lam != s.lams[0]:
       continue   # lambda is MR-MTL's alone
-    if loss == "bce" and alpha != grid["alphas"][0]:
+    if loss == "bce" and alpha != s.alphas[0]:
       continue
     yield dict(seed=seed, mode=mode, sample_size=s1, method=method, sigma=sigma,
                lam=lam if method == "mrmtl" else None, loss=loss,
@@ -148,9 +184,9 @@ PIPELINE = dict(scored_on="held-out households", delta_rule="1/(10 n)",
                 unit="a node of the capped graph")
 
 
-def _run_key(run, data_key) -> str:
-  return json.dumps(dict(run, data=data_key, scenario=FLAGS.scenario, clip=FLAGS.clip,
-                         rounds=FLAGS.rounds, batch_size=FLAGS.batch_size, lr=FLAGS.lr,
+def _run_key(run, data_key, s) -> str:
+  return json.dumps(dict(run, data=data_key, scenario=s.scenario, clip=s.clip,
+                         rounds=s.rounds, batch_size=s.batch_size, lr=s.lr,
                          **PIPELINE), sort_keys=True)
 
 
@@ -183,29 +219,29 @@ def main(argv):
   if FLAGS.epsilon_table:
     _print_epsilon_table()
     return
-  grid = _settings()
+  s = Settings.from_flags()
   from tff_silo import runtime
   runtime.exit_cleanly_on_sigterm()
   from tff_silo.pandemic import pipeline
-  data_dir, meta = _data_dir()
+  data_dir, meta = _data_dir(s)
   stats = meta.get("statistics", {})
   data_key = dict(data_dir=os.path.abspath(data_dir),
                   files=meta.get("files_sha256", {}).get(
                       "centralized/train/va_person.csv.gz"))
   todo = plan.Plan(
-      [plan.Run(_run_key(run, data_key),
+      [plan.Run(_run_key(run, data_key, s),
                 f"{run['method']} {run['mode']} S1={run['sample_size']} "
                 f"sigma={run['sigma']:g}" + (f" lam={run['lam']:g}" if run["lam"] else ""),
-                run) for run in _runs(grid)],
-      output=FLAGS.output, signature=SIGNATURE, resume=FLAGS.resume)
+                run) for run in _runs(s)],
+      output=s.output, signature=SIGNATURE, resume=s.resume)
   scenarios = {}
-  backend = common.backend_for(FLAGS.backend)
-  scope, device = common.device_scope(FLAGS.device, backend)
+  backend = common.backend_for(s.backend)
+  scope, device = common.device_scope(s.device, backend)
 
   def run_batch(batch, progress):
     (planned,) = batch
     run = planned.spec
-    name = "centralized" if run["method"] == "centralized" else FLAGS.scenario
+    name = "centralized" if run["method"] == "centralized" else s.scenario
     loaded = (name, run["mode"], run["sample_size"], run["seed"])
     load_seconds = 0.0
     if loaded not in scenarios:   # a DataError (a ValueError) ends it as a usage error
@@ -215,17 +251,17 @@ def main(argv):
           seed=run["seed"])
       load_seconds = time.perf_counter() - t0
     settings = pipeline.Settings(
-        method=run["method"], noise_multiplier=run["sigma"], clip=FLAGS.clip,
-        lam=run["lam"] or 0.0, rounds=FLAGS.rounds, batch_size=FLAGS.batch_size,
-        learning_rate=FLAGS.lr, loss=run["loss"], alpha=run["alpha"] or 0.75,
+        method=run["method"], noise_multiplier=run["sigma"], clip=s.clip,
+        lam=run["lam"] or 0.0, rounds=s.rounds, batch_size=s.batch_size,
+        learning_rate=s.lr, loss=run["loss"], alpha=run["alpha"] or 0.75,
         architecture=run["architecture"],
-        seed=common.run_seed(run["seed"], _run_key(run, data_key["files"])))
+        seed=common.run_seed(run["seed"], _run_key(run, data_key["files"], s)))
     measured = pipeline.train(scenarios[loaded], settings, backend=backend,
                               progress=progress)
     row = dict(run_key=planned.key,
                profile=meta.get("profile", {}).get("name", "given files"),
                persons=stats.get("persons"), contacts=stats.get("contacts"),
-               scenario=name, **run, clip=FLAGS.clip if run["sigma"] else None,
+               scenario=name, **run, clip=s.clip if run["sigma"] else None,
                **measured, load_seconds=load_seconds, backend=backend, device=device,
                peak_memory_mb=common.peak_memory_mb(),
                finished=time.strftime("%Y-%m-%dT%H:%M:%S"))
@@ -234,11 +270,11 @@ def main(argv):
     return [row]
 
   rows = todo.execute(
-      run_batch, rounds=FLAGS.rounds, scope=scope,
+      run_batch, rounds=s.rounds, scope=scope,
       summary=lambda done: f"AP {done[0].get('average_precision', math.nan):.4f} (lift "
       f"{done[0].get('lift', math.nan):.2f}), epsilon {done[0]['epsilon_theorem']:.4g}")
   _print_table(rows)
-  _figures(stats.get("persons"))
+  _figures(stats.get("persons"), s)
 
 
 def _print_table(rows):
@@ -251,14 +287,14 @@ def _print_table(rows):
 CURVE = ["method", "mode", "sample_size", "lam", "loss", "alpha", "architecture"]
 
 
-def _figures(persons):
+def _figures(persons, s):
   """AP against the printed theorem's epsilon for the rows of data sets of
   `persons` persons (`plots.pandemic_ap`); and time and peak memory against
   persons (every profile's rows in --output, median per method and profile)."""
   import numpy as np
   import pandas as pd
   from benchmarks import plots
-  every = pd.read_csv(FLAGS.output)
+  every = pd.read_csv(s.output)
   if "scored_on" in every:   # this pipeline's rows only (not an earlier one's)
     every = every[every.scored_on == PIPELINE["scored_on"]]
   df = every if persons is None else every[every.persons == persons]
@@ -268,10 +304,10 @@ def _figures(persons):
   plots.pandemic_ap(df, CURVE, (f"{int(persons):,} persons" if persons
                                 else "given files") + (
       f"; sigma {', '.join(f'{v:g}' for v in unbounded)}: no finite epsilon, not drawn"
-      if unbounded else ""), os.path.join(FLAGS.figures_dir, "pandemic_ap_epsilon.png"))
+      if unbounded else ""), os.path.join(s.figures_dir, "pandemic_ap_epsilon.png"))
   timed = every.dropna(subset=["persons"]).assign(
       load=lambda d: d.load_seconds.fillna(0), memory=lambda d: d.peak_memory_mb / 1024)
-  plots.pandemic_time(timed, os.path.join(FLAGS.figures_dir, "pandemic_time.png"))
+  plots.pandemic_time(timed, os.path.join(s.figures_dir, "pandemic_time.png"))
 
 
 if __name__ == "__main__":

@@ -39,6 +39,7 @@ defense (its DP-SGD clip and silo 0's noise multiplier, or none).
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import math
@@ -127,155 +128,207 @@ flags.adopt_module_key_flags(common)   # --help lists the shared flags too
 FLAGS = flags.FLAGS
 
 
-def _settings():
-  """The validated flags; a UsageError names the first bad one."""
-  common.check_among("parts", FLAGS.parts, PARTS)
-  common.check_one_of("dataset", FLAGS.dataset, DATASETS)
-  common.check_among("methods", FLAGS.methods, METHODS)
-  common.check_one_of("optimizer", FLAGS.optimizer, OPTIMIZERS)
-  common.check_among("defenses", FLAGS.defenses, DEFENSES)
-  common.check_among("mia_methods", FLAGS.mia_methods, MIA_ALGORITHMS)
-  common.check_among("mia_attacks", FLAGS.mia_attacks, MIA_ATTACKS)
-  common.check_one_of("mia_backend", FLAGS.mia_backend, ("tff", "vectorized"))
-  nus = common.parse_numbers(FLAGS.nus, float, "nus")
-  zs = common.parse_numbers(FLAGS.noise_multipliers, float, "noise_multipliers")
-  epsilons = [math.inf if e == NON_PRIVATE else
-              common.parse_numbers([e], float, "mia_epsilons")[0]
-              for e in FLAGS.mia_epsilons]
-  common.check_unique("mia_epsilons", epsilons)
-  common.check_bounds(nus=nus, noise_multipliers=zs, mia_epsilons=epsilons)
-  if FLAGS.run is not None:
-    if not FLAGS["parts"].present:
-      FLAGS.parts = ["membership"]
-    for name in ("dataset", "image_size", "defenses", "nus", "noise_multipliers", "clip",
-                 "lr"):
-      if FLAGS[name].present:
-        raise UsageError(f"--{name} sets the inversion of a fresh model; --run attacks "
-                         "saved runs with their own data, model, learning rate and "
-                         "defense")
-    for name in ("mia_methods", "mia_epsilons", "mia_rounds", "mia_lam",
-                 "mia_test_fraction", "mia_backend", "mia_models"):
-      if FLAGS[name].present:
-        raise UsageError(f"--{name} sets how new targets are trained; --run attacks "
-                         "saved ones")
-    _saved_runs()   # a UsageError if there are none
-  else:
-    common.check_applies("data_dir", ["cifar10"], [FLAGS.dataset], "--dataset")
-    if FLAGS["lira_shadows"].present and "membership" not in FLAGS.parts:
-      raise UsageError("--lira_shadows applies to --parts=membership only")
-    if not FLAGS.mia_models or os.path.isfile(FLAGS.mia_models):
-      raise UsageError(f"--mia_models must name a folder; got {FLAGS.mia_models!r}")
-  if FLAGS.lira_shadows < 0 or FLAGS.lira_shadows == 1:
-    raise UsageError(f"--lira_shadows must be 0 (off) or >= 2; got {FLAGS.lira_shadows}")
-  if FLAGS.batch_size > 1 and "idlg" in FLAGS.methods:
-    raise UsageError("--methods=idlg reads one example's label: use --batch_size=1 or "
-                     "--methods=dlg")
-  if FLAGS.images % FLAGS.batch_size:
-    raise UsageError(f"--images ({FLAGS.images}) must be a multiple of --batch_size "
-                     f"({FLAGS.batch_size})")
-  preset = configs.PRESETS["digits"]
-  rounds = preset.rounds if FLAGS.mia_rounds is None else FLAGS.mia_rounds
-  lam = preset.lam if FLAGS.mia_lam is None else FLAGS.mia_lam
-  if "inversion" in FLAGS.parts:
-    common.check_output(FLAGS.output, INVERSION_SIGNATURE)
-    if os.path.exists(FLAGS.figures_dir) and not os.path.isdir(FLAGS.figures_dir):
-      raise UsageError(f"--figures_dir {FLAGS.figures_dir} is a file; give a folder")
-    common.check_figure_path(os.path.join(FLAGS.figures_dir, "attacks_curves.png"),
-                             "figures_dir")
-  if "membership" in FLAGS.parts:
-    common.check_output(FLAGS.mia_output, MEMBERSHIP_SIGNATURE, "mia_output")
-  return dict(nus=nus, zs=zs, epsilons=epsilons, rounds=rounds, lam=lam, preset=preset)
+@dataclasses.dataclass(frozen=True)
+class Settings:
+  """`benchmarks.attacks`' flags, checked (`from_flags`): the lists parsed
+  (`mia_epsilons` with inf for non-private), `parts` resolved (--run alone:
+  membership), `mia_rounds` and `mia_lam` filled from the digits `preset`."""
+  parts: tuple
+  dataset: str
+  data_dir: str | None
+  image_size: int
+  images: int
+  methods: tuple
+  optimizer: str
+  iterations: int
+  attack_lr: float
+  batch_size: int
+  defenses: tuple
+  nus: tuple
+  noise_multipliers: tuple
+  clip: float
+  clip_aware: bool
+  lr: float
+  delta: float
+  seed: int
+  figure_images: int
+  output: str
+  figures_dir: str
+  mia_output: str
+  mia_models: str
+  mia_methods: tuple
+  mia_epsilons: tuple
+  mia_attacks: tuple
+  mia_rounds: int
+  mia_lam: float
+  mia_test_fraction: float
+  mia_backend: str
+  resume: bool
+  run: str | None
+  lira_shadows: int
+  preset: object   # configs.Preset of digits: the membership targets' settings
+
+  @classmethod
+  def from_flags(cls) -> "Settings":
+    """Checks the flags; a UsageError names the first bad one."""
+    common.check_among("parts", FLAGS.parts, PARTS)
+    common.check_one_of("dataset", FLAGS.dataset, DATASETS)
+    common.check_among("methods", FLAGS.methods, METHODS)
+    common.check_one_of("optimizer", FLAGS.optimizer, OPTIMIZERS)
+    common.check_among("defenses", FLAGS.defenses, DEFENSES)
+    common.check_among("mia_methods", FLAGS.mia_methods, MIA_ALGORITHMS)
+    common.check_among("mia_attacks", FLAGS.mia_attacks, MIA_ATTACKS)
+    common.check_one_of("mia_backend", FLAGS.mia_backend, ("tff", "vectorized"))
+    nus = common.parse_numbers(FLAGS.nus, float, "nus")
+    zs = common.parse_numbers(FLAGS.noise_multipliers, float, "noise_multipliers")
+    epsilons = [math.inf if e == NON_PRIVATE else
+                common.parse_numbers([e], float, "mia_epsilons")[0]
+                for e in FLAGS.mia_epsilons]
+    common.check_unique("mia_epsilons", epsilons)
+    common.check_bounds(nus=nus, noise_multipliers=zs, mia_epsilons=epsilons)
+    parts = FLAGS.parts
+    if FLAGS.run is not None:
+      if not FLAGS["parts"].present:
+        parts = ["membership"]
+      for name in ("dataset", "image_size", "defenses", "nus", "noise_multipliers",
+                   "clip", "lr"):
+        if FLAGS[name].present:
+          raise UsageError(f"--{name} sets the inversion of a fresh model; --run attacks "
+                           "saved runs with their own data, model, learning rate and "
+                           "defense")
+      for name in ("mia_methods", "mia_epsilons", "mia_rounds", "mia_lam",
+                   "mia_test_fraction", "mia_backend", "mia_models"):
+        if FLAGS[name].present:
+          raise UsageError(f"--{name} sets how new targets are trained; --run attacks "
+                           "saved ones")
+      _saved_runs(FLAGS.run)   # a UsageError if there are none
+    else:
+      common.check_applies("data_dir", ["cifar10"], [FLAGS.dataset], "--dataset")
+      if FLAGS["lira_shadows"].present and "membership" not in parts:
+        raise UsageError("--lira_shadows applies to --parts=membership only")
+      if not FLAGS.mia_models or os.path.isfile(FLAGS.mia_models):
+        raise UsageError(f"--mia_models must name a folder; got {FLAGS.mia_models!r}")
+    if FLAGS.lira_shadows < 0 or FLAGS.lira_shadows == 1:
+      raise UsageError(f"--lira_shadows must be 0 (off) or >= 2; got "
+                       f"{FLAGS.lira_shadows}")
+    if FLAGS.batch_size > 1 and "idlg" in FLAGS.methods:
+      raise UsageError("--methods=idlg reads one example's label: use --batch_size=1 or "
+                       "--methods=dlg")
+    if FLAGS.images % FLAGS.batch_size:
+      raise UsageError(f"--images ({FLAGS.images}) must be a multiple of --batch_size "
+                       f"({FLAGS.batch_size})")
+    preset = configs.PRESETS["digits"]
+    rounds = preset.rounds if FLAGS.mia_rounds is None else FLAGS.mia_rounds
+    lam = preset.lam if FLAGS.mia_lam is None else FLAGS.mia_lam
+    if "inversion" in parts:
+      common.check_output(FLAGS.output, INVERSION_SIGNATURE)
+      if os.path.exists(FLAGS.figures_dir) and not os.path.isdir(FLAGS.figures_dir):
+        raise UsageError(f"--figures_dir {FLAGS.figures_dir} is a file; give a folder")
+      common.check_figure_path(os.path.join(FLAGS.figures_dir, "attacks_curves.png"),
+                               "figures_dir")
+    if "membership" in parts:
+      common.check_output(FLAGS.mia_output, MEMBERSHIP_SIGNATURE, "mia_output")
+    return cls(
+        parts=tuple(parts), nus=tuple(nus), noise_multipliers=tuple(zs),
+        mia_epsilons=tuple(epsilons), mia_rounds=rounds, mia_lam=lam, preset=preset,
+        **{name: tuple(FLAGS[name].value)
+           for name in ("methods", "defenses", "mia_methods", "mia_attacks")},
+        **{name: FLAGS[name].value for name in (
+            "dataset", "data_dir", "image_size", "images", "optimizer", "iterations",
+            "attack_lr", "batch_size", "clip", "clip_aware", "lr", "delta", "seed",
+            "figure_images", "output", "figures_dir", "mia_output", "mia_models",
+            "mia_test_fraction", "mia_backend", "resume", "run", "lira_shadows")})
 
 
 # --- inversion ----------------------------------------------------------------------
 
-def _images():
+def _images(s):
   """The attacked images and labels: a seeded choice from the dataset, resized."""
   import tensorflow as tf
   from tff_silo import data
-  if FLAGS.dataset == "digits":
+  if s.dataset == "digits":
     x, y = data.digits_images()
   else:
     try:
-      x, y, _, _ = data.load_cifar10(FLAGS.data_dir)
+      x, y, _, _ = data.load_cifar10(s.data_dir)
     except data.DataError as e:
       raise UsageError(str(e)) from None
   num_classes = int(y.max()) + 1
-  if FLAGS.images > len(y):
-    raise UsageError(f"--images must be at most {len(y)} for {FLAGS.dataset}")
-  pick = np.random.default_rng(FLAGS.seed).choice(len(y), FLAGS.images, replace=False)
+  if s.images > len(y):
+    raise UsageError(f"--images must be at most {len(y)} for {s.dataset}")
+  pick = np.random.default_rng(s.seed).choice(len(y), s.images, replace=False)
   x, y = x[pick], y[pick].astype(np.int64)
-  if x.shape[1:3] != (FLAGS.image_size, FLAGS.image_size):
-    x = tf.clip_by_value(tf.image.resize(x, [FLAGS.image_size] * 2), 0.0, 1.0).numpy()
+  if x.shape[1:3] != (s.image_size, s.image_size):
+    x = tf.clip_by_value(tf.image.resize(x, [s.image_size] * 2), 0.0, 1.0).numpy()
   return x.astype(np.float32), y, num_classes
 
 
 def _defenses(s):
   from attacks.defenses import Defense
-  for name in FLAGS.defenses:
+  for name in s.defenses:
     if name == "none":
       yield Defense()
     elif name == "laplace":
-      yield from (Defense("laplace", nu=nu) for nu in s["nus"])
+      yield from (Defense("laplace", nu=nu) for nu in s.nus)
     elif name == "dp_sgd":
-      yield from (Defense("dp_sgd", l2_norm_clip=FLAGS.clip, noise_multiplier=z)
-                  for z in s["zs"])
+      yield from (Defense("dp_sgd", l2_norm_clip=s.clip, noise_multiplier=z)
+                  for z in s.noise_multipliers)
     else:
-      yield Defense("clip", l2_norm_clip=FLAGS.clip)
+      yield Defense("clip", l2_norm_clip=s.clip)
 
 
-def _attack_key(method, defense, batch):
+def _attack_key(method, defense, batch, s):
   return json.dumps(dict(
-      dataset=FLAGS.dataset, image_size=FLAGS.image_size, images=FLAGS.images,
-      seed=FLAGS.seed, method=method, optimizer=FLAGS.optimizer,
-      iterations=FLAGS.iterations, attack_lr=FLAGS.attack_lr,
-      batch_size=FLAGS.batch_size, batch=batch, defense=defense.name,
+      dataset=s.dataset, image_size=s.image_size, images=s.images,
+      seed=s.seed, method=method, optimizer=s.optimizer,
+      iterations=s.iterations, attack_lr=s.attack_lr,
+      batch_size=s.batch_size, batch=batch, defense=defense.name,
       parameter=defense.parameter, l2_norm_clip=defense.l2_norm_clip,
-      clip_aware=FLAGS.clip_aware,
-      client_lr=FLAGS.lr), sort_keys=True)
+      clip_aware=s.clip_aware,
+      client_lr=s.lr), sort_keys=True)
 
 
-def _image_path(key):
-  folder = os.path.splitext(FLAGS.output)[0] + "_images"
+def _image_path(key, s):
+  folder = os.path.splitext(s.output)[0] + "_images"
   return os.path.join(folder, hashlib.sha1(key.encode()).hexdigest()[:16] + ".npy")
 
 
-def _attack_rows(model, x, y, method, defense, batch, learning_rate=None,
+def _attack_rows(s, model, x, y, method, defense, batch, learning_rate=None,
                  saved=None):
   """Attacks batch `batch` under `defense`: one row per image of the batch. `saved`
   (columns naming a saved run's model) replaces the dataset's columns in the key."""
   from attacks import defenses, dlg, metrics, models
-  learning_rate = FLAGS.lr if learning_rate is None else learning_rate
-  lo = batch * FLAGS.batch_size
-  xb, yb = x[lo:lo + FLAGS.batch_size], y[lo:lo + FLAGS.batch_size]
+  learning_rate = s.lr if learning_rate is None else learning_rate
+  lo = batch * s.batch_size
+  xb, yb = x[lo:lo + s.batch_size], y[lo:lo + s.batch_size]
   start = time.perf_counter()
   update = defenses.observed_update(model, xb, yb, learning_rate=learning_rate,
-                                    defense=defense, seed=(FLAGS.seed, batch))
-  clip = defense.l2_norm_clip if FLAGS.clip_aware else None
+                                    defense=defense, seed=(s.seed, batch))
+  clip = defense.l2_norm_clip if s.clip_aware else None
   result = dlg.reconstruct(
       model, models.gradients_from_update(update, learning_rate), method=method,
-      optimizer=FLAGS.optimizer, iterations=FLAGS.iterations, seed=FLAGS.seed,
-      batch_size=FLAGS.batch_size, learning_rate=FLAGS.attack_lr, l2_norm_clip=clip)
+      optimizer=s.optimizer, iterations=s.iterations, seed=s.seed,
+      batch_size=s.batch_size, learning_rate=s.attack_lr, l2_norm_clip=clip)
   seconds = time.perf_counter() - start
   scores = metrics.score(xb, yb, result.images, result.labels)
   images, labels = result.images[scores.order], result.labels[scores.order]
-  key = _attack_key(method, defense, batch)
+  key = _attack_key(method, defense, batch, s)
   if saved is not None:
     key = json.dumps(dict(json.loads(key), **saved, client_lr=learning_rate),
                      sort_keys=True)
-  path = _image_path(key)
+  path = _image_path(key, s)
   os.makedirs(os.path.dirname(path), exist_ok=True)
   np.save(path, images)
   common_columns = dict(
-      dataset=FLAGS.dataset, image_size=FLAGS.image_size, method=method,
-      optimizer=FLAGS.optimizer, iterations=FLAGS.iterations,
-      iterations_run=len(result.loss_curve) - 1, batch_size=FLAGS.batch_size,
+      dataset=s.dataset, image_size=s.image_size, method=method,
+      optimizer=s.optimizer, iterations=s.iterations,
+      iterations_run=len(result.loss_curve) - 1, batch_size=s.batch_size,
       defense=defense.name, parameter=defense.parameter,
       l2_norm_clip=defense.l2_norm_clip, noise_multiplier=defense.noise_multiplier,
-      nu=defense.nu, clip_aware=FLAGS.clip_aware, client_lr=learning_rate,
-      epsilon=defense.epsilon(FLAGS.delta), delta=FLAGS.delta,
+      nu=defense.nu, clip_aware=s.clip_aware, client_lr=learning_rate,
+      epsilon=defense.epsilon(s.delta), delta=s.delta,
       leakage=defense.leakage(model), final_matching_loss=float(result.loss_curve[-1]),
-      seconds=seconds, seed=FLAGS.seed, batch=batch, images_file=path, run_key=key)
+      seconds=seconds, seed=s.seed, batch=batch, images_file=path, run_key=key)
   common_columns.update(saved or {})
   return [dict(image=lo + i, true_label=int(yb[i]), inferred_label=int(labels[i]),
                label_correct=bool(labels[i] == yb[i]), mse=float(scores.mse[i]),
@@ -285,29 +338,30 @@ def _attack_rows(model, x, y, method, defense, batch, learning_rate=None,
 
 def _run_inversion(s):
   from attacks import models
-  x, y, num_classes = _images()
-  model = models.sigmoid_lenet(x.shape[1:], num_classes, seed=FLAGS.seed)
+  x, y, num_classes = _images(s)
+  model = models.sigmoid_lenet(x.shape[1:], num_classes, seed=s.seed)
   todo = plan.Plan(
-      [plan.Run(_attack_key(m, d, b), f"{m} {d.name} {d.parameter:g} batch {b}",
+      [plan.Run(_attack_key(m, d, b, s), f"{m} {d.name} {d.parameter:g} batch {b}",
                 (m, d, b))
-       for m in FLAGS.methods for d in _defenses(s)
-       for b in range(FLAGS.images // FLAGS.batch_size)],
-      output=FLAGS.output, signature=INVERSION_SIGNATURE, resume=FLAGS.resume)
-  todo.execute(lambda batch, _: [_attack_rows(model, x, y, *run.spec) for run in batch],
+       for m in s.methods for d in _defenses(s)
+       for b in range(s.images // s.batch_size)],
+      output=s.output, signature=INVERSION_SIGNATURE, resume=s.resume)
+  todo.execute(lambda batch, _: [_attack_rows(s, model, x, y, *run.spec)
+                                 for run in batch],
                summary=lambda rows: f"PSNR {rows[0]['psnr']:.1f} SSIM "
                f"{rows[0]['ssim']:.3f} label "
                f"{'ok' if rows[0]['label_correct'] else 'wrong'} ({rows[0]['seconds']:.1f} s)")
-  df = pd.read_csv(FLAGS.output)
+  df = pd.read_csv(s.output)
   df = df[df.run_key.isin({run.key for run in todo.runs})]
   _print_inversion(df)
   from benchmarks import plots
-  for method in FLAGS.methods:
-    path = os.path.join(FLAGS.figures_dir, f"attacks_grid_{method}.png")
-    plots.reconstruction_grid(df[df.method == method], x, y, FLAGS.figure_images,
-                              f"{method.upper()} ({FLAGS.optimizer}, "
-                              f"{FLAGS.iterations} iterations)", path)
+  for method in s.methods:
+    path = os.path.join(s.figures_dir, f"attacks_grid_{method}.png")
+    plots.reconstruction_grid(df[df.method == method], x, y, s.figure_images,
+                              f"{method.upper()} ({s.optimizer}, "
+                              f"{s.iterations} iterations)", path)
     print(f"wrote {path}")
-  path = os.path.join(FLAGS.figures_dir, "attacks_curves.png")
+  path = os.path.join(s.figures_dir, "attacks_curves.png")
   if plots.inversion_curves(df, path):
     print(f"wrote {path}")
 
@@ -322,21 +376,21 @@ def _print_inversion(df):
 def _mia_key(algorithm, epsilon, s):
   """The run key of a fresh membership target (what it was trained with)."""
   return json.dumps(dict(
-      algorithm=algorithm, epsilon=str(epsilon), rounds=s["rounds"],
-      lam=s["lam"] if algorithm == "mrmtl" else None, seed=FLAGS.seed,
-      test_fraction=FLAGS.mia_test_fraction,
+      algorithm=algorithm, epsilon=str(epsilon), rounds=s.mia_rounds,
+      lam=s.mia_lam if algorithm == "mrmtl" else None, seed=s.seed,
+      test_fraction=s.mia_test_fraction,
       protocol="add_remove" if math.isfinite(epsilon) else None,
-      assumed_silo_size=s["preset"].assumed_silo_size if math.isfinite(epsilon) else None),
+      assumed_silo_size=s.preset.assumed_silo_size if math.isfinite(epsilon) else None),
       sort_keys=True)
 
 
-def _mia_recipe() -> dict:
+def _mia_recipe(s) -> dict:
   """The fresh targets' silos (`benchmarks.datasets`): the digits silos with
   --mia_test_fraction of each held out (the non-members)."""
   from tff_silo.data import digits
-  return dict(dataset="digits", seed=FLAGS.seed,
+  return dict(dataset="digits", seed=s.seed,
               mask_probability=digits.MASK_PROBABILITY,
-              test_fraction=FLAGS.mia_test_fraction)
+              test_fraction=s.mia_test_fraction)
 
 
 def _mia_train(algorithm, epsilon, silos, s, progress, folder):
@@ -345,12 +399,12 @@ def _mia_train(algorithm, epsilon, silos, s, progress, folder):
   from tff_silo import algorithms, runs, simulation
   from tff_silo.models import model_for
   from tff_silo.privacy import PrivacyProtocol
-  preset = s["preset"]
+  preset = s.preset
   private = math.isfinite(epsilon)
   model = model_for(silos)
   settings = dict(name=algorithm, client_learning_rate=preset.lr,
-                  batch_size=preset.batch_size, rounds=s["rounds"],
-                  lam=s["lam"] if algorithm == "mrmtl" else 0.0,
+                  batch_size=preset.batch_size, rounds=s.mia_rounds,
+                  lam=s.mia_lam if algorithm == "mrmtl" else 0.0,
                   l2_norm_clip=preset.clip if private else None)
   protocol = (PrivacyProtocol(assumed_silo_size=preset.assumed_silo_size)
               if private else None)
@@ -358,18 +412,18 @@ def _mia_train(algorithm, epsilon, silos, s, progress, folder):
   result = simulation.run_simulation(
       algorithms.silo_definition(definition.pop("name"), model, silos.feature_shape,
                                  **definition),
-      silos, rounds=s["rounds"],
-      seed=common.run_seed(FLAGS.seed, _mia_key(algorithm, epsilon, s)),
+      silos, rounds=s.mia_rounds,
+      seed=common.run_seed(s.seed, _mia_key(algorithm, epsilon, s)),
       target_epsilon=epsilon if private else None,
       target_delta=preset.delta if private else None, progress=progress,
-      protocol=protocol, backend=FLAGS.mia_backend)
+      protocol=protocol, backend=s.mia_backend)
   runs.save(folder, run_key=_mia_key(algorithm, epsilon, s),
             silo_weights=result.silo_weights, server_weights=result.server_weights,
-            model=runs.model_spec(model, silos), data=_mia_recipe(), silos=silos,
+            model=runs.model_spec(model, silos), data=_mia_recipe(s), silos=silos,
             privacy=result.privacy,
             info=dict(binary="benchmarks.attacks", algorithm=algorithm,
                       lam=settings["lam"] if algorithm == "mrmtl" else None,
-                      seed=FLAGS.seed, rounds=result.rounds,
+                      seed=s.seed, rounds=result.rounds,
                       epsilon=epsilon if private else None,
                       delta=preset.delta if private else None,
                       clip=settings["l2_norm_clip"], lr=preset.lr,
@@ -386,28 +440,28 @@ def _run_membership(s):
   --mia_models and attacks the saved run as --run does (train, save, attack)."""
   from benchmarks import datasets
   from tff_silo import runs as runs_lib
-  silos, _ = datasets.load(_mia_recipe())
+  silos, _ = datasets.load(_mia_recipe(s))
   todo = plan.Plan(
-      [plan.Run(_membership_key(_mia_key(a, e, s)), f"{a} epsilon={e:g}", (a, e))
-       for a in FLAGS.mia_methods for e in s["epsilons"]],
-      output=FLAGS.mia_output, signature=MEMBERSHIP_SIGNATURE, resume=FLAGS.resume,
+      [plan.Run(_membership_key(_mia_key(a, e, s), s), f"{a} epsilon={e:g}", (a, e))
+       for a in s.mia_methods for e in s.mia_epsilons],
+      output=s.mia_output, signature=MEMBERSHIP_SIGNATURE, resume=s.resume,
       flag="mia_output")
 
   def run_batch(batch, progress):
     (run,) = batch
     algorithm, epsilon = run.spec
     run_key = _mia_key(algorithm, epsilon, s)
-    folder = runs_lib.run_folder(FLAGS.mia_models, f"{algorithm}-eps{epsilon:g}", run_key)
+    folder = runs_lib.run_folder(s.mia_models, f"{algorithm}-eps{epsilon:g}", run_key)
     if not os.path.isfile(os.path.join(folder, "run.json")):   # else saved, unattacked
       _mia_train(algorithm, epsilon, silos, s, progress, folder)
     saved = runs_lib.load(folder)
     saved.check_data(silos)
-    return [_saved_rows(saved, silos)]
+    return [_saved_rows(saved, silos, s)]
 
-  todo.execute(run_batch, rounds=s["rounds"], summary=lambda rows: f"AUC "
+  todo.execute(run_batch, rounds=s.mia_rounds, summary=lambda rows: f"AUC "
                f"{rows[-1]['auc']:.3f} advantage {rows[-1]['advantage']:.3f}, saved in "
                f"{rows[-1]['saved_run']}")
-  df = pd.read_csv(FLAGS.mia_output, dtype={"silo": str})
+  df = pd.read_csv(s.mia_output, dtype={"silo": str})
   df = df[df.run_key.isin({run.key for run in todo.runs})]
   per_silo = df[df.silo != "all"].groupby("run_key").auc.agg(
       silo_auc_median="median", silo_auc_max="max")
@@ -421,9 +475,8 @@ def _run_membership(s):
   tables.print_frame(overall, columns, number=".3f")
 
 
-def _saved_runs() -> list:
+def _saved_runs(path) -> list:
   """The saved run folders --run names (itself, or those directly inside it)."""
-  path = FLAGS.run
   if os.path.isfile(os.path.join(path, "run.json")):
     return [path]
   found = (sorted(os.path.join(path, name) for name in os.listdir(path)
@@ -435,15 +488,15 @@ def _saved_runs() -> list:
   return found
 
 
-def _load_saved(folder):
+def _load_saved(folder, s):
   """(the saved run, its silos rebuilt from the recipe and checked)."""
   from benchmarks import datasets
   from tff_silo import runs
   try:
     saved = runs.load(folder)
     recipe = dict(saved.meta["data"])
-    if FLAGS.data_dir is not None:
-      recipe["data_dir"] = FLAGS.data_dir
+    if s.data_dir is not None:
+      recipe["data_dir"] = s.data_dir
     silos, _ = datasets.load(recipe)
     saved.check_data(silos)
   except ValueError as e:   # DataError too: a file moved, another version
@@ -451,7 +504,7 @@ def _load_saved(folder):
   return saved, silos
 
 
-def _saved_inversion():
+def _saved_inversion(s):
   """iDLG / DLG against the update silo 0 would send from a saved run's model, at
   round 0 (the initial weights every silo of the MR-MTL family starts from) and
   after the run's rounds (its saved model), under the run's own defense: DP-SGD with
@@ -459,10 +512,10 @@ def _saved_inversion():
   signal-to-noise of any batch), or none. Attacked: the first --images training
   images of silo 0 (members)."""
   from attacks.defenses import Defense
-  done = common.done_rows(FLAGS.output, FLAGS.resume, INVERSION_SIGNATURE)
+  done = common.done_rows(s.output, s.resume, INVERSION_SIGNATURE)
   rows = []
-  for folder in _saved_runs():
-    saved, silos = _load_saved(folder)
+  for folder in _saved_runs(s.run):
+    saved, silos = _load_saved(folder, s)
     if saved.meta["model"]["name"] not in ("small_cnn", "lenet"):
       print(f"{folder}: not an image model; no inversion", file=sys.stderr)
       continue
@@ -472,9 +525,9 @@ def _saved_inversion():
       print(f"{folder}: user-level DP noises the aggregate, not one user's update; no "
             "inversion under its defense", file=sys.stderr)
       continue
-    x = silos.x_train[0][:FLAGS.images]
-    y = silos.y_train[0][:FLAGS.images].astype(np.int64)
-    if len(y) < FLAGS.images:
+    x = silos.x_train[0][:s.images]
+    y = silos.y_train[0][:s.images].astype(np.int64)
+    if len(y) < s.images:
       raise UsageError(f"--images must be at most {len(y)} (silo 0's training images)")
     defense = (Defense("dp_sgd", l2_norm_clip=info["clip"],
                        noise_multiplier=privacy["noise_multipliers"][0])
@@ -485,20 +538,20 @@ def _saved_inversion():
       stages.insert(0, ("round 0", saved.model().init_fn(0)))
     for stage, weights in stages:
       keras = cnn.to_keras(weights, shape)
-      for method in FLAGS.methods:
-        for batch in range(FLAGS.images // FLAGS.batch_size):
+      for method in s.methods:
+        for batch in range(s.images // s.batch_size):
           columns = dict(saved_run=folder, saved_run_key=saved.meta["run_key"],
                          stage=stage, dataset=saved.meta["data"]["dataset"],
                          image_size=shape[0], epsilon=info["epsilon"],
                          delta=info["delta"])
-          key = json.dumps(dict(json.loads(_attack_key(method, defense, batch)),
+          key = json.dumps(dict(json.loads(_attack_key(method, defense, batch, s)),
                                 **columns, client_lr=info["lr"]), sort_keys=True)
           if key in done:
             rows.append(done[key])
             continue
-          part = _attack_rows(keras, x, y, method, defense, batch,
+          part = _attack_rows(s, keras, x, y, method, defense, batch,
                               learning_rate=info["lr"], saved=columns)
-          common.append_rows(FLAGS.output, part)
+          common.append_rows(s.output, part)
           rows += part
           print(f"{folder} {stage} {method} image {batch}: PSNR {part[0]['psnr']:.1f} "
                 f"SSIM {part[0]['ssim']:.3f}", file=sys.stderr, flush=True)
@@ -510,33 +563,33 @@ def _saved_inversion():
             float_format=lambda v: f"{v:.3f}"))
 
 
-def _membership_key(run_key: str) -> str:
+def _membership_key(run_key: str, s) -> str:
   """The membership rows' key of a saved run: its run key and the attack
   settings."""
   return json.dumps(dict(saved_run=run_key,
-                         attacks=sorted(FLAGS.mia_attacks),
-                         lira_shadows=FLAGS.lira_shadows, seed=FLAGS.seed),
+                         attacks=sorted(s.mia_attacks),
+                         lira_shadows=s.lira_shadows, seed=s.seed),
                     sort_keys=True)
 
 
-def _saved_rows(saved, silos):
+def _saved_rows(saved, silos, s):
   """Membership rows of one saved run: per silo, pooled, and TPR at low FPR."""
   from attacks import membership
   from tff_silo.evaluation import SiloEvaluator
   folder = saved.directory
   model = saved.model()
   table = membership.attack_silo_models(model, saved.silo_weights, silos,
-                                        attacks=FLAGS.mia_attacks)
+                                        attacks=s.mia_attacks)
   pooled = membership.loss_threshold_tpr(model, saved.silo_weights, silos)
-  if FLAGS.lira_shadows:
+  if s.lira_shadows:
     try:
-      pooled.update(_lira(saved, model, silos))
+      pooled.update(_lira(saved, model, silos, s))
     except ValueError as e:   # a run that cannot be retrained from its settings
       raise UsageError(f"--lira_shadows: {e}") from None
   info, privacy = saved.meta["info"], saved.meta["privacy"]
   spent = (np.asarray(privacy["epsilon_spent"]) if privacy
            else np.full(silos.num_silos, math.inf))
-  key = _membership_key(saved.meta["run_key"])
+  key = _membership_key(saved.meta["run_key"], s)
   evaluate = SiloEvaluator(model)
   train, silo_train = evaluate(list(saved.silo_weights), silos.x_train, silos.y_train)
   test, silo_test = evaluate(list(saved.silo_weights), silos.x_test, silos.y_test)
@@ -560,11 +613,11 @@ def _saved_rows(saved, silos):
   return rows
 
 
-def _lira(saved, model, silos) -> dict:
+def _lira(saved, model, silos, s) -> dict:
   """The offline LiRA figures of a saved run, from --lira_shadows shadow runs."""
   from attacks import lira
   from tff_silo import simulation
-  masks = lira.splits(silos, FLAGS.lira_shadows, seed=FLAGS.seed)
+  masks = lira.splits(silos, s.lira_shadows, seed=s.seed)
   runs = [saved.training_run(lira.shadow_silos(silos, m), seed=10_000 + j)
           for j, m in enumerate(masks)]
   rounds = saved.meta["info"]["training"]["definition"]["rounds"]
@@ -575,22 +628,22 @@ def _lira(saved, model, silos) -> dict:
   scores, members = lira.offline_scores(model, saved.silo_weights, silos,
                                         [r.silo_weights for r in results], masks)
   return {f"lira_{k}": v for k, v in lira.summary(scores, members).items()} | dict(
-      lira_shadows=FLAGS.lira_shadows)
+      lira_shadows=s.lira_shadows)
 
 
-def _run_saved():
-  done = common.done_rows(FLAGS.mia_output, FLAGS.resume, MEMBERSHIP_SIGNATURE,
+def _run_saved(s):
+  done = common.done_rows(s.mia_output, s.resume, MEMBERSHIP_SIGNATURE,
                           "mia_output")
-  folders = _saved_runs()
+  folders = _saved_runs(s.run)
   rows = []
   for k, folder in enumerate(folders, 1):
-    saved, silos = _load_saved(folder)
-    key = _membership_key(saved.meta["run_key"])
+    saved, silos = _load_saved(folder, s)
+    key = _membership_key(saved.meta["run_key"], s)
     if key in done:   # its pooled row (the last of its rows): not attacked again
       rows.append(done[key])
       continue
-    part = _saved_rows(saved, silos)
-    common.append_rows(FLAGS.mia_output, part)
+    part = _saved_rows(saved, silos, s)
+    common.append_rows(s.mia_output, part)
     rows.append(part[-1])
     print(f"[{k}/{len(folders)}] {folder}: AUC {part[-1]['auc']:.3f}, TPR at 0.1% / 1% "
           f"FPR {part[-1]['tpr_at_fpr_0.001']:.4f} / {part[-1]['tpr_at_fpr_0.01']:.4f}",
@@ -606,20 +659,20 @@ def _run_saved():
 def main(argv):
   if len(argv) > 1:
     raise UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
-  s = _settings()
+  s = Settings.from_flags()
   from tff_silo import runtime
   runtime.exit_cleanly_on_sigterm()
-  if "inversion" in FLAGS.parts and FLAGS.run is None:
+  if "inversion" in s.parts and s.run is None:
     _run_inversion(s)
-  if FLAGS.run is not None:
-    if "inversion" in FLAGS.parts:
-      _saved_inversion()
-    if "membership" in FLAGS.parts:
-      _run_saved()
-  elif "membership" in FLAGS.parts:
+  if s.run is not None:
+    if "inversion" in s.parts:
+      _saved_inversion(s)
+    if "membership" in s.parts:
+      _run_saved(s)
+  elif "membership" in s.parts:
     _run_membership(s)
   sys.stdout.flush()
 
 
 if __name__ == "__main__":
-  common.run_main(main, check_first=_settings)
+  common.run_main(main, check_first=Settings.from_flags)

@@ -627,13 +627,14 @@ def _figure(s, name) -> str:
   return os.path.join(s.figures_dir, f"{name}_{s.preset}{suffix}.png")
 
 
-def _plots(s, trials, selected):
+def _plots(s, trials, selected, chance):
   """The privacy-utility, leakage (with --membership) and lambda figures; `trials`
-  None (private tuning) draws every figure from the selected rows alone."""
+  None (private tuning) draws every figure from the selected rows alone; `chance`
+  the accuracy of a uniform guess (None for regression)."""
   from benchmarks import plots
   plots.privacy_utility(selected, f"{s.preset}: tuning {s.tuning}" + (
       " (not accounted)" if s.tuning == "free" else " (accounted)"),
-                        _figure(s, "privacy_utility"))
+                        _figure(s, "privacy_utility"), chance)
   if "mia_auc" in selected and selected.mia_auc.notna().any():
     plots.leakage(selected, f"{s.preset}: leakage of the selected models",
                   _figure(s, "leakage"))
@@ -643,7 +644,7 @@ def _plots(s, trials, selected):
   lam_rows = lam_rows[lam_rows.method.isin(LAMBDA_METHODS)]
   if not lam_rows.empty:
     plots.lambda_panels(lam_rows, selected, _figure(s, "lambda"),
-                        every_trial=trials is not None)
+                        every_trial=trials is not None, chance=chance)
 
 
 def main(argv):
@@ -716,7 +717,10 @@ def main(argv):
   os.makedirs(os.path.dirname(os.path.abspath(s.table)), exist_ok=True)
   with open(s.table, "w") as f:
     f.write(markdown)
-  _plots(s, ours, selected)
+  # a uniform guess's accuracy: one class in num_classes, or a coin
+  chance = {"multiclass": 1 / silos.num_classes, "binary_pm1": 0.5,
+            "binary_01": 0.5}.get(silos.task)
+  _plots(s, ours, selected, chance)
   print(markdown)
   figures = [_figure(s, name) for name in ("privacy_utility", "lambda")
              + (("leakage",) if s.membership else ())]

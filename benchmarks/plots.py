@@ -34,11 +34,12 @@ def _save(fig, path: str, dpi: int = 120, tight: bool = False) -> None:
 
 # --- benchmarks.compare ---------------------------------------------------------------
 
-def _against_epsilon(ax, selected, column: str) -> None:
+def _against_epsilon(ax, selected, column: str, chance: float | None = None) -> None:
   """`column` of the selected rows against epsilon, one line per method: the mean
   over seeds with a band of one sd, on a log epsilon axis; the non-private cells as
   points set apart on the right (side by side); a log y when the largest value is
-  4 or more times the smallest, so that the small ones stay readable."""
+  4 or more times the smallest, so that the small ones stay readable; `chance`
+  (a random guess's value) dotted."""
   finite = sorted(e for e in selected.epsilon.unique() if math.isfinite(e))
   apart = (finite[-1] if finite else 1.0) * 3   # where the non-private points go
   for i, (method, rows) in enumerate(selected.groupby("method", sort=False)):
@@ -66,16 +67,19 @@ def _against_epsilon(ax, selected, column: str) -> None:
     ax.set_yscale("log")
     for axis in (ax.yaxis.set_major_formatter, ax.yaxis.set_minor_formatter):
       axis(ticker.FormatStrFormatter("%g"))   # 0.03, not 3 x 10^-2
+  if chance is not None:
+    ax.axhline(chance, ls=":", color="grey", label=f"chance ({chance:.3g})")
   ax.set_xlabel("per-silo epsilon (log scale)")
   ax.legend(title=f"mean, band: sd over {selected.seed.nunique()} seeds",
             title_fontsize=7, fontsize=7)
 
 
-def privacy_utility(selected, title: str, path: str) -> None:
-  """`benchmarks.compare`: the selected models' test metric against epsilon."""
+def privacy_utility(selected, title: str, path: str, chance: float | None = None) -> None:
+  """`benchmarks.compare`: the selected models' test metric against epsilon;
+  `chance` (the accuracy of a uniform guess) dotted."""
   plt = _pyplot()
   fig, ax = plt.subplots(figsize=(6.5, 4.2))
-  _against_epsilon(ax, selected, "test_metric")
+  _against_epsilon(ax, selected, "test_metric", chance)
   ax.set_ylabel(f"test {selected.metric.iloc[0]} (tuned on validation)")
   ax.set_title(title, fontsize=9)
   fig.tight_layout()
@@ -87,17 +91,17 @@ def leakage(selected, title: str, path: str) -> None:
   AUC against epsilon, chance (0.5) dotted."""
   plt = _pyplot()
   fig, ax = plt.subplots(figsize=(6.5, 4.2))
-  _against_epsilon(ax, selected[selected.mia_auc.notna()], "mia_auc")
-  ax.axhline(0.5, ls=":", color="grey")
+  _against_epsilon(ax, selected[selected.mia_auc.notna()], "mia_auc", chance=0.5)
   ax.set_ylabel("membership inference AUC (pooled; chance 0.5)")
   ax.set_title(title, fontsize=9)
   fig.tight_layout()
   _save(fig, path)
 
 
-def lambda_panels(lam_rows, selected, path: str, *, every_trial: bool) -> None:
+def lambda_panels(lam_rows, selected, path: str, *, every_trial: bool,
+                  chance: float | None = None) -> None:
   """`benchmarks.compare`: the test metric against lambda, one panel (and y) per
-  epsilon, the untuned methods' means dashed. `every_trial` (free tuning):
+  epsilon, the untuned methods' means dashed, `chance` dotted. `every_trial` (free tuning):
   `lam_rows` are trials, drawn per (method, lambda, seed) at the best validation
   score as a mean with an sd band; otherwise the selected models alone, at the
   lambda each selected."""
@@ -127,6 +131,8 @@ def lambda_panels(lam_rows, selected, path: str, *, every_trial: bool) -> None:
       line = selected[(selected.method == other) & (selected.epsilon == epsilon)]
       if len(line):
         ax.axhline(line.test_metric.mean(), ls="--", color=color, label=other)
+    if chance is not None:
+      ax.axhline(chance, ls=":", color="grey", label=f"chance ({chance:.3g})")
     ax.set_xscale("log")
     ax.set_title(epsilon_label(epsilon, "epsilon"), fontsize=9)
     ax.set_xlabel("lambda" if every_trial else "lambda selected (each seed)")

@@ -1,0 +1,41 @@
+"""The compare figures draw chance where the metric has one (accuracy), and not
+where it has none (regression)."""
+
+import math
+
+import pandas as pd
+import pytest
+
+from benchmarks import plots
+
+
+@pytest.fixture
+def drawn(monkeypatch):
+  """The figures `plots` would save, by file name, not written."""
+  figures = {}
+  monkeypatch.setattr(plots, "_save",
+                      lambda fig, path, **_: figures.__setitem__(path, fig))
+  return figures
+
+
+def _selected(metric):
+  return pd.DataFrame([
+      dict(method=m, epsilon=e, seed=seed, lam=lam, metric=metric,
+           test_metric=0.1 + 0.01 * seed + (0.5 if math.isinf(e) else 0.0),
+           validation_metric=0.2, trial=-1)
+      for m, lam in (("local", 0.0), ("mrmtl", 0.1)) for e in (1.0, 4.0, math.inf)
+      for seed in (0, 1)])
+
+
+def _labels(fig):
+  return [line.get_label() for ax in fig.axes for line in ax.get_lines()]
+
+
+@pytest.mark.parametrize("chance", [0.1, None])
+def test_privacy_utility_and_lambda_draw_chance_when_given(drawn, chance):
+  selected = _selected("accuracy" if chance else "mse")
+  plots.privacy_utility(selected, "t", "pu.png", chance)
+  plots.lambda_panels(selected, selected, "lam.png", every_trial=False, chance=chance)
+  for name in ("pu.png", "lam.png"):
+    found = [label for label in _labels(drawn[name]) if label.startswith("chance")]
+    assert len(found) == (0 if chance is None else 1 if name == "pu.png" else 3), name

@@ -23,6 +23,7 @@ condition, which need no tuning.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 from absl import flags
@@ -56,25 +57,47 @@ flags.adopt_module_key_flags(common)   # --help lists the shared flags too
 SIGNATURE = ("condition", "lam", "error")
 
 
-def _settings():
-  etas = common.parse_numbers(FLAGS.etas, float, "etas")
-  common.check_bounds(etas=etas)
-  common.check_output(FLAGS.output, SIGNATURE)
-  common.check_figure_path(FLAGS.plot)
-  return etas
+@dataclasses.dataclass(frozen=True)
+class Settings:
+  """`benchmarks.tuning_cost`'s flags, checked (`from_flags`)."""
+  num_silos: int
+  n: int
+  sigma: float
+  tau: float
+  epsilon: float
+  delta: float
+  clip: float
+  etas: tuple
+  mean_trials: float
+  num_lambdas: int
+  monte_carlo_trials: int
+  seed: int
+  output: str
+  plot: str
+
+  @classmethod
+  def from_flags(cls) -> "Settings":
+    """Checks the flags; raises UsageError."""
+    etas = common.parse_numbers(FLAGS.etas, float, "etas")
+    common.check_bounds(etas=etas)
+    common.check_output(FLAGS.output, SIGNATURE)
+    common.check_figure_path(FLAGS.plot)
+    return cls(etas=tuple(etas), **{name: FLAGS[name].value for name in (
+        "num_silos", "n", "sigma", "tau", "epsilon", "delta", "clip", "mean_trials",
+        "num_lambdas", "monte_carlo_trials", "seed", "output", "plot")})
 
 
-def _conditions(etas):
+def _conditions(s):
   """(name, eta or None, trials or None, noise multiplier) of every condition."""
   import dp_accounting
   from tff_silo.privacy import tuning
   calibrate = lambda trials: tuning.calibrate_noise(
-      FLAGS.epsilon, FLAGS.delta, dp_accounting.GaussianDpEvent, trials)
+      s.epsilon, s.delta, dp_accounting.GaussianDpEvent, trials)
   out = [("non_private", None, None, 0.0), ("private", None, None, calibrate(None))]
-  for eta in etas:
-    trials = tuning.TruncatedNegativeBinomial.with_mean(eta, FLAGS.mean_trials)
+  for eta in s.etas:
+    trials = tuning.TruncatedNegativeBinomial.with_mean(eta, s.mean_trials)
     out.append((f"tnb_eta={eta:g}", eta, trials, calibrate(trials)))
-  trials = tuning.PoissonTrials(FLAGS.mean_trials)
+  trials = tuning.PoissonTrials(s.mean_trials)
   out.append(("poisson", None, trials, calibrate(trials)))
   return out
 
@@ -82,24 +105,24 @@ def _conditions(etas):
 def main(argv):
   if len(argv) > 1:
     raise UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
-  etas = _settings()
+  s = Settings.from_flags()
   from tff_silo import theory
   from tff_silo.privacy import tuning
-  lams = np.concatenate([[0.0], np.logspace(-3, 2, FLAGS.num_lambdas)])
-  k, tau2 = FLAGS.num_silos, FLAGS.tau ** 2
-  settings = dict(num_silos=k, n=FLAGS.n, sigma=FLAGS.sigma, tau=FLAGS.tau,
-                  epsilon=FLAGS.epsilon, delta=FLAGS.delta, clip=FLAGS.clip,
-                  mean_trials=FLAGS.mean_trials)
+  lams = np.concatenate([[0.0], np.logspace(-3, 2, s.num_lambdas)])
+  k, tau2 = s.num_silos, s.tau ** 2
+  settings = dict(num_silos=k, n=s.n, sigma=s.sigma, tau=s.tau,
+                  epsilon=s.epsilon, delta=s.delta, clip=s.clip,
+                  mean_trials=s.mean_trials)
   rows, summary = [], []
-  for name, eta, trials, z in _conditions(etas):
-    sigma_dp2 = (FLAGS.clip * z) ** 2
-    sigma_loc2 = theory.local_variance(FLAGS.n, FLAGS.sigma ** 2, sigma_dp2)
+  for name, eta, trials, z in _conditions(s):
+    sigma_dp2 = (s.clip * z) ** 2
+    sigma_loc2 = theory.local_variance(s.n, s.sigma ** 2, sigma_dp2)
     errors = np.array([theory.mrmtl_error(lam, k, sigma_loc2, tau2) for lam in lams])
     for lam, error in zip(lams, errors):
       monte_carlo = (theory.monte_carlo_mrmtl_error(
-          lam, num_silos=k, n=FLAGS.n, sigma2=FLAGS.sigma ** 2, tau2=tau2,
-          sigma_dp2=sigma_dp2, trials=FLAGS.monte_carlo_trials, seed=FLAGS.seed)
-                     if FLAGS.monte_carlo_trials else float("nan"))
+          lam, num_silos=k, n=s.n, sigma2=s.sigma ** 2, tau2=tau2,
+          sigma_dp2=sigma_dp2, trials=s.monte_carlo_trials, seed=s.seed)
+                     if s.monte_carlo_trials else float("nan"))
       rows.append(dict(condition=name, eta=eta, noise_multiplier=z, lam=lam,
                        error=error, error_monte_carlo=monte_carlo, **settings))
     best = int(np.argmin(errors))
@@ -109,15 +132,15 @@ def main(argv):
                      else float("nan")),
         local_error=errors[0], fedavg_error=theory.mrmtl_error(math.inf, k, sigma_loc2,
                                                                tau2)))
-  common.append_rows(FLAGS.output, rows)
+  common.append_rows(s.output, rows)
   from benchmarks import plots
-  plots.tuning_cost(rows, summary, f"K={FLAGS.num_silos}, n={FLAGS.n}, "
-                    f"sigma={FLAGS.sigma:g}, tau={FLAGS.tau:g}, eps={FLAGS.epsilon:g}, "
-                    f"delta={FLAGS.delta:g}, E[h]={FLAGS.mean_trials:g}", FLAGS.plot)
+  plots.tuning_cost(rows, summary, f"K={s.num_silos}, n={s.n}, "
+                    f"sigma={s.sigma:g}, tau={s.tau:g}, eps={s.epsilon:g}, "
+                    f"delta={s.delta:g}, E[h]={s.mean_trials:g}", s.plot)
   import pandas as pd
   from benchmarks import tables
   tables.print_frame(pd.DataFrame(summary), number=".6g")
-  print(f"{len(rows)} row(s) appended to {FLAGS.output}; figure: {FLAGS.plot}")
+  print(f"{len(rows)} row(s) appended to {s.output}; figure: {s.plot}")
 
 
 if __name__ == "__main__":

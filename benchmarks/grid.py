@@ -67,10 +67,6 @@ class Settings:
   device: str = "auto"
   aggregator: object = None
 
-  @property
-  def private_tuning(self) -> bool:
-    return self.tuning == "private"
-
 
 def privacy_unit(method: str) -> str:
   return PRIVACY_UNITS.get(method, "example")

@@ -236,7 +236,8 @@ class Settings:
     preset = configs.PRESETS[FLAGS.dataset]
 
     def given_or_preset(name):
-      return FLAGS[name].value if FLAGS[name].value is not None else getattr(preset, name)
+      value = FLAGS[name].value
+      return getattr(preset, name) if value is None else value
 
     values = {name: given_or_preset(name) for name in (
         "rounds", "batch_size", "clip", "lr", "delta", "num_clusters")}

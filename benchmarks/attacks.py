@@ -231,13 +231,12 @@ class Settings:
     return cls(
         parts=tuple(parts), nus=tuple(nus), noise_multipliers=tuple(zs),
         mia_epsilons=tuple(epsilons), mia_rounds=rounds, mia_lam=lam, preset=preset,
-        **{name: tuple(FLAGS[name].value)
-           for name in ("methods", "defenses", "mia_methods", "mia_attacks")},
-        **{name: FLAGS[name].value for name in (
-            "dataset", "data_dir", "image_size", "images", "optimizer", "iterations",
-            "attack_lr", "batch_size", "clip", "clip_aware", "lr", "delta", "seed",
-            "figure_images", "output", "figures_dir", "mia_output", "mia_models",
-            "mia_test_fraction", "mia_backend", "resume", "run", "lira_shadows")})
+        **common.flag_values(
+            "methods", "defenses", "mia_methods", "mia_attacks", "dataset", "data_dir",
+            "image_size", "images", "optimizer", "iterations", "attack_lr",
+            "batch_size", "clip", "clip_aware", "lr", "delta", "seed", "figure_images",
+            "output", "figures_dir", "mia_output", "mia_models", "mia_test_fraction",
+            "mia_backend", "resume", "run", "lira_shadows"))
 
 
 # --- inversion ----------------------------------------------------------------------

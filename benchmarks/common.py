@@ -65,6 +65,13 @@ def check_given_lists() -> None:
                        "out for its default")
 
 
+def flag_values(*names) -> dict:
+  """The values of flags `names` as given or defaulted, a list flag's as a tuple:
+  the fields of a binary's frozen `Settings` that are its flags unchanged."""
+  return {name: tuple(FLAGS[name].value) if isinstance(FLAGS[name].value, list)
+          else FLAGS[name].value for name in names}
+
+
 _BOUNDS = {}   # flag name -> (its range as text, a test of one value, the module
                # whose define_bounds gave it)
 

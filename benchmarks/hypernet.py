@@ -181,15 +181,15 @@ class Settings:
     if FLAGS.plot:
       common.check_figure_path(FLAGS.plot)
     return cls(
-        methods=tuple(FLAGS.methods), seeds=tuple(seeds), grid=tuple(grid),
-        channels=tuple(channels),
-        given=json.dumps({name: FLAGS[name].value for name in FLAG_NAMES}),
-        **{name: FLAGS[name].value for name in (
-            "dataset", "data_dir", "cache_dir", "num_users", "classes_per_user",
-            "weight_cap", "public_user_sizes", "delta", "rounds", "local_steps",
-            "batch_size", "lr", "hypernet_lr", "embedding_lr", "hidden_width",
-            "embedding_dim", "dense", "fedavg_local_epochs", "eval_every", "backend",
-            "device", "output", "resume", "save_models", "plot")})
+        seeds=tuple(seeds), grid=tuple(grid), channels=tuple(channels),
+        given=json.dumps(common.flag_values(*FLAG_NAMES)),
+        **common.flag_values(
+            "methods", "dataset", "data_dir", "cache_dir", "num_users",
+            "classes_per_user", "weight_cap", "public_user_sizes", "delta", "rounds",
+            "local_steps", "batch_size", "lr", "hypernet_lr", "embedding_lr",
+            "hidden_width", "embedding_dim", "dense", "fedavg_local_epochs",
+            "eval_every", "backend", "device", "output", "resume", "save_models",
+            "plot"))
 
 
 def _recipe(seed, s) -> dict:

@@ -132,12 +132,10 @@ class Settings:
     return cls(
         **{name: tuple(values) for name, values in lists.items()},
         seeds=tuple(common.parse_seeds(FLAGS.seeds)),
-        **{name: tuple(FLAGS[name].value)
-           for name in ("methods", "modes", "losses", "architectures")},
-        **{name: FLAGS[name].value for name in (
-            "data_dir", "profile", "seed", "final_week_rate", "scenario", "clip",
-            "rounds", "batch_size", "lr", "backend", "device", "output",
-            "generated_dir", "figures_dir", "resume")})
+        **common.flag_values(
+            "methods", "modes", "losses", "architectures", "data_dir", "profile",
+            "seed", "final_week_rate", "scenario", "clip", "rounds", "batch_size", "lr",
+            "backend", "device", "output", "generated_dir", "figures_dir", "resume"))
 
 
 def _data_dir(s) -> tuple:

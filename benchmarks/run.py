@@ -250,18 +250,17 @@ class Settings:
     common.check_output(FLAGS.output, SIGNATURE)
     common.check_save_models()
     return cls(
-        **values, methods=tuple(FLAGS.methods), dataset=FLAGS.dataset,
-        data_dir=FLAGS.data_dir, epsilon=FLAGS.epsilon,
-        seeds=tuple(common.parse_seeds(FLAGS.seeds)), protocol=protocol,
+        **values, seeds=tuple(common.parse_seeds(FLAGS.seeds)), protocol=protocol,
         sampling=sampling, standardize=_standardize(),
-        given=json.dumps({k: FLAGS[k].value for k in GIVEN}),
-        **{name: FLAGS[name].value for name in (
-            "local_epochs", "standardize_clip", "standardize_budget_share",
-            "ledger_csv", "outside_guarantee_metrics", "finetune_fraction",
-            "corrupt_silos", "corruption", "mask_probability", "eval_every",
-            "selection_fraction", "selection_budget_share", "nu", "clients_per_round",
-            "leakage_cap", "patience", "kmeans_iterations", "backend", "device",
-            "output", "resume", "save_models")})
+        given=json.dumps(common.flag_values(*GIVEN)),
+        **common.flag_values(
+            "methods", "dataset", "data_dir", "epsilon", "local_epochs",
+            "standardize_clip", "standardize_budget_share", "ledger_csv",
+            "outside_guarantee_metrics", "finetune_fraction", "corrupt_silos",
+            "corruption", "mask_probability", "eval_every", "selection_fraction",
+            "selection_budget_share", "nu", "clients_per_round", "leakage_cap",
+            "patience", "kmeans_iterations", "backend", "device", "output", "resume",
+            "save_models"))
 
 
 # The flags a row records as given (its `flags` column).

@@ -82,9 +82,9 @@ class Settings:
     common.check_bounds(etas=etas)
     common.check_output(FLAGS.output, SIGNATURE)
     common.check_figure_path(FLAGS.plot)
-    return cls(etas=tuple(etas), **{name: FLAGS[name].value for name in (
+    return cls(etas=tuple(etas), **common.flag_values(
         "num_silos", "n", "sigma", "tau", "epsilon", "delta", "clip", "mean_trials",
-        "num_lambdas", "monte_carlo_trials", "seed", "output", "plot")})
+        "num_lambdas", "monte_carlo_trials", "seed", "output", "plot"))
 
 
 def _conditions(s):

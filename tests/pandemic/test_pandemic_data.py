@@ -257,6 +257,26 @@ def _rewrite(path, change):
   files.write_csv_gz(change(pd.read_csv(path)), path)
 
 
+@pytest.mark.parametrize("share", [0.0, 0.02, 0.5, 1.0])
+def test_the_days_pressure_is_the_sum_over_every_contact_to_the_bit(share):
+  """`Contacts.pressure` visits only the contacts of spreading persons, in the
+  contacts' own order: the same floats as summing force * hours over every contact
+  (zeros included), so outbreaks do not depend on the shortcut."""
+  rng = np.random.default_rng(7)
+  n = 300
+  pairs = np.unique(np.sort(rng.integers(0, n, (4000, 2)), 1), axis=0)
+  order = rng.permutation(len(pairs))   # contacts in no particular order
+  pid1, pid2 = pairs[order].T
+  hours = rng.exponential(2.0, len(pid1)) * rng.choice([1.0, 3.0], len(pid1))
+  spreading = rng.random(n) < share
+  force = np.where(spreading, rng.choice([0.5, 1.0], n), 0.0)
+  every = (np.bincount(pid2, weights=force[pid1] * hours, minlength=n)
+           + np.bincount(pid1, weights=force[pid2] * hours, minlength=n))
+  got = epidemic.Contacts(pid1, pid2, hours, n).pressure(np.flatnonzero(spreading),
+                                                         force)
+  np.testing.assert_array_equal(got, every)
+
+
 def test_the_epidemic_target_counts_new_symptomatic_cases():
   reported = np.zeros((3, 64), np.int8)
   reported[0, 60:] = 1        # S on day 56, I on day 60: positive

@@ -62,10 +62,42 @@ class Outbreak:
   seeds: np.ndarray             # the persons infectious on day 0
 
 
-def simulate(pid1, pid2, hours, age, county, config: EpidemicConfig, seed: int
-             ) -> Outbreak:
-  """The outbreak over `DAYS` days on the undirected contacts (pid1, pid2, hours)."""
+class Contacts:
+  """The undirected contacts (pid1, pid2, hours) indexed by each end, so that a day
+  visits only the contacts of infectious persons (a few percent of them)."""
+
+  def __init__(self, pid1, pid2, hours, n: int):
+    self.ends = (np.asarray(pid1), np.asarray(pid2))
+    self.hours = np.asarray(hours)
+    self.n = n
+    self._by_end = []
+    for end in self.ends:   # the contacts of person i: order[indptr[i]:indptr[i + 1]]
+      counts = np.bincount(end, minlength=n)
+      self._by_end.append((np.argsort(end, kind="stable"),
+                           np.concatenate([[0], np.cumsum(counts)])))
+
+  def pressure(self, spreading, force) -> np.ndarray:
+    """sum over contacts (i, j) of force_i * hours_ij, per j (`spreading`: the
+    persons whose force is not 0). Only their contacts are summed, in the contacts' own order, so the sums are those
+    over every contact to the last bit (the other terms are exact zeros)."""
+    total = np.zeros(self.n)
+    for side, (order, indptr) in enumerate(self._by_end):
+      starts = indptr[spreading]
+      counts = indptr[spreading + 1] - starts
+      within = np.arange(counts.sum()) - np.repeat(np.cumsum(counts) - counts, counts)
+      edges = np.sort(order[np.repeat(starts, counts) + within])
+      source, target = self.ends[side][edges], self.ends[1 - side][edges]
+      total += np.bincount(target, weights=force[source] * self.hours[edges],
+                           minlength=self.n)
+    return total
+
+
+def simulate(pid1, pid2, hours, age, county, config: EpidemicConfig, seed: int, *,
+             contacts: Contacts = None) -> Outbreak:
+  """The outbreak over `DAYS` days on the undirected contacts (pid1, pid2, hours)
+  (`contacts`: the same contacts already indexed, for repeated runs)."""
   n = len(age)
+  contacts = contacts or Contacts(pid1, pid2, hours, n)
   rng = np.random.default_rng([seed, 0])
   latent = rng.choice(config.latent_days, n, p=config.latent_probabilities)
   infectious = rng.choice(config.infectious_days, n, p=config.infectious_probabilities)
@@ -98,9 +130,9 @@ def simulate(pid1, pid2, hours, age, county, config: EpidemicConfig, seed: int
     ends[recovering] = np.iinfo(np.int32).max
     reported[:, day] = REPORTED[state]
     # today's infections (E from tomorrow)
-    force = np.where((state == A) | (state == P), weight, 0.0)
-    pressure = (np.bincount(pid2, weights=force[pid1] * hours, minlength=n)
-                + np.bincount(pid1, weights=force[pid2] * hours, minlength=n))
+    spreading = (state == A) | (state == P)
+    pressure = contacts.pressure(np.flatnonzero(spreading),
+                                 np.where(spreading, weight, 0.0))
     day_rng = np.random.default_rng([seed, 1, day])
     draws, imported = day_rng.random(n), day_rng.random(n)
     new = (state == S) & ((draws < -np.expm1(-sus * pressure))
@@ -129,12 +161,14 @@ def calibrate(pid1, pid2, hours, age, county, config: EpidemicConfig, seed: int,
   falls again once the outbreak burns out before day 57, so beta is the first
   crossing on a log grid (the slow, still-growing branch), refined by bisection."""
   rates, best = {}, [None]
+  contacts = Contacts(pid1, pid2, hours, len(age))
   distance = lambda r: abs(np.log(max(r, 1e-9) / final_week_rate))
 
   def rate(beta):
     if beta not in rates:
       trial = dataclasses.replace(config, beta=float(beta))
-      outbreak = simulate(pid1, pid2, hours, age, county, trial, seed)
+      outbreak = simulate(pid1, pid2, hours, age, county, trial, seed,
+                          contacts=contacts)
       rates[beta] = target(outbreak.reported).mean()
       if best[0] is None or distance(rates[beta]) < distance(best[0][2]):
         best[0] = (trial, outbreak, rates[beta])   # only the closest is kept

@@ -25,6 +25,7 @@ import dataclasses
 import hashlib
 import math
 import os
+import shutil
 import time
 from typing import Optional
 
@@ -414,13 +415,20 @@ def _tables(pop: Population, reported: np.ndarray) -> dict:
           "disease_outcome_data_path": outcome}
 
 
-def _write_folder(folder: str, tables: dict, target_table: Optional[pd.DataFrame]) -> None:
+def _write_stages(train: str, test: str, tables: dict, target_table: pd.DataFrame
+                  ) -> None:
+  """The train and test folders of one client (or the centralized one): the same
+  tables (written once, the test folder's are byte copies), and in the test folder
+  the target and the predictions' format."""
   for argument, table in tables.items():
-    files.write_csv_gz(table, os.path.join(folder, files.FILES[argument]))
-  if target_table is not None:
-    files.write_csv_gz(target_table, os.path.join(folder, files.TARGET))
-    files.write_csv(target_table[["pid"]].assign(score=0.5),
-                    os.path.join(folder, files.PREDICTIONS_FORMAT))
+    path = os.path.join(train, files.FILES[argument])
+    files.write_csv_gz(table, path)
+    copy = os.path.join(test, files.FILES[argument])
+    os.makedirs(os.path.dirname(copy), exist_ok=True)
+    shutil.copyfile(path, copy)
+  files.write_csv_gz(target_table, os.path.join(test, files.TARGET))
+  files.write_csv(target_table[["pid"]].assign(score=0.5),
+                  os.path.join(test, files.PREDICTIONS_FORMAT))
 
 
 def generate(out: str, profile="tiny", seed: int = 0, *,
@@ -445,9 +453,9 @@ def generate(out: str, profile="tiny", seed: int = 0, *,
   infected = epidemic.target(outbreak.reported, count_asymptomatic)
   tables = _tables(pop, outbreak.reported)
   target_table = pd.DataFrame(dict(pid=np.arange(len(infected)), infected=infected))
-  for stage in ("train", "test"):
-    folder = os.path.join(out, "centralized", stage)
-    _write_folder(folder, tables, target_table if stage == "test" else None)
+  centralized = [os.path.join(out, "centralized", stage) for stage in ("train", "test")]
+  _write_stages(*centralized, tables, target_table)
+  for folder in centralized:
     files.write_json(files.FILES, os.path.join(folder, "data.json"))
   written = []
   for name in scenarios:
@@ -457,15 +465,15 @@ def generate(out: str, profile="tiny", seed: int = 0, *,
     if clients is None:
       say(f"{name}: not possible with {profile.counties} counties; skipped")
       continue
+    layout = {}
+    for client, counties in clients.items():
+      part = partition.client_tables(tables, pop, counties)
+      persons = part["person_data_path"].pid.to_numpy()
+      _write_stages(*(os.path.join(out, name, stage, client)
+                      for stage in ("train", "test")),
+                    part, target_table.iloc[persons].reset_index(drop=True))
+      layout[client] = dict(files.FILES)
     for stage in ("train", "test"):
-      layout = {}
-      for client, counties in clients.items():
-        part = partition.client_tables(tables, pop, counties)
-        persons = part["person_data_path"].pid.to_numpy()
-        _write_folder(os.path.join(out, name, stage, client), part,
-                      target_table.iloc[persons].reset_index(drop=True)
-                      if stage == "test" else None)
-        layout[client] = dict(files.FILES)
       files.write_json(layout, os.path.join(out, name, stage, "partitions.json"))
     written.append(name)
   with open(os.path.join(out, "scenarios.txt"), "w") as f:

@@ -181,7 +181,9 @@ class _Objective:
 
     self.value_and_gradients = tf.function(value_and_gradients)
     self._lbfgs_step = tf.function(lbfgs_step)
-    self._lbfgs_start = tf.function(lbfgs_start)
+    # The start runs eagerly: it evaluates the traced objective once and iterates
+    # zero times, and tracing L-BFGS's loop for it cost seconds per objective.
+    self._lbfgs_start = lbfgs_start
 
   def _dummy_gradient(self, model, x, probs):
     """The dummy batch's gradient; with a clip, the mean of its examples' gradients

@@ -353,13 +353,14 @@ def peak_memory_mb() -> float:
 def round_progress(tag: str, rounds: int):
   """A `progress(rounds_done, total, seconds)` callback for the simulation drivers:
   prints `tag`, the round, the time so far and the time left at this pace to stderr
-  about every tenth round and at the end."""
+  after the first round (no estimate yet: it carries the tracing), about every tenth
+  round and at the end."""
   step = max(1, rounds // 10)
 
   def progress(rounds_done, total, seconds):
-    if rounds_done % step == 0 or rounds_done == total:
+    if rounds_done % step == 0 or rounds_done in (1, total):
       left = (f", ~{seconds / rounds_done * (total - rounds_done):.0f} s left"
-              if 0 < rounds_done < total else "")
+              if 1 < rounds_done < total else "")
       print(f"{tag}: round {rounds_done}/{total} ({seconds:.1f} s{left})",
             file=sys.stderr, flush=True)
 

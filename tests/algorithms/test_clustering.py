@@ -153,14 +153,15 @@ def test_preconditioned_methods_train_personal_models_within_clusters():
   model = models.small_cnn(digits.feature_shape, 10, channels=(4, 8))
   results = {}
   for after in ("fedavg", "mrmtl", "local", "finetune"):
-    process = process_for(
-        ifca.ifca_algorithm(
-model, digits.feature_shape, client_learning_rate=0.1, batch_size=16,
-total_rounds=4, num_clusters=2, selection_fraction=0.25, after=after, lam=0.1,
-l2_norm_clip=1.0))
-    assert process.num_selections(4) == 1
-    results[after] = run_simulation(process, digits, rounds=4, target_epsilon=4.0,
-                                    target_delta=1e-3,
+    definition = ifca.ifca_algorithm(
+        model, digits.feature_shape, client_learning_rate=0.1, batch_size=16,
+        total_rounds=4, num_clusters=2, selection_fraction=0.25, after=after, lam=0.1,
+        l2_norm_clip=1.0)
+    assert definition.num_selections(4) == 1
+    # on the vectorized backend (its IFCA rounds are the TFF process's: the parity
+    # tests of tests/backends/test_vectorized.py)
+    results[after] = run_simulation(definition, digits, rounds=4, target_epsilon=4.0,
+                                    target_delta=1e-3, backend="vectorized",
                                     protocol=PrivacyProtocol(assumed_silo_size=36))
     privacy = results[after].privacy
     assert privacy.num_selections == 1 and np.all(privacy.epsilon_spent <= 4.0)
@@ -196,9 +197,12 @@ GALLI_MODEL = models.linear_regression(2, bias=False, objective="rmse")
 
 
 def _galli(k, nu, **kwargs):
-  return process_for(
-      dprivate_clustering_algorithm(GALLI_MODEL, (2,), client_learning_rate=0.1,
-                                    batch_size=10, num_clusters=k, nu=nu, **kwargs))
+  return process_for(_galli_definition(k, nu, **kwargs))
+
+
+def _galli_definition(k, nu, **kwargs):
+  return dprivate_clustering_algorithm(GALLI_MODEL, (2,), client_learning_rate=0.1,
+                                       batch_size=10, num_clusters=k, nu=nu, **kwargs)
 
 
 def test_one_hypothesis_without_noise_is_the_mean_of_trained_models():
@@ -218,12 +222,15 @@ def test_one_hypothesis_without_noise_is_the_mean_of_trained_models():
 
 def test_dprivate_clustering_finds_galli_hypotheses_and_tracks_leakage():
   users = data.two_cluster_linear_silos(num_users=40, seed=0)
-  process = _galli(2, 5.0)
-  assert process.layer_leakage == (0.4,) and process.leakage_per_participation == 0.4
+  definition = _galli_definition(2, 5.0)
+  assert definition.layer_leakage == (0.4,)
+  assert definition.leakage_per_participation == 0.4
   # Seed 1: under the 64-bit key tree, seeds 1-3 land within 0.8 of both hypotheses
   # after 150 rounds; seed 0 leaves one 2.1 short of (5, 6) (still converging).
-  result = run_dprivate_clustering(process, users, rounds=150, clients_per_round=7,
-                                   seed=1)
+  # On the vectorized backend (the same rounds as TFF's: the parity tests of
+  # tests/backends/test_vectorized.py): 150 rounds in 1 s rather than 9.
+  result = run_dprivate_clustering(definition, users, rounds=150, clients_per_round=7,
+                                   seed=1, backend="vectorized")
   np.testing.assert_allclose(result.leakage, 0.4 * result.participations)
   assert result.participations.sum() == 150 * 7
   assert adjusted_rand_score(users.groups, result.assignments) == 1.0

@@ -1,6 +1,7 @@
 """Privacy ledgers, neighbouring relations and calibration, against independent
 `dp_accounting` computations."""
 
+import functools
 import math
 
 import dp_accounting
@@ -127,7 +128,10 @@ SILOS = data.heterogeneous_linear_silos(num_silos=3, num_examples=40, dim=3, tau
 MODEL = models.linear_regression(3)
 
 
+@functools.lru_cache(maxsize=None)
 def _dp_mrmtl(sampling):
+  """The DP MR-MTL process with `sampling` (built once per sampling: the runs of a
+  test differ in their data and protocol only)."""
   return process_for(algorithms.mrmtl_algorithm(MODEL, SILOS.feature_shape, lam=1.0,
                                                 client_learning_rate=0.1, batch_size=8,
                                                 l2_norm_clip=1.0, sampling=sampling))

@@ -82,6 +82,10 @@ def _round_fn(algorithm: HypernetAlgorithm):
   def round_fn(phi, embeddings, round_num, users, data: StackedUsers, clip, sigma,
                normalizer, root):
     phi = list(phi)
+    # How many users a round samples is data (Poisson): traced with a static count,
+    # a first round that samples none would build the users' convolutions with 0
+    # groups, which TensorFlow refuses, although that branch never runs.
+    users = tf.raw_ops.PlaceholderWithDefault(input=users, shape=[None])
     phi_parts, v_parts = tf.cond(
         tf.size(users) > 0,
         lambda: contributions(phi, embeddings, round_num, users, data),

@@ -33,6 +33,7 @@ calibrations of every timed run first, as a user's rerun or sweep finds it.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import shutil
@@ -41,6 +42,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from typing import Optional
 
 from absl import flags
 
@@ -81,42 +83,80 @@ common.define_bounds(repeats=">= 1", rounds=">= 1", digits_rounds=">= 1",
 flags.adopt_module_key_flags(common)   # --help lists the shared flags too
 
 
-def _school_args(rounds, algorithm="mrmtl"):
-  return ["--dataset=school", f"--data_dir={FLAGS.data_dir}", f"--methods={algorithm}",
-          "--lams=1", f"--epsilon={SCHOOL_EPSILON:g}", "--delta=1e-3", f"--rounds={rounds}",
-          "--seeds=0"]
+@dataclasses.dataclass(frozen=True)
+class Settings:
+  """`benchmarks.speed`'s flags, checked (`from_flags`)."""
+  parts: tuple
+  data_dir: Optional[str]
+  repeats: int
+  rounds: int
+  digits_rounds: int
+  sweep_runs: int
+  dprivate_rounds: int
+  hypernet_rounds: int
+  output: str
+  calibration_cache: str
+  memory_child: Optional[str]   # the timed children's (internal)
+  sweep_child: bool
+
+  @classmethod
+  def from_flags(cls) -> "Settings":
+    """Checks the flags (a memory child's only its own); raises UsageError."""
+    common.check_among("parts", FLAGS.parts, PARTS)
+    if FLAGS.memory_child is not None:
+      common.check_one_of("memory_child", FLAGS.memory_child, MEMORY_BUDGETS)
+    else:
+      if not FLAGS.sweep_child:
+        common.check_output(FLAGS.output, SIGNATURE)
+      common.check_one_of("calibration_cache", FLAGS.calibration_cache, CACHE_MODES)
+      common.check_bounds()
+      needs_school = {"school", "sweep", "ifca"} & set(FLAGS.parts) or FLAGS.sweep_child
+      if needs_school and not (FLAGS.data_dir and os.path.isfile(
+          os.path.join(FLAGS.data_dir, "school.mat"))):
+        raise UsageError("--data_dir must be a folder with school.mat; got "
+                         f"{FLAGS.data_dir}")
+    return cls(**common.flag_values(
+        "parts", "data_dir", "repeats", "rounds", "digits_rounds", "sweep_runs",
+        "dprivate_rounds", "hypernet_rounds", "output", "calibration_cache",
+        "memory_child", "sweep_child"))
 
 
-def _part_args(part):
+def _school_args(s, algorithm="mrmtl"):
+  return ["--dataset=school", f"--data_dir={s.data_dir}", f"--methods={algorithm}",
+          "--lams=1", f"--epsilon={SCHOOL_EPSILON:g}", "--delta=1e-3",
+          f"--rounds={s.rounds}", "--seeds=0"]
+
+
+def _part_args(part, s):
   """(binary, its flags) of a part timed as fresh runs."""
   if part == "hypernet":
     return "hypernet", ["--methods=hypernet", "--sampling_rates=0.1",
                         "--clips=0.1", "--noise_multipliers=1",
-                        f"--rounds={FLAGS.hypernet_rounds}"]
-  return "run", _run_args(part)
+                        f"--rounds={s.hypernet_rounds}"]
+  return "run", _run_args(part, s)
 
 
-def _run_args(part):
+def _run_args(part, s):
   """benchmarks.run's flags of a part."""
   if part == "school":
-    return _school_args(FLAGS.rounds)
+    return _school_args(s)
   if part == "ifca":
-    return _school_args(FLAGS.rounds, "ifca_mrmtl")
+    return _school_args(s, "ifca_mrmtl")
   if part == "digits":
-    return ["--methods=mrmtl", f"--rounds={FLAGS.digits_rounds}"]
+    return ["--methods=mrmtl", f"--rounds={s.digits_rounds}"]
   return ["--dataset=two_cluster", "--methods=dprivate_clustering", "--nu=5",
-          "--clients_per_round=7", f"--rounds={FLAGS.dprivate_rounds}"]
+          "--clients_per_round=7", f"--rounds={s.dprivate_rounds}"]
 
 
-def _cache_env(shared):
+def _cache_env(shared, s):
   """The environment of a timed process: its calibration cache folder (`shared` when
   warm, a new empty one when cold)."""
-  folder = shared if FLAGS.calibration_cache == "warm" else tempfile.mkdtemp(
+  folder = shared if s.calibration_cache == "warm" else tempfile.mkdtemp(
       dir=os.path.dirname(shared))
   return {**os.environ, "TFF_SILO_CACHE_DIR": folder}
 
 
-def _warm(shared, epsilons, ifca: bool):
+def _warm(shared, epsilons, ifca: bool, s):
   """Fills `shared` with the School runs' calibrations (the preset's settings; IFCA
   with benchmarks.run's default selections)."""
   os.environ["TFF_SILO_CACHE_DIR"] = shared
@@ -124,12 +164,12 @@ def _warm(shared, epsilons, ifca: bool):
   from tff_silo.privacy import PrivacyProtocol
   from tff_silo.privacy.silo_accounts import calibrate_silos
   protocol = PrivacyProtocol(assumed_silo_size=SCHOOL.assumed_silo_size)
-  selections = ifca_lib.selection_rounds(FLAGS.rounds,
+  selections = ifca_lib.selection_rounds(s.rounds,
                                          ifca_lib.DEFAULT_SELECTION_FRACTION)
   settings = [(e, 0) for e in epsilons] + ([(SCHOOL_EPSILON, selections)] if ifca else [])
   for epsilon, num_selections in settings:
     calibrate_silos([SCHOOL.assumed_silo_size], batch_size=SCHOOL.batch_size,
-                    epochs_per_round=1, rounds=FLAGS.rounds, target_epsilon=epsilon,
+                    epochs_per_round=1, rounds=s.rounds, target_epsilon=epsilon,
                     target_delta=SCHOOL.delta, protocol=protocol,
                     num_selections=num_selections,
                     selection_budget_share=ifca_lib.DEFAULT_SELECTION_BUDGET_SHARE)
@@ -174,18 +214,18 @@ def _last_line(text: str) -> str:
   return lines[-1] if lines else "no error message"
 
 
-def _sweep_in_process():
+def _sweep_in_process(s):
   """The sweep, run here: every (epsilon, seed) School MR-MTL run on the vectorized
   backend, as one `run_simulations` call (the runs stacked into one program)."""
   start = time.perf_counter()
   from tff_silo import algorithms, data, keys, models
   from tff_silo.privacy import PrivacyProtocol
   from tff_silo.simulation import Run, run_simulations
-  settings = [(e, seed) for seed in range(FLAGS.sweep_runs) for e in SWEEP_EPSILONS]
+  settings = [(e, seed) for seed in range(s.sweep_runs) for e in SWEEP_EPSILONS]
   silos, runs = {}, []
-  for epsilon, seed in settings[:FLAGS.sweep_runs]:
+  for epsilon, seed in settings[:s.sweep_runs]:
     if seed not in silos:
-      silos[seed] = data.load_school(FLAGS.data_dir, seed=seed, standardize="public")
+      silos[seed] = data.load_school(s.data_dir, seed=seed, standardize="public")
     definition = algorithms.mrmtl_algorithm(
         models.model_for(silos[seed]), silos[seed].feature_shape,
         client_learning_rate=SCHOOL.lr, batch_size=SCHOOL.batch_size, lam=SCHOOL.lam,
@@ -194,7 +234,7 @@ def _sweep_in_process():
                     target_delta=SCHOOL.delta,
                     seed=keys.run_seed(seed, dict(epsilon=epsilon)),
                     protocol=PrivacyProtocol(assumed_silo_size=SCHOOL.assumed_silo_size)))
-  results = run_simulations(runs, rounds=FLAGS.rounds, backend="vectorized")
+  results = run_simulations(runs, rounds=s.rounds, backend="vectorized")
   print(json.dumps(dict(runs=len(runs), seconds=time.perf_counter() - start,
                         peak_memory_mb=common.peak_memory_mb(),
                         test_metric_median=statistics.median(
@@ -212,9 +252,9 @@ def _speed_child(what: str, env, *args):
   return time.perf_counter() - start, json.loads(stdout.strip().splitlines()[-1])
 
 
-def _sweep(env):
-  return _speed_child("sweep", env, "--sweep_child", f"--data_dir={FLAGS.data_dir}",
-                      f"--rounds={FLAGS.rounds}", f"--sweep_runs={FLAGS.sweep_runs}")
+def _sweep(env, s):
+  return _speed_child("sweep", env, "--sweep_child", f"--data_dir={s.data_dir}",
+                      f"--rounds={s.rounds}", f"--sweep_runs={s.sweep_runs}")
 
 
 def _memory_in_process(budget: str):
@@ -297,36 +337,27 @@ def _report(rows):
 def main(argv):
   if len(argv) > 1:
     raise UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
-  common.check_among("parts", FLAGS.parts, PARTS)
-  if FLAGS.memory_child is not None:
-    common.check_one_of("memory_child", FLAGS.memory_child, MEMORY_BUDGETS)
-    _memory_in_process(FLAGS.memory_child)
+  s = Settings.from_flags()
+  if s.memory_child is not None:
+    _memory_in_process(s.memory_child)
     return
-  if not FLAGS.sweep_child:
-    common.check_output(FLAGS.output, SIGNATURE)
-  common.check_one_of("calibration_cache", FLAGS.calibration_cache, CACHE_MODES)
-  common.check_bounds()
-  needs_school = {"school", "sweep", "ifca"} & set(FLAGS.parts) or FLAGS.sweep_child
-  if needs_school and not (FLAGS.data_dir and os.path.isfile(
-      os.path.join(FLAGS.data_dir, "school.mat"))):
-    raise UsageError(f"--data_dir must be a folder with school.mat; got {FLAGS.data_dir}")
-  if FLAGS.sweep_child:
-    _sweep_in_process()
+  if s.sweep_child:
+    _sweep_in_process(s)
     return
 
   from tff_silo import runtime
   runtime.exit_cleanly_on_sigterm()   # so the child in flight is stopped too
   backends = [("tff", "cpu"), ("vectorized", "cpu")]
   digits_backends = backends + ([("vectorized", "gpu")] if _gpu_present() else [])
-  stamp = dict(cpus=os.cpu_count(), calibration_cache=FLAGS.calibration_cache,
+  stamp = dict(cpus=os.cpu_count(), calibration_cache=s.calibration_cache,
                finished=None)
   rows = []
   caches = tempfile.mkdtemp(prefix="speed_caches_")
   shared = os.path.join(caches, "shared")
-  if FLAGS.calibration_cache == "warm":
-    _warm(shared, ([SCHOOL_EPSILON] if "school" in FLAGS.parts else [])
-          + (list(SWEEP_EPSILONS) if "sweep" in FLAGS.parts else []),
-          ifca="ifca" in FLAGS.parts)
+  if s.calibration_cache == "warm":
+    _warm(shared, ([SCHOOL_EPSILON] if "school" in s.parts else [])
+          + (list(SWEEP_EPSILONS) if "sweep" in s.parts else []),
+          ifca="ifca" in s.parts, s=s)
 
   def record(part, backend, device, seconds, run, repeat):
     row = dict(part=part, backend=backend, device=device, repeat=repeat,
@@ -341,24 +372,24 @@ def main(argv):
           f"{row['seconds_per_round_median']:.4f} s/round, "
           f"{row['peak_memory_mb']:.0f} MB, metric {row['test_metric']:.4f}", flush=True)
 
-  for repeat in range(FLAGS.repeats):
+  for repeat in range(s.repeats):
     for part in ("school", "digits", "ifca", "dprivate", "hypernet"):
-      if part not in FLAGS.parts:
+      if part not in s.parts:
         continue
       choices = digits_backends if part == "digits" else backends
       for backend, device in (choices if repeat % 2 == 0 else choices[::-1]):
-        record(part, backend, device,
-               *_fresh_run(_cache_env(shared), _part_args(part), backend, device), repeat)
-  if "sweep" in FLAGS.parts:
-    seconds, result = _sweep(_cache_env(shared))
+        record(part, backend, device, *_fresh_run(
+            _cache_env(shared, s), _part_args(part, s), backend, device), repeat)
+  if "sweep" in s.parts:
+    seconds, result = _sweep(_cache_env(shared, s), s)
     rows.append(dict(part="sweep", backend="vectorized", device="cpu", repeat=0,
                      end_to_end_seconds=seconds, peak_memory_mb=result["peak_memory_mb"],
-                     test_metric=result["test_metric_median"], rounds=FLAGS.rounds,
+                     test_metric=result["test_metric_median"], rounds=s.rounds,
                      runs=result["runs"], **dict(stamp, finished=time.strftime(
                          "%Y-%m-%dT%H:%M:%S"))))
-  if "memory" in FLAGS.parts:
+  if "memory" in s.parts:
     for budget in MEMORY_BUDGETS:
-      seconds, result = _speed_child("memory part", _cache_env(shared),
+      seconds, result = _speed_child("memory part", _cache_env(shared, s),
                                      f"--memory_child={budget}")
       rows.append(dict(part="memory", backend="vectorized", device="cpu", repeat=0,
                        memory_budget=budget, end_to_end_seconds=seconds,
@@ -372,9 +403,9 @@ def main(argv):
             f"{result['peak_after_round_mb']:.0f} MB", flush=True)
   shutil.rmtree(caches, ignore_errors=True)
   for row in rows:
-    common.append_row(FLAGS.output, row)
+    common.append_row(s.output, row)
   _report(rows)
-  print(f"rows appended to {FLAGS.output}")
+  print(f"rows appended to {s.output}")
 
 
 if __name__ == "__main__":

@@ -348,7 +348,8 @@ def main(argv):
   from tff_silo import runtime
   runtime.exit_cleanly_on_sigterm()   # so the child in flight is stopped too
   backends = [("tff", "cpu"), ("vectorized", "cpu")]
-  digits_backends = backends + ([("vectorized", "gpu")] if _gpu_present() else [])
+  digits_backends = backends + ([("vectorized", "gpu")] if "digits" in s.parts
+                                 and _gpu_present() else [])   # (imports TensorFlow)
   stamp = dict(cpus=os.cpu_count(), calibration_cache=s.calibration_cache,
                finished=None)
   rows = []

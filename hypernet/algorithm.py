@@ -18,7 +18,6 @@ One round, for the sampled users U_t:
 from __future__ import annotations
 
 import dataclasses
-from typing import Optional
 
 import numpy as np
 

@@ -9,16 +9,7 @@ from tff_silo import data
 from tff_silo.data import DataError
 from tff_silo.data.digits import silo_mask
 
-
-def _cells(arrays, axis):
-  cells = np.empty((len(arrays), 1) if axis == 0 else (1, len(arrays)), dtype=object)
-  for i, a in enumerate(arrays):
-    cells[(i, 0) if axis == 0 else (0, i)] = a
-  return cells
-
-
-def _write_mat(path, xs, ys, axis):
-  scipy.io.savemat(path, {"X": _cells(xs, axis), "Y": _cells(ys, axis)})
+from tests.matfiles import cells, write_mat
 
 
 def test_school_real_file(shared_data):
@@ -53,12 +44,12 @@ def test_vehicle_mat_and_gleam_layouts(tmp_path):
   rng = np.random.default_rng(0)
   xs = [rng.normal(size=(n, 100)) for n in (20, 30, 40)]
   ys = [rng.choice([-1.0, 1.0], size=(len(x), 1)) for x in xs]
-  _write_mat(tmp_path / "vehicle.mat", xs, ys, axis=0)
+  write_mat(tmp_path / "vehicle.mat", xs, ys, axis=0)
   v = data.load_vehicle(str(tmp_path), seed=0)
   assert v.num_silos == 3 and list(v.train_sizes + v.test_sizes) == [20, 30, 40]
   xs = [rng.normal(size=(n, 180)) for n in (12, 16)]
   ys = [rng.choice([-1.0, 1.0], size=(1, len(x))) for x in xs]
-  _write_mat(tmp_path / "gleam.mat", xs, ys, axis=1)
+  write_mat(tmp_path / "gleam.mat", xs, ys, axis=1)
   g = data.load_gleam(str(tmp_path), seed=0)
   assert g.num_silos == 2 and g.feature_shape == (180,)
 
@@ -78,7 +69,7 @@ def test_bad_school_files(tmp_path, mutate, message):
   if mutate == "missing":
     pass
   elif mutate == "no_y":
-    scipy.io.savemat(tmp_path / "school.mat", {"X": _cells(xs, 1)})
+    scipy.io.savemat(tmp_path / "school.mat", {"X": cells(xs, 1)})
   elif mutate == "layout":
     scipy.io.savemat(tmp_path / "school.mat", {"X": np.zeros((3, 28)), "Y": np.zeros(3)})
   else:
@@ -88,7 +79,7 @@ def test_bad_school_files(tmp_path, mutate, message):
       xs[0][3, 4] = np.nan
     elif mutate == "dims":
       xs[1] = xs[1][:, :20]
-    _write_mat(tmp_path / "school.mat", xs, ys, axis=1)
+    write_mat(tmp_path / "school.mat", xs, ys, axis=1)
   with pytest.raises(DataError, match=message):
     data.load_school(str(tmp_path))
 

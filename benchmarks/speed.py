@@ -17,6 +17,10 @@ backends alternating within each repeat, so drift of the machine hits both alike
   --dprivate_rounds rounds), fresh process per run.
 - `hypernet`: UDP-Alg as `python -m benchmarks.hypernet` (digits, 50 users, q 0.1,
   S 0.1, z 1, K 20 local steps, --hypernet_rounds rounds), fresh process per run.
+- `calibration`: the noise calibration alone of a School DP run (seed 0's silos, the
+  `school` settings), cold (an empty calibration cache, a fresh process), under the
+  paper's protocol (every silo's size public: one setting per distinct size) and
+  under the honest default (one assumed size: one setting).
 - `memory`: one DP MR-MTL round of the vectorized backend on Fashion-MNIST-sized
   silos (40 x 1,500 random 28x28 images, batch 64), in a fresh process with the
   default memory budget and with none: peak memory after the round, its time.
@@ -49,8 +53,10 @@ from absl import flags
 from benchmarks import common, configs
 from benchmarks.common import UsageError
 
-PARTS = ("school", "digits", "sweep", "ifca", "dprivate", "hypernet", "memory")
+PARTS = ("school", "digits", "sweep", "ifca", "dprivate", "hypernet", "calibration",
+         "memory")
 MEMORY_BUDGETS = ("default", "none")
+CALIBRATION_PROTOCOLS = ("paper", "honest")
 DEFAULT_PARTS = ("school", "digits", "sweep")
 SWEEP_EPSILONS = (1.0, 2.0, 4.0, 8.0)
 CACHE_MODES = ("warm", "cold")
@@ -70,7 +76,8 @@ flags.DEFINE_integer("dprivate_rounds", 150, "Rounds of a dprivate run.")
 flags.DEFINE_integer("hypernet_rounds", 50, "Rounds of a hypernet run.")
 common.define_output_flags(output=("speed.csv", "CSV file rows are appended to."))
 flags.DEFINE_string("calibration_cache", "warm", f"One of {CACHE_MODES}: the noise "
-                    "calibration cache every timed process starts with.")
+                    "calibration cache every timed process starts with (the "
+                    "calibration part's always start cold).")
 # The children this binary starts; under a module of their own, out of --help.
 INTERNAL = "benchmarks.speed (internal: the timed children)"
 flags.DEFINE_string("memory_child", None, f"One of {MEMORY_BUDGETS}; run the memory "
@@ -78,6 +85,9 @@ flags.DEFINE_string("memory_child", None, f"One of {MEMORY_BUDGETS}; run the mem
                     module_name=INTERNAL)
 flags.DEFINE_bool("sweep_child", False, "Run the sweep in this process and print its "
                   "timings as JSON.", module_name=INTERNAL)
+flags.DEFINE_string("calibration_child", None, f"One of {CALIBRATION_PROTOCOLS}; "
+                    "calibrate the School run under it in this process and print the "
+                    "timing as JSON.", module_name=INTERNAL)
 common.define_bounds(repeats=">= 1", rounds=">= 1", digits_rounds=">= 1",
                      sweep_runs=">= 1", dprivate_rounds=">= 1", hypernet_rounds=">= 1")
 flags.adopt_module_key_flags(common)   # --help lists the shared flags too
@@ -98,19 +108,25 @@ class Settings:
   calibration_cache: str
   memory_child: Optional[str]   # the timed children's (internal)
   sweep_child: bool
+  calibration_child: Optional[str]
 
   @classmethod
   def from_flags(cls) -> "Settings":
     """Checks the flags (a memory child's only its own); raises UsageError."""
     common.check_among("parts", FLAGS.parts, PARTS)
+    child = FLAGS.sweep_child or FLAGS.calibration_child is not None
     if FLAGS.memory_child is not None:
       common.check_one_of("memory_child", FLAGS.memory_child, MEMORY_BUDGETS)
     else:
-      if not FLAGS.sweep_child:
+      if FLAGS.calibration_child is not None:
+        common.check_one_of("calibration_child", FLAGS.calibration_child,
+                            CALIBRATION_PROTOCOLS)
+      if not child:
         common.check_output(FLAGS.output, SIGNATURE)
       common.check_one_of("calibration_cache", FLAGS.calibration_cache, CACHE_MODES)
       common.check_bounds()
-      needs_school = {"school", "sweep", "ifca"} & set(FLAGS.parts) or FLAGS.sweep_child
+      needs_school = child or {"school", "sweep", "ifca", "calibration"} & set(
+          FLAGS.parts)
       if needs_school and not (FLAGS.data_dir and os.path.isfile(
           os.path.join(FLAGS.data_dir, "school.mat"))):
         raise UsageError("--data_dir must be a folder with school.mat; got "
@@ -118,7 +134,7 @@ class Settings:
     return cls(**common.flag_values(
         "parts", "data_dir", "repeats", "rounds", "digits_rounds", "sweep_runs",
         "dprivate_rounds", "hypernet_rounds", "output", "calibration_cache",
-        "memory_child", "sweep_child"))
+        "memory_child", "sweep_child", "calibration_child"))
 
 
 def _school_args(s, algorithm="mrmtl"):
@@ -257,6 +273,25 @@ def _sweep(env, s):
                       f"--rounds={s.rounds}", f"--sweep_runs={s.sweep_runs}")
 
 
+def _calibration_in_process(s):
+  """The calibration of a School DP run (seed 0's silos, the `school` settings) under
+  --calibration_child's protocol, run here: its seconds and distinct settings."""
+  from tff_silo import data
+  from tff_silo.privacy import PAPER, PrivacyProtocol
+  from tff_silo.privacy.silo_accounts import calibrate_silos
+  sizes = data.load_school(s.data_dir, seed=0, standardize="public").train_sizes
+  protocol = (PAPER if s.calibration_child == "paper"
+              else PrivacyProtocol(assumed_silo_size=SCHOOL.assumed_silo_size))
+  start = time.perf_counter()
+  privacy = calibrate_silos(sizes, batch_size=SCHOOL.batch_size, epochs_per_round=1,
+                            rounds=s.rounds, target_epsilon=SCHOOL_EPSILON,
+                            target_delta=SCHOOL.delta, protocol=protocol)
+  seconds = time.perf_counter() - start
+  settings = len(set(zip(privacy.sampling_rates.tolist(), privacy.steps.tolist())))
+  print(json.dumps(dict(seconds=seconds, settings=settings, silos=len(sizes),
+                        peak_memory_mb=common.peak_memory_mb())))
+
+
 def _memory_in_process(budget: str):
   """The memory part's round, run here with the default budget or none."""
   import numpy as np
@@ -323,6 +358,15 @@ def _report(rows):
   if gpu and cpu:
     print(f"  digits vectorized round: cpu {cpu['seconds_per_round_median']:.4f} s, gpu "
           f"{gpu['seconds_per_round_median']:.4f} s")
+  calibration = {p: [r for r in rows if r["part"] == "calibration"
+                     and r["protocol"] == p] for p in CALIBRATION_PROTOCOLS}
+  if all(calibration.values()):
+    paper, honest = (statistics.median(r["end_to_end_seconds"] for r in calibration[p])
+                     for p in CALIBRATION_PROTOCOLS)
+    print(f"  calibration (cold, School epsilon {SCHOOL_EPSILON:g}): paper protocol "
+          f"{calibration['paper'][0]['settings']} settings {paper:.2f} s, honest default "
+          f"{calibration['honest'][0]['settings']} setting(s) {honest:.2f} s, paper / honest "
+          f"{paper / honest:.1f}x")
   sweep = [r for r in rows if r["part"] == "sweep"]
   single = _median_rows(rows, "school", "vectorized", "cpu")
   for r in sweep:
@@ -343,6 +387,9 @@ def main(argv):
     return
   if s.sweep_child:
     _sweep_in_process(s)
+    return
+  if s.calibration_child is not None:
+    _calibration_in_process(s)
     return
 
   from tff_silo import runtime
@@ -388,6 +435,23 @@ def main(argv):
                      test_metric=result["test_metric_median"], rounds=s.rounds,
                      runs=result["runs"], **dict(stamp, finished=time.strftime(
                          "%Y-%m-%dT%H:%M:%S"))))
+  if "calibration" in s.parts:
+    for repeat in range(s.repeats):   # cold: each child an empty cache of its own
+      for protocol in (CALIBRATION_PROTOCOLS if repeat % 2 == 0
+                       else CALIBRATION_PROTOCOLS[::-1]):
+        env = {**os.environ, "TFF_SILO_CACHE_DIR": tempfile.mkdtemp(dir=caches)}
+        _, result = _speed_child("calibration", env, f"--calibration_child={protocol}",
+                                 f"--data_dir={s.data_dir}", f"--rounds={s.rounds}")
+        rows.append(dict(part="calibration", backend="none", device="cpu",
+                         repeat=repeat, protocol=protocol,
+                         end_to_end_seconds=result["seconds"],
+                         peak_memory_mb=result["peak_memory_mb"],
+                         settings=result["settings"], silos=result["silos"],
+                         rounds=s.rounds, **dict(stamp, calibration_cache="cold",
+                                                 finished=time.strftime(
+                                                     "%Y-%m-%dT%H:%M:%S"))))
+        print(f"calibration {protocol} repeat {repeat}: {result['settings']} settings "
+              f"in {result['seconds']:.2f} s", flush=True)
   if "memory" in s.parts:
     for budget in MEMORY_BUDGETS:
       seconds, result = _speed_child("memory part", _cache_env(shared, s),

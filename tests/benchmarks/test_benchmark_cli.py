@@ -135,6 +135,19 @@ def test_a_run_prints_no_tensorflow_start_up_lines(tmp_path):
   assert "round 1/1" in proc.stderr
 
 
+def test_binaries_let_tensorflow_grow_gpu_memory(monkeypatch):
+  """Importing `benchmarks` (every binary does, before TensorFlow) turns on
+  TensorFlow's GPU memory growth, unless the user chose otherwise."""
+  import importlib
+  import benchmarks
+  monkeypatch.delenv("TF_FORCE_GPU_ALLOW_GROWTH", raising=False)
+  importlib.reload(benchmarks)
+  assert os.environ["TF_FORCE_GPU_ALLOW_GROWTH"] == "true"
+  monkeypatch.setenv("TF_FORCE_GPU_ALLOW_GROWTH", "false")
+  importlib.reload(benchmarks)
+  assert os.environ["TF_FORCE_GPU_ALLOW_GROWTH"] == "false"
+
+
 @pytest.mark.cli
 def test_mocha_runs_from_the_command_line(tmp_path):
   out = tmp_path / "rows.csv"

@@ -364,9 +364,9 @@ def _report(rows):
     paper, honest = (statistics.median(r["end_to_end_seconds"] for r in calibration[p])
                      for p in CALIBRATION_PROTOCOLS)
     print(f"  calibration (cold, School epsilon {SCHOOL_EPSILON:g}): paper protocol "
-          f"{calibration['paper'][0]['settings']} settings {paper:.2f} s, honest default "
-          f"{calibration['honest'][0]['settings']} setting(s) {honest:.2f} s, paper / honest "
-          f"{paper / honest:.1f}x")
+          f"{calibration['paper'][0]['settings']} settings {paper:.2f} s, honest "
+          f"default {calibration['honest'][0]['settings']} setting(s) {honest:.2f} s, "
+          f"paper / honest {paper / honest:.1f}x")
   sweep = [r for r in rows if r["part"] == "sweep"]
   single = _median_rows(rows, "school", "vectorized", "cpu")
   for r in sweep:

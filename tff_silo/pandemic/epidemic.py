@@ -78,8 +78,9 @@ class Contacts:
 
   def pressure(self, spreading, force) -> np.ndarray:
     """sum over contacts (i, j) of force_i * hours_ij, per j (`spreading`: the
-    persons whose force is not 0). Only their contacts are summed, in the contacts' own order, so the sums are those
-    over every contact to the last bit (the other terms are exact zeros)."""
+    persons whose force is not 0). Only their contacts are summed, in the contacts'
+    own order, so the sums are those over every contact to the last bit (the other
+    terms are exact zeros)."""
     total = np.zeros(self.n)
     for side, (order, indptr) in enumerate(self._by_end):
       starts = indptr[spreading]
@@ -93,7 +94,7 @@ class Contacts:
 
 
 def simulate(pid1, pid2, hours, age, county, config: EpidemicConfig, seed: int, *,
-             contacts: Contacts = None) -> Outbreak:
+             contacts: Contacts | None = None) -> Outbreak:
   """The outbreak over `DAYS` days on the undirected contacts (pid1, pid2, hours)
   (`contacts`: the same contacts already indexed, for repeated runs)."""
   n = len(age)

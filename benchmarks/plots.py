@@ -32,6 +32,12 @@ def _save(fig, path: str, dpi: int = 120, tight: bool = False) -> None:
   plt.close(fig)
 
 
+def _chance_line(ax, value: float | None, label: str | None = None) -> None:
+  """A random guess's value as a dotted line (nothing for None)."""
+  if value is not None:
+    ax.axhline(value, ls=":", color="grey", label=label or f"chance ({value:.3g})")
+
+
 # --- benchmarks.compare ---------------------------------------------------------------
 
 def _against_epsilon(ax, selected, column: str, chance: float | None = None) -> None:
@@ -67,8 +73,7 @@ def _against_epsilon(ax, selected, column: str, chance: float | None = None) -> 
     ax.set_yscale("log")
     for axis in (ax.yaxis.set_major_formatter, ax.yaxis.set_minor_formatter):
       axis(ticker.FormatStrFormatter("%g"))   # 0.03, not 3 x 10^-2
-  if chance is not None:
-    ax.axhline(chance, ls=":", color="grey", label=f"chance ({chance:.3g})")
+  _chance_line(ax, chance)
   ax.set_xlabel("per-silo epsilon (log scale)")
   ax.legend(title=f"mean, band: sd over {selected.seed.nunique()} seeds",
             title_fontsize=7, fontsize=7)
@@ -101,10 +106,10 @@ def leakage(selected, title: str, path: str) -> None:
 def lambda_panels(lam_rows, selected, path: str, *, every_trial: bool,
                   chance: float | None = None) -> None:
   """`benchmarks.compare`: the test metric against lambda, one panel (and y) per
-  epsilon, the untuned methods' means dashed, `chance` dotted. `every_trial` (free tuning):
-  `lam_rows` are trials, drawn per (method, lambda, seed) at the best validation
-  score as a mean with an sd band; otherwise the selected models alone, at the
-  lambda each selected."""
+  epsilon, the untuned methods' means dashed, `chance` dotted. `every_trial` (free
+  tuning): `lam_rows` are trials, drawn per (method, lambda, seed) at the best
+  validation score as a mean with an sd band; otherwise the selected models alone,
+  at the lambda each selected."""
   from benchmarks import grid
   import seaborn as sns
   plt = _pyplot()
@@ -131,8 +136,7 @@ def lambda_panels(lam_rows, selected, path: str, *, every_trial: bool,
       line = selected[(selected.method == other) & (selected.epsilon == epsilon)]
       if len(line):
         ax.axhline(line.test_metric.mean(), ls="--", color=color, label=other)
-    if chance is not None:
-      ax.axhline(chance, ls=":", color="grey", label=f"chance ({chance:.3g})")
+    _chance_line(ax, chance)
     ax.set_xscale("log")
     ax.set_title(epsilon_label(epsilon, "epsilon"), fontsize=9)
     ax.set_xlabel("lambda" if every_trial else "lambda selected (each seed)")
@@ -225,7 +229,7 @@ def hypernet_accuracy(df, *, delta: float, num_classes: int, path: str) -> None:
       ["algorithm", "sampling_rate", "l2_norm_clip"], dropna=False, sort=False)):
     ax.axhline(part.mean_user_accuracy.mean(), ls="--", color=f"C{i + 3}",
                label=f"{label[0]} (no noise, q={label[1]}, S={label[2]})")
-  ax.axhline(1 / num_classes, ls=":", color="grey", label=f"chance (1/{num_classes})")
+  _chance_line(ax, 1 / num_classes, f"chance (1/{num_classes})")
   ax.set_xlabel(f"user-level epsilon at delta={delta:g} (covers phi and the "
                 "noised aggregates)")
   ax.set_ylabel("mean accuracy over users")

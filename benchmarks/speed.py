@@ -17,20 +17,20 @@ backends alternating within each repeat, so drift of the machine hits both alike
   --dprivate_rounds rounds), fresh process per run.
 - `hypernet`: UDP-Alg as `python -m benchmarks.hypernet` (digits, 50 users, q 0.1,
   S 0.1, z 1, K 20 local steps, --hypernet_rounds rounds), fresh process per run.
+- `protocol`: the School MR-MTL DP run of `school` on the vectorized backend, fresh
+  process end to end, under the paper's protocol (`--protocol=paper`: every silo's
+  size public, 85 distinct settings to calibrate and account) against the honest
+  default (one assumed size), alternating.
 - `calibration`: the noise calibration alone of a School DP run (seed 0's silos, the
-  `school` settings), cold (an empty calibration cache, a fresh process), under the
-  paper's protocol (every silo's size public: one setting per distinct size) and
-  under the honest default (one assumed size: one setting).
+  `school` settings), cold (a fresh process), under the paper's protocol (every
+  silo's size public: one setting per distinct size), the honest default (one
+  assumed size: one setting) and replace-one (sampling without replacement, each
+  silo's size public), alternating.
 - `memory`: one DP MR-MTL round of the vectorized backend on Fashion-MNIST-sized
   silos (40 x 1,500 random 28x28 images, batch 64), in a fresh process with the
   default memory budget and with none: peak memory after the round, its time.
 - on a machine where TensorFlow sees a GPU, `digits` also runs the vectorized
   backend with --device=gpu.
-
-Noise calibrations are cached on disk (`tff_silo.privacy.calibration_cache`); every
-timed process uses a cache folder of this invocation: `--calibration_cache=cold`
-gives each an empty one, `warm` one shared folder filled (untimed) with the
-calibrations of every timed run first, as a user's rerun or sweep finds it.
 
     uv run python -m benchmarks.speed --data_dir=../shared/data --repeats=3
 """
@@ -40,7 +40,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-import shutil
 import statistics
 import subprocess
 import sys
@@ -53,13 +52,13 @@ from absl import flags
 from benchmarks import common, configs
 from benchmarks.common import UsageError
 
-PARTS = ("school", "digits", "sweep", "ifca", "dprivate", "hypernet", "calibration",
-         "memory")
+PARTS = ("school", "digits", "sweep", "ifca", "dprivate", "hypernet", "protocol",
+         "calibration", "memory")
 MEMORY_BUDGETS = ("default", "none")
-CALIBRATION_PROTOCOLS = ("paper", "honest")
+PROTOCOLS = ("paper", "honest")   # the protocol part's
+CALIBRATION_PROTOCOLS = PROTOCOLS + ("replace_one",)
 DEFAULT_PARTS = ("school", "digits", "sweep")
 SWEEP_EPSILONS = (1.0, 2.0, 4.0, 8.0)
-CACHE_MODES = ("warm", "cold")
 # Columns every row of this binary has: an existing --output without them is refused.
 SIGNATURE = ("part", "backend", "device", "end_to_end_seconds")
 SCHOOL = configs.PRESETS["school"]
@@ -75,9 +74,6 @@ flags.DEFINE_integer("sweep_runs", 20, "School runs in the one-process sweep.")
 flags.DEFINE_integer("dprivate_rounds", 150, "Rounds of a dprivate run.")
 flags.DEFINE_integer("hypernet_rounds", 50, "Rounds of a hypernet run.")
 common.define_output_flags(output=("speed.csv", "CSV file rows are appended to."))
-flags.DEFINE_string("calibration_cache", "warm", f"One of {CACHE_MODES}: the noise "
-                    "calibration cache every timed process starts with (the "
-                    "calibration part's always start cold).")
 # The children this binary starts; under a module of their own, out of --help.
 INTERNAL = "benchmarks.speed (internal: the timed children)"
 flags.DEFINE_string("memory_child", None, f"One of {MEMORY_BUDGETS}; run the memory "
@@ -105,7 +101,6 @@ class Settings:
   dprivate_rounds: int
   hypernet_rounds: int
   output: str
-  calibration_cache: str
   memory_child: Optional[str]   # the timed children's (internal)
   sweep_child: bool
   calibration_child: Optional[str]
@@ -123,9 +118,8 @@ class Settings:
                             CALIBRATION_PROTOCOLS)
       if not child:
         common.check_output(FLAGS.output, SIGNATURE)
-      common.check_one_of("calibration_cache", FLAGS.calibration_cache, CACHE_MODES)
       common.check_bounds()
-      needs_school = child or {"school", "sweep", "ifca", "calibration"} & set(
+      needs_school = child or {"school", "sweep", "ifca", "protocol", "calibration"} & set(
           FLAGS.parts)
       if needs_school and not (FLAGS.data_dir and os.path.isfile(
           os.path.join(FLAGS.data_dir, "school.mat"))):
@@ -133,7 +127,7 @@ class Settings:
                          f"{FLAGS.data_dir}")
     return cls(**common.flag_values(
         "parts", "data_dir", "repeats", "rounds", "digits_rounds", "sweep_runs",
-        "dprivate_rounds", "hypernet_rounds", "output", "calibration_cache",
+        "dprivate_rounds", "hypernet_rounds", "output",
         "memory_child", "sweep_child", "calibration_child"))
 
 
@@ -162,33 +156,6 @@ def _run_args(part, s):
     return ["--methods=mrmtl", f"--rounds={s.digits_rounds}"]
   return ["--dataset=two_cluster", "--methods=dprivate_clustering", "--nu=5",
           "--clients_per_round=7", f"--rounds={s.dprivate_rounds}"]
-
-
-def _cache_env(shared, s):
-  """The environment of a timed process: its calibration cache folder (`shared` when
-  warm, a new empty one when cold)."""
-  folder = shared if s.calibration_cache == "warm" else tempfile.mkdtemp(
-      dir=os.path.dirname(shared))
-  return {**os.environ, "TFF_SILO_CACHE_DIR": folder}
-
-
-def _warm(shared, epsilons, ifca: bool, s):
-  """Fills `shared` with the School runs' calibrations (the preset's settings; IFCA
-  with benchmarks.run's default selections)."""
-  os.environ["TFF_SILO_CACHE_DIR"] = shared
-  from tff_silo.algorithms import ifca as ifca_lib
-  from tff_silo.privacy import PrivacyProtocol
-  from tff_silo.privacy.silo_accounts import calibrate_silos
-  protocol = PrivacyProtocol(assumed_silo_size=SCHOOL.assumed_silo_size)
-  selections = ifca_lib.selection_rounds(s.rounds,
-                                         ifca_lib.DEFAULT_SELECTION_FRACTION)
-  settings = [(e, 0) for e in epsilons] + ([(SCHOOL_EPSILON, selections)] if ifca else [])
-  for epsilon, num_selections in settings:
-    calibrate_silos([SCHOOL.assumed_silo_size], batch_size=SCHOOL.batch_size,
-                    epochs_per_round=1, rounds=s.rounds, target_epsilon=epsilon,
-                    target_delta=SCHOOL.delta, protocol=protocol,
-                    num_selections=num_selections,
-                    selection_budget_share=ifca_lib.DEFAULT_SELECTION_BUDGET_SHARE)
 
 
 def _fresh_run(env, binary_args, backend, device="auto"):
@@ -280,12 +247,16 @@ def _calibration_in_process(s):
   from tff_silo.privacy import PAPER, PrivacyProtocol
   from tff_silo.privacy.silo_accounts import calibrate_silos
   sizes = data.load_school(s.data_dir, seed=0, standardize="public").train_sizes
-  protocol = (PAPER if s.calibration_child == "paper"
-              else PrivacyProtocol(assumed_silo_size=SCHOOL.assumed_silo_size))
+  protocol, sampling = {
+      "paper": (PAPER, "poisson"),
+      "honest": (PrivacyProtocol(assumed_silo_size=SCHOOL.assumed_silo_size), "poisson"),
+      "replace_one": (PrivacyProtocol("replace_one"), "without_replacement"),
+  }[s.calibration_child]
   start = time.perf_counter()
   privacy = calibrate_silos(sizes, batch_size=SCHOOL.batch_size, epochs_per_round=1,
                             rounds=s.rounds, target_epsilon=SCHOOL_EPSILON,
-                            target_delta=SCHOOL.delta, protocol=protocol)
+                            target_delta=SCHOOL.delta, protocol=protocol,
+                            sampling=sampling)
   seconds = time.perf_counter() - start
   settings = len(set(zip(privacy.sampling_rates.tolist(), privacy.steps.tolist())))
   print(json.dumps(dict(seconds=seconds, settings=settings, silos=len(sizes),
@@ -358,15 +329,24 @@ def _report(rows):
   if gpu and cpu:
     print(f"  digits vectorized round: cpu {cpu['seconds_per_round_median']:.4f} s, gpu "
           f"{gpu['seconds_per_round_median']:.4f} s")
+  protocol = {p: [r for r in rows if r["part"] == "protocol" and r["protocol"] == p]
+              for p in PROTOCOLS}
+  if all(protocol.values()):
+    (paper, paper_mb), (honest, honest_mb) = [
+        [statistics.median(r[k] for r in protocol[p])
+         for k in ("end_to_end_seconds", "peak_memory_mb")] for p in PROTOCOLS]
+    print(f"  School DP run end to end (vectorized): paper protocol {paper:.2f} s, honest "
+          f"default {honest:.2f} s, paper / honest {paper / honest:.2f}x; peak memory "
+          f"{paper_mb:.0f} / {honest_mb:.0f} MB")
   calibration = {p: [r for r in rows if r["part"] == "calibration"
                      and r["protocol"] == p] for p in CALIBRATION_PROTOCOLS}
   if all(calibration.values()):
-    paper, honest = (statistics.median(r["end_to_end_seconds"] for r in calibration[p])
-                     for p in CALIBRATION_PROTOCOLS)
-    print(f"  calibration (cold, School epsilon {SCHOOL_EPSILON:g}): paper protocol "
-          f"{calibration['paper'][0]['settings']} settings {paper:.2f} s, honest "
-          f"default {calibration['honest'][0]['settings']} setting(s) {honest:.2f} s, "
-          f"paper / honest {paper / honest:.1f}x")
+    seconds = {p: statistics.median(r["end_to_end_seconds"] for r in calibration[p])
+               for p in CALIBRATION_PROTOCOLS}
+    print(f"  calibration (cold, School epsilon {SCHOOL_EPSILON:g}): " + ", ".join(
+        f"{p} {calibration[p][0]['settings']} setting(s) {seconds[p]:.2f} s"
+        for p in CALIBRATION_PROTOCOLS)
+          + f"; paper / honest {seconds['paper'] / seconds['honest']:.1f}x")
   sweep = [r for r in rows if r["part"] == "sweep"]
   single = _median_rows(rows, "school", "vectorized", "cpu")
   for r in sweep:
@@ -397,18 +377,11 @@ def main(argv):
   backends = [("tff", "cpu"), ("vectorized", "cpu")]
   digits_backends = backends + ([("vectorized", "gpu")] if "digits" in s.parts
                                  and _gpu_present() else [])   # (imports TensorFlow)
-  stamp = dict(cpus=os.cpu_count(), calibration_cache=s.calibration_cache,
-               finished=None)
+  stamp = dict(cpus=os.cpu_count(), finished=None)
   rows = []
-  caches = tempfile.mkdtemp(prefix="speed_caches_")
-  shared = os.path.join(caches, "shared")
-  if s.calibration_cache == "warm":
-    _warm(shared, ([SCHOOL_EPSILON] if "school" in s.parts else [])
-          + (list(SWEEP_EPSILONS) if "sweep" in s.parts else []),
-          ifca="ifca" in s.parts, s=s)
 
-  def record(part, backend, device, seconds, run, repeat):
-    row = dict(part=part, backend=backend, device=device, repeat=repeat,
+  def record(part, backend, device, seconds, run, repeat, **extra):
+    row = dict(part=part, backend=backend, device=device, repeat=repeat, **extra,
                end_to_end_seconds=seconds, in_process_seconds=float(run.wall_seconds),
                seconds_per_round_median=float(run.seconds_per_round_median),
                peak_memory_mb=float(run.peak_memory_mb),
@@ -427,34 +400,39 @@ def main(argv):
       choices = digits_backends if part == "digits" else backends
       for backend, device in (choices if repeat % 2 == 0 else choices[::-1]):
         record(part, backend, device, *_fresh_run(
-            _cache_env(shared, s), _part_args(part, s), backend, device), repeat)
+            os.environ, _part_args(part, s), backend, device), repeat)
+    if "protocol" in s.parts:
+      for protocol in PROTOCOLS if repeat % 2 == 0 else PROTOCOLS[::-1]:
+        paper = ["--protocol=paper"] if protocol == "paper" else []
+        record("protocol", "vectorized", "cpu", *_fresh_run(
+            os.environ, ("run", _school_args(s) + paper), "vectorized", "cpu"), repeat,
+               protocol=protocol)
   if "sweep" in s.parts:
-    seconds, result = _sweep(_cache_env(shared, s), s)
+    seconds, result = _sweep(os.environ, s)
     rows.append(dict(part="sweep", backend="vectorized", device="cpu", repeat=0,
                      end_to_end_seconds=seconds, peak_memory_mb=result["peak_memory_mb"],
                      test_metric=result["test_metric_median"], rounds=s.rounds,
                      runs=result["runs"], **dict(stamp, finished=time.strftime(
                          "%Y-%m-%dT%H:%M:%S"))))
   if "calibration" in s.parts:
-    for repeat in range(s.repeats):   # cold: each child an empty cache of its own
+    for repeat in range(s.repeats):   # cold: each a fresh process
       for protocol in (CALIBRATION_PROTOCOLS if repeat % 2 == 0
                        else CALIBRATION_PROTOCOLS[::-1]):
-        env = {**os.environ, "TFF_SILO_CACHE_DIR": tempfile.mkdtemp(dir=caches)}
-        _, result = _speed_child("calibration", env, f"--calibration_child={protocol}",
+        _, result = _speed_child("calibration", os.environ,
+                                 f"--calibration_child={protocol}",
                                  f"--data_dir={s.data_dir}", f"--rounds={s.rounds}")
         rows.append(dict(part="calibration", backend="none", device="cpu",
                          repeat=repeat, protocol=protocol,
                          end_to_end_seconds=result["seconds"],
                          peak_memory_mb=result["peak_memory_mb"],
                          settings=result["settings"], silos=result["silos"],
-                         rounds=s.rounds, **dict(stamp, calibration_cache="cold",
-                                                 finished=time.strftime(
-                                                     "%Y-%m-%dT%H:%M:%S"))))
+                         rounds=s.rounds, **dict(stamp, finished=time.strftime(
+                             "%Y-%m-%dT%H:%M:%S"))))
         print(f"calibration {protocol} repeat {repeat}: {result['settings']} settings "
               f"in {result['seconds']:.2f} s", flush=True)
   if "memory" in s.parts:
     for budget in MEMORY_BUDGETS:
-      seconds, result = _speed_child("memory part", _cache_env(shared, s),
+      seconds, result = _speed_child("memory part", os.environ,
                                      f"--memory_child={budget}")
       rows.append(dict(part="memory", backend="vectorized", device="cpu", repeat=0,
                        memory_budget=budget, end_to_end_seconds=seconds,
@@ -466,7 +444,6 @@ def main(argv):
       print(f"memory budget {budget}: {result['silos_per_chunk']} silos per chunk, "
             f"round {result['round_seconds']:.1f} s, peak after the round "
             f"{result['peak_after_round_mb']:.0f} MB", flush=True)
-  shutil.rmtree(caches, ignore_errors=True)
   for row in rows:
     common.append_row(s.output, row)
   _report(rows)

@@ -6,13 +6,11 @@ import shutil
 import tempfile
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-# Noise calibrations are cached on disk (tff_silo.privacy.calibration_cache): the tests
-# (and the binaries they start) share a fresh folder, never the user's cache.
-os.environ["TFF_SILO_CACHE_DIR"] = tempfile.mkdtemp(prefix="tff_silo_cache_")
-atexit.register(shutil.rmtree, os.environ["TFF_SILO_CACHE_DIR"], True)
-# ... and saved runs' data-check key (tff_silo.runs) is a file of theirs too
-os.environ["TFF_SILO_DATA_KEY"] = os.path.join(os.environ["TFF_SILO_CACHE_DIR"],
-                                               "data-check.key")
+# Saved runs' data-check key (tff_silo.runs) is a file of the tests' (and of the
+# binaries they start), never the user's.
+_KEY_DIR = tempfile.mkdtemp(prefix="tff_silo_key_")
+atexit.register(shutil.rmtree, _KEY_DIR, True)
+os.environ["TFF_SILO_DATA_KEY"] = os.path.join(_KEY_DIR, "data-check.key")
 
 import pytest
 

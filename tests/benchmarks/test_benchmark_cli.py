@@ -298,15 +298,16 @@ def test_clustering_rows_record_cluster_quality_and_leakage(tmp_path):
 
 @pytest.mark.cli
 def test_speed_times_both_backends_side_by_side(tmp_path):
-  """`benchmarks.speed --parts=hypernet,calibration`: one fresh UDP-Alg run per
-  backend, the same accuracy on both, and the medians' ratios printed; a School
-  file's calibration cold under the paper's protocol (a setting per silo size here)
-  and the honest default (one)."""
+  """`benchmarks.speed --parts=hypernet,protocol,calibration`: one fresh UDP-Alg run
+  per backend, the same accuracy on both, and the medians' ratios printed; a School
+  file's DP run end to end and its calibration cold under the paper's protocol (a
+  setting per silo size here) and the honest default (one)."""
   out = tmp_path / "speed.csv"
   matfiles.write_school(tmp_path, sizes=[40, 50, 60, 70, 80, 90])
   done = subprocess.run([sys.executable, "-m", "benchmarks.speed",
-                         "--parts=hypernet,calibration", f"--data_dir={tmp_path}",
-                         "--repeats=1", "--hypernet_rounds=1", f"--output={out}"],
+                         "--parts=hypernet,protocol,calibration",
+                         f"--data_dir={tmp_path}", "--repeats=1", "--hypernet_rounds=1",
+                         "--rounds=2", f"--output={out}"],
                         cwd=ROOT, capture_output=True, text=True, timeout=600,
                         env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"})
   assert done.returncode == 0, done.stderr[-2000:]
@@ -315,8 +316,12 @@ def test_speed_times_both_backends_side_by_side(tmp_path):
   assert sorted(timed.backend) == ["tff", "vectorized"]
   assert timed.test_metric.nunique() == 1 and (rows.peak_memory_mb > 0).all()
   assert "hypernet end_to_end_seconds: tff" in done.stdout
+  runs = rows[rows.part == "protocol"].set_index("protocol")
+  assert sorted(runs.index) == ["honest", "paper"] and (runs.rounds == 2).all()
+  assert runs.test_metric["honest"] != runs.test_metric["paper"]   # weighted mean
+  assert "School DP run end to end (vectorized): paper protocol" in done.stdout
   calibration = rows[rows.part == "calibration"].set_index("protocol")
-  assert sorted(calibration.index) == ["honest", "paper"]
+  assert sorted(calibration.index) == ["honest", "paper", "replace_one"]
   assert calibration.settings["honest"] == 1 and calibration.settings["paper"] == 6
-  assert (calibration.calibration_cache == "cold").all()
-  assert "calibration (cold, School epsilon 6): paper protocol 6 settings" in done.stdout
+  assert calibration.settings["replace_one"] == 6
+  assert "calibration (cold, School epsilon 6): paper 6 setting(s)" in done.stdout

@@ -1,5 +1,4 @@
 import itertools
-import json
 import math
 
 import dp_accounting
@@ -54,15 +53,6 @@ def test_selection_event_has_exponential_mechanism_rdp():
   np.testing.assert_allclose(acc._rdp, count * orders * eps ** 2 / 8, rtol=1e-12)
 
 
-def test_fast_search_epsilon_matches_dp_accounting_on_integer_orders():
-  ints = [float(a) for a in accounting.RDP_ORDERS if a == int(a)]
-  for z, q, steps in [(0.7, 0.05, 100), (3.0, 0.3, 1000), (1.5, 1.0, 20)]:
-    fast = accounting._search_epsilon(z, q, steps, 1e-5, 0.1, 2)
-    acc = dp_accounting.rdp.RdpAccountant(ints)
-    acc.compose(accounting.silo_event(z, q, steps, selection_epsilon=0.1, num_selections=2))
-    assert fast == pytest.approx(acc.get_epsilon(1e-5), rel=1e-9)
-
-
 GRID = list(itertools.product([0.1, 1.0, 6.0, 40.0], [0.01, 0.3, 1.0], [1, 50, 2000],
                               [1e-3, 1e-7]))
 
@@ -83,49 +73,6 @@ def test_calibration_with_selections():
   with pytest.raises(ValueError, match="selections"):
     calibrate_noise_multiplier(0.5, 1e-5, 0.05, 1000, selection_epsilon=0.5,
                                num_selections=50)
-
-
-def _fresh_calibration(monkeypatch, folder):
-  """Calibrations from here on use `folder` and no in-memory results."""
-  monkeypatch.setenv("TFF_SILO_CACHE_DIR", str(folder))
-  monkeypatch.setattr(accounting, "_DISK_CACHE", accounting.calibration_cache
-                      .CalibrationCache("test"))
-  accounting._calibrate.cache_clear()
-
-
-def test_calibrations_are_reused_from_disk_across_processes(tmp_path, monkeypatch):
-  _fresh_calibration(monkeypatch, tmp_path)
-  z = calibrate_noise_multiplier(3.0, 1e-5, 0.02, 2000)
-  assert len(list(tmp_path.glob("calibration-*.json"))) == 1
-  _fresh_calibration(monkeypatch, tmp_path)   # as a new process would start
-  def no_search(*args):
-    raise AssertionError("searched although the result was on disk")
-  monkeypatch.setattr(accounting, "_search_noise_multiplier", no_search)
-  assert calibrate_noise_multiplier(3.0, 1e-5, 0.02, 2000) == z
-
-
-@pytest.mark.parametrize("tamper", ["too_little_noise", "too_much_noise", "garbage"])
-def test_a_bad_cache_file_costs_time_never_privacy_or_utility(tmp_path, monkeypatch,
-                                                               tamper):
-  _fresh_calibration(monkeypatch, tmp_path)
-  z = calibrate_noise_multiplier(3.0, 1e-5, 0.02, 2000)
-  (path,) = tmp_path.glob("calibration-*.json")
-  if tamper == "garbage":
-    path.write_bytes(b"\x00\xffnot json")
-  else:
-    factor = 0.5 if tamper == "too_little_noise" else 2.0
-    path.write_text(json.dumps({k: factor * v
-                                for k, v in json.loads(path.read_text()).items()}))
-  _fresh_calibration(monkeypatch, tmp_path)
-  assert calibrate_noise_multiplier(3.0, 1e-5, 0.02, 2000) == z
-  assert epsilon_spent(z, 0.02, 2000, 1e-5) <= 3.0
-
-
-def test_the_cache_can_be_turned_off(tmp_path, monkeypatch):
-  _fresh_calibration(monkeypatch, "off")
-  monkeypatch.chdir(tmp_path)
-  calibrate_noise_multiplier(3.0, 1e-5, 0.02, 2000)
-  assert list(tmp_path.iterdir()) == []
 
 
 @pytest.mark.parametrize("kwargs, message", [

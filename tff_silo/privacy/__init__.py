@@ -1,5 +1,6 @@
 """Privacy: mechanisms (`dp_sgd`, `selection`, `d_privacy`, `user_level`) apart from accounting
-(`accounting`, on dp_accounting's RDP accountant), one `ledger` per protected unit, and
+(`accounting`, on dp_accounting's RDP accountant and `rdp_curves`, its subsampled
+Gaussians vectorized), one `ledger` per protected unit, and
 the `protocol` (neighbouring relation, what is public) a guarantee is about.
 
 Names are imported on first use (PEP 562), so that `tff_silo.privacy.protocol` and
@@ -10,6 +11,7 @@ import importlib
 
 _EXPORTS = {
     "NEIGHBOURING": "accounting", "calibrate_noise_multiplier": "accounting",
+    "calibrate_noise_multipliers": "accounting", "silo_setting": "accounting",
     "dp_sgd_event": "accounting", "epsilon_spent": "accounting",
     "selection_event": "accounting", "silo_event": "accounting",
     "PrivacyLedger": "ledger", "PAPER": "protocol", "PrivacyProtocol": "protocol",

@@ -9,8 +9,9 @@ a further charge would exceed its budget. Run drivers take their `epsilon_spent`
 columns from the ledgers and nowhere else.
 
 Composition is exact RDP addition: the RDP curve of each distinct event is computed
-once (`dp_accounting`, cached) and added `count` times, which gives the same curve as
-one `RdpAccountant` composing every event of the run. The Gaussian sampler's tails of
+once (`rdp_curves`, dp_accounting's formulas vectorized; cached) and added `count`
+times, which gives the same curve as one `RdpAccountant` composing every event of
+the run (tests/privacy/test_ledger.py). The Gaussian sampler's tails of
 the charged events (`accounting.sampler_tail`) add up too, and epsilon is reported
 at delta less their sum.
 """
@@ -24,18 +25,18 @@ from typing import Optional
 import dp_accounting
 import numpy as np
 
-from tff_silo.privacy import accounting, node_level
+from tff_silo.privacy import accounting, node_level, rdp_curves
 
 
 @functools.lru_cache(maxsize=4096)
 def _rdp_curve(event: dp_accounting.DpEvent, neighbouring: str) -> np.ndarray:
-  accountant = node_level.NodeLevelRdpAccountant(   # dp_accounting's, node events too
-      list(accounting.RDP_ORDERS), accounting.neighbouring_relation(neighbouring))
-  if not accountant.supports(event):
+  relation = accounting.neighbouring_relation(neighbouring)
+  try:
+    return rdp_curves.event_curve(event, lambda: node_level.NodeLevelRdpAccountant(
+        list(accounting.RDP_ORDERS), relation))   # node events too
+  except ValueError as e:
     raise ValueError(f"{event} cannot be accounted under the {neighbouring} "
-                     "neighbouring relation")
-  accountant.compose(event)
-  return accountant._rdp.copy()   # pylint: disable=protected-access
+                     "neighbouring relation") from e
 
 
 @functools.lru_cache(maxsize=4096)
@@ -43,12 +44,15 @@ def _tail(event: dp_accounting.DpEvent, neighbouring: str) -> float:
   return accounting.sampler_tail(event, neighbouring)
 
 
-@functools.lru_cache(maxsize=1024)
-def _epsilon_at(rdp_bytes: bytes, target_delta: float, tail: float) -> float:
-  """dp_accounting's epsilon of an RDP curve (its exact bytes) at `target_delta`
-  less the sampler's `tail`: silos with the same history share one computation."""
-  return accounting.epsilon_from_rdp(accounting.RDP_ORDERS, np.frombuffer(rdp_bytes),
-                                     target_delta, tail)
+def _epsilons(curves, target_deltas, tails) -> np.ndarray:
+  """Epsilon of each RDP curve (a row) at its delta less the sampler's tail
+  (dp_accounting's conversion, vectorized: `rdp_curves.epsilons`); 0 for a zero
+  curve."""
+  curves = np.asarray(curves, np.float64).reshape(-1, len(accounting.RDP_ORDERS))
+  deltas = [accounting.delta_after_tail(d or 0.0, t)   # None: d-privacy only, no curve
+            for d, t in zip(target_deltas, tails)]
+  eps, _ = rdp_curves.epsilons(accounting.RDP_ORDERS, curves, deltas)
+  return np.where(curves.any(axis=1), eps, 0.0)
 
 
 class PrivacyLedger:
@@ -105,18 +109,15 @@ class PrivacyLedger:
     self.leakage += float(amount)
     self.charges[label] += 1
 
-  def _epsilon_of(self, rdp, tail) -> float:
-    if not np.any(rdp):
-      return 0.0
-    if self.target_delta is None:
+  def _checked_delta(self) -> float:
+    if self.target_delta is None and np.any(self._rdp):
       raise ValueError("this ledger has no target_delta: it accounts d-privacy leakage")
-    return _epsilon_at(np.asarray(rdp, np.float64).tobytes(), self.target_delta,
-                       float(tail))
+    return self.target_delta
 
   def epsilon(self) -> float:
     """Epsilon at `target_delta` of everything charged so far (the sampler's tail
     taken from delta)."""
-    return self._epsilon_of(self._rdp, self.sampler_tail)
+    return float(epsilons([self])[0])
 
   def would_exceed(self, event: dp_accounting.DpEvent, count: int = 1) -> bool:
     """Whether charging `event` `count` times would take epsilon above the budget."""
@@ -124,13 +125,18 @@ class PrivacyLedger:
 
   def _exceeds_with(self, cost) -> bool:
     curve, tail = cost
-    return self.budget is not None and self._epsilon_of(
-        self._rdp + curve, self.sampler_tail + tail) > self.budget
+    return self.budget is not None and _epsilons(
+        self._rdp + curve, [self._checked_delta()],
+        [self.sampler_tail + tail])[0] > self.budget
 
 
 def epsilons(ledgers) -> np.ndarray:
-  """Each ledger's epsilon (an array)."""
-  return np.array([ledger.epsilon() for ledger in ledgers])
+  """Each ledger's epsilon (an array; one vectorized conversion for all)."""
+  if not ledgers:
+    return np.zeros(0)
+  return _epsilons([ledger._rdp for ledger in ledgers],   # pylint: disable=protected-access
+                   [ledger._checked_delta() for ledger in ledgers],   # pylint: disable=protected-access
+                   [ledger.sampler_tail for ledger in ledgers])
 
 
 def leakages(ledgers) -> np.ndarray:
@@ -154,17 +160,21 @@ def over_budget(ledgers, events) -> list:
   """Indices of the units whose next `events` (one per ledger, or None) would
   exceed their budget; units with the same account, event and budget are checked
   once (in a round of 139 silos with equal settings, once instead of 139 times)."""
-  verdicts, over = {}, []
+  candidates, owners = {}, []
   for i, (ledger, curve) in enumerate(zip(ledgers, _curves(ledgers, events))):
     if curve is None or ledger.budget is None:
       continue
     key = (ledger._rdp.tobytes(), ledger.sampler_tail, id(curve), ledger.budget,  # pylint: disable=protected-access
            ledger.target_delta)
-    if key not in verdicts:
-      verdicts[key] = ledger._exceeds_with(curve)   # pylint: disable=protected-access
-    if verdicts[key]:
-      over.append(i)
-  return over
+    if key not in candidates:
+      candidates[key] = (ledger._rdp + curve[0], ledger._checked_delta(),  # pylint: disable=protected-access
+                         ledger.sampler_tail + curve[1], ledger.budget)
+    owners.append((i, key))
+  if not owners:
+    return []
+  curves, deltas, tails, budgets = zip(*candidates.values())
+  exceeds = dict(zip(candidates, _epsilons(curves, deltas, tails) > np.array(budgets)))
+  return [i for i, key in owners if exceeds[key]]
 
 
 def charge_all(ledgers, events, label: str) -> None:

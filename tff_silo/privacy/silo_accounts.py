@@ -133,16 +133,14 @@ def calibrate_silos(train_sizes: Sequence[int], *, batch_size: int, epochs_per_r
            else [() if e is None else (e,) for e in preprocessing_events])
   if len(extra) != k:
     raise ValueError(f"preprocessing_events must have one entry per silo ({k})")
-  options = [dict(selection_epsilon=float(s) if num_selections else None,
-                  num_selections=num_selections, neighbouring=protocol.neighbouring,
-                  dataset_size=int(n), extra_events=e,
-                  node_examples=protocol.node_examples)
-             for s, n, e in zip(select, sizes, extra)]
-  z = given if given is not None else np.array([
-      accounting.calibrate_noise_multiplier(e, d, q, int(s), **o)
-      for e, d, q, s, o in zip(eps, delta, rates, steps, options)])
-  spent = np.array([accounting.epsilon_spent(zi, q, int(s), d, **o)
-                    for zi, q, s, d, o in zip(z, rates, steps, delta, options)])
+  settings = [accounting.silo_setting(
+      q, int(n_steps), d, float(s) if num_selections else None, num_selections,
+      protocol.neighbouring, int(n), e, protocol.node_examples)
+      for q, n_steps, d, s, n, e in zip(rates, steps, delta, select, sizes, extra)]
+  if given is not None:
+    z, spent = given, accounting.epsilons_spent(given, settings)
+  else:
+    z, spent = accounting.calibrate_noise_multipliers(eps, settings)
   return SiloPrivacy(z, rates, steps, delta, spent, select, num_selections, sizes,
                      protocol, sampling, tuple(extra))
 
@@ -260,5 +258,5 @@ def _write_ledger_rows(path, rounds_done, ledgers):
     writer = csv.writer(f)
     if new:
       writer.writerow(["round", "silo", "epsilon", "target_delta"])
-    for k, ledger in enumerate(ledgers):
-      writer.writerow([rounds_done, k, ledger.epsilon(), ledger.target_delta])
+    for k, (ledger, epsilon) in enumerate(zip(ledgers, ledger_lib.epsilons(ledgers))):
+      writer.writerow([rounds_done, k, epsilon, ledger.target_delta])

@@ -57,8 +57,10 @@ Output: one CSV row per selected cell and, under free tuning, one per trial
 private tuning: the selected models' test metric against the lambda selected; one
 panel per epsilon, local and FedAvg as lines) and `leakage_<preset>.png` (membership
 AUC against epsilon, with --membership). A row's epsilon covers that row; rows on
-the same silos (one seed) compose. On the vectorized backend a configuration's
-trials run stacked as one program.
+the same silos (one seed) compose. On the vectorized backend a method's trials
+(every configuration, epsilon and seed) run stacked as one program, in stacks of
+`tff_silo.simulation.runs_per_stack` (IFCA's and the hypernetwork's, one
+configuration's trials after another).
 """
 
 from __future__ import annotations
@@ -439,8 +441,34 @@ def _hypernet(s, trial, silos, backend) -> _Outcome:
                   if private else None)
 
 
+def _batches(s, pending, loaded, backend) -> list:
+  """The pending trials in batches that run together: on the vectorized backend the
+  trials of one method and privacy (every configuration, epsilon and seed: their
+  programs take the learning rate and lambda as tensors) in stacks of
+  `simulation.runs_per_stack`; a method whose runs do not stack (IFCA, the
+  hypernetwork, the TFF backend) one configuration's trials at a time."""
+  from tff_silo import runner, simulation
+  silos = [loaded[seed][0] for seed in s.seeds]
+  most = simulation.runs_per_stack(silos)
+  stacks = {}
+
+  def key(trial):
+    private = not math.isinf(trial["epsilon"])
+    if (trial["method"], private) not in stacks:
+      stacks[trial["method"], private] = trial["method"] != "hypernet" and (
+          runner.stack_key(_definition(s, trial, silos[0]), backend) is not None)
+    if stacks[trial["method"], private]:
+      return trial["method"], private
+    return trial["method"], trial["lam"], trial["lr"]
+
+  ordered = sorted(pending, key=lambda t: (METHODS.index(t["method"]),
+                                           math.isinf(t["epsilon"])))
+  return [group[i:i + most] for group in plan.consecutive(ordered, key)
+          for i in range(0, len(group), most)]
+
+
 def _run_batch(s, batch, loaded, backend, device, cell_trials):
-  """Trial rows of `batch` (one configuration's trials), run together;
+  """Trial rows of `batch` (trials that run together: `_batches`), run together;
   `cell_trials[(method, epsilon, seed)]` is h, the trials of each cell."""
   rows = []
   for trial, (outcome, score_z) in zip(batch, _simulate(s, batch, loaded, backend)):
@@ -676,7 +704,7 @@ def main(argv):
                      "need a weighted one (mean, robust, compressed)")
   backend = common.backend_for(s.backend, s.aggregator)
   scope, device = common.device_scope(s.device, backend)
-  batches = plan.consecutive(pending, lambda t: (t["method"], t["lam"], t["lr"]))
+  batches = _batches(s, pending, loaded, backend)
   if private:   # how many trials ran would tell h: counted in cells only
     print(f"{len(cell_trials)} cells, {len(released)} already in {s.output}; the "
           f"rest in {len(batches)} batches (finished trials wait in "
@@ -699,9 +727,11 @@ def main(argv):
     left = elapsed / i * (len(batches) - i)
     counts = (f"{len(released)}/{len(cell_trials)} cells selected" if private
               else f"{len(batch)} trials")
-    print(f"[{i}/{len(batches)}] {first['method']} lam={first['lam']:g} "
-          f"lr={first['lr']:g}: {counts}, {elapsed:.0f} s, ~{left:.0f} s left",
-          file=sys.stderr, flush=True)
+    configs_run = {(t["lam"], t["lr"]) for t in batch}
+    what = (f"lam={first['lam']:g} lr={first['lr']:g}" if len(configs_run) == 1
+            else f"{len(configs_run)} configurations stacked")
+    print(f"[{i}/{len(batches)}] {first['method']} {what}: {counts}, {elapsed:.0f} s, "
+          f"~{left:.0f} s left", file=sys.stderr, flush=True)
   _select_ready(s, trials, released, loaded)   # cells finished before
   table = common.read_rows(s.output, SIGNATURE)
   selected = table[(table.row_type == "selected") & table.run_key.isin(set(cell_keys))]

@@ -101,7 +101,7 @@ def configurations(s, method) -> list:
 
 def trials(s) -> list:
   """Every trial (method, epsilon, seed, lam, lr, trial, run_seed), sorted so that a
-  configuration's trials (epsilons, seeds, draws) are consecutive: they run stacked.
+  configuration's trials (epsilons, seeds, draws) are consecutive.
   A cell of the full grid (free tuning, a non-private cell, a method with one
   configuration) has trial -1; a cell of private tuning has trials 0..h-1, the plan
   (h and each trial's configuration) drawn from the cell's seed. The seed is the

@@ -127,27 +127,45 @@ def run_simulation(process, data: SiloData, *, rounds: int,
                    progress)[0]
 
 
+# Stacked runs hold every silo's training data padded to the largest silo; a group
+# of runs that stack is cut into stacks of at most this many such floats.
+MAX_STACKED_FLOATS = 2 ** 27   # 512 MB of float32
+
+
+def runs_per_stack(datasets: Sequence[SiloData]) -> int:
+  """How many runs on data shaped like `datasets` (the largest of each dimension)
+  stack within MAX_STACKED_FLOATS (at least 1)."""
+  per_run = (max(d.num_silos for d in datasets)
+             * max(len(y) for d in datasets for y in d.y_train)
+             * max(int(np.prod(d.feature_shape)) for d in datasets))
+  return max(1, MAX_STACKED_FLOATS // max(per_run, 1))
+
+
 def run_simulations(runs: Sequence[Run], *, rounds: int, eval_every: int = 0,
                     progress: Optional[Callable[[int, int, float], None]] = None,
                     backend: str = "tff") -> list:
   """`run_simulation` of each of `runs` (T rounds each), one `SimulationResult` per
-  run, in order. On the vectorized backend, runs of the MR-MTL family whose
-  definitions have equal `tff_silo.runner.stack_key` (a sweep's epsilons and
-  seeds: same model and training settings) run stacked as the silos of one program,
-  each with its own global model, noise, keys, ledgers and evaluation: the same
-  numbers as run one by one (tested), each result's `runs_stacked` saying how many
-  shared its rounds and wall time. Other runs run one after another. Private runs
-  need seeds of their own (`tff_silo.keys.run_seed`)."""
+  run, in order. On the vectorized backend, runs of the MR-MTL family and Mocha whose
+  definitions have equal `tff_silo.runner.stack_key` (a grid's epsilons, seeds,
+  learning rates and lambdas: one method, model and training settings) run stacked
+  as the silos of one program (`runs_per_stack` at a time), each with its own
+  global model, noise, keys, ledgers and evaluation: the same numbers as run one by
+  one (tested), each result's `runs_stacked` saying how many shared its rounds and
+  wall time. Other runs run one after another. Private runs need seeds of their
+  own (`tff_silo.keys.run_seed`)."""
   _check_own_seeds(runs)
   results = [None] * len(runs)
   groups = {}
   for i, run in enumerate(runs):
     groups.setdefault(_stack_group(run.process, backend, i), []).append(i)
-  for members in groups.values():
-    runner = silo_runner(runs[members[0]].process, backend)
-    for i, result in zip(members, _simulate(runner, [runs[i] for i in members], rounds,
-                                            eval_every, progress)):
-      results[i] = result
+  for group in groups.values():
+    most = runs_per_stack([runs[i].data for i in group])
+    for start in range(0, len(group), most):
+      members = group[start:start + most]
+      runner = silo_runner(runs[members[0]].process, backend)
+      for i, result in zip(members, _simulate(runner, [runs[i] for i in members],
+                                              rounds, eval_every, progress)):
+        results[i] = result
   return results
 
 

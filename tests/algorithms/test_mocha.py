@@ -5,6 +5,7 @@ import numpy as np
 import pytest
 
 from tff_silo import algorithms, data, models
+from tff_silo.backends.vectorized import programs
 from tff_silo.algorithms import mocha
 from tff_silo.privacy import PrivacyProtocol
 from tff_silo.simulation import Run, run_simulation, run_simulations
@@ -109,16 +110,19 @@ def test_vectorized_mocha_computes_what_the_tff_process_computes(setting):
 
 
 def test_stacked_mocha_runs_compute_what_each_computes_alone():
-  """Runs of 4 and 3 silos (each its own Omega, the smaller padded) and another
-  epsilon stack into one program; each run's numbers are its own."""
+  """Runs of 4 and 3 silos (each its own Omega, the smaller padded), another
+  epsilon, lambda and learning rate stack into one program; each run's numbers are
+  its own."""
   other = data.heterogeneous_linear_silos(num_silos=3, num_examples=20, dim=3, seed=5)
   options, run = SETTINGS["poisson_assumed_size"]
   runs = [Run(_mocha(**options), SILOS, seed=1, **run),
-          Run(_mocha(other, **options), other, seed=2, **run),
-          Run(_mocha(**options), SILOS, seed=3, **dict(run, target_epsilon=2.0))]
+          Run(_mocha(other, lam=2.0, **options), other, seed=2, **run),
+          Run(_mocha(client_learning_rate=0.03, **options), SILOS, seed=3,
+              **dict(run, target_epsilon=2.0))]
   stacked = run_simulations(runs, rounds=3, eval_every=2, backend="vectorized")
   assert [r.runs_stacked for r in stacked] == [3, 3, 3]
   for spec, result in zip(runs, stacked):
+    programs.release_programs()   # each alone traced from its own definition
     alone, = run_simulations([spec], rounds=3, eval_every=2, backend="vectorized")
     assert alone.runs_stacked == 1
     _assert_same(alone, result)

@@ -11,8 +11,9 @@ import tensorflow as tf
 import tensorflow_federated as tff
 
 from hypernet.process import process_for as hypernet_process_for
-from tff_silo import algorithms, batched_random, data, keys, models
+from tff_silo import algorithms, batched_random, data, keys, models, simulation
 from tff_silo.backends.tff import process_for
+from tff_silo.backends.vectorized import programs
 from tff_silo.backends.vectorized import training as vectorized_training
 from tff_silo.dprivate_simulation import run_dprivate_clustering
 from tff_silo.privacy import PrivacyProtocol, silo_accounts
@@ -130,22 +131,25 @@ def test_the_parity_check_can_fail():
 
 @pytest.mark.parametrize("name", ["mrmtl", "ditto", "finetune"])
 def test_stacked_runs_compute_what_each_run_computes_alone(name):
-  """A sweep's runs (epsilons, seeds, another dataset, a run without DP) as the
-  silos of one program: each run's weights, metrics, epsilon and history are its own
-  run's; runs of different settings run apart."""
+  """A grid's runs (epsilons, seeds, another dataset, learning rates, lambdas, a run
+  without DP) as the silos of one program: each run's weights, metrics, epsilon and
+  history are its own run's; runs of different programs run apart."""
   options, run = SETTINGS["poisson_assumed_size"]
-  definition = lambda: getattr(algorithms, f"{name}_algorithm")(
-      MODEL, SILOS.feature_shape, client_learning_rate=0.1, batch_size=8,
-      **ALGORITHMS[name], **options)
+  def definition(lr=0.1, **changed):
+    return getattr(algorithms, f"{name}_algorithm")(
+        MODEL, SILOS.feature_shape, client_learning_rate=lr, batch_size=8,
+        **dict(ALGORITHMS[name], **changed), **options)
   other_silos = data.heterogeneous_linear_silos(num_silos=3, num_examples=20, dim=3,
                                                 seed=5)
+  other_lam = dict(lam=2.0) if "lam" in ALGORITHMS[name] else {}
   runs = [Run(definition(), SILOS, seed=1, **run),
-          Run(definition(), SILOS, seed=2, **dict(run, target_epsilon=2.0)),
-          Run(definition(), other_silos, seed=3, **run),
+          Run(definition(lr=0.03), SILOS, seed=2, **dict(run, target_epsilon=2.0)),
+          Run(definition(**other_lam), other_silos, seed=3, **run),
           Run(_process(name), SILOS, seed=1)]   # no DP: another stack key
   stacked = run_simulations(runs, rounds=3, eval_every=2, backend="vectorized")
   assert [r.runs_stacked for r in stacked] == [3, 3, 3, 1]
   for spec, result in zip(runs, stacked):
+    programs.release_programs()   # each alone traced from its own definition
     alone = run_simulation(spec.process, spec.data, rounds=3, eval_every=2,
                            backend="vectorized", seed=spec.seed,
                            target_epsilon=spec.target_epsilon,
@@ -154,6 +158,23 @@ def test_stacked_runs_compute_what_each_run_computes_alone(name):
     np.testing.assert_allclose(np.array(result.history), np.array(alone.history),
                                rtol=1e-5)
     assert result.test_metric == pytest.approx(alone.test_metric, rel=1e-5)
+
+
+def test_stacks_are_cut_to_the_memory_budget(monkeypatch):
+  """Runs that would stack beyond MAX_STACKED_FLOATS run in several stacks: here
+  two runs' data per stack, so 2 + 1, each run's numbers its own."""
+  per_run = SILOS.num_silos * max(len(y) for y in SILOS.y_train) * int(
+      np.prod(SILOS.feature_shape))
+  monkeypatch.setattr(simulation, "MAX_STACKED_FLOATS", 2 * per_run + 1)
+  assert simulation.runs_per_stack([SILOS]) == 2
+  runs = [Run(_process("mrmtl"), SILOS, seed=s) for s in (1, 2, 3)]
+  cut = run_simulations(runs, rounds=2, backend="vectorized")
+  assert [r.runs_stacked for r in cut] == [2, 2, 1]
+  monkeypatch.setattr(simulation, "MAX_STACKED_FLOATS", 3 * per_run)
+  whole = run_simulations(runs, rounds=2, backend="vectorized")
+  assert [r.runs_stacked for r in whole] == [3, 3, 3]
+  for a, b in zip(cut, whole):
+    _assert_same(a, b)
 
 
 def test_private_runs_with_one_seed_are_refused():

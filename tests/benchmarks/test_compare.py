@@ -87,7 +87,7 @@ def test_a_killed_run_resumes_without_redoing_finished_trials(tmp_path):
   proc.communicate(timeout=120)
   first = pd.read_csv(tmp_path / "c.csv")
   finished = (first.row_type == "trial").sum()
-  assert finished >= 2
+  assert finished >= 1   # the first batch: local's private trial
   again = _compare(tmp_path, *TINY, "--lams=0.01,0.1,1,10")
   assert again.returncode == 0, again.stderr
   assert f"{finished} already in" in again.stderr

@@ -63,6 +63,12 @@ class LocalTrainingConfig:
   sampling: str = "poisson"
   steps: int | None = None
 
+  def program_settings(self) -> tuple:
+    """Every setting but the learning rate, as (name, value) pairs: what a traced
+    program that takes the learning rate as a tensor depends on."""
+    return tuple((f.name, getattr(self, f.name)) for f in dataclasses.fields(self)
+                 if f.name != "learning_rate")
+
   def __post_init__(self):
     if not self.learning_rate > 0:
       raise ValueError(f"learning_rate must be positive, got {self.learning_rate}")

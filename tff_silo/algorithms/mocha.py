@@ -158,4 +158,4 @@ def regularizer(lam: float, diag, pull):
     return tf.reshape(d, tf.concat([tf.shape(d), tf.ones([len(like.shape) - len(d.shape)],
                                                            tf.int32)], 0))
   anchor = [-tf.math.divide_no_nan(p, trailing(diag, p)) for p in pull]
-  return np.float32(lam) * diag, anchor
+  return tf.cast(lam, tf.float32) * diag, anchor

@@ -55,14 +55,16 @@ class RoundSpec:
   global_update_rounds: Optional[int] = None
 
 
-def client_round(spec: RoundSpec, global_w, personal_w, round_num, train):
+def client_round(spec: RoundSpec, global_w, personal_w, round_num, train, lam=None):
   """(personal weights, delta) of a silo's round: `train(start, lam, pass_)` runs its
-  local training regularized towards `global_w`. Tensors may carry a leading silo
-  axis (the vectorized backend) or not (one TFF client)."""
+  local training regularized towards `global_w`, with `lam` (default `spec.lam`; the
+  vectorized backend's stacked runs give one per silo). Tensors may carry a leading
+  silo axis (the vectorized backend) or not (one TFF client)."""
   global_w, personal_w = list(global_w), list(personal_w)
+  lam = np.float32(spec.lam) if lam is None else lam
   if spec.ditto:
     new_global = train(global_w, 0.0, 0)
-    personal = train(personal_w, np.float32(spec.lam), 1)
+    personal = train(personal_w, lam, 1)
     return personal, [a - b for a, b in zip(new_global, global_w)]
   if spec.start == "personal":
     begin = personal_w
@@ -71,7 +73,7 @@ def client_round(spec: RoundSpec, global_w, personal_w, round_num, train):
   else:
     use_global = round_num <= spec.switch_round
     begin = [tf.where(use_global, g, p) for g, p in zip(global_w, personal_w)]
-  personal = train(begin, np.float32(spec.lam), 0)
+  personal = train(begin, lam, 0)
   return personal, [a - b for a, b in zip(personal, begin)]
 
 

@@ -3,6 +3,7 @@ silos of one or more runs, and its runner (`VectorizedProcess`)."""
 
 from __future__ import annotations
 
+import dataclasses
 from typing import NamedTuple
 
 import tensorflow as tf
@@ -34,11 +35,19 @@ def unsupported_reason(algorithm: SiloAlgorithm) -> str | None:
 
 def stack_key(algorithm: SiloAlgorithm) -> tuple:
   """What the round's program depends on besides its tensors (the model by its
-  `computation_key`): runs of equal keys stack into one program
+  `computation_key`): runs of one method with equal keys stack into one program
   (`VectorizedProcess.prepare_runs`; they differ only in data, noise multipliers,
-  keys and initial weights)."""
-  return (algorithm.model.computation_key, algorithm.config, algorithm.round_spec,
-          algorithm.aggregation, training.MEMORY_BUDGET_FLOATS)
+  keys, initial weights and `hyperparameters`)."""
+  return (algorithm.name, algorithm.model.computation_key,
+          algorithm.config.program_settings(),
+          dataclasses.replace(algorithm.round_spec, lam=0.0),
+          algorithm.personal_from_round, algorithm.aggregation,
+          training.MEMORY_BUDGET_FLOATS)
+
+
+def hyperparameters(algorithm: SiloAlgorithm) -> tuple:
+  """(learning rate, lambda): what a run feeds its stacked program as tensors."""
+  return algorithm.config.learning_rate, algorithm.round_spec.lam
 
 
 def _family_round(algorithm: SiloAlgorithm):
@@ -49,13 +58,14 @@ def _family_round(algorithm: SiloAlgorithm):
   model, config = algorithm.model, algorithm.config
   spec, aggregation = algorithm.round_spec, algorithm.aggregation
 
-  def round_fn(global_w, round_num, personal_w, silos: StackedSilos, run, active):
+  def round_fn(global_w, round_num, personal_w, silos: StackedSilos, run, learning_rate,
+               lam, active):
     num_runs = tf.shape(active)[0]
     global_b = [tf.gather(g, run) for g in global_w]
     round_keys = br.fold_in(silos.key, round_num)
-    train = lambda w, lam, pass_: train_silos(model, config, w, global_b, lam, silos,
-                                              round_keys, pass_)
-    personal, delta = client_round(spec, global_b, personal_w, round_num, train)
+    train = lambda w, lam_, pass_: train_silos(model, config, w, global_b, lam_, silos,
+                                               round_keys, pass_, learning_rate)
+    personal, delta = client_round(spec, global_b, personal_w, round_num, train, lam)
     if aggregation == "weighted_mean":   # public sizes, as the TFF process weighs
       weight = silos.public_size
     else:
@@ -84,6 +94,7 @@ class VectorizedProcess(RunStackingRunner):
 
   unsupported_reason = staticmethod(unsupported_reason)
   stack_key = staticmethod(stack_key)
+  hyperparameters = staticmethod(hyperparameters)
 
   def __init__(self, process):
     super().__init__(process, _program(runner.definition_of(process)))
@@ -99,7 +110,7 @@ class VectorizedProcess(RunStackingRunner):
     """A round of every stacked run (`active`, bool [R]: the runs that train)."""
     new_global, new_round, personal = self._round(
         state.global_weights, state.round_num, client_states, data.silos, data.run,
-        self.active_runs(active))
+        data.learning_rate, data.lam, self.active_runs(active))
     return VectorizedState(tuple(new_global), new_round), personal, {}
 
   def evaluation_weights(self, state, client_states, rounds_done: int) -> list:

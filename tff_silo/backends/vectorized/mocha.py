@@ -31,19 +31,25 @@ def unsupported_reason(algorithm: mocha.MochaAlgorithm) -> str | None:
 
 
 def stack_key(algorithm: mocha.MochaAlgorithm) -> tuple:
-  """Runs of equal keys share one program (they differ in data, K, noise, keys and
-  initial weights)."""
-  return ("mocha", algorithm.model.computation_key, algorithm.config, algorithm.lam,
+  """Runs of equal keys share one program (they differ in data, K, noise, keys,
+  initial weights and `hyperparameters`)."""
+  return ("mocha", algorithm.model.computation_key, algorithm.config.program_settings(),
           training.MEMORY_BUDGET_FLOATS)
+
+
+def hyperparameters(algorithm: mocha.MochaAlgorithm) -> tuple:
+  """(learning rate, lambda): what a run feeds its stacked program as tensors."""
+  return algorithm.config.learning_rate, algorithm.lam
 
 
 def _mocha_round(algorithm: mocha.MochaAlgorithm):
   """A round of Mocha for the stacked silos: `run` (int32 [S]) is each silo's run,
   a run's silos consecutive; a run not `active` (bool [R]) keeps its models and
   Omega."""
-  model, config, lam = algorithm.model, algorithm.config, algorithm.lam
+  model, config = algorithm.model, algorithm.config
 
-  def round_fn(omega, round_num, personal, silos: StackedSilos, run, active):
+  def round_fn(omega, round_num, personal, silos: StackedSilos, run, learning_rate, lam,
+               active):
     num_runs, size = tf.shape(omega)[0], tf.shape(omega)[1]
     counts = tf.math.unsorted_segment_sum(tf.ones_like(run), run, num_runs)
     position = tf.range(tf.shape(run)[0]) - tf.gather(tf.cumsum(counts, exclusive=True),
@@ -58,7 +64,7 @@ def _mocha_round(algorithm: mocha.MochaAlgorithm):
     strength, anchor = mocha.regularizer(
         lam, tf.gather_nd(diag, where), [tf.gather_nd(p, where) for p in pull])
     new = train_silos(model, config, personal, anchor, strength, silos,
-                      br.fold_in(silos.key, round_num), 0)
+                      br.fold_in(silos.key, round_num), 0, learning_rate)
     new_omega = mocha.relationship(per_run(new), counts)
     silo_active = tf.gather(active, run)
     return (tf.where(rows(active, omega), new_omega, omega), round_num + 1,
@@ -73,6 +79,7 @@ class VectorizedMocha(RunStackingRunner):
 
   unsupported_reason = staticmethod(unsupported_reason)
   stack_key = staticmethod(stack_key)
+  hyperparameters = staticmethod(hyperparameters)
 
   def __init__(self, process):
     algorithm = runner.definition_of(process)
@@ -101,7 +108,7 @@ class VectorizedMocha(RunStackingRunner):
   def next(self, state: MochaState, client_states, data: RunStack, active=None):
     omega, round_num, personal = self._round(
         state.relationship, state.round_num, client_states, data.silos, data.run,
-        self.active_runs(active))
+        data.learning_rate, data.lam, self.active_runs(active))
     return MochaState(omega, round_num), personal, {}
 
   def evaluation_weights(self, state, client_states, rounds_done: int) -> list:

@@ -60,11 +60,14 @@ class StackedRunner:
 class RunStackingRunner(StackedRunner):
   """A `StackedRunner` whose program also runs several runs of one definition at once
   (a sweep's epsilons and seeds): `prepare_runs` stacks their silos, each silo
-  tagged with its run (`RunStack.run`), and each run keeps its own server state,
-  noise, keys and ledger, so that the numbers are each run's own. A subclass sets
-  `stack_key(definition)` (runs of equal keys share the program)."""
+  tagged with its run (`RunStack.run`) and its run's learning rate and lambda
+  (tensors, so runs of different ones share the program), and each run keeps its
+  own server state, noise, keys and ledger, so that the numbers are each run's own.
+  A subclass sets `stack_key(definition)` (runs of equal keys share the program)
+  and `hyperparameters(definition)` (its (learning rate, lambda))."""
 
   stack_key = None
+  hyperparameters = None
 
   def __init__(self, process, program):
     super().__init__(process, program)
@@ -85,8 +88,9 @@ class RunStackingRunner(StackedRunner):
     self._initial = [d.initial_weights for d in defined]
     self._run = np.repeat(np.arange(len(definitions), dtype=np.int32),
                           [len(i) for i in inputs_per_run])
+    lr, lam = np.array([self.hyperparameters(d) for d in defined], np.float32)[self._run].T
     return RunStack(stack_silos([i for inputs in inputs_per_run for i in inputs]),
-                    tf.constant(self._run))
+                    tf.constant(self._run), tf.constant(lr), tf.constant(lam))
 
   @property
   def num_runs(self) -> int:

@@ -44,9 +44,12 @@ def stack_silos(inputs) -> StackedSilos:
 
 
 class RunStack(NamedTuple):
-  """The silos of one or more runs stacked (`family.VectorizedProcess.prepare_runs`)."""
+  """The silos of one or more runs stacked (`programs.RunStackingRunner.prepare_runs`),
+  with each silo's run and its run's numeric hyperparameters."""
   silos: StackedSilos
-  run: tf.Tensor    # int32 [K]: each silo's run
+  run: tf.Tensor             # int32 [K]: each silo's run
+  learning_rate: tf.Tensor   # float32 [K]
+  lam: tf.Tensor             # float32 [K]: the regularization strength
 
 
 def rows(mask, like):

@@ -117,11 +117,14 @@ def in_chunks(fn, most: int, tensors, num_outputs: int):
 
 
 def train_silos(model, config, weights, anchor, lam, silos: StackedSilos, round_keys,
-                pass_):
-  """`train_locally` for every silo at once: weights and anchor [K, ...], `lam` one
-  strength for all or one per silo ([K]); returns the new weights (a list)."""
+                pass_, learning_rate=None):
+  """`train_locally` for every silo at once: weights and anchor [K, ...], `lam` and
+  `learning_rate` (default `config.learning_rate`) one for all or one per silo
+  ([K]); returns the new weights (a list)."""
   weights = list(weights)
   lam = tf.broadcast_to(tf.cast(lam, tf.float32), tf.shape(silos.n))
+  lr = tf.broadcast_to(tf.cast(config.learning_rate if learning_rate is None
+                               else learning_rate, tf.float32), tf.shape(silos.n))
   num_rows = tf.shape(silos.y)[1]
   plan = lt.batch_plan(config, silos.n, silos.size)
   batch, _, total_steps, _ = plan
@@ -129,7 +132,6 @@ def train_silos(model, config, weights, anchor, lam, silos: StackedSilos, round_
   shuffle_keys = br.derive(round_keys, keys.SHUFFLE, pass_)
   noise_keys = br.derive(round_keys, keys.DP_NOISE, pass_)
   normalizer = tf.cast(batch, tf.float32)
-  lr = tf.constant(config.learning_rate, tf.float32)
   shapes = [tuple(s) for s in model.weight_shapes]
   sizes = [int(np.prod(s, dtype=np.int64)) for s in shapes]
 
@@ -173,7 +175,7 @@ def train_silos(model, config, weights, anchor, lam, silos: StackedSilos, round_
                                      None, a[4]),
           (w, anchor, xb, yb, mask, lam))
     active = step < total_steps
-    return step + 1, [tf.where(rows(active, wi), wi - lr * gi, wi)
+    return step + 1, [tf.where(rows(active, wi), wi - rows(lr, wi) * gi, wi)
                       for wi, gi in zip(w, grads)], perm
 
   _, weights, _ = tf.while_loop(

@@ -59,8 +59,8 @@ panel per epsilon, local and FedAvg as lines) and `leakage_<preset>.png` (member
 AUC against epsilon, with --membership). A row's epsilon covers that row; rows on
 the same silos (one seed) compose. On the vectorized backend a method's trials
 (every configuration, epsilon and seed) run stacked as one program, in stacks of
-`tff_silo.simulation.runs_per_stack` (IFCA's and the hypernetwork's, one
-configuration's trials after another).
+`tff_silo.simulation.runs_per_stack` (the hypernetwork's, and any on the TFF
+backend, one configuration's trials after another).
 """
 
 from __future__ import annotations
@@ -445,8 +445,8 @@ def _batches(s, pending, loaded, backend) -> list:
   """The pending trials in batches that run together: on the vectorized backend the
   trials of one method and privacy (every configuration, epsilon and seed: their
   programs take the learning rate and lambda as tensors) in stacks of
-  `simulation.runs_per_stack`; a method whose runs do not stack (IFCA, the
-  hypernetwork, the TFF backend) one configuration's trials at a time."""
+  `simulation.runs_per_stack`; a method whose runs do not stack (the hypernetwork,
+  the TFF backend) one configuration's trials at a time."""
   from tff_silo import runner, simulation
   silos = [loaded[seed][0] for seed in s.seeds]
   most = simulation.runs_per_stack(silos)

@@ -145,14 +145,14 @@ def run_simulations(runs: Sequence[Run], *, rounds: int, eval_every: int = 0,
                     progress: Optional[Callable[[int, int, float], None]] = None,
                     backend: str = "tff") -> list:
   """`run_simulation` of each of `runs` (T rounds each), one `SimulationResult` per
-  run, in order. On the vectorized backend, runs of the MR-MTL family and Mocha whose
-  definitions have equal `tff_silo.runner.stack_key` (a grid's epsilons, seeds,
-  learning rates and lambdas: one method, model and training settings) run stacked
-  as the silos of one program (`runs_per_stack` at a time), each with its own
-  global model, noise, keys, ledgers and evaluation: the same numbers as run one by
-  one (tested), each result's `runs_stacked` saying how many shared its rounds and
-  wall time. Other runs run one after another. Private runs need seeds of their
-  own (`tff_silo.keys.run_seed`)."""
+  run, in order. On the vectorized backend, runs of the MR-MTL family, IFCA and
+  Mocha whose definitions have equal `tff_silo.runner.stack_key` (a grid's
+  epsilons, seeds, learning rates and lambdas: one method, model and training
+  settings) run stacked as the silos of one program (`runs_per_stack` at a time),
+  each with its own server models, noise, keys, ledgers and evaluation: the same
+  numbers as run one by one (tested), each result's `runs_stacked` saying how many
+  shared its rounds and wall time. Other runs run one after another. Private runs
+  need seeds of their own (`tff_silo.keys.run_seed`)."""
   _check_own_seeds(runs)
   results = [None] * len(runs)
   groups = {}

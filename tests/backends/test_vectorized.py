@@ -303,6 +303,34 @@ def test_vectorized_ifca_computes_what_the_tff_process_computes(case):
   _assert_same(reference, vectorized)
 
 
+@pytest.mark.parametrize("after", ["fedavg", "mrmtl"])
+def test_stacked_ifca_runs_compute_what_each_run_computes_alone(after):
+  """IFCA's runs of seeds, epsilons, learning rates, lambdas and another dataset as
+  one program, each with its own G clusters: each run's clusters, weights, metrics
+  and epsilon are its own run's."""
+  options, run = IFCA_CASES["fedavg_dp_selection" if after == "fedavg" else "mrmtl_dp"]
+  def definition(lr=0.1, **changed):
+    return algorithms.ifca_algorithm(
+        MODEL, SILOS.feature_shape, client_learning_rate=lr, batch_size=8,
+        total_rounds=4, **dict(dict(dict(num_clusters=2), **options), **changed))
+  other_silos = data.heterogeneous_linear_silos(num_silos=3, num_examples=20, dim=3,
+                                                seed=5)
+  other_lam = dict(lam=2.0) if after == "mrmtl" else {}
+  runs = [Run(definition(), SILOS, seed=1, **run),
+          Run(definition(lr=0.03), SILOS, seed=2, **dict(run, target_epsilon=2.0)),
+          Run(definition(**other_lam), other_silos, seed=3, **run)]
+  stacked = run_simulations(runs, rounds=4, backend="vectorized")
+  assert [r.runs_stacked for r in stacked] == [3, 3, 3]
+  for spec, result in zip(runs, stacked):
+    programs.release_programs()   # each alone traced from its own definition
+    alone, = run_simulations([spec], rounds=4, backend="vectorized")
+    np.testing.assert_array_equal(result.clusters, alone.clusters)
+    _assert_same(alone, result)
+    for mine, its in zip(result.server_weights, alone.server_weights):
+      for a, b in zip(mine, its):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+
+
 def test_vectorized_private_selection_draws_the_tff_noise():
   """Over seeds, the private choices vary and both backends make the same ones."""
   options, run = IFCA_CASES["fedavg_dp_selection"]

@@ -129,14 +129,17 @@ class ClusterSpec:
 
 
 def cluster_client_round(spec: ClusterSpec, clusters, personal_w, cluster, round_num,
-                         select, train):
-  """(personal weights, cluster, delta) of a silo's round. `select()` returns the
-  privately selected cluster; `train(begin, anchor, lam)` runs local training from
-  `begin` regularized towards `anchor`. Tensors may carry a leading silo axis (the
-  vectorized backend; `cluster` then [K]) or not (one TFF client)."""
+                         select, train, lam=None):
+  """(personal weights, cluster, delta) of a silo's round. `clusters`: the G models,
+  or a function of the clusters selected giving each silo's centre (the vectorized
+  backend's stacked runs); `select()` returns the privately selected cluster;
+  `train(begin, anchor, lam)` runs local training from `begin` regularized towards
+  `anchor` with `lam` (default `spec.lam`; one per silo when stacked). Tensors may
+  carry a leading silo axis (the vectorized backend; `cluster` then [K]) or not (one
+  TFF client)."""
   selecting = round_num < spec.selection_rounds
   cluster = tf.cond(selecting, select, lambda: tf.identity(cluster))
-  center = select_model(clusters, cluster)
+  center = clusters(cluster) if callable(clusters) else select_model(clusters, cluster)
   if spec.after == "fedavg":
     train_center = tf.constant(True)
   elif spec.after == "finetune":
@@ -144,7 +147,7 @@ def cluster_client_round(spec: ClusterSpec, clusters, personal_w, cluster, round
   else:
     train_center = selecting
   begin = [tf.where(train_center, c, p) for c, p in zip(center, personal_w)]
-  lam = tf.where(selecting, 0.0, np.float32(spec.lam))
+  lam = tf.where(selecting, 0.0, np.float32(spec.lam) if lam is None else lam)
   new = train(begin, center, lam)
   return new, cluster, [a - b for a, b in zip(new, begin)]
 

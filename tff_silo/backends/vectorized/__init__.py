@@ -31,10 +31,12 @@ Modules: `stacking` (silos on a leading axis), `training` (`train_silos`: batche
 per-example gradients, DP noise), `programs` (the traced rounds, one per
 definition; `RunStackingRunner`, what a runner whose runs stack shares), and one module per family's round and runner:
 - `family`: local, FedAvg, finetune, MR-MTL and Ditto (`SiloAlgorithm`s) with the
-  weighted or unweighted mean (`rounds.plain_mean`); runs stack (`stack_key`).
+  weighted or unweighted mean (`rounds.plain_mean`); runs stack (`stack_key`; the
+  learning rate and lambda are tensors fed per run, `RunStack`).
 - `clustered`: IFCA and its preconditioned methods (`ifca.ClusteredAlgorithm`s:
   cluster scores of all silos in one `vectorized_map`, the Gumbel noise of
-  report-noisy-min from `batched_random.uniform64`) with the weighted mean.
+  report-noisy-min from `batched_random.uniform64`) with the weighted mean; runs
+  stack, each with its own G cluster models.
 - `mocha`: Mocha (`MochaAlgorithm`: each run's Omega from a batched eigh, padded
   to the largest run); runs stack.
 - `dprivate`: d-private clustered FL (`DPrivateClusteringAlgorithm`: the sampled

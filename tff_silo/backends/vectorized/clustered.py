@@ -1,10 +1,12 @@
 """IFCA's round and the IFCA-preconditioned methods' (`ifca.ClusteredAlgorithm`) for
-the stacked silos, and their runner (`VectorizedClusteredProcess`)."""
+the stacked silos of one or more runs, and their runner (`VectorizedClusteredProcess`)."""
 
 from __future__ import annotations
 
+import dataclasses
 from typing import NamedTuple
 
+import numpy as np
 import tensorflow as tf
 
 from tff_silo import batched_random as br
@@ -12,25 +14,41 @@ from tff_silo import keys, runner
 from tff_silo.algorithms import ifca
 from tff_silo.backends.vectorized import training
 from tff_silo.backends.vectorized.family import unsupported_reason
-from tff_silo.backends.vectorized.programs import StackedRunner, round_program
-from tff_silo.backends.vectorized.stacking import StackedSilos, rows, tiled, unstacked
+from tff_silo.backends.vectorized.programs import RunStackingRunner, round_program
+from tff_silo.backends.vectorized.stacking import RunStack, StackedSilos, rows, unstacked
 from tff_silo.backends.vectorized.training import train_silos
 from tff_silo.privacy.selection import gumbel_of
 
 
-def _program_key(algorithm: ifca.ClusteredAlgorithm) -> tuple:
-  return (algorithm.model.computation_key, algorithm.config, algorithm.cluster_spec,
-          algorithm.aggregation, training.MEMORY_BUDGET_FLOATS)
+def stack_key(algorithm: ifca.ClusteredAlgorithm) -> tuple:
+  """What the round's program depends on besides its tensors: runs of one method with
+  equal keys stack (they differ in data, noise, keys, initial clusters and
+  `hyperparameters`)."""
+  return ("clustered", algorithm.name, algorithm.model.computation_key,
+          algorithm.config.program_settings(),
+          dataclasses.replace(algorithm.cluster_spec, lam=0.0), algorithm.aggregation,
+          training.MEMORY_BUDGET_FLOATS)
+
+
+def hyperparameters(algorithm: ifca.ClusteredAlgorithm) -> tuple:
+  """(learning rate, lambda): what a run feeds its stacked program as tensors."""
+  return algorithm.config.learning_rate, algorithm.cluster_spec.lam
 
 
 def _cluster_round(algorithm: ifca.ClusteredAlgorithm):
   """A round of IFCA or an IFCA-preconditioned method (`ifca.cluster_client_round`,
-  `ifca.choose`, `ifca.cluster_server_step`); each cluster's delta is the mean of
-  its members' deltas weighted by their public sizes."""
+  `ifca.choose`) for the stacked silos of one or more runs: `clusters` per layer
+  [R, G, ...] (each run's G models), `run` (int32 [K]) each silo's run; each
+  cluster's delta is the mean of its members' deltas weighted by their public sizes,
+  a cluster without members keeping its model (`ifca.cluster_server_step`); a run
+  not `active` (bool [R]) keeps its models."""
   model, config, spec = algorithm.model, algorithm.config, algorithm.cluster_spec
   num_clusters = algorithm.num_clusters
 
-  def round_fn(clusters, round_num, personal_w, cluster, silos: StackedSilos):
+  def round_fn(clusters, round_num, personal_w, cluster, silos: StackedSilos, run,
+               learning_rate, lam, active):
+    num_runs = tf.shape(active)[0]
+    mine = [tf.gather(layer, run) for layer in clusters]   # [K, G, ...]
     round_keys = br.fold_in(silos.key, round_num)
     size = silos.public_size
 
@@ -38,36 +56,45 @@ def _cluster_round(algorithm: ifca.ClusteredAlgorithm):
       mask = tf.cast(tf.range(tf.shape(silos.y)[1])[None] < silos.n[:, None],
                      tf.float32)
       scores, sensitivity = tf.vectorized_map(
-          lambda a: ifca.selection_scores(model, clusters, a[0], a[1], spec.loss_clip,
-                                          a[2], a[3]),
-          (silos.x, silos.y, size, mask))
+          lambda a: ifca.selection_scores(
+              model, tuple(tuple(layer[g] for layer in a[4]) for g in range(num_clusters)),
+              a[0], a[1], spec.loss_clip, a[2], a[3]),
+          (silos.x, silos.y, size, mask, mine))
       noise = gumbel_of(br.uniform64(br.derive(round_keys, keys.SELECTION, 0),
                                      num_clusters))
       return ifca.choose(config.private, scores, silos.selection_epsilon, sensitivity,
                          noise)
 
-    train = lambda begin, anchor, lam: train_silos(model, config, begin, anchor, lam,
-                                                   silos, round_keys, 0)
-    personal, cluster, delta = ifca.cluster_client_round(
-        spec, clusters, personal_w, cluster, round_num, select, train)
-    member = tf.one_hot(cluster, num_clusters)   # [K, G]
-    mean_deltas = []
-    for g in range(num_clusters):
-      weight, inside = size * member[:, g], tf.equal(cluster, g)
-      mean_deltas.append(tuple(
-          tf.math.divide_no_nan(
-              tf.reduce_sum(rows(weight, d) * tf.where(rows(inside, d), d, 0.0), 0),
-              tf.reduce_sum(weight))
-          for d in delta))
-    new_clusters = ifca.cluster_server_step(clusters, mean_deltas,
-                                            tf.reduce_sum(member, axis=0))
-    return new_clusters, round_num + 1, tuple(personal), cluster
+    centre = lambda chosen: [tf.gather(layer, chosen, batch_dims=1) for layer in mine]
+    train = lambda begin, anchor, lam_: train_silos(model, config, begin, anchor, lam_,
+                                                    silos, round_keys, 0, learning_rate)
+    personal, new_cluster, delta = ifca.cluster_client_round(
+        spec, centre, personal_w, cluster, round_num, select, train, lam)
+    segment = run * num_clusters + new_cluster   # (run, cluster) of each silo
+    segments = num_runs * num_clusters
+    total = tf.math.unsorted_segment_sum(size, segment, segments)
+    grid = lambda t: tf.reshape(t, tf.concat([[num_runs, num_clusters], tf.shape(t)[1:]],
+                                              0))
+    members = grid(tf.math.unsorted_segment_sum(tf.ones_like(size), segment, segments))
+    new_clusters = []
+    for layer, d in zip(clusters, delta):
+      mean = grid(tf.math.divide_no_nan(
+          tf.math.unsorted_segment_sum(rows(size, d) * d, segment, segments),
+          rows(total, d[:1])))
+      moved = tf.where(tf.reshape(members > 0.0, tf.concat(   # [R, G, 1, ...]
+          [tf.shape(members), tf.ones([len(layer.shape) - 2], tf.int32)], 0)),
+                       layer + mean, layer)
+      new_clusters.append(tf.where(rows(active, layer), moved, layer))
+    silo_active = tf.gather(active, run)
+    return (tuple(new_clusters), round_num + 1,
+            tuple(tf.where(rows(silo_active, n), n, p) for n, p in zip(personal, personal_w)),
+            tf.where(silo_active, new_cluster, cluster))
 
   return round_fn
 
 
 class ClusteredState(NamedTuple):
-  cluster_weights: tuple   # G models
+  cluster_weights: tuple   # per layer [R, G, ...]: each stacked run's G models
   round_num: tf.Tensor
 
 
@@ -76,42 +103,54 @@ class ClusteredClients(NamedTuple):
   cluster: tf.Tensor       # int32 [K]
 
 
-class VectorizedClusteredProcess(StackedRunner):
+class VectorizedClusteredProcess(RunStackingRunner):
   """An `ifca.ClusteredAlgorithm` (or its TFF process) with all silos in one TF
-  program per round."""
+  program per round; runs of one `stack_key` stack (`prepare_runs`), each with its
+  own G cluster models."""
 
   unsupported_reason = staticmethod(unsupported_reason)
+  stack_key = staticmethod(stack_key)
+  hyperparameters = staticmethod(hyperparameters)
 
   def __init__(self, process):
     algorithm = runner.definition_of(process)
     super().__init__(process, round_program(
-        _program_key(algorithm), lambda: _cluster_round(algorithm)))
+        stack_key(algorithm), lambda: _cluster_round(algorithm)))
 
   def initialize(self) -> ClusteredState:
-    models = self.algorithm.initial_weights
-    return ClusteredState(tuple(tuple(tf.constant(w) for w in m) for m in models),
-                          tf.constant(0, tf.int32))
+    runs = self._initial   # per run, G models
+    return ClusteredState(
+        tuple(tf.constant(np.stack([np.stack([m[i] for m in models]) for models in runs]))
+              for i in range(len(runs[0][0]))),
+        tf.constant(0, tf.int32))
 
   def initial_client_states(self, state, num_silos: int) -> ClusteredClients:
-    return ClusteredClients(tiled(state.cluster_weights[0], num_silos),
+    run = self.silo_runs(num_silos)
+    return ClusteredClients(tuple(tf.gather(layer[:, 0], run)
+                                  for layer in state.cluster_weights),
                             tf.zeros([num_silos], tf.int32))
 
-  def next(self, state: ClusteredState, client_states, silos: StackedSilos):
+  def next(self, state: ClusteredState, client_states, data: RunStack, active=None):
     clusters, new_round, personal, cluster = self._round(
         state.cluster_weights, state.round_num, client_states.personal,
-        client_states.cluster, silos)
-    return (ClusteredState(tuple(tuple(c) for c in clusters), new_round),
+        client_states.cluster, data.silos, data.run, data.learning_rate, data.lam,
+        self.active_runs(active))
+    return (ClusteredState(tuple(clusters), new_round),
             ClusteredClients(personal, cluster), {})
 
   def evaluation_weights(self, state, client_states, rounds_done: int) -> list:
     if self.algorithm.uses_client_state(rounds_done):
       return unstacked(client_states.personal)
-    models = [tuple(w.numpy() for w in model) for model in state.cluster_weights]
-    return [models[g] for g in self.cluster_assignments(client_states)]
+    run = self.silo_runs(int(client_states.cluster.shape[0]))
+    chosen = self.cluster_assignments(client_states)
+    layers = [layer.numpy() for layer in state.cluster_weights]
+    return [tuple(layer[r, g] for layer in layers) for r, g in zip(run, chosen)]
 
   def cluster_assignments(self, client_states):
     return client_states.cluster.numpy()
 
   def server_models(self, state) -> list:
-    """Per run (one here), the server's models: the G cluster models."""
-    return [tuple(tuple(w.numpy() for w in model) for model in state.cluster_weights)]
+    """Per stacked run, the server's models: its G cluster models."""
+    layers = [layer.numpy() for layer in state.cluster_weights]
+    return [tuple(tuple(layer[r, g] for layer in layers)
+                  for g in range(layers[0].shape[1])) for r in range(layers[0].shape[0])]

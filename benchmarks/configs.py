@@ -132,7 +132,7 @@ COMPARE_PRESETS = {
         epsilons=(1.0, 3.0, 8.0, float("inf")), seeds=(0, 1, 2), lrs=(0.03, 0.1),
         lams=(0.01, 0.1, 1.0), rounds=200, batch_size=100, clip=1.0, delta=1e-5,
         assumed_silo_size=1490),
-    # Thesis Fig. 1.3(a) and app. B.4: School, delta 1e-3.
+    # Thesis Fig. 1.3(b) and app. B.4: School, delta 1e-3.
     "school": ComparePreset(
         dataset="school", methods=("local", "fedavg", "finetune", "mrmtl", "ditto",
                                    "ifca", "ifca_mrmtl", "mocha"),

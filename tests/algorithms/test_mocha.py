@@ -130,6 +130,19 @@ def test_stacked_mocha_runs_compute_what_each_computes_alone():
                                rtol=1e-5)
 
 
+def test_a_diverged_mocha_run_ends_in_nan_and_leaves_its_stack_alone():
+  """A learning rate that blows W up: that run's metric is NaN (a diverged trial the
+  grid never selects), not an eigh error for every run stacked with it; the other
+  run's numbers are its own."""
+  sane = Run(_mocha(), SILOS, seed=1)
+  runs = [sane, Run(_mocha(client_learning_rate=1e6), SILOS, seed=2)]
+  stacked = run_simulations(runs, rounds=4, backend="vectorized")
+  assert [r.runs_stacked for r in stacked] == [2, 2]
+  assert np.isnan(stacked[1].test_metric)
+  alone, = run_simulations([sane], rounds=4, backend="vectorized")
+  _assert_same(alone, stacked[0])
+
+
 def test_mocha_costs_what_local_training_costs():
   """One DP-SGD pass a round, as MR-MTL: the same noise and epsilon."""
   options, run = SETTINGS["poisson_assumed_size"]

@@ -125,17 +125,22 @@ def relationship(models, num_silos):
   float64 with W W^T's eigenvalues floored at `EIGENVALUE_FLOOR`. `models`: per layer
   [R, K, ...]; a run's rows past its `num_silos` (int [R]) are padding (zeros in W):
   they leave its silos' block unchanged (a matrix function of a block-diagonal
-  matrix is block-diagonal) and are cut from the trace and from Omega."""
+  matrix is block-diagonal) and are cut from the trace and from Omega. A run whose
+  models are not finite (it diverged) gets an Omega of NaN, the others their own (a
+  batched eigh of a non-finite matrix would fail for all)."""
   w = tf.cast(_flat(models), tf.float64)
   gram = tf.matmul(w, w, transpose_b=True)
-  values, vectors = tf.linalg.eigh(gram)
+  finite = tf.reduce_all(tf.math.is_finite(gram), axis=[1, 2])[:, None, None]
+  values, vectors = tf.linalg.eigh(
+      tf.where(finite, gram, tf.eye(tf.shape(gram)[1], dtype=tf.float64)))
   root = tf.sqrt(tf.maximum(values, EIGENVALUE_FLOOR))
   square_root = tf.matmul(vectors * root[:, None, :], vectors, transpose_b=True)
   size = tf.shape(gram)[1]
   real = tf.cast(tf.range(size)[None] < tf.reshape(num_silos, [-1, 1]), tf.float64)
   square_root *= real[:, :, None] * real[:, None, :]
   trace = tf.linalg.trace(square_root)
-  return tf.cast(square_root / trace[:, None, None], tf.float32)
+  return tf.cast(tf.where(finite, square_root / trace[:, None, None],
+                          tf.constant(np.nan, tf.float64)), tf.float32)
 
 
 def pulls(omega, models):

@@ -109,7 +109,7 @@ class PrivacyLedger:
     self.leakage += float(amount)
     self.charges[label] += 1
 
-  def _checked_delta(self) -> float:
+  def _checked_delta(self) -> Optional[float]:
     if self.target_delta is None and np.any(self._rdp):
       raise ValueError("this ledger has no target_delta: it accounts d-privacy leakage")
     return self.target_delta

@@ -8,9 +8,10 @@ backends alternating within each repeat, so drift of the machine hits both alike
   evaluation, shutdown); also its steady-state seconds per round and peak memory.
 - `digits`: rounds of `benchmarks.run`'s default (digits CNN silos, MR-MTL, no DP),
   steady-state seconds per round, in a fresh process per run.
-- `sweep`: --sweep_runs School runs (epsilons x seeds) in one fresh process on the
-  vectorized backend (`run_simulations`: the runs stacked as one program), against
-  one fresh single run of it.
+- `sweep`: --sweep_runs School MR-MTL runs (epsilons x seeds, each run one of
+  `SWEEP_CONFIGS`' learning rates and lambdas in turn, as a grid's trials) in one
+  fresh process on the vectorized backend (`run_simulations`: the runs stacked as
+  one program), its trials per second, against one fresh single run of it.
 - `ifca`: School IFCA-preconditioned MR-MTL under DP (the `school` settings, selection
   in the first 10% of rounds), fresh process per run.
 - `dprivate`: d-private clustered FL on Galli et al.'s two-cluster data (nu 5, U 7,
@@ -59,6 +60,7 @@ PROTOCOLS = ("paper", "honest")   # the protocol part's
 CALIBRATION_PROTOCOLS = PROTOCOLS + ("replace_one",)
 DEFAULT_PARTS = ("school", "digits", "sweep")
 SWEEP_EPSILONS = (1.0, 2.0, 4.0, 8.0)
+SWEEP_CONFIGS = ((0.01, 1.0), (0.03, 0.3), (0.003, 3.0))   # (lr, lambda), in turn
 # Columns every row of this binary has: an existing --output without them is refused.
 SIGNATURE = ("part", "backend", "device", "end_to_end_seconds")
 SCHOOL = configs.PRESETS["school"]
@@ -198,24 +200,26 @@ def _last_line(text: str) -> str:
 
 
 def _sweep_in_process(s):
-  """The sweep, run here: every (epsilon, seed) School MR-MTL run on the vectorized
-  backend, as one `run_simulations` call (the runs stacked into one program)."""
+  """The sweep, run here: every (epsilon, seed) School MR-MTL run (the i-th with
+  SWEEP_CONFIGS' i-th configuration, cyclically) on the vectorized backend, as one
+  `run_simulations` call (the runs stacked into one program)."""
   start = time.perf_counter()
   from tff_silo import algorithms, data, keys, models
   from tff_silo.privacy import PrivacyProtocol
   from tff_silo.simulation import Run, run_simulations
   settings = [(e, seed) for seed in range(s.sweep_runs) for e in SWEEP_EPSILONS]
   silos, runs = {}, []
-  for epsilon, seed in settings[:s.sweep_runs]:
+  for i, (epsilon, seed) in enumerate(settings[:s.sweep_runs]):
     if seed not in silos:
       silos[seed] = data.load_school(s.data_dir, seed=seed, standardize="public")
+    lr, lam = SWEEP_CONFIGS[i % len(SWEEP_CONFIGS)]
     definition = algorithms.mrmtl_algorithm(
         models.model_for(silos[seed]), silos[seed].feature_shape,
-        client_learning_rate=SCHOOL.lr, batch_size=SCHOOL.batch_size, lam=SCHOOL.lam,
+        client_learning_rate=lr, batch_size=SCHOOL.batch_size, lam=lam,
         l2_norm_clip=SCHOOL.clip)
     runs.append(Run(definition, silos[seed], target_epsilon=epsilon,
                     target_delta=SCHOOL.delta,
-                    seed=keys.run_seed(seed, dict(epsilon=epsilon)),
+                    seed=keys.run_seed(seed, dict(epsilon=epsilon, lr=lr, lam=lam)),
                     protocol=PrivacyProtocol(assumed_silo_size=SCHOOL.assumed_silo_size)))
   results = run_simulations(runs, rounds=s.rounds, backend="vectorized")
   print(json.dumps(dict(runs=len(runs), seconds=time.perf_counter() - start,
@@ -350,8 +354,9 @@ def _report(rows):
   sweep = [r for r in rows if r["part"] == "sweep"]
   single = _median_rows(rows, "school", "vectorized", "cpu")
   for r in sweep:
-    line = (f"  sweep of {r['runs']} runs in one process: {r['end_to_end_seconds']:.1f} s, "
-            f"peak {r['peak_memory_mb']:.0f} MB")
+    line = (f"  sweep of {r['runs']} runs in one process: {r['end_to_end_seconds']:.1f} s "
+            f"({r['runs'] / r['end_to_end_seconds']:.2f} trials/s), peak "
+            f"{r['peak_memory_mb']:.0f} MB")
     if single:
       line += (f"; {r['end_to_end_seconds'] / single['end_to_end_seconds']:.2f}x one fresh "
                f"vectorized run ({single['end_to_end_seconds']:.1f} s)")

@@ -22,7 +22,7 @@ TRAINING = {
     "run": ["_simulate"],
     "hypernet": ["_run_hypernet", "_run_fedavg"],
     "attacks": ["_attack_rows", "_mia_train"],
-    "speed": ["_fresh_run", "_sweep", "_warm"],
+    "speed": ["_fresh_run", "_sweep", "_speed_child"],
     "summarize": [],
 }
 

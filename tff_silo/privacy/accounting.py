@@ -251,15 +251,16 @@ def calibrate_noise_multipliers(target_epsilons, settings) -> tuple:
   for t in targets:
     if not t > 0 or not math.isfinite(t):
       raise ValueError(f"target_epsilon must be a positive finite number, got {t}")
-  for t, setting in zip(targets, settings):
-    if setting.num_selections > 0 or setting.extra_events:
-      floor = float(epsilons_spent([_MAX_NOISE_MULTIPLIER], [setting])[0])
-      if floor > t:
-        raise ValueError(
-            f"target_epsilon={t} cannot be met: the queries besides DP-SGD "
-            f"({setting.num_selections} selections, {len(setting.extra_events)} "
-            f"other) alone spend {floor:.4g}")
-  distinct = sorted({(t, s) for t, s in zip(targets, settings) if s.steps > 0}, key=repr)
+  unique = sorted(set(zip(targets, settings)), key=repr)   # silos of equal settings
+  others = [(t, s) for t, s in unique if s.num_selections > 0 or s.extra_events]
+  floors = epsilons_spent([_MAX_NOISE_MULTIPLIER] * len(others), [s for _, s in others])
+  for (t, setting), floor in zip(others, floors):
+    if floor > t:
+      raise ValueError(
+          f"target_epsilon={t} cannot be met: the queries besides DP-SGD "
+          f"({setting.num_selections} selections, {len(setting.extra_events)} "
+          f"other) alone spend {floor:.4g}")
+  distinct = [(t, s) for t, s in unique if s.steps > 0]
   fast = [d for d in distinct if _vectorizable(d[1])]
   found = dict(zip(fast, _search_noise_multipliers([t for t, _ in fast],
                                                    [s for _, s in fast])))

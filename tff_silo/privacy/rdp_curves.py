@@ -38,12 +38,12 @@ def gaussian(noise_multipliers, orders) -> np.ndarray:
 
 
 @functools.lru_cache(maxsize=64)
-def _segments(alphas: tuple, first: int):
-  """Flat (alpha, i) pairs, i = first..alpha for each integer alpha, with each
-  alpha's start offset and log C(alpha, i)."""
-  alpha = np.concatenate([np.full(int(a) + 1 - first, a) for a in alphas])
-  i = np.concatenate([np.arange(first, int(a) + 1) for a in alphas]).astype(np.float64)
-  starts = np.cumsum([0] + [int(a) + 1 - first for a in alphas[:-1]])
+def _segments(alphas: tuple):
+  """Flat (alpha, i) pairs, i = 0..alpha for each integer alpha, with each alpha's
+  start offset and log C(alpha, i)."""
+  alpha = np.concatenate([np.full(int(a) + 1, a) for a in alphas])
+  i = np.concatenate([np.arange(int(a) + 1) for a in alphas]).astype(np.float64)
+  starts = np.cumsum([0] + [int(a) + 1 for a in alphas[:-1]])
   log_comb = (scipy.special.gammaln(alpha + 1) - scipy.special.gammaln(i + 1)
               - scipy.special.gammaln(alpha - i + 1))
   return alpha, i, starts, log_comb
@@ -61,7 +61,7 @@ def _segment_logsumexp(terms, starts):
 def _poisson_log_a_int(q, z, alphas):
   """log A_alpha = log sum_i C(alpha, i) q^i (1-q)^(alpha-i) e^((i^2-i)/(2z^2)),
   integer alphas, 0 < q < 1, z > 0."""
-  alpha, i, starts, log_comb = _segments(tuple(int(a) for a in alphas), 0)
+  alpha, i, starts, log_comb = _segments(tuple(int(a) for a in alphas))
   terms = (log_comb + i * np.log(q)[:, None] + (alpha - i) * np.log1p(-q)[:, None]
            + (i * i - i) / (2.0 * z * z)[:, None])
   return _segment_logsumexp(terms, starts)
@@ -162,10 +162,10 @@ def _without_replacement_log_a_int(q, sigma, alphas):
   with np.errstate(divide="ignore"):
     bound2 = np.minimum(np.log(4.0) + f2 + np.log(1 - np.exp(-f2)), f2 + np.log(2.0))
   per_i = np.concatenate([np.zeros((len(sigma), 2)), bound2[:, None], bound], axis=1)
-  alpha, i, starts, log_comb = _segments(tuple(int(a) for a in alphas), 0)
-  first = i < 2   # i = 0 carries the 1, i = 1 has no term
-  terms = np.where(first & (i == 0), 0.0, -np.inf) + np.zeros((len(q), 1))
-  rest = ~first
+  alpha, i, starts, log_comb = _segments(tuple(int(a) for a in alphas))
+  # i = 0 carries the 1, i = 1 has no term
+  terms = np.where(i == 0, 0.0, -np.inf) + np.zeros((len(q), 1))
+  rest = i >= 2
   terms[:, rest] = (i[rest] * np.log(q)[:, None] + log_comb[rest]
                     + per_i[:, i[rest].astype(int)])
   return _segment_logsumexp(terms, starts)

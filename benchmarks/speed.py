@@ -293,7 +293,7 @@ def _memory_in_process(budget: str):
       progress=lambda *_: after_round.append(common.peak_memory_mb()))
   print(json.dumps(dict(peak_after_round_mb=after_round[0],
                         round_seconds=float(result.round_seconds[0]),
-                        silos_per_chunk=training.chunk_silos(model, definition.config),
+                        examples_per_chunk=training.chunk_examples(model),
                         test_metric=result.test_metric, rounds=1)))
 
 
@@ -443,10 +443,10 @@ def main(argv):
                        memory_budget=budget, end_to_end_seconds=seconds,
                        seconds_per_round_median=result["round_seconds"],
                        peak_memory_mb=result["peak_after_round_mb"],
-                       silos_per_chunk=result["silos_per_chunk"],
+                       examples_per_chunk=result["examples_per_chunk"],
                        test_metric=result["test_metric"], rounds=1,
                        **dict(stamp, finished=time.strftime("%Y-%m-%dT%H:%M:%S"))))
-      print(f"memory budget {budget}: {result['silos_per_chunk']} silos per chunk, "
+      print(f"memory budget {budget}: {result['examples_per_chunk']} examples per chunk, "
             f"round {result['round_seconds']:.1f} s, peak after the round "
             f"{result['peak_after_round_mb']:.0f} MB", flush=True)
   for row in rows:

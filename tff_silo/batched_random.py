@@ -47,13 +47,15 @@ def _mulhilo(a, b):
 _UINT32_ANY_SHAPE = tf.TensorSpec(None, tf.uint32)
 
 
-@tf.function(input_signature=[_UINT32_ANY_SHAPE] * 6, autograph=False)
+@tf.function(input_signature=[_UINT32_ANY_SHAPE] * 6, autograph=False,
+             jit_compile=True)
 def philox(key0, key1, c0, c1, c2, c3):
   """Philox-4x32-10 of uint32 tensors (broadcast together); returns 4 uint32 tensors.
 
   One traced function for every call (any shapes): a round that draws with it 15
-  times builds its ~200 ops once, not 15 times (TF inlines the call when it
-  optimizes the caller's graph)."""
+  times builds its ~200 ops once, not 15 times. XLA compiles it (one fused loop
+  instead of ~200 elementwise ops over the whole draw: School's Poisson draws take
+  about half the time, `benchmarks/RESULTS.md`), for each shape it meets."""
   xor = tf.bitwise.bitwise_xor
   for i in range(10):
     if i:

@@ -136,7 +136,9 @@ def batch_plan(config: LocalTrainingConfig, n, size):
   return batch, per_epoch, total, tf.cast(batch, tf.float32) / tf.cast(m, tf.float32)
 
 
-def _per_example_gradients(model, weights, x, y):
+def per_example_gradients(model, weights, x, y):
+  """Each example's loss gradient ([b, ...] per layer): the model's closed form if
+  it has one, else a tape per example under `tf.vectorized_map`."""
   if model.per_example_gradients_fn is not None:
     return model.per_example_gradients_fn(weights, x, y)
 
@@ -157,18 +159,27 @@ def masked_mean(losses, mask=None, axis=-1):
   return tf.reduce_sum(mask * losses, axis=axis) / tf.reduce_sum(mask, axis=axis)
 
 
-def dp_gradient(config: LocalTrainingConfig, per_example, penalty, noise, normalizer,
-                mask=None, batch_dims=1):
-  """DP-SGD's gradient from per-example gradients of the loss (first `batch_dims`
-  axes the examples; 2 for [silos, examples]): the penalty's gradient is added to
-  each, they are clipped and summed, `noise` (N(0, (z C)^2), drawn by the caller with
-  the step's key) is added and the sum divided by `normalizer` (the expected batch
-  size, one per silo when batch_dims = 2)."""
-  per_example = [g + tf.expand_dims(p, batch_dims - 1)
-                 for g, p in zip(per_example, penalty)]
-  sums = dp_sgd.clipped_sum(per_example, config.l2_norm_clip, mask, batch_dims)
-  scale = lambda s: (normalizer if batch_dims == 1
-                     else tf.reshape(normalizer, [-1] + [1] * (len(s.shape) - 1)))
+def clipped_penalized_sum(config: LocalTrainingConfig, per_example, penalty,
+                           silo_of=None, num_silos=None):
+  """The sum of the clipped per-example gradients of the penalized objective: the
+  penalty's gradient lam * (w - anchor) is added to each example's loss gradient
+  before clipping. Per-example gradients have the examples on the leading axis;
+  with `silo_of` ([m] int32: each example's silo, in [0, num_silos)) the examples
+  are several silos' (the vectorized backend), `penalty` has a leading silo axis and
+  the sums are one per silo ([num_silos, ...])."""
+  own = ([p[None] for p in penalty] if silo_of is None
+         else [tf.gather(p, silo_of) for p in penalty])
+  return dp_sgd.clipped_sum([g + p for g, p in zip(per_example, own)],
+                            config.l2_norm_clip, silo_of, num_silos)
+
+
+def noised_step(sums, noise, normalizer):
+  """DP-SGD's gradient from clipped sums: `noise` (N(0, (z C)^2), drawn by the
+  caller with the step's key) added, divided by `normalizer` (the expected batch
+  size: a scalar, or one per silo [K] when the sums are stacked [K, ...])."""
+  rank = normalizer.shape.rank
+  scale = lambda s: tf.reshape(normalizer, tf.concat(
+      [tf.shape(normalizer), tf.ones([s.shape.rank - rank], tf.int32)], 0))
   return [(s + z) / scale(s) for s, z in zip(sums, noise)]
 
 
@@ -176,9 +187,10 @@ def step_gradient(model, config: LocalTrainingConfig, weights, anchor, lam, xb, 
                   noise, normalizer, mask=None):
   """The gradient of one step on a batch, both backends' one definition.
 
-  Without DP: the gradient of the batch objective plus lam * (w - anchor). Under DP:
-  `dp_gradient` of the per-example gradients. `mask` ([b] floats in {0, 1}) marks
-  the batch's real examples when it is padded.
+  Without DP: the gradient of the batch objective plus lam * (w - anchor) (`mask`,
+  [b] floats in {0, 1}, marks the batch's real examples when it is padded). Under
+  DP: the clipped penalized sum of the per-example gradients (`clipped_penalized_sum`)
+  with noise, normalized (`noised_step`).
   """
   weights = list(weights)
   penalty = [lam * (w - a) for w, a in zip(weights, anchor)]
@@ -190,14 +202,12 @@ def step_gradient(model, config: LocalTrainingConfig, weights, anchor, lam, xb, 
       else:
         loss = masked_mean(model.per_example_loss(weights, xb, yb), mask)
     return [g + p for g, p in zip(tape.gradient(loss, weights), penalty)]
-  if mask is None:   # a Poisson batch may be empty
-    per_example = tf.cond(
-        tf.size(yb) > 0,
-        lambda: _per_example_gradients(model, weights, xb, yb),
-        lambda: [tf.zeros(tf.concat([[0], tf.shape(w)], 0)) for w in weights])
-  else:
-    per_example = _per_example_gradients(model, weights, xb, yb)
-  return dp_gradient(config, per_example, penalty, noise, normalizer, mask)
+  per_example = tf.cond(   # a Poisson batch may be empty
+      tf.size(yb) > 0,
+      lambda: per_example_gradients(model, weights, xb, yb),
+      lambda: [tf.zeros(tf.concat([[0], tf.shape(w)], 0)) for w in weights])
+  return noised_step(clipped_penalized_sum(config, per_example, penalty), noise,
+                     tf.convert_to_tensor(normalizer, tf.float32))
 
 
 def check_trainable(model, config: LocalTrainingConfig) -> None:

@@ -60,19 +60,14 @@ def gaussian_noise_like(tensors, stddev, key=None):
           for part, t in zip(tf.split(flat, sizes), tensors)]
 
 
-def clipped_sum(per_example_grads, l2_norm_clip, mask=None, batch_dims=1):
-  """The sum over examples of the clipped gradients. The first `batch_dims` axes
-  index examples (2: [silos, examples], summed over the second); `mask` (shaped
-  like those axes, in {0, 1}) keeps only a padded batch's real examples."""
-  lead = tf.shape(per_example_grads[0])[:batch_dims]
-  flat = [tf.reshape(g, tf.concat([[-1], tf.shape(g)[batch_dims:]], 0))
-          for g in per_example_grads]
-  clipped = [tf.reshape(g, tf.concat([lead, tf.shape(g)[1:]], 0))
-             for g in clip_per_example(flat, l2_norm_clip)]
-  if mask is not None:
-    clipped = [g * tf.reshape(mask, tf.concat([tf.shape(mask), tf.ones(
-        [len(g.shape) - batch_dims], tf.int32)], 0)) for g in clipped]
-  return [tf.reduce_sum(g, axis=batch_dims - 1) for g in clipped]
+def clipped_sum(per_example_grads, l2_norm_clip, segment_ids=None, num_segments=None):
+  """The sum over examples (leading axis) of the clipped gradients; with
+  `segment_ids` ([m] int32 in [0, num_segments)), one sum per segment (a silo's
+  examples in the vectorized backend): [num_segments, ...]."""
+  clipped = clip_per_example(per_example_grads, l2_norm_clip)
+  if segment_ids is None:
+    return [tf.reduce_sum(g, axis=0) for g in clipped]
+  return [tf.math.unsorted_segment_sum(g, segment_ids, num_segments) for g in clipped]
 
 
 def privatize(per_example_grads, *, l2_norm_clip, noise_multiplier, normalizer,

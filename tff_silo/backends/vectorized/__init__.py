@@ -7,25 +7,25 @@ n_k, public size, noise multiplier and key kept apart) and a round of the MR-MTL
 family is one `tf.function` on whatever device TensorFlow has. It computes what the
 TFF process computes, from the same definitions: the round's logic
 (`rounds.client_round`, `rounds.server_step`), the batch plan and the step's
-gradient (`local_training.batch_plan`, `step_gradient`, vectorized over silos with
-`tf.vectorized_map`: `training`), and the same random numbers: `tff_silo.batched_random` draws
-row k exactly as TF's stateless ops draw with silo k's key, the DP noise is
-`privacy.gaussian.normal` of those keys (as the TFF process draws it), and a padded
-silo's draw of N values starts with its own n values. Parity with the TFF backend is tested
-in tests/backends/test_vectorized.py.
+gradient (`local_training.batch_plan`; without DP `step_gradient`, under DP its
+`clipped_penalized_sum` and `noised_step`: `training`), and the same random numbers:
+`tff_silo.batched_random` draws row k exactly as TF's stateless ops draw with silo
+k's key, the DP noise is `privacy.gaussian.normal` of those keys (as the TFF process
+draws it), and a padded silo's draw of N values starts with its own n values. Parity
+with the TFF backend is tested in tests/backends/test_vectorized.py.
 
 Padding: silo k's rows past n_k are never sampled (Poisson keeps only i < n_k;
-permutations sort them last) and padded batch slots carry mask 0, so they add
-nothing to a clipped sum. A step's batch is as wide as the largest batch of the step
-across silos, so the work is about what the silos would do alone.
+permutations sort them last).
 
-Gradients: a model with `stacked_apply_fn` (the CNN: grouped convolutions) is run for
-all silos at once, under DP with one copy of its silo's weights per example (memory:
-silos x batch width x parameters floats per step, ~55 MB for the digits CNN, and
-about `WORKING_SET_PER_COPY` times that in all); when that would pass
-`MEMORY_BUDGET_FLOATS` (batch_size as the width), the silos go through in even
-chunks that fit, one after another. Other models map `step_gradient` over
-silos.
+Gradients without DP: a step's batches are [K, b] (b the widest, padded slots
+masked), through the model's `stacked_apply_fn` (the CNN: grouped convolutions) or
+`step_gradient` mapped over silos. Under DP a step's examples of all silos are one
+flat list (Poisson batches vary, so its length is the sum of the batches, not K
+times the widest), each example with its own copy of its silo's weights, and the
+clipped gradients are summed per silo by segment sums. Memory: about
+`WORKING_SET_PER_COPY` x parameters floats per example; when a step's examples would
+pass `MEMORY_BUDGET_FLOATS` they go through in even chunks that fit
+(`chunk_examples`), one after another.
 
 Modules: `stacking` (silos on a leading axis), `training` (`train_silos`: batches,
 per-example gradients, DP noise), `programs` (the traced rounds, one per

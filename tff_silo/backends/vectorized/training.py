@@ -29,62 +29,109 @@ def _epoch_permutations(plan, n, num_rows, shuffle_keys, step, previous):
 
 
 def _batches(config, plan, n, num_rows, sampling_keys, perm, step):
-  """Each silo's batch of step `step`: (indices [K, b], mask [K, b]), b the widest
-  batch of this step; the same examples as `train_locally` draws for each silo
-  (`perm`: the shuffled epochs' permutations)."""
-  batch, per_epoch, _, rate = plan
-  rows = tf.range(num_rows)[None]
-  valid = rows < n[:, None]
-  if config.batches == "poisson":
-    keep = (br.uniform(br.fold_in(sampling_keys, step), num_rows) < rate[:, None]) & valid
-    kept = tf.where(keep)   # [M, 2]: (silo, row) of the kept rows, in index order
-    num_silos = tf.shape(n, out_type=tf.int64)[0]
-    ragged = tf.RaggedTensor.from_value_rowids(tf.cast(kept[:, 1], tf.int32),
-                                               kept[:, 0], nrows=num_silos)
-    count = ragged.row_lengths()
-    width = tf.maximum(tf.reduce_max(count), 1)
-    return (ragged.to_tensor(shape=tf.stack([num_silos, width])),
-            tf.cast(tf.range(width)[None] < count[:, None], tf.float32))
+  """Each silo's batch of step `step` when its size is fixed (shuffled epochs,
+  sampling without replacement): (indices [K, b], mask [K, b]), b the widest batch;
+  the same examples as `train_locally` draws for each silo (`perm`: the shuffled
+  epochs' permutations)."""
+  batch, per_epoch, _, _ = plan
   width = tf.reduce_max(batch)
   slots = tf.range(width)[None]
+  mask = tf.cast(slots < batch[:, None], tf.float32)
   if config.batches == "without_replacement":
+    valid = tf.range(num_rows)[None] < n[:, None]
     draws = br.uniform(br.fold_in(sampling_keys, step), num_rows)
-    return (lt.first_of_permutation(tf.where(valid, draws, 2.0), width),
-            tf.cast(slots < batch[:, None], tf.float32))
+    return lt.first_of_permutation(tf.where(valid, draws, 2.0), width), mask
   start = ((step % per_epoch) * batch)[:, None]   # shuffled epochs
   positions = tf.minimum(start + slots + tf.zeros_like(batch)[:, None], num_rows - 1)
-  return (tf.gather(perm, positions, batch_dims=1),
-          tf.cast(slots < batch[:, None], tf.float32))
+  return tf.gather(perm, positions, batch_dims=1), mask
 
 
-def _stacked_gradients(model, config, weights, anchor, lam, xb, yb, noise, normalizer,
-                       mask):
-  """`local_training.step_gradient` of every silo through the model's
-  `stacked_apply_fn`. Under DP each example gets its own copy of its silo's weights,
-  so the gradient with respect to the copies is the per-example gradient. `lam`: one
-  per silo."""
-  penalty = [rows(lam, w) * (w - a) for w, a in zip(weights, anchor)]
-  if not config.private:
+def _examples(config, plan, n, num_rows, sampling_keys, perm, step):
+  """Every silo's examples of step `step` under DP as one list: (silo [M], row [M]),
+  silo by silo, each silo's in `train_locally`'s order. Poisson keeps row i of silo
+  k when its uniform is below q_k (the same uniforms as the silo alone draws), so
+  the list is O(sum of the batches) long, not K times the widest."""
+  if config.batches == "poisson":
+    rows = tf.range(num_rows)[None]
+    keep = ((br.uniform(br.fold_in(sampling_keys, step), num_rows) < plan[3][:, None])
+            & (rows < n[:, None]))
+    kept = tf.cast(tf.where(keep), tf.int32)
+    return kept[:, 0], kept[:, 1]
+  idx, mask = _batches(config, plan, n, num_rows, sampling_keys, perm, step)
+  kept = tf.cast(tf.where(mask > 0), tf.int32)
+  return kept[:, 0], tf.gather_nd(idx, kept)
+
+
+def _own_copy_gradients(model, copies, x, y):
+  """Per-example gradients when every example has its own copy of its silo's
+  weights (`copies` [m, ...]): through the model's `stacked_apply_fn` (m models of
+  one example each), or `local_training.per_example_gradients` mapped over the
+  examples."""
+  if model.stacked_apply_fn is not None:
     with tf.GradientTape() as tape:
-      tape.watch(weights)
-      losses = model.loss_fn(model.stacked_apply_fn(weights, xb), yb)
-      loss = tf.reduce_sum(lt.masked_mean(losses, mask))
-    return [g + p for g, p in zip(tape.gradient(loss, weights), penalty)]
-  num_silos, width = tf.shape(yb)[0], tf.shape(yb)[1]
-  copies = [tf.repeat(w, width, axis=0) for w in weights]   # [K * b, ...]
-  flat = lambda t: tf.reshape(t, tf.concat([[num_silos * width, 1], tf.shape(t)[2:]], 0))
+      tape.watch(copies)
+      loss = tf.reduce_sum(model.loss_fn(model.stacked_apply_fn(copies, x[:, None]),
+                                         y[:, None]))
+    return tape.gradient(loss, copies)
+  return tf.vectorized_map(
+      lambda a: [g[0] for g in lt.per_example_gradients(model, a[0], a[1][None],
+                                                        a[2][None])],
+      (copies, x, y))
+
+
+def _dp_gradients(model, config, weights, anchor, lam, silos, silo_of, row, noise,
+                  normalizer):
+  """`local_training.step_gradient` under DP for every silo: the step's examples
+  (`_examples`) as one flat list, each with its silo's weights, their clipped
+  penalized gradients summed per silo (`clipped_penalized_sum`), noised and
+  normalized (`noised_step`). The list goes through in chunks of at most
+  `chunk_examples` examples (padding points at a dropped extra silo)."""
+  num_silos = tf.shape(silos.n)[0]
+  penalty = [rows(lam, w) * (w - a) for w, a in zip(weights, anchor)]
+  most = chunk_examples(model)
+  count = tf.shape(silo_of)[0]
+  chunks = tf.maximum(1, -(-count // most))
+  size = tf.maximum(1, -(-count // chunks))
+  pad = chunks * size - count
+  silo_of = tf.reshape(tf.pad(silo_of, [[0, pad]], constant_values=num_silos),
+                       [chunks, size])
+  row = tf.reshape(tf.pad(row, [[0, pad]]), [chunks, size])
+  extra = lambda t: tf.pad(t, [[0, 1]] + [[0, 0]] * (len(t.shape) - 1))   # silo K
+  weights, penalty = [extra(w) for w in weights], [extra(p) for p in penalty]
+
+  def add_chunk(sums, chunk):
+    ids, chunk_rows = chunk
+    pairs = tf.stack([tf.minimum(ids, num_silos - 1), chunk_rows], 1)
+    per_example = _own_copy_gradients(model, [tf.gather(w, ids) for w in weights],
+                                      tf.gather_nd(silos.x, pairs),
+                                      tf.gather_nd(silos.y, pairs))
+    part = lt.clipped_penalized_sum(config, per_example, penalty, ids, num_silos + 1)
+    return [s + p for s, p in zip(sums, part)]
+
+  sums = tf.foldl(add_chunk, (silo_of, row), parallel_iterations=1,
+                  initializer=[tf.zeros_like(w) for w in weights])
+  return lt.noised_step([s[:num_silos] for s in sums], noise, normalizer)
+
+
+def _gradients(model, config, weights, anchor, lam, xb, yb, mask):
+  """`local_training.step_gradient` without DP for every silo (batches [K, b, ...],
+  `mask` [K, b] their real examples): through the model's `stacked_apply_fn`, or
+  `step_gradient` mapped over the silos."""
+  if model.stacked_apply_fn is None:
+    return tf.vectorized_map(
+        lambda a: lt.step_gradient(model, config, a[0], a[1], a[5], a[2], a[3], None,
+                                   None, a[4]),
+        (weights, anchor, xb, yb, mask, lam))
   with tf.GradientTape() as tape:
-    tape.watch(copies)
-    loss = tf.reduce_sum(model.loss_fn(model.stacked_apply_fn(copies, flat(xb)),
-                                       flat(yb)))
-  per_example = [tf.reshape(g, tf.concat([[num_silos, width], tf.shape(g)[1:]], 0))
-                 for g in tape.gradient(loss, copies)]
-  return lt.dp_gradient(config, per_example, penalty, noise, normalizer, mask,
-                        batch_dims=2)
+    tape.watch(weights)
+    losses = model.loss_fn(model.stacked_apply_fn(weights, xb), yb)
+    loss = tf.reduce_sum(lt.masked_mean(losses, mask))
+  return [g + rows(lam, w) * (w - a)
+          for g, w, a in zip(tape.gradient(loss, weights), weights, anchor)]
 
 
-# The DP stacked path's working set per step, in floats: above it the silos go
-# through in chunks (`chunk_silos`), one chunk at a time.
+# The DP path's working set per step, in floats: above it the step's examples go
+# through in chunks (`chunk_examples`), one chunk at a time.
 MEMORY_BUDGET_FLOATS = 2 ** 27   # 512 MB of float32
 # Floats the DP stacked path holds per float of its per-example weight copies (the
 # copies, their gradients, activations and TF's temporaries): measured ~6.5 for the
@@ -92,28 +139,12 @@ MEMORY_BUDGET_FLOATS = 2 ** 27   # 512 MB of float32
 WORKING_SET_PER_COPY = 8
 
 
-def chunk_silos(model, config) -> int:
-  """The most silos per chunk of the DP stacked path: as many as keep
-  `WORKING_SET_PER_COPY` x batch_size x parameters floats each within
-  `MEMORY_BUDGET_FLOATS` (Poisson batches vary around batch_size, so the bound is
-  about, not exact), at least 1."""
-  per_silo = WORKING_SET_PER_COPY * config.batch_size * model.num_parameters
-  return int(np.clip(MEMORY_BUDGET_FLOATS // per_silo, 1, np.iinfo(np.int32).max))
-
-
-def in_chunks(fn, most: int, tensors, num_outputs: int):
-  """`fn(tensors)` (a flat list of [K, ...] tensors -> `num_outputs` [K, ...]
-  tensors) over chunks of at most `most` silos, one after another (`tf.map_fn`); the
-  chunks are as even as can be (40 silos, at most 39: two of 20), the silo axis is
-  zero-padded to a multiple of the chunk and the padding dropped again."""
-  num_silos = tf.shape(tensors[0])[0]
-  chunk = -(-num_silos // -(-num_silos // most))   # ceil(K / ceil(K / most))
-  extra = (chunk - num_silos % chunk) % chunk
-  pieces = [tf.reshape(tf.pad(t, [[0, extra]] + [[0, 0]] * (len(t.shape) - 1)),
-                       tf.concat([[-1, chunk], tf.shape(t)[1:]], 0)) for t in tensors]
-  out = tf.map_fn(fn, pieces, fn_output_signature=[tf.float32] * num_outputs,
-                  parallel_iterations=1)   # one chunk in memory at a time
-  return [tf.reshape(o, tf.concat([[-1], tf.shape(o)[2:]], 0))[:num_silos] for o in out]
+def chunk_examples(model) -> int:
+  """The most examples per chunk of the DP path: as many as keep
+  `WORKING_SET_PER_COPY` x parameters floats each within `MEMORY_BUDGET_FLOATS`,
+  at least 1."""
+  per_example = WORKING_SET_PER_COPY * model.num_parameters
+  return int(np.clip(MEMORY_BUDGET_FLOATS // per_example, 1, np.iinfo(np.int32).max))
 
 
 def train_silos(model, config, weights, anchor, lam, silos: StackedSilos, round_keys,
@@ -143,37 +174,16 @@ def train_silos(model, config, weights, anchor, lam, silos: StackedSilos, round_
   def body(step, w, perm):
     if config.batches == "shuffle":
       perm = _epoch_permutations(plan, silos.n, num_rows, shuffle_keys, step, perm)
-    idx, mask = _batches(config, plan, silos.n, num_rows, sampling_keys, perm, step)
-    xb = tf.gather(silos.x, idx, batch_dims=1)
-    yb = tf.gather(silos.y, idx, batch_dims=1)
-    step_noise = noise(step) if config.private else None
-    if model.stacked_apply_fn is not None and config.private:
-      num_layers = len(w)
-
-      def stacked(parts):   # w, anchor, noise, then xb, yb, normalizer, mask, lam
-        ws, anchors, noises = (parts[i * num_layers:(i + 1) * num_layers]
-                               for i in range(3))
-        x_, y_, norm_, mask_, lam_ = parts[3 * num_layers:]
-        return _stacked_gradients(model, config, ws, anchors, lam_, x_, y_, noises,
-                                  tf.maximum(norm_, 1.0), mask_)
-
-      parts = [*w, *anchor, *step_noise, xb, yb, normalizer, mask, lam]
-      chunk = chunk_silos(model, config)
-      grads = tf.cond(tf.shape(yb)[0] <= chunk, lambda: stacked(parts),
-                      lambda: in_chunks(stacked, chunk, parts, num_layers))
-    elif model.stacked_apply_fn is not None:
-      grads = _stacked_gradients(model, config, w, anchor, lam, xb, yb, None,
-                                 normalizer, mask)
-    elif config.private:
-      grads = tf.vectorized_map(
-          lambda a: lt.step_gradient(model, config, a[0], a[1], a[7], a[2], a[3], a[4],
-                                     a[5], a[6]),
-          (w, anchor, xb, yb, step_noise, normalizer, mask, lam))
+    if config.private:
+      silo_of, row = _examples(config, plan, silos.n, num_rows, sampling_keys, perm,
+                               step)
+      grads = _dp_gradients(model, config, w, anchor, lam, silos, silo_of, row,
+                            noise(step), normalizer)
     else:
-      grads = tf.vectorized_map(
-          lambda a: lt.step_gradient(model, config, a[0], a[1], a[5], a[2], a[3], None,
-                                     None, a[4]),
-          (w, anchor, xb, yb, mask, lam))
+      idx, mask = _batches(config, plan, silos.n, num_rows, sampling_keys, perm, step)
+      grads = _gradients(model, config, w, anchor, lam,
+                         tf.gather(silos.x, idx, batch_dims=1),
+                         tf.gather(silos.y, idx, batch_dims=1), mask)
     active = step < total_steps
     return step + 1, [tf.where(rows(active, wi), wi - rows(lr, wi) * gi, wi)
                       for wi, gi in zip(w, grads)], perm

@@ -83,8 +83,10 @@ def fold_in(keys, data):
   """Each key's child for `data` (a scalar or one integer per key); int32[K, 2]."""
   k0, k1 = _words(keys)
   d0, d1 = _int64_words(tf.broadcast_to(tf.cast(data, tf.int64), tf.shape(k0)))
-  domain = tf.fill(tf.shape(k0), tf.constant(KEY_DOMAIN, tf.uint32))
-  out = philox(k0, k1, d0, d1, domain, tf.zeros_like(k0))
+  # Constant words as scalars: philox broadcasts them (and uint32 Fill has no GPU
+  # kernel).
+  out = philox(k0, k1, d0, d1, tf.constant(KEY_DOMAIN, tf.uint32),
+               tf.constant(0, tf.uint32))
   return tf.bitcast(tf.stack(out[:2], axis=1), tf.int32)
 
 
@@ -102,9 +104,8 @@ def _key_counter(keys):
   s0, s1 = _words(keys)
   ext = lambda w: tf.where(tf.bitcast(w, tf.int32) < 0, tf.constant(_MASK32, tf.uint32),
                            tf.constant(0, tf.uint32))
-  fixed0 = tf.fill(tf.shape(s0), tf.constant(_SEED_KEY[0], tf.uint32))
-  fixed1 = tf.fill(tf.shape(s0), tf.constant(_SEED_KEY[1], tf.uint32))
-  return philox(fixed0, fixed1, s0, ext(s0), s1, ext(s1))
+  return philox(tf.constant(_SEED_KEY[0], tf.uint32),
+                tf.constant(_SEED_KEY[1], tf.uint32), s0, ext(s0), s1, ext(s1))
 
 
 def random_bits(keys, n):

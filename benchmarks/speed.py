@@ -30,6 +30,9 @@ backends alternating within each repeat, so drift of the machine hits both alike
 - `memory`: one DP MR-MTL round of the vectorized backend on Fashion-MNIST-sized
   silos (40 x 1,500 random 28x28 images, batch 64), in a fresh process with the
   default memory budget and with none: peak memory after the round, its time.
+- `cnn_share`: in a fresh process, this machine's float32 GEMM rate, and a DP
+  MR-MTL round of the digits CNN and of Fashion-MNIST-sized silos (`CNN_WORKLOADS`)
+  with its useful FLOP/s (`cnn.training_flops`) as a share of that rate.
 - on a machine where TensorFlow sees a GPU, `digits` also runs the vectorized
   backend with --device=gpu.
 
@@ -54,7 +57,7 @@ from benchmarks import common, configs
 from benchmarks.common import UsageError
 
 PARTS = ("school", "digits", "sweep", "ifca", "dprivate", "hypernet", "protocol",
-         "calibration", "memory")
+         "calibration", "memory", "cnn_share")
 MEMORY_BUDGETS = ("default", "none")
 PROTOCOLS = ("paper", "honest")   # the protocol part's
 CALIBRATION_PROTOCOLS = PROTOCOLS + ("replace_one",)
@@ -81,6 +84,8 @@ INTERNAL = "benchmarks.speed (internal: the timed children)"
 flags.DEFINE_string("memory_child", None, f"One of {MEMORY_BUDGETS}; run the memory "
                     "part's round in this process and print it as JSON.",
                     module_name=INTERNAL)
+flags.DEFINE_bool("cnn_share_child", False, "Run the cnn_share part in this process "
+                  "and print it as JSON.", module_name=INTERNAL)
 flags.DEFINE_bool("sweep_child", False, "Run the sweep in this process and print its "
                   "timings as JSON.", module_name=INTERNAL)
 flags.DEFINE_string("calibration_child", None, f"One of {CALIBRATION_PROTOCOLS}; "
@@ -104,6 +109,7 @@ class Settings:
   hypernet_rounds: int
   output: str
   memory_child: Optional[str]   # the timed children's (internal)
+  cnn_share_child: bool
   sweep_child: bool
   calibration_child: Optional[str]
 
@@ -114,7 +120,7 @@ class Settings:
     child = FLAGS.sweep_child or FLAGS.calibration_child is not None
     if FLAGS.memory_child is not None:
       common.check_one_of("memory_child", FLAGS.memory_child, MEMORY_BUDGETS)
-    else:
+    elif not FLAGS.cnn_share_child:
       if FLAGS.calibration_child is not None:
         common.check_one_of("calibration_child", FLAGS.calibration_child,
                             CALIBRATION_PROTOCOLS)
@@ -130,7 +136,7 @@ class Settings:
     return cls(**common.flag_values(
         "parts", "data_dir", "repeats", "rounds", "digits_rounds", "sweep_runs",
         "dprivate_rounds", "hypernet_rounds", "output",
-        "memory_child", "sweep_child", "calibration_child"))
+        "memory_child", "cnn_share_child", "sweep_child", "calibration_child"))
 
 
 def _school_args(s, algorithm="mrmtl"):
@@ -297,6 +303,66 @@ def _memory_in_process(budget: str):
                         test_metric=result.test_metric, rounds=1)))
 
 
+# The cnn_share part's DP CNN workloads: (name, silos, images per silo, image
+# shape, channels, hidden, batch); the digits as `benchmarks.run`'s default.
+CNN_WORKLOADS = (("digits", 40, None, (8, 8, 1), (32, 64), None, 16),
+                 ("fmnist_sized", 10, 1500, (28, 28, 1), (16, 32), 64, 64))
+GEMM_SIZE = 2048
+
+
+def _gemm_flops_per_second(repeats=10) -> float:
+  """This machine's float32 GEMM rate: the median of `repeats` timed 2048^3
+  matmuls (2 n^3 FLOPs each), after one untimed."""
+  import tensorflow as tf
+  a = tf.random.normal([GEMM_SIZE, GEMM_SIZE])
+  matmul = tf.function(lambda x: tf.reduce_sum(tf.matmul(x, x)))
+  matmul(a).numpy()
+  times = []
+  for _ in range(repeats):
+    start = time.perf_counter()
+    matmul(a).numpy()
+    times.append(time.perf_counter() - start)
+  return 2 * GEMM_SIZE ** 3 / statistics.median(times)
+
+
+def _cnn_share_in_process():
+  """The cnn_share part, run here: the GEMM rate, then for each workload one
+  traced and one timed DP MR-MTL round (public sizes: a silo's steps times B
+  examples expected) and its useful FLOP/s (`cnn.training_flops` per example)."""
+  import numpy as np
+  from tff_silo import algorithms, data, models
+  from tff_silo.data.silos import make_silos
+  from tff_silo.models import cnn
+  from tff_silo.privacy import PrivacyProtocol
+  from tff_silo.simulation import run_simulation
+  gemm = _gemm_flops_per_second()
+  out = dict(gemm_gflops=gemm / 1e9, workloads={})
+  for name, num_silos, per_silo, shape, channels, hidden, batch in CNN_WORKLOADS:
+    if per_silo is None:
+      silos = data.load_rotated_masked_digits(num_silos=num_silos, seed=0)
+    else:
+      rng = np.random.default_rng(0)
+      images = lambda n: [rng.random((n, *shape), np.float32) for _ in range(num_silos)]
+      labels = lambda n: [rng.integers(0, 10, n).astype(np.float32)
+                          for _ in range(num_silos)]
+      silos = make_silos(name, "multiclass", images(per_silo), labels(per_silo),
+                         images(10), labels(10), num_classes=10)
+    model = models.small_cnn(shape, silos.num_classes, channels=channels, hidden=hidden)
+    definition = algorithms.mrmtl_algorithm(model, shape, client_learning_rate=0.05,
+                                            batch_size=batch, lam=1.0, l2_norm_clip=1.0)
+    result = run_simulation(definition, silos, rounds=2, target_epsilon=4.0,
+                            target_delta=1e-5, backend="vectorized",
+                            protocol=PrivacyProtocol(public_silo_sizes=True))
+    sizes = np.asarray(silos.train_sizes)
+    examples = float(np.sum(np.maximum(1, sizes // batch) * np.minimum(batch, sizes)))
+    seconds = float(result.round_seconds[-1])
+    achieved = examples * cnn.training_flops(shape, model.weight_shapes) / seconds
+    out["workloads"][name] = dict(round_seconds=seconds, examples=examples,
+                                  gflops=achieved / 1e9, share_of_gemm=achieved / gemm)
+  out["peak_memory_mb"] = common.peak_memory_mb()
+  print(json.dumps(out))
+
+
 def _gpu_present() -> bool:
   import tensorflow as tf
   return bool(tf.config.list_physical_devices("GPU"))
@@ -369,6 +435,9 @@ def main(argv):
   s = Settings.from_flags()
   if s.memory_child is not None:
     _memory_in_process(s.memory_child)
+    return
+  if s.cnn_share_child:
+    _cnn_share_in_process()
     return
   if s.sweep_child:
     _sweep_in_process(s)
@@ -449,6 +518,21 @@ def main(argv):
       print(f"memory budget {budget}: {result['examples_per_chunk']} examples per chunk, "
             f"round {result['round_seconds']:.1f} s, peak after the round "
             f"{result['peak_after_round_mb']:.0f} MB", flush=True)
+  if "cnn_share" in s.parts:
+    seconds, result = _speed_child("cnn_share part", os.environ, "--cnn_share_child")
+    for name, w in result["workloads"].items():
+      rows.append(dict(part="cnn_share", backend="vectorized", device="cpu", repeat=0,
+                       workload=name, end_to_end_seconds=seconds,
+                       seconds_per_round_median=w["round_seconds"],
+                       examples_per_round=w["examples"], gflops=w["gflops"],
+                       gemm_gflops=result["gemm_gflops"],
+                       share_of_gemm=w["share_of_gemm"],
+                       peak_memory_mb=result["peak_memory_mb"], rounds=1,
+                       **dict(stamp, finished=time.strftime("%Y-%m-%dT%H:%M:%S"))))
+      print(f"cnn_share {name}: DP round {w['round_seconds']:.2f} s, "
+            f"{w['gflops']:.2f} GFLOP/s useful = {w['share_of_gemm']:.1%} of the "
+            f"GEMM rate ({result['gemm_gflops']:.1f} GFLOP/s), peak "
+            f"{result['peak_memory_mb']:.0f} MB", flush=True)
   for row in rows:
     common.append_row(s.output, row)
   _report(rows)

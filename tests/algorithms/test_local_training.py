@@ -168,3 +168,14 @@ def test_poisson_sampling_follows_the_public_size():
   # 100 Bernoulli(0.1) draws x 0.0125: mean 0.125, sd 0.0375 per run, 0.013 for the
   # mean of 8; 0.055 is 4 sd.
   assert abs(np.mean(runs) - 0.125) < 0.055
+
+
+@pytest.mark.parametrize("shape, hidden, expected", [
+    # unpadded 28x28: conv1 26*26*9*32, conv2 11*11*9*32*64, dense 5*5*64*10
+    ((28, 28, 1), None, 2 * (2 * 194_688 + 3 * 2_230_272 + 3 * 16_000)),
+    # SAME-padded 8x8 with a hidden layer: 8*8*9*32, 4*4*9*32*64, 2*2*64*7, 7*10
+    ((8, 8, 1), 7, 2 * (2 * 18_432 + 3 * 294_912 + 3 * 1_792 + 3 * 70)),
+])
+def test_cnn_training_flops_count_each_layers_passes(shape, hidden, expected):
+  model = models.small_cnn(shape, 10, hidden=hidden)
+  assert models.cnn.training_flops(shape, model.weight_shapes) == expected

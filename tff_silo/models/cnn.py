@@ -90,6 +90,26 @@ def small_cnn(input_shape, num_classes: int, *, channels=(32, 64),
                      stacked_apply_fn=stacked_apply_fn)
 
 
+def training_flops(input_shape, weight_shapes) -> int:
+  """FLOPs of one example's training gradient through `small_cnn` with these
+  weight shapes: 2 per multiply-add, three passes per layer (forward, the weights'
+  gradient, the input's gradient), none for the images' gradient; pooling,
+  activations and biases left out (a lower bound of the work done)."""
+  h, w, _ = input_shape
+  padding = _padding_for(min(h, w))
+  multiply_adds = []
+  for shape in weight_shapes:
+    if len(shape) == 4:
+      if padding == "VALID":
+        h, w = h - KERNEL + 1, w - KERNEL + 1
+      multiply_adds.append(h * w * int(np.prod(shape)))
+      h, w = h // POOL, w // POOL
+    elif len(shape) == 2:
+      multiply_adds.append(int(np.prod(shape)))
+  passes = [2 if i == 0 else 3 for i in range(len(multiply_adds))]
+  return int(sum(2 * m * p for m, p in zip(multiply_adds, passes)))
+
+
 def _stacked_conv(x, kernels, padding):
   """x [S, b, H, W, C] convolved with kernels [S, k, k, C, C'] model by model, as
   one convolution with S groups: [S, b, H', W', C']."""

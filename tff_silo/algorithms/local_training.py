@@ -202,6 +202,8 @@ def step_gradient(model, config: LocalTrainingConfig, weights, anchor, lam, xb, 
       else:
         loss = masked_mean(model.per_example_loss(weights, xb, yb), mask)
     return [g + p for g, p in zip(tape.gradient(loss, weights), penalty)]
+  if mask is not None:   # a DP step's examples are its batch, never padded
+    raise ValueError("step_gradient: mask is for batches without DP")
   per_example = tf.cond(   # a Poisson batch may be empty
       tf.size(yb) > 0,
       lambda: per_example_gradients(model, weights, xb, yb),

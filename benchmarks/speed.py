@@ -273,21 +273,28 @@ def _calibration_in_process(s):
                         peak_memory_mb=common.peak_memory_mb())))
 
 
+def _random_image_silos(name, num_silos, train, test, shape):
+  """`num_silos` silos of `train` / `test` uniform random images of `shape` with
+  10 random labels (seed 0): Fashion-MNIST-sized work without the dataset."""
+  import numpy as np
+  from tff_silo.data.silos import make_silos
+  rng = np.random.default_rng(0)
+  images = lambda n: [rng.random((n, *shape), np.float32) for _ in range(num_silos)]
+  labels = lambda n: [rng.integers(0, 10, n).astype(np.float32)
+                      for _ in range(num_silos)]
+  return make_silos(name, "multiclass", images(train), labels(train), images(test),
+                    labels(test), num_classes=10)
+
+
 def _memory_in_process(budget: str):
   """The memory part's round, run here with the default budget or none."""
-  import numpy as np
   from tff_silo import algorithms, models
   from tff_silo.backends.vectorized import training
-  from tff_silo.data.silos import make_silos
   from tff_silo.privacy import PrivacyProtocol
   from tff_silo.simulation import run_simulation
   if budget == "none":
     training.MEMORY_BUDGET_FLOATS = 2 ** 62   # every silo in one chunk
-  rng = np.random.default_rng(0)
-  images = lambda n: [rng.random((n, 28, 28, 1), np.float32) for _ in range(40)]
-  labels = lambda n: [rng.integers(0, 10, n).astype(np.float32) for _ in range(40)]
-  silos = make_silos("fmnist_sized", "multiclass", images(1500), labels(1500),
-                     images(250), labels(250), num_classes=10)
+  silos = _random_image_silos("fmnist_sized", 40, 1500, 250, (28, 28, 1))
   model = models.small_cnn((28, 28, 1), 10, channels=(16, 32), hidden=64)
   definition = algorithms.mrmtl_algorithm(model, silos.feature_shape,
                                           client_learning_rate=0.05, batch_size=64,
@@ -331,22 +338,15 @@ def _cnn_share_in_process():
   examples expected) and its useful FLOP/s (`cnn.training_flops` per example)."""
   import numpy as np
   from tff_silo import algorithms, data, models
-  from tff_silo.data.silos import make_silos
   from tff_silo.models import cnn
   from tff_silo.privacy import PrivacyProtocol
   from tff_silo.simulation import run_simulation
   gemm = _gemm_flops_per_second()
   out = dict(gemm_gflops=gemm / 1e9, workloads={})
   for name, num_silos, per_silo, shape, channels, hidden, batch in CNN_WORKLOADS:
-    if per_silo is None:
-      silos = data.load_rotated_masked_digits(num_silos=num_silos, seed=0)
-    else:
-      rng = np.random.default_rng(0)
-      images = lambda n: [rng.random((n, *shape), np.float32) for _ in range(num_silos)]
-      labels = lambda n: [rng.integers(0, 10, n).astype(np.float32)
-                          for _ in range(num_silos)]
-      silos = make_silos(name, "multiclass", images(per_silo), labels(per_silo),
-                         images(10), labels(10), num_classes=10)
+    silos = (data.load_rotated_masked_digits(num_silos=num_silos, seed=0)
+             if per_silo is None
+             else _random_image_silos(name, num_silos, per_silo, 10, shape))
     model = models.small_cnn(shape, silos.num_classes, channels=channels, hidden=hidden)
     definition = algorithms.mrmtl_algorithm(model, shape, client_learning_rate=0.05,
                                             batch_size=batch, lam=1.0, l2_norm_clip=1.0)

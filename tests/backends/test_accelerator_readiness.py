@@ -32,6 +32,7 @@ from tff_silo.dprivate_simulation import run_dprivate_clustering
 from tff_silo.pandemic import features, pipeline, synth
 from tff_silo.privacy import PrivacyProtocol, UserDPSettings
 from tff_silo.simulation import run_simulation
+from tests.backends.test_vectorized import _small_digits
 
 _KERNELS = {}
 # (op, dtype) kept on the host by design; "*" any dtype.
@@ -119,13 +120,6 @@ _PUBLIC = PrivacyProtocol(public_silo_sizes=True)
 _DP = dict(target_epsilon=5.0, target_delta=1e-3, protocol=_PUBLIC)
 
 
-def _digits():
-  images = data.load_rotated_masked_digits(num_silos=4, seed=0)
-  return data.make_silos("digits", images.task, [x[:10] for x in images.x_train],
-                         [y[:10] for y in images.y_train], [x[:4] for x in images.x_test],
-                         [y[:4] for y in images.y_test], num_classes=images.num_classes)
-
-
 def _family(name, model, silos, run, **options):
   definition = algorithms.silo_definition(name, model, silos.feature_shape,
                                           client_learning_rate=0.1, batch_size=4,
@@ -134,8 +128,9 @@ def _family(name, model, silos, run, **options):
                                 backend="vectorized", **run)
 
 
-def _cnn(silos):
-  return models.small_cnn(silos.feature_shape, silos.num_classes, channels=(2, 3))
+def _cnn_family(name, run, **options):
+  small, cnn = _small_digits()
+  return _family(name, cnn, small, run, **options)()
 
 
 def _ifca():
@@ -200,9 +195,8 @@ CASES = {
         sampling="without_replacement")(),
     "finetune_no_dp": lambda _: _family("finetune", models.linear_regression(3),
                                         _LINEAR, {})(),
-    "mrmtl_dp_cnn": lambda _: _family("mrmtl", _cnn(_digits()), _digits(), _DP,
-                                      lam=0.3, l2_norm_clip=1.0)(),
-    "fedavg_cnn_no_dp": lambda _: _family("fedavg", _cnn(_digits()), _digits(), {})(),
+    "mrmtl_dp_cnn": lambda _: _cnn_family("mrmtl", _DP, lam=0.3, l2_norm_clip=1.0),
+    "fedavg_cnn_no_dp": lambda _: _cnn_family("fedavg", {}),
     "ifca_mrmtl_dp": lambda _: _ifca(),
     "mocha_dp": lambda _: _mocha(),
     "dprivate_clustering": lambda _: _dprivate(),

@@ -52,9 +52,8 @@ def _examples(config, plan, n, num_rows, sampling_keys, perm, step):
   k when its uniform is below q_k (the same uniforms as the silo alone draws), so
   the list is O(sum of the batches) long, not K times the widest."""
   if config.batches == "poisson":
-    rows = tf.range(num_rows)[None]
     keep = ((br.uniform(br.fold_in(sampling_keys, step), num_rows) < plan[3][:, None])
-            & (rows < n[:, None]))
+            & (tf.range(num_rows)[None] < n[:, None]))
     kept = tf.cast(tf.where(keep), tf.int32)
     return kept[:, 0], kept[:, 1]
   idx, mask = _batches(config, plan, n, num_rows, sampling_keys, perm, step)

@@ -12,8 +12,9 @@ as in the paper's code, so the whole step is one DP-SGD step on the silo's data.
 Batching under DP (`tff_silo.privacy.protocol`), with m the silo's *public size*
 (`size`: its n when sizes are public, else a size assumed for every silo; 0 means n):
 - `poisson` (add/remove-one; the default): every step includes each example
-  independently with probability q = min(B, m) / m; the noisy gradient sum is divided
-  by the expected batch size q m = min(B, m); max(1, floor(m / B)) steps per epoch.
+  independently with probability q = min(B, m) / m (drawn as geometric gaps between
+  kept examples, `poisson_sampling`); the noisy gradient sum is divided by the
+  expected batch size q m = min(B, m); max(1, floor(m / B)) steps per epoch.
   Nothing here depends on the silo's true n.
 - `without_replacement` (replace-one; n is public): every step draws min(B, n) of the
   n examples uniformly without replacement; max(1, floor(n / B)) steps per epoch.
@@ -25,8 +26,9 @@ Without DP the batches are shuffled as in `shuffle`.
 steps, Nemala et al. Algorithm 1, lines 9-11); shuffled epochs follow one another.
 
 Randomness: `key` is the silo's key for the round (`tff_silo.keys`); batches of step
-s of pass p use derive(key, SAMPLING, p, s) (or SHUFFLE and the epoch), and the DP
-noise of that step derive(key, DP_NOISE, p, s): every release has its own 64-bit key.
+s of pass p use derive(key, SAMPLING, p, s) (or SHUFFLE and the epoch; a Poisson
+step's further chunks derive(key, SAMPLING, p, s, c), c >= 1), and the DP noise of
+that step derive(key, DP_NOISE, p, s): every release has its own 64-bit key.
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ from typing import Optional
 import tensorflow as tf
 
 from tff_silo import keys
+from tff_silo.algorithms import poisson_sampling
 from tff_silo.privacy import batching, dp_sgd
 
 SAMPLING_MODES = ("poisson", "without_replacement", "shuffle")
@@ -248,6 +251,8 @@ def train_locally(model, config: LocalTrainingConfig, weights, anchor, lam, x, y
   shuffle_key = keys.derive(key, keys.SHUFFLE, pass_)
   noise_key = keys.derive(key, keys.DP_NOISE, pass_)
 
+  sampler = poisson_sampling.PoissonSampler(rate[None], n[None]) if poisson else None
+
   def epoch_permutation(step, previous):
     """The shuffled epoch's permutation: drawn at the epoch's first step, kept."""
     seed = keys.fold_in(shuffle_key, step // per_epoch)
@@ -257,8 +262,9 @@ def train_locally(model, config: LocalTrainingConfig, weights, anchor, lam, x, y
 
   def batch_indices(step, perm):
     if poisson:
-      keep = tf.random.stateless_uniform([n], seed=keys.fold_in(sampling_key, step)) < rate
-      return tf.cast(tf.where(keep)[:, 0], tf.int32)
+      return sampler.sample(
+          lambda key, width: tf.random.stateless_uniform([width], seed=key)[None],
+          keys.fold_in, keys.fold_in(sampling_key, step))[1]
     if without_replacement:
       return first_of_permutation(tf.random.stateless_uniform(
           [n], seed=keys.fold_in(sampling_key, step)), batch)

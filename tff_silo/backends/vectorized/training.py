@@ -9,6 +9,7 @@ import tensorflow as tf
 from tff_silo import batched_random as br
 from tff_silo import keys
 from tff_silo.algorithms import local_training as lt
+from tff_silo.algorithms import poisson_sampling as ps
 from tff_silo.backends.vectorized.stacking import StackedSilos, rows
 from tff_silo.privacy import gaussian
 
@@ -46,16 +47,13 @@ def _batches(config, plan, n, num_rows, sampling_keys, perm, step):
   return tf.gather(perm, positions, batch_dims=1), mask
 
 
-def _examples(config, plan, n, num_rows, sampling_keys, perm, step):
+def _examples(config, plan, n, num_rows, sampling_keys, perm, step, sampler):
   """Every silo's examples of step `step` under DP as one list: (silo [M], row [M]),
-  silo by silo, each silo's in `train_locally`'s order. Poisson keeps row i of silo
-  k when its uniform is below q_k (the same uniforms as the silo alone draws), so
-  the list is O(sum of the batches) long, not K times the widest."""
+  silo by silo, each silo's in `train_locally`'s order (Poisson: `sampler`'s, the
+  same draws as the silo alone, all silos' at once), so the list is O(sum of the
+  batches) long, not K times the widest."""
   if config.batches == "poisson":
-    keep = ((br.uniform(br.fold_in(sampling_keys, step), num_rows) < plan[3][:, None])
-            & (tf.range(num_rows)[None] < n[:, None]))
-    kept = tf.cast(tf.where(keep), tf.int32)
-    return kept[:, 0], kept[:, 1]
+    return sampler.sample(br.uniform, br.fold_in, br.fold_in(sampling_keys, step))
   idx, mask = _batches(config, plan, n, num_rows, sampling_keys, perm, step)
   kept = tf.cast(tf.where(mask > 0), tf.int32)
   return kept[:, 0], tf.gather_nd(idx, kept)
@@ -165,6 +163,9 @@ def train_silos(model, config, weights, anchor, lam, silos: StackedSilos, round_
   shapes = [tuple(s) for s in model.weight_shapes]
   sizes = [int(np.prod(s, dtype=np.int64)) for s in shapes]
 
+  sampler = (ps.PoissonSampler(plan[3], silos.n)
+             if config.private and config.batches == "poisson" else None)
+
   def noise(step):
     stddev = silos.noise_multiplier * config.l2_norm_clip
     flat = gaussian.normal(br.fold_in(noise_keys, step), sum(sizes)) * stddev[:, None]
@@ -175,7 +176,7 @@ def train_silos(model, config, weights, anchor, lam, silos: StackedSilos, round_
       perm = _epoch_permutations(plan, silos.n, num_rows, shuffle_keys, step, perm)
     if config.private:
       silo_of, row = _examples(config, plan, silos.n, num_rows, sampling_keys, perm,
-                               step)
+                               step, sampler)
       grads = _dp_gradients(model, config, w, anchor, lam, silos, silo_of, row,
                             noise(step), normalizer)
     else:

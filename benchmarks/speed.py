@@ -33,10 +33,11 @@ backends alternating within each repeat, so drift of the machine hits both alike
 - `cnn_share`: in a fresh process, this machine's float32 GEMM rate, and a DP
   MR-MTL round of the digits CNN and of Fashion-MNIST-sized silos (`CNN_WORKLOADS`)
   with its useful FLOP/s (`cnn.training_flops`) as a share of that rate.
-- `poisson`: in a fresh process, DP local training of one silo of n rows (a linear
-  model on 20 features, batch 64, public size n, `POISSON_STEPS` steps) for each n of
-  `POISSON_SIZES` (up to a 130,000-person pandemic silo): seconds per DP step, which
-  Poisson sampling by geometric gaps keeps from growing with n.
+- `sampling`: in a fresh process, DP local training of one silo of n rows (a linear
+  model on 20 features, batch 64, public size n, `SAMPLING_STEPS` steps) for each n of
+  `SAMPLING_SIZES` (up to a 130,000-person pandemic silo), Poisson and without
+  replacement: seconds per DP step (Poisson's geometric gaps keep it from growing
+  with n; a batch without replacement still draws n uniforms).
 - on a machine where TensorFlow sees a GPU, `digits` also runs the vectorized
   backend with --device=gpu.
 
@@ -61,7 +62,7 @@ from benchmarks import common, configs
 from benchmarks.common import UsageError
 
 PARTS = ("school", "digits", "sweep", "ifca", "dprivate", "hypernet", "protocol",
-         "calibration", "memory", "cnn_share", "poisson")
+         "calibration", "memory", "cnn_share", "sampling")
 MEMORY_BUDGETS = ("default", "none")
 PROTOCOLS = ("paper", "honest")   # the protocol part's
 CALIBRATION_PROTOCOLS = PROTOCOLS + ("replace_one",)
@@ -90,7 +91,7 @@ flags.DEFINE_string("memory_child", None, f"One of {MEMORY_BUDGETS}; run the mem
                     module_name=INTERNAL)
 flags.DEFINE_bool("cnn_share_child", False, "Run the cnn_share part in this process "
                   "and print it as JSON.", module_name=INTERNAL)
-flags.DEFINE_bool("poisson_child", False, "Run the poisson part in this process "
+flags.DEFINE_bool("sampling_child", False, "Run the sampling part in this process "
                   "and print its JSON (internal).")
 flags.DEFINE_bool("sweep_child", False, "Run the sweep in this process and print its "
                   "timings as JSON.", module_name=INTERNAL)
@@ -116,7 +117,7 @@ class Settings:
   output: str
   memory_child: Optional[str]   # the timed children's (internal)
   cnn_share_child: bool
-  poisson_child: bool
+  sampling_child: bool
   sweep_child: bool
   calibration_child: Optional[str]
 
@@ -127,7 +128,7 @@ class Settings:
     child = FLAGS.sweep_child or FLAGS.calibration_child is not None
     if FLAGS.memory_child is not None:
       common.check_one_of("memory_child", FLAGS.memory_child, MEMORY_BUDGETS)
-    elif not (FLAGS.cnn_share_child or FLAGS.poisson_child):
+    elif not (FLAGS.cnn_share_child or FLAGS.sampling_child):
       if FLAGS.calibration_child is not None:
         common.check_one_of("calibration_child", FLAGS.calibration_child,
                             CALIBRATION_PROTOCOLS)
@@ -143,7 +144,7 @@ class Settings:
     return cls(**common.flag_values(
         "parts", "data_dir", "repeats", "rounds", "digits_rounds", "sweep_runs",
         "dprivate_rounds", "hypernet_rounds", "output",
-        "memory_child", "cnn_share_child", "poisson_child", "sweep_child",
+        "memory_child", "cnn_share_child", "sampling_child", "sweep_child",
         "calibration_child"))
 
 
@@ -371,33 +372,35 @@ def _cnn_share_in_process():
   print(json.dumps(out))
 
 
-# The poisson part's silo sizes and DP steps per size.
-POISSON_SIZES = (2_000, 20_000, 130_000)
-POISSON_STEPS = 1000
+# The sampling part's silo sizes and DP steps per size.
+SAMPLING_SIZES = (2_000, 20_000, 130_000)
+SAMPLING_STEPS = 1000
 
 
-def _poisson_in_process():
-  """The poisson part, run here: for each size, one traced and one timed call of
-  `train_locally` (`POISSON_STEPS` DP steps at q = 64 / n)."""
+def _sampling_in_process():
+  """The sampling part, run here: for each sampling and size, one traced and one
+  timed call of `train_locally` (`SAMPLING_STEPS` DP steps of 64 examples, expected
+  under Poisson)."""
   import numpy as np
   import tensorflow as tf
   from tff_silo import models
   from tff_silo.algorithms.local_training import LocalTrainingConfig, train_locally
   model = models.linear_regression(20)
-  config = LocalTrainingConfig(learning_rate=0.01, batch_size=64, l2_norm_clip=1.0,
-                               steps=POISSON_STEPS)
   zeros = [tf.zeros(s) for s in model.weight_shapes]
-  train = tf.function(lambda x, y, key: train_locally(model, config, zeros, zeros, 0.0,
-                                                      x, y, 1.0, key))
   out = dict(step_seconds={})
   rng = np.random.default_rng(0)
-  for n in POISSON_SIZES:
-    x = tf.constant(rng.normal(size=(n, 20)).astype(np.float32))
-    y = tf.constant(rng.normal(size=n).astype(np.float32))
-    train(x, y, tf.constant([0, 0]))[0].numpy()
-    start = time.perf_counter()
-    train(x, y, tf.constant([1, 0]))[0].numpy()
-    out["step_seconds"][str(n)] = (time.perf_counter() - start) / POISSON_STEPS
+  data = {n: (tf.constant(rng.normal(size=(n, 20)).astype(np.float32)),
+              tf.constant(rng.normal(size=n).astype(np.float32))) for n in SAMPLING_SIZES}
+  for sampling in ("poisson", "without_replacement"):
+    config = LocalTrainingConfig(learning_rate=0.01, batch_size=64, l2_norm_clip=1.0,
+                                 steps=SAMPLING_STEPS, sampling=sampling)
+    train = tf.function(lambda x, y, key, config=config: train_locally(
+        model, config, zeros, zeros, 0.0, x, y, 1.0, key))
+    for n, (x, y) in data.items():
+      train(x, y, tf.constant([0, 0]))[0].numpy()
+      start = time.perf_counter()
+      train(x, y, tf.constant([1, 0]))[0].numpy()
+      out["step_seconds"][f"{sampling} {n}"] = (time.perf_counter() - start) / SAMPLING_STEPS
   out["peak_memory_mb"] = common.peak_memory_mb()
   print(json.dumps(out))
 
@@ -466,12 +469,13 @@ def _report(rows):
       line += (f"; {r['end_to_end_seconds'] / single['end_to_end_seconds']:.2f}x one fresh "
                f"vectorized run ({single['end_to_end_seconds']:.1f} s)")
     print(line)
-  poisson = [r for r in rows if r["part"] == "poisson"]
-  if poisson:
-    print("  DP step of one silo by its size n (q = 64 / n): " + ", ".join(
-        f"n={r['silo_size']:,} {r['step_seconds'] * 1e3:.2f} ms" for r in poisson)
-          + f"; largest / smallest {poisson[-1]['step_seconds'] / poisson[0]['step_seconds']:.2f}x"
-          + f", sizes {poisson[-1]['silo_size'] / poisson[0]['silo_size']:.0f}x")
+  for sampling in ("poisson", "without_replacement"):
+    steps = [r for r in rows if r["part"] == "sampling" and r["sampling"] == sampling]
+    if steps:
+      print(f"  {sampling} DP step of one silo by its size n (batch 64): " + ", ".join(
+          f"n={r['silo_size']:,} {r['step_seconds'] * 1e3:.2f} ms" for r in steps)
+            + f"; largest / smallest {steps[-1]['step_seconds'] / steps[0]['step_seconds']:.2f}x"
+            + f", sizes {steps[-1]['silo_size'] / steps[0]['silo_size']:.0f}x")
 
 
 def main(argv):
@@ -484,8 +488,8 @@ def main(argv):
   if s.cnn_share_child:
     _cnn_share_in_process()
     return
-  if s.poisson_child:
-    _poisson_in_process()
+  if s.sampling_child:
+    _sampling_in_process()
     return
   if s.sweep_child:
     _sweep_in_process(s)
@@ -581,14 +585,16 @@ def main(argv):
             f"{w['gflops']:.2f} GFLOP/s useful = {w['share_of_gemm']:.1%} of the "
             f"GEMM rate ({result['gemm_gflops']:.1f} GFLOP/s), peak "
             f"{result['peak_memory_mb']:.0f} MB", flush=True)
-  if "poisson" in s.parts:
-    seconds, result = _speed_child("poisson part", os.environ, "--poisson_child")
-    for n, step in result["step_seconds"].items():
-      rows.append(dict(part="poisson", backend="none", device="cpu", repeat=0,
-                       silo_size=int(n), step_seconds=step, end_to_end_seconds=seconds,
+  if "sampling" in s.parts:
+    seconds, result = _speed_child("sampling part", os.environ, "--sampling_child")
+    for name, step in result["step_seconds"].items():
+      sampling, n = name.split()
+      rows.append(dict(part="sampling", backend="none", device="cpu", repeat=0,
+                       sampling=sampling, silo_size=int(n), step_seconds=step,
+                       end_to_end_seconds=seconds,
                        peak_memory_mb=result["peak_memory_mb"], rounds=1,
                        **dict(stamp, finished=time.strftime("%Y-%m-%dT%H:%M:%S"))))
-      print(f"poisson n={n}: {step * 1e3:.2f} ms per DP step", flush=True)
+      print(f"{sampling} n={n}: {step * 1e3:.2f} ms per DP step", flush=True)
   for row in rows:
     common.append_row(s.output, row)
   _report(rows)

@@ -40,7 +40,7 @@ def _batches(config, plan, n, num_rows, sampling_keys, perm, step):
   mask = tf.cast(slots < batch[:, None], tf.float32)
   if config.batches == "without_replacement":
     valid = tf.range(num_rows)[None] < n[:, None]
-    draws = br.uniform(br.fold_in(sampling_keys, step), num_rows)
+    draws = br.uniform64(br.fold_in(sampling_keys, step), num_rows)
     return lt.first_of_permutation(tf.where(valid, draws, 2.0), width), mask
   start = ((step % per_epoch) * batch)[:, None]   # shuffled epochs
   positions = tf.minimum(start + slots + tf.zeros_like(batch)[:, None], num_rows - 1)

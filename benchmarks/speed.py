@@ -92,7 +92,7 @@ flags.DEFINE_string("memory_child", None, f"One of {MEMORY_BUDGETS}; run the mem
 flags.DEFINE_bool("cnn_share_child", False, "Run the cnn_share part in this process "
                   "and print it as JSON.", module_name=INTERNAL)
 flags.DEFINE_bool("sampling_child", False, "Run the sampling part in this process "
-                  "and print its JSON (internal).")
+                  "and print it as JSON.", module_name=INTERNAL)
 flags.DEFINE_bool("sweep_child", False, "Run the sweep in this process and print its "
                   "timings as JSON.", module_name=INTERNAL)
 flags.DEFINE_string("calibration_child", None, f"One of {CALIBRATION_PROTOCOLS}; "

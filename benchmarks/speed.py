@@ -387,7 +387,7 @@ def _sampling_in_process():
   from tff_silo.algorithms.local_training import LocalTrainingConfig, train_locally
   model = models.linear_regression(20)
   zeros = [tf.zeros(s) for s in model.weight_shapes]
-  out = dict(step_seconds={})
+  out = dict(steps=[])
   rng = np.random.default_rng(0)
   data = {n: (tf.constant(rng.normal(size=(n, 20)).astype(np.float32)),
               tf.constant(rng.normal(size=n).astype(np.float32))) for n in SAMPLING_SIZES}
@@ -400,7 +400,8 @@ def _sampling_in_process():
       train(x, y, tf.constant([0, 0]))[0].numpy()
       start = time.perf_counter()
       train(x, y, tf.constant([1, 0]))[0].numpy()
-      out["step_seconds"][f"{sampling} {n}"] = (time.perf_counter() - start) / SAMPLING_STEPS
+      out["steps"].append(dict(sampling=sampling, silo_size=n, step_seconds=(
+          time.perf_counter() - start) / SAMPLING_STEPS))
   out["peak_memory_mb"] = common.peak_memory_mb()
   print(json.dumps(out))
 
@@ -503,18 +504,21 @@ def main(argv):
   backends = [("tff", "cpu"), ("vectorized", "cpu")]
   digits_backends = backends + ([("vectorized", "gpu")] if "digits" in s.parts
                                  and _gpu_present() else [])   # (imports TensorFlow)
-  stamp = dict(cpus=os.cpu_count(), finished=None)
   rows = []
 
+  def add_row(**row) -> dict:
+    """Appends `row` with the machine's cores and the time it finished."""
+    rows.append(dict(row, cpus=os.cpu_count(),
+                     finished=time.strftime("%Y-%m-%dT%H:%M:%S")))
+    return rows[-1]
+
   def record(part, backend, device, seconds, run, repeat, **extra):
-    row = dict(part=part, backend=backend, device=device, repeat=repeat, **extra,
-               end_to_end_seconds=seconds, in_process_seconds=float(run.wall_seconds),
-               seconds_per_round_median=float(run.seconds_per_round_median),
-               peak_memory_mb=float(run.peak_memory_mb),
-               test_metric=float(run.get("test_metric", run.get("test_accuracy"))),
-               rounds=int(run.rounds), **stamp)
-    row["finished"] = time.strftime("%Y-%m-%dT%H:%M:%S")
-    rows.append(row)
+    row = add_row(part=part, backend=backend, device=device, repeat=repeat, **extra,
+                  end_to_end_seconds=seconds, in_process_seconds=float(run.wall_seconds),
+                  seconds_per_round_median=float(run.seconds_per_round_median),
+                  peak_memory_mb=float(run.peak_memory_mb),
+                  test_metric=float(run.get("test_metric", run.get("test_accuracy"))),
+                  rounds=int(run.rounds))
     print(f"{part} {backend}/{device} repeat {repeat}: {seconds:.1f} s end to end, "
           f"{row['seconds_per_round_median']:.4f} s/round, "
           f"{row['peak_memory_mb']:.0f} MB, metric {row['test_metric']:.4f}", flush=True)
@@ -535,11 +539,10 @@ def main(argv):
                protocol=protocol)
   if "sweep" in s.parts:
     seconds, result = _sweep(os.environ, s)
-    rows.append(dict(part="sweep", backend="vectorized", device="cpu", repeat=0,
-                     end_to_end_seconds=seconds, peak_memory_mb=result["peak_memory_mb"],
-                     test_metric=result["test_metric_median"], rounds=s.rounds,
-                     runs=result["runs"], **dict(stamp, finished=time.strftime(
-                         "%Y-%m-%dT%H:%M:%S"))))
+    add_row(part="sweep", backend="vectorized", device="cpu", repeat=0,
+            end_to_end_seconds=seconds, peak_memory_mb=result["peak_memory_mb"],
+            test_metric=result["test_metric_median"], rounds=s.rounds,
+            runs=result["runs"])
   if "calibration" in s.parts:
     for repeat in range(s.repeats):   # cold: each a fresh process
       for protocol in (CALIBRATION_PROTOCOLS if repeat % 2 == 0
@@ -547,54 +550,46 @@ def main(argv):
         _, result = _speed_child("calibration", os.environ,
                                  f"--calibration_child={protocol}",
                                  f"--data_dir={s.data_dir}", f"--rounds={s.rounds}")
-        rows.append(dict(part="calibration", backend="none", device="cpu",
-                         repeat=repeat, protocol=protocol,
-                         end_to_end_seconds=result["seconds"],
-                         peak_memory_mb=result["peak_memory_mb"],
-                         settings=result["settings"], silos=result["silos"],
-                         rounds=s.rounds, **dict(stamp, finished=time.strftime(
-                             "%Y-%m-%dT%H:%M:%S"))))
+        add_row(part="calibration", backend="none", device="cpu", repeat=repeat,
+                protocol=protocol, end_to_end_seconds=result["seconds"],
+                peak_memory_mb=result["peak_memory_mb"], settings=result["settings"],
+                silos=result["silos"], rounds=s.rounds)
         print(f"calibration {protocol} repeat {repeat}: {result['settings']} settings "
               f"in {result['seconds']:.2f} s", flush=True)
   if "memory" in s.parts:
     for budget in MEMORY_BUDGETS:
       seconds, result = _speed_child("memory part", os.environ,
                                      f"--memory_child={budget}")
-      rows.append(dict(part="memory", backend="vectorized", device="cpu", repeat=0,
-                       memory_budget=budget, end_to_end_seconds=seconds,
-                       seconds_per_round_median=result["round_seconds"],
-                       peak_memory_mb=result["peak_after_round_mb"],
-                       examples_per_chunk=result["examples_per_chunk"],
-                       test_metric=result["test_metric"], rounds=1,
-                       **dict(stamp, finished=time.strftime("%Y-%m-%dT%H:%M:%S"))))
+      add_row(part="memory", backend="vectorized", device="cpu", repeat=0,
+              memory_budget=budget, end_to_end_seconds=seconds,
+              seconds_per_round_median=result["round_seconds"],
+              peak_memory_mb=result["peak_after_round_mb"],
+              examples_per_chunk=result["examples_per_chunk"],
+              test_metric=result["test_metric"], rounds=1)
       print(f"memory budget {budget}: {result['examples_per_chunk']} examples per chunk, "
             f"round {result['round_seconds']:.1f} s, peak after the round "
             f"{result['peak_after_round_mb']:.0f} MB", flush=True)
   if "cnn_share" in s.parts:
     seconds, result = _speed_child("cnn_share part", os.environ, "--cnn_share_child")
     for name, w in result["workloads"].items():
-      rows.append(dict(part="cnn_share", backend="vectorized", device="cpu", repeat=0,
-                       workload=name, end_to_end_seconds=seconds,
-                       seconds_per_round_median=w["round_seconds"],
-                       examples_per_round=w["examples"], gflops=w["gflops"],
-                       gemm_gflops=result["gemm_gflops"],
-                       share_of_gemm=w["share_of_gemm"],
-                       peak_memory_mb=result["peak_memory_mb"], rounds=1,
-                       **dict(stamp, finished=time.strftime("%Y-%m-%dT%H:%M:%S"))))
+      add_row(part="cnn_share", backend="vectorized", device="cpu", repeat=0,
+              workload=name, end_to_end_seconds=seconds,
+              seconds_per_round_median=w["round_seconds"],
+              examples_per_round=w["examples"], gflops=w["gflops"],
+              gemm_gflops=result["gemm_gflops"], share_of_gemm=w["share_of_gemm"],
+              peak_memory_mb=result["peak_memory_mb"], rounds=1)
       print(f"cnn_share {name}: DP round {w['round_seconds']:.2f} s, "
             f"{w['gflops']:.2f} GFLOP/s useful = {w['share_of_gemm']:.1%} of the "
             f"GEMM rate ({result['gemm_gflops']:.1f} GFLOP/s), peak "
             f"{result['peak_memory_mb']:.0f} MB", flush=True)
   if "sampling" in s.parts:
     seconds, result = _speed_child("sampling part", os.environ, "--sampling_child")
-    for name, step in result["step_seconds"].items():
-      sampling, n = name.split()
-      rows.append(dict(part="sampling", backend="none", device="cpu", repeat=0,
-                       sampling=sampling, silo_size=int(n), step_seconds=step,
-                       end_to_end_seconds=seconds,
-                       peak_memory_mb=result["peak_memory_mb"], rounds=1,
-                       **dict(stamp, finished=time.strftime("%Y-%m-%dT%H:%M:%S"))))
-      print(f"{sampling} n={n}: {step * 1e3:.2f} ms per DP step", flush=True)
+    for step in result["steps"]:
+      add_row(part="sampling", backend="none", device="cpu", repeat=0, **step,
+              end_to_end_seconds=seconds, peak_memory_mb=result["peak_memory_mb"],
+              rounds=1)
+      print(f"{step['sampling']} n={step['silo_size']}: "
+            f"{step['step_seconds'] * 1e3:.2f} ms per DP step", flush=True)
   for row in rows:
     common.append_row(s.output, row)
   _report(rows)

@@ -5,6 +5,7 @@ import pytest
 import tensorflow as tf
 
 from tff_silo import models
+from tff_silo.privacy import dp_sgd
 from tff_silo.algorithms.local_training import (LocalTrainingConfig, first_of_permutation,
                                                 random_permutation, train_locally)
 
@@ -112,6 +113,29 @@ def test_cnn_per_example_gradients_run():
   out = train_locally(model, config, w, w, 0.0, x, y, 1.0, tf.constant([0, 1]))
   assert [o.shape for o in out] == [v.shape for v in w]
   assert all(np.all(np.isfinite(o.numpy())) for o in out)
+
+
+@pytest.mark.parametrize("shape, hidden", [((8, 8, 1), None), ((12, 12, 2), 5)])
+def test_cnn_stacked_per_example_gradients_equal_autodiff(shape, hidden):
+  """S = 2 models with 3 examples each (SAME and VALID padding, with and without
+  the hidden layer): every example's gradient, formed, is the tape's gradient of
+  its own loss under its own model."""
+  model = models.small_cnn(shape, 4, channels=(3, 5), hidden=hidden)
+  weights = [tf.constant(np.stack(w)) for w in zip(model.initial_weights(1),
+                                                  model.initial_weights(2))]
+  x = tf.constant(RNG.normal(size=(2, 3, *shape)).astype(np.float32))
+  y = tf.constant(RNG.integers(0, 4, (2, 3)).astype(np.float32))
+  got = model.stacked_per_example_gradients_fn(weights, x, y)
+  for s in range(2):
+    for i in range(3):
+      own = [w[s] for w in weights]
+      with tf.GradientTape() as tape:
+        tape.watch(own)
+        loss = model.per_example_loss(own, x[s, i:i + 1], y[s, i:i + 1])[0]
+      for g, want in zip(got, tape.gradient(loss, own)):
+        formed = (np.outer(g.inputs[s, i], g.output_grads[s, i])
+                  if isinstance(g, dp_sgd.OuterProduct) else g[s, i])
+        np.testing.assert_allclose(formed, want, rtol=1e-4, atol=1e-6)
 
 
 def test_fixed_step_count_continues_shuffled_epochs():

@@ -233,10 +233,15 @@ def _small_digits():
   return small, models.small_cnn(small.feature_shape, small.num_classes, channels=(2, 3))
 
 
-@pytest.mark.parametrize("stacked", [True, False])
+@pytest.mark.parametrize("stacked", ["gradients", "apply", "neither"])
 def test_unweighted_mean_and_a_cnn_without_closed_form_gradients(stacked):
+  """The CNN's stacked per-example gradients; without them, each example's own
+  copy of its silo's weights through `stacked_apply_fn`; without either,
+  `tf.vectorized_map` of the per-silo step."""
   small, cnn = _small_digits()
-  if not stacked:   # tf.vectorized_map over silos of the per-silo step
+  if stacked != "gradients":
+    cnn = dataclasses.replace(cnn, stacked_per_example_gradients_fn=None)
+  if stacked == "neither":
     cnn = dataclasses.replace(cnn, stacked_apply_fn=None)
   process = process_for(algorithms.mrmtl_algorithm(
               cnn, small.feature_shape, client_learning_rate=0.1, batch_size=4, lam=0.3,
@@ -245,16 +250,22 @@ def test_unweighted_mean_and_a_cnn_without_closed_form_gradients(stacked):
                       protocol=PUBLIC), atol=1e-5)
 
 
-def test_dp_cnn_examples_in_memory_chunks_compute_the_same(monkeypatch):
+@pytest.mark.parametrize("path", ["stacked", "own_copies"])
+def test_dp_cnn_examples_in_memory_chunks_compute_the_same(monkeypatch, path):
   """A budget of 3 examples' working sets: each step's ~16 examples of 4 silos go
-  through in chunks of at most 3 (the last padded), with the TFF backend's result."""
+  through in chunks of at most 3 (the last padded, a silo's split across chunks),
+  with the TFF backend's result, through the stacked per-example gradients or each
+  example's own copy of the weights."""
   small, cnn = _small_digits()
+  factor = vectorized_training.WORKING_SET_STACKED
+  if path == "own_copies":
+    cnn = dataclasses.replace(cnn, stacked_per_example_gradients_fn=None)
+    factor = vectorized_training.WORKING_SET_PER_COPY
   definition = algorithms.mrmtl_algorithm(
       cnn, small.feature_shape, client_learning_rate=0.1, batch_size=4, lam=0.3,
       l2_norm_clip=1.0)
-  monkeypatch.setattr(
-      vectorized_training, "MEMORY_BUDGET_FLOATS",
-      3 * vectorized_training.WORKING_SET_PER_COPY * cnn.num_parameters + 1)
+  monkeypatch.setattr(vectorized_training, "MEMORY_BUDGET_FLOATS",
+                      3 * factor * cnn.num_parameters + 1)
   assert vectorized_training.chunk_examples(cnn) == 3
   _assert_same(*_both(definition, small, rounds=2, target_epsilon=8.0,
                       target_delta=1e-3, protocol=PUBLIC), atol=1e-5)

@@ -100,6 +100,35 @@ def test_clip_per_example():
   np.testing.assert_allclose(clipped[0].numpy(), [[0.6, 0.8], [0.3, 0.4]], rtol=1e-6)
 
 
+def test_clipped_stacked_sums_equal_clipping_the_formed_gradients():
+  """Two groups of four examples: a plain [S, b, 3] gradient and an `OuterProduct`
+  of [S, b, 4] x [S, b, 2], each shifted by its group's offset before clipping;
+  small and large norms, a masked example and a non-finite one. The sums equal
+  `clipped_sum` of the formed gradients over each group's unmasked examples."""
+  rng = np.random.default_rng(3)
+  plain = rng.normal(size=(2, 4, 3)).astype(np.float32)
+  a = rng.normal(size=(2, 4, 4)).astype(np.float32)
+  d = rng.normal(size=(2, 4, 2)).astype(np.float32)
+  a[0, 1] *= 0.01   # under the clip
+  d[0, 1] *= 0.01
+  plain[0, 1] *= 0.01
+  a[1, 2, 0] = np.nan
+  offsets = [rng.normal(size=(2, 3)).astype(np.float32) * 0.1,
+             rng.normal(size=(2, 4, 2)).astype(np.float32) * 0.1]
+  mask = np.array([[1, 1, 0, 1], [1, 1, 1, 1]], np.float32)
+  got = dp_sgd.clipped_stacked_sums(
+      [tf.constant(plain), dp_sgd.OuterProduct(tf.constant(a), tf.constant(d))],
+      [tf.constant(o) for o in offsets], tf.constant(mask), 1.0)
+  for s in range(2):
+    kept = mask[s] > 0
+    formed = [plain[s][kept] + offsets[0][s],
+              np.einsum("bi,bo->bio", a[s], d[s])[kept] + offsets[1][s]]
+    want = dp_sgd.clipped_sum([tf.constant(f) for f in formed], 1.0)
+    for g, w in zip(got, want):
+      np.testing.assert_allclose(g[s].numpy(), w.numpy(), rtol=1e-5, atol=1e-6)
+  assert all(np.all(np.isfinite(g.numpy())) for g in got)
+
+
 def test_dp_sgd_noise_statistics():
   # Zero gradients: the output is pure noise N(0, (z C / normalizer)^2) per coordinate.
   grads = [tf.zeros([5, 20000])]

@@ -185,6 +185,16 @@ def clipped_penalized_sum(config: LocalTrainingConfig, per_example, penalty,
                             config.l2_norm_clip, silo_of, num_silos)
 
 
+def stacked_clipped_penalized_sums(model, config: LocalTrainingConfig, weights, penalty,
+                                   x, y, mask):
+  """`clipped_penalized_sum` of S silos with b examples each, through the model's
+  `stacked_per_example_gradients_fn`: weights and penalty [S, ...], x [S, b, ...],
+  y and `mask` [S, b] (1 for a real example) -> sums [S, ...]."""
+  return dp_sgd.clipped_stacked_sums(
+      model.stacked_per_example_gradients_fn(weights, x, y), penalty, mask,
+      config.l2_norm_clip)
+
+
 def noised_step(sums, noise, normalizer):
   """DP-SGD's gradient from clipped sums: `noise` (N(0, (z C)^2), drawn by the
   caller with the step's key) added, divided by `normalizer` (the expected batch
@@ -201,8 +211,9 @@ def step_gradient(model, config: LocalTrainingConfig, weights, anchor, lam, xb, 
 
   Without DP: the gradient of the batch objective plus lam * (w - anchor) (`mask`,
   [b] floats in {0, 1}, marks the batch's real examples when it is padded). Under
-  DP: the clipped penalized sum of the per-example gradients (`clipped_penalized_sum`)
-  with noise, normalized (`noised_step`).
+  DP: the clipped penalized sum of the per-example gradients (`clipped_penalized_sum`,
+  or `stacked_clipped_penalized_sums` for a model with a stacked form) with noise,
+  normalized (`noised_step`).
   """
   weights = list(weights)
   penalty = [lam * (w - a) for w, a in zip(weights, anchor)]
@@ -216,12 +227,18 @@ def step_gradient(model, config: LocalTrainingConfig, weights, anchor, lam, xb, 
     return [g + p for g, p in zip(tape.gradient(loss, weights), penalty)]
   if mask is not None:   # a DP step's examples are its batch, never padded
     raise ValueError("step_gradient: mask is for batches without DP")
-  per_example = tf.cond(   # a Poisson batch may be empty
-      tf.size(yb) > 0,
-      lambda: per_example_gradients(model, weights, xb, yb),
-      lambda: [tf.zeros(tf.concat([[0], tf.shape(w)], 0)) for w in weights])
-  return noised_step(clipped_penalized_sum(config, per_example, penalty), noise,
-                     tf.convert_to_tensor(normalizer, tf.float32))
+
+  def clipped_sums():
+    if model.stacked_per_example_gradients_fn is None:
+      return clipped_penalized_sum(
+          config, per_example_gradients(model, weights, xb, yb), penalty)
+    return [s[0] for s in stacked_clipped_penalized_sums(
+        model, config, [w[None] for w in weights], [p[None] for p in penalty],
+        xb[None], yb[None], tf.ones([1, tf.shape(yb)[0]]))]
+
+  sums = tf.cond(tf.size(yb) > 0, clipped_sums,   # a Poisson batch may be empty
+                 lambda: [tf.zeros_like(w) for w in weights])
+  return noised_step(sums, noise, tf.convert_to_tensor(normalizer, tf.float32))
 
 
 def check_trainable(model, config: LocalTrainingConfig) -> None:

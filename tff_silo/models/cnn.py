@@ -14,6 +14,7 @@ import numpy as np
 import tensorflow as tf
 
 from tff_silo.models import functional as F
+from tff_silo.privacy.dp_sgd import OuterProduct
 
 KERNEL = 3
 POOL = 2
@@ -84,10 +85,46 @@ def small_cnn(input_shape, num_classes: int, *, channels=(32, 64),
       y = tf.nn.relu(tf.matmul(y, dense_weights[i]) + dense_weights[i + 1][:, None])
     return tf.matmul(y, dense_weights[-2]) + dense_weights[-1][:, None]
 
+  def stacked_per_example_gradients_fn(weights, x, y):
+    """Per-example gradients of S models with b examples each, from one forward
+    pass per model (grouped convolutions, batched matmuls) and the gradients of the
+    summed loss at each layer's output (example i's are its own): a convolution's
+    kernel gradient is example i's patches^T times its output gradients (a batched
+    matmul), a dense kernel's an `OuterProduct`, a bias's its output gradients
+    summed over positions."""
+    k1, b1, k2, b2, *dense_weights = weights
+    layer_inputs, layer_outputs = [], []
+    with tf.GradientTape() as tape:
+      h = x
+      for kernel, bias in ((k1, b1), (k2, b2)):
+        layer_inputs.append(h)
+        z = _stacked_conv(h, kernel, padding) + bias[:, None, None, None]
+        tape.watch(z)
+        layer_outputs.append(z)
+        h = _stacked_pool(tf.nn.relu(z))
+      h = tf.reshape(h, [tf.shape(h)[0], tf.shape(h)[1], flat])
+      for i in range(0, len(dense_weights), 2):
+        layer_inputs.append(h if i == 0 else tf.nn.relu(z))
+        z = tf.matmul(layer_inputs[-1], dense_weights[i]) + dense_weights[i + 1][:, None]
+        tape.watch(z)
+        layer_outputs.append(z)
+      loss = tf.reduce_sum(F.softmax_cross_entropy(z, y))
+    grads = []
+    for i, (inputs, out_grads) in enumerate(zip(layer_inputs,
+                                                tape.gradient(loss, layer_outputs))):
+      if i < 2:
+        grads += [_per_example_kernel_gradients(inputs, out_grads, padding,
+                                                shapes[2 * i][2:]),
+                  tf.reduce_sum(out_grads, [2, 3])]
+      else:
+        grads += [OuterProduct(inputs, out_grads), out_grads]
+    return grads
+
   return F.SiloModel(name="small_cnn" if hidden is None else "lenet", weight_shapes=shapes, init_fn=init_fn,
                      apply_fn=apply_fn, loss_fn=F.softmax_cross_entropy,
                      metric="accuracy", predict_fn=F.argmax_prediction,
-                     stacked_apply_fn=stacked_apply_fn)
+                     stacked_apply_fn=stacked_apply_fn,
+                     stacked_per_example_gradients_fn=stacked_per_example_gradients_fn)
 
 
 def training_flops(input_shape, weight_shapes) -> int:
@@ -121,6 +158,30 @@ def _stacked_conv(x, kernels, padding):
   y = tf.nn.conv2d(grouped, kernel, 1, padding)
   shape = tf.shape(y)
   return tf.transpose(tf.reshape(y, [b, shape[1], shape[2], s, c_out]), [3, 0, 1, 2, 4])
+
+
+def _patches(x, padding):
+  """[..., H, W, C] -> [..., H', W', k*k*C]: each output position's k x k input
+  window, in a kernel's (row, column, channel) order (shifted slices: cheaper here
+  than `tf.image.extract_patches`)."""
+  if padding == "SAME":
+    x = tf.pad(x, [[0, 0]] * (len(x.shape) - 3) + [[KERNEL // 2] * 2] * 2 + [[0, 0]])
+  h, w = tf.shape(x)[-3] - KERNEL + 1, tf.shape(x)[-2] - KERNEL + 1
+  return tf.concat([x[..., i:i + h, j:j + w, :]
+                    for i in range(KERNEL) for j in range(KERNEL)], -1)
+
+
+def _per_example_kernel_gradients(inputs, out_grads, padding, channels):
+  """Each example's convolution kernel gradient from its layer input [S, b, H, W, C]
+  and output gradients [S, b, H', W', C'] (`channels` = (C, C')): patches^T
+  out_grads, a batched matmul over the S * b examples -> [S, b, k, k, C, C']."""
+  c, c_out = channels
+  lead = tf.shape(inputs)[:2]
+  positions = tf.shape(out_grads)[2] * tf.shape(out_grads)[3]
+  kernel = tf.matmul(tf.reshape(_patches(inputs, padding),
+                                [-1, positions, KERNEL * KERNEL * c]),
+                     tf.reshape(out_grads, [-1, positions, c_out]), transpose_a=True)
+  return tf.reshape(kernel, tf.concat([lead, [KERNEL, KERNEL, c, c_out]], 0))
 
 
 def _stacked_pool(y):

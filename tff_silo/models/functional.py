@@ -40,6 +40,11 @@ class SiloModel:
       ...]`: S models (silos, or one copy per example) applied at once, equal to
       `apply_fn` on each; the vectorized backend uses it where `tf.vectorized_map`
       over per-silo weights would be slow (convolutions).
+    stacked_per_example_gradients_fn: optional `(weights [S, ...], x [S, b, ...],
+      y [S, b]) -> per-example gradients`, one per weight: a tensor [S, b, *shape]
+      or a `privacy.dp_sgd.OuterProduct` of [S, b, in] and [S, b, out]; S models' forward passes
+      with b examples each (GEMM-sized), each example's gradient from its layers'
+      inputs and output gradients. DP-SGD uses it on both backends.
   """
 
   name: str
@@ -52,6 +57,7 @@ class SiloModel:
   per_example_gradients_fn: Optional[Callable] = None
   batch_reduction: Optional[Callable] = None
   stacked_apply_fn: Optional[Callable] = None
+  stacked_per_example_gradients_fn: Optional[Callable] = None
 
   def __post_init__(self):
     if self.metric not in METRICS:

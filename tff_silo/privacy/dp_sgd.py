@@ -15,12 +15,20 @@ was sampled).
 
 from __future__ import annotations
 
+import collections
+
 import tensorflow as tf
 
 from tff_silo import keys
 from tff_silo.privacy import gaussian
 
 _TINY = 1e-12
+
+OuterProduct = collections.namedtuple("OuterProduct", ["inputs", "output_grads"])
+OuterProduct.__doc__ = """Per-example gradients of a dense kernel kept factored: example i's
+gradient is the outer product inputs_i (x) output_grads_i (inputs [..., in],
+output_grads [..., out]); `clipped_stacked_sums` clips and sums them without
+forming them (Goodfellow 2015's per-example norms)."""
 
 
 def _per_example(grads):
@@ -42,10 +50,53 @@ def clip_per_example(grads, l2_norm_clip):
   """Scales each example's gradient (leading axis) to global norm <= clip; an
   example whose squared norm is not finite is set to zero (`multiply_no_nan`: a
   zero factor gives 0 even for a NaN or inf)."""
-  sq, finite = _per_example(grads)
-  factor = tf.where(finite, tf.minimum(1.0, l2_norm_clip / (tf.sqrt(sq) + _TINY)), 0.0)
+  factor = _clip_factors(*_per_example(grads), l2_norm_clip)
   return [tf.math.multiply_no_nan(g, tf.reshape(factor, [-1] + [1] * (len(g.shape) - 1)))
           for g in grads]
+
+
+def _clip_factors(sq, finite, l2_norm_clip):
+  """min(1, clip / norm) of each squared norm, 0 where it is not finite."""
+  return tf.where(finite, tf.minimum(1.0, l2_norm_clip / (tf.sqrt(sq) + _TINY)), 0.0)
+
+
+def clipped_stacked_sums(per_example, offsets, mask, l2_norm_clip):
+  """For each of S groups, sum_i mask_i * clip(g_i + o): the clipped sums of b
+  examples' gradients each shifted by its group's offset o (MR-MTL's penalty
+  gradient, added before clipping) -> [S, ...] per weight.
+
+  `per_example`: one entry per weight, a tensor [S, b, *shape] or an `OuterProduct`
+  of [S, b, in] and [S, b, out] (never formed: its norm is |a| |d|, its inner product
+  with o is a^T o d, its clipped sum A^T diag(c) D); `offsets` [S, *shape]; `mask`
+  [S, b] in {0, 1}. As `clip_per_example`, a non-finite example contributes zero.
+  """
+  sq = 0.0
+  for g, o in zip(per_example, offsets):
+    if isinstance(g, OuterProduct):
+      a, d = g
+      sq += (tf.reduce_sum(tf.square(a), -1) * tf.reduce_sum(tf.square(d), -1)
+             + 2.0 * tf.reduce_sum(tf.matmul(a, o) * d, -1)
+             + tf.reduce_sum(tf.square(o), [1, 2])[:, None])
+    else:
+      flat = tf.reshape(g, tf.concat([tf.shape(g)[:2], [-1]], 0))
+      sq += tf.reduce_sum(tf.square(flat + tf.reshape(o, [tf.shape(o)[0], 1, -1])), -1)
+  finite = tf.math.is_finite(sq)
+  # |g + o|^2 expanded may round below zero when g is close to -o.
+  factor = mask * _clip_factors(tf.where(finite, tf.maximum(sq, 0.0), sq), finite,
+                                l2_norm_clip)
+  kept = tf.reduce_sum(factor, 1)
+  sums = []
+  for g, o in zip(per_example, offsets):
+    shift = tf.reshape(kept, [-1] + [1] * (len(o.shape) - 1)) * o
+    if isinstance(g, OuterProduct):
+      a, d = (tf.where(finite[..., None], t, 0.0) for t in g)
+      sums.append(tf.matmul(a * factor[..., None], d, transpose_a=True) + shift)
+    else:
+      weighted = tf.math.multiply_no_nan(
+          g, tf.reshape(factor, tf.concat([tf.shape(factor), tf.ones([len(g.shape) - 2],
+                                                                     tf.int32)], 0)))
+      sums.append(tf.reduce_sum(weighted, 1) + shift)
+  return sums
 
 
 def gaussian_noise_like(tensors, stddev, key=None):

@@ -21,11 +21,13 @@ Gradients without DP: a step's batches are [K, b] (b the widest, padded slots
 masked), through the model's `stacked_apply_fn` (the CNN: grouped convolutions) or
 `step_gradient` mapped over silos. Under DP a step's examples of all silos are one
 flat list (Poisson batches vary, so its length is the sum of the batches, not K
-times the widest), each example with its own copy of its silo's weights, and the
-clipped gradients are summed per silo by segment sums. Memory: about
-`WORKING_SET_PER_COPY` x parameters floats per example; when a step's examples would
-pass `MEMORY_BUDGET_FLOATS` they go through in even chunks that fit
-(`chunk_examples`), one after another.
+times the widest). With the model's `stacked_per_example_gradients_fn` (the CNN) the
+list is laid out one row per silo and each silo's forward pass is one grouped
+convolution or batched matmul over its examples; otherwise each example gets its
+own copy of its silo's weights. The clipped gradients are summed per silo. Memory:
+about `WORKING_SET_STACKED` (or `WORKING_SET_PER_COPY`) x parameters floats per
+example; when a step's examples would pass `MEMORY_BUDGET_FLOATS` they go through in
+even chunks that fit (`chunk_examples`), one after another.
 
 Modules: `stacking` (silos on a leading axis), `training` (`train_silos`: batches,
 per-example gradients, DP noise), `programs` (the traced rounds, one per

@@ -76,13 +76,37 @@ def _own_copy_gradients(model, copies, x, y):
       (copies, x, y))
 
 
+def _by_silo_sums(model, config, weights, penalty, silos, ids, chunk_rows):
+  """A chunk's clipped penalized sums per silo ([K + 1, ...]) through the model's
+  `stacked_per_example_gradients_fn`: the chunk's examples (`ids` their silos,
+  sorted, K for padding; `chunk_rows`) laid out [u, w], one row per silo present
+  (`tf.unique`, order kept), w the most examples of one, empty slots masked."""
+  present, group = tf.unique(ids)
+  position = tf.range(tf.shape(ids)[0])
+  slot = position - tf.gather(tf.math.unsorted_segment_min(position, group,
+                                                           tf.shape(present)[0]), group)
+  where = tf.stack([group, slot], 1)
+  shape = tf.stack([tf.shape(present)[0], tf.reduce_max(slot) + 1])
+  layout = tf.scatter_nd(where, chunk_rows, shape)
+  mask = tf.scatter_nd(where, tf.ones_like(chunk_rows, tf.float32), shape)
+  silo = tf.broadcast_to(tf.minimum(present, tf.shape(silos.n)[0] - 1)[:, None], shape)
+  pairs = tf.stack([silo, layout], -1)
+  part = lt.stacked_clipped_penalized_sums(
+      model, config, [tf.gather(w, present) for w in weights],
+      [tf.gather(p, present) for p in penalty], tf.gather_nd(silos.x, pairs),
+      tf.gather_nd(silos.y, pairs), mask)
+  return [tf.math.unsorted_segment_sum(p, present, tf.shape(w)[0])
+          for p, w in zip(part, weights)]
+
+
 def _dp_gradients(model, config, weights, anchor, lam, silos, silo_of, row, noise,
                   normalizer):
   """`local_training.step_gradient` under DP for every silo: the step's examples
   (`_examples`) as one flat list, each with its silo's weights, their clipped
-  penalized gradients summed per silo (`clipped_penalized_sum`), noised and
-  normalized (`noised_step`). The list goes through in chunks of at most
-  `chunk_examples` examples (padding points at a dropped extra silo)."""
+  penalized gradients summed per silo (`clipped_penalized_sum`; with the model's
+  stacked form, `_by_silo_sums`), noised and normalized (`noised_step`). The list
+  goes through in chunks of at most `chunk_examples` examples (padding points at a
+  dropped extra silo)."""
   num_silos = tf.shape(silos.n)[0]
   penalty = [rows(lam, w) * (w - a) for w, a in zip(weights, anchor)]
   most = chunk_examples(model)
@@ -98,6 +122,9 @@ def _dp_gradients(model, config, weights, anchor, lam, silos, silo_of, row, nois
 
   def add_chunk(sums, chunk):
     ids, chunk_rows = chunk
+    if model.stacked_per_example_gradients_fn is not None:
+      part = _by_silo_sums(model, config, weights, penalty, silos, ids, chunk_rows)
+      return [s + p for s, p in zip(sums, part)]
     pairs = tf.stack([tf.minimum(ids, num_silos - 1), chunk_rows], 1)
     per_example = _own_copy_gradients(model, [tf.gather(w, ids) for w in weights],
                                       tf.gather_nd(silos.x, pairs),
@@ -130,17 +157,23 @@ def _gradients(model, config, weights, anchor, lam, xb, yb, mask):
 # The DP path's working set per step, in floats: above it the step's examples go
 # through in chunks (`chunk_examples`), one chunk at a time.
 MEMORY_BUDGET_FLOATS = 2 ** 27   # 512 MB of float32
-# Floats the DP stacked path holds per float of its per-example weight copies (the
-# copies, their gradients, activations and TF's temporaries): measured ~6.5 for the
-# CNN on 28x28 images (benchmarks/RESULTS.md, issue 12), rounded up.
+# Floats the DP path holds per example, per parameter of the model, rounded up from
+# the CNN on 28x28 images (benchmarks/RESULTS.md): with each example's own copy of
+# its silo's weights (the copies, their gradients, activations, TF's temporaries)
+# ~6.5 (issue 12); through the model's stacked per-example gradients (activations,
+# convolutions' per-example kernel gradients; dense kernels' never formed) ~1.9
+# (issue 30).
 WORKING_SET_PER_COPY = 8
+WORKING_SET_STACKED = 3
 
 
 def chunk_examples(model) -> int:
-  """The most examples per chunk of the DP path: as many as keep
-  `WORKING_SET_PER_COPY` x parameters floats each within `MEMORY_BUDGET_FLOATS`,
-  at least 1."""
-  per_example = WORKING_SET_PER_COPY * model.num_parameters
+  """The most examples per chunk of the DP path: as many as keep the path's working
+  set (`WORKING_SET_STACKED` or `WORKING_SET_PER_COPY` x parameters floats each)
+  within `MEMORY_BUDGET_FLOATS`, at least 1."""
+  per_example = model.num_parameters * (
+      WORKING_SET_PER_COPY if model.stacked_per_example_gradients_fn is None
+      else WORKING_SET_STACKED)
   return int(np.clip(MEMORY_BUDGET_FLOATS // per_example, 1, np.iinfo(np.int32).max))
 
 

@@ -193,16 +193,26 @@ def define_backend_flags(vectorized_runs: str) -> None:
                       "vectorized one.")
   flags.DEFINE_string("device", "auto", f"One of {DEVICES}: where the vectorized "
                       "backend runs ('auto': a GPU if TensorFlow sees one).")
+  flags.DEFINE_boolean("xla", False, "Compile the vectorized backend's rounds with "
+                       "XLA (jit_compile=True: static shapes, the same numbers to "
+                       "float32 rounding, one compilation per data shape), as a TPU "
+                       "needs; not d-private clustering. Off by "
+                       "default: on a 2-core CPU School's rounds take as long, the DP "
+                       "CNN's 6.5x longer (benchmarks/RESULTS.md).")
 
 
-def check_backend(backend: str, device: str) -> None:
+def check_backend(backend: str, device: str, xla: bool = False) -> None:
   """UsageError for an unknown --backend / --device, or a combination that cannot
-  run: a GPU for TFF's runtime (CPU only), or a GPU TensorFlow does not see."""
+  run: a GPU or XLA for TFF's runtime (CPU only, uncompiled), or a GPU TensorFlow
+  does not see."""
   check_one_of("backend", backend, BACKENDS)
   check_one_of("device", device, DEVICES)
   if backend == "tff" and device == "gpu":
     raise UsageError("--device=gpu needs the vectorized backend: TFF's runtime (the "
                      "PyPI worker_binary) runs on the CPU only")
+  if backend == "tff" and xla:
+    raise UsageError("--xla compiles the vectorized backend's rounds: use "
+                     "--backend=vectorized (or auto)")
   if device == "gpu" and not _gpus():
     raise UsageError("--device=gpu: TensorFlow sees no GPU (on a CUDA machine install "
                      "with `uv sync --extra gpu`)")
@@ -319,15 +329,36 @@ def aggregator_choice(num_silos: int, rounds: int):
     raise UsageError(f"--{e}") from None
 
 
-def device_scope(device: str, backend: str):
-  """(context manager placing TensorFlow's ops, label for the row) for --device.
-  TFF's runtime runs in its CPU-only worker whatever the scope says."""
+def device_scope(device: str, backend: str, xla: bool = False):
+  """(context manager placing TensorFlow's ops, label for the row) for --device and
+  --xla (the label "cpu+xla", "gpu+xla"). TFF's runtime runs in its CPU-only worker
+  whatever the scope says."""
   import tensorflow as tf
   if backend == "tff":
     return contextlib.nullcontext(), "cpu (tff worker)"
-  if device == "cpu" or not _gpus():
-    return tf.device("/CPU:0"), "cpu"
-  return tf.device("/GPU:0"), "gpu"
+  place, label = ((tf.device("/CPU:0"), "cpu") if device == "cpu" or not _gpus()
+                  else (tf.device("/GPU:0"), "gpu"))
+  if not xla:
+    return place, label
+  from tff_silo.backends.vectorized import programs
+  return _Scopes(lambda: place, programs.xla_rounds), f"{label}+xla"
+
+
+class _Scopes:
+  """A context manager entering the managers the `makers` make, each time anew (a
+  binary enters its scope once per run; a generator's manager enters once)."""
+
+  def __init__(self, *makers):
+    self._makers, self._stacks = makers, []
+
+  def __enter__(self):
+    stack = contextlib.ExitStack()
+    for make in self._makers:
+      stack.enter_context(make())
+    self._stacks.append(stack)
+
+  def __exit__(self, *exc):
+    return self._stacks.pop().__exit__(*exc)
 
 
 @contextlib.contextmanager

@@ -202,7 +202,7 @@ def _settings() -> grid.Settings:
                        if p.dataset in DATA_FILES)
     raise UsageError(f"--data_dir applies to --preset={readers} only; --preset="
                      f"{FLAGS.preset} makes its data")
-  common.check_backend(FLAGS.backend, FLAGS.device)
+  common.check_backend(FLAGS.backend, FLAGS.device, FLAGS.xla)
   common.check_aggregator_flags()
   unaggregated = sorted(set(s["methods"]) & set(method_names.UNAGGREGATED_NAMES))
   if unaggregated and FLAGS.aggregator != "mean":
@@ -215,7 +215,7 @@ def _settings() -> grid.Settings:
   s["aggregator_key"] = common.aggregator_key() if FLAGS.aggregator != "mean" else {}
   s.update(data_dir=FLAGS.data_dir, save_models=FLAGS.save_models,
            figures_dir=FLAGS.figures_dir, trials_output=FLAGS.trials_output,
-           backend=FLAGS.backend, device=FLAGS.device)
+           backend=FLAGS.backend, device=FLAGS.device, xla=FLAGS.xla)
   out = common.output_dir()
   s["output"] = FLAGS.output or os.path.join(out, f"compare_{FLAGS.preset}.csv")
   suffix = "" if s["tuning"] == "free" else f"_{s['tuning']}"
@@ -703,7 +703,7 @@ def main(argv):
     raise UsageError(f"--aggregator={s.aggregator.name} is unweighted; the ifca methods "
                      "need a weighted one (mean, robust, compressed)")
   backend = common.backend_for(s.backend, s.aggregator)
-  scope, device = common.device_scope(s.device, backend)
+  scope, device = common.device_scope(s.device, backend, s.xla)
   batches = _batches(s, pending, loaded, backend)
   if private:   # how many trials ran would tell h: counted in cells only
     print(f"{len(cell_trials)} cells, {len(released)} already in {s.output}; the "

@@ -65,6 +65,7 @@ class Settings:
   save_models: str | None = None
   backend: str = "auto"
   device: str = "auto"
+  xla: bool = False
   aggregator: object = None
 
 

@@ -91,7 +91,7 @@ FLAG_NAMES = ("methods", "dataset", "data_dir", "cache_dir", "num_users",
               "weight_cap", "public_user_sizes", "delta", "rounds", "local_steps",
               "batch_size", "lr", "hypernet_lr", "embedding_lr", "hidden_width",
               "embedding_dim", "channels", "dense", "fedavg_local_epochs", "seeds",
-              "eval_every", "plot", "backend", "device", "save_models")
+              "eval_every", "plot", "backend", "device", "xla", "save_models")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -123,6 +123,7 @@ class Settings:
   eval_every: int
   backend: str
   device: str
+  xla: bool
   output: str
   resume: bool
   save_models: str | None
@@ -134,7 +135,7 @@ class Settings:
     """Checks the flags; raises UsageError."""
     common.check_one_of("dataset", FLAGS.dataset, DATASETS)
     common.check_among("methods", FLAGS.methods, ALGORITHMS)
-    common.check_backend(FLAGS.backend, FLAGS.device)
+    common.check_backend(FLAGS.backend, FLAGS.device, FLAGS.xla)
     for name in HYPERNET_FLAGS:
       common.check_applies(name, ["hypernet"], FLAGS.methods)
     common.check_applies("fedavg_local_epochs", ["fedavg"], FLAGS.methods)
@@ -188,8 +189,8 @@ class Settings:
             "classes_per_user", "weight_cap", "public_user_sizes", "delta", "rounds",
             "local_steps", "batch_size", "lr", "hypernet_lr", "embedding_lr",
             "hidden_width", "embedding_dim", "dense", "fedavg_local_epochs",
-            "eval_every", "backend", "device", "output", "resume", "save_models",
-            "plot"))
+            "eval_every", "backend", "device", "xla", "output", "resume",
+            "save_models", "plot"))
 
 
 def _recipe(seed, s) -> dict:
@@ -402,7 +403,7 @@ def main(argv):
       if run.spec[0] not in users_by_seed:
         users_by_seed[run.spec[0]] = _users(run.spec[0], s)
   backend = common.backend_for(s.backend)
-  scope, device = common.device_scope(s.device, backend)
+  scope, device = common.device_scope(s.device, backend, s.xla)
 
   def run_batch(batch, progress):
     (run,) = batch

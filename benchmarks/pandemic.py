@@ -100,6 +100,7 @@ class Settings:
   seeds: tuple
   backend: str
   device: str
+  xla: bool
   output: str
   generated_dir: str
   figures_dir: str
@@ -114,7 +115,7 @@ class Settings:
     common.check_among("modes", FLAGS.modes, graph.MODES)
     common.check_among("losses", FLAGS.losses, choices.LOSSES)
     common.check_among("architectures", FLAGS.architectures, choices.ARCHITECTURES)
-    common.check_backend(FLAGS.backend, FLAGS.device)
+    common.check_backend(FLAGS.backend, FLAGS.device, FLAGS.xla)
     if FLAGS.data_dir is not None:
       if not os.path.isdir(FLAGS.data_dir):
         raise UsageError(f"--data_dir {FLAGS.data_dir} is not a directory")
@@ -135,7 +136,8 @@ class Settings:
         **common.flag_values(
             "methods", "modes", "losses", "architectures", "data_dir", "profile",
             "seed", "final_week_rate", "scenario", "clip", "rounds", "batch_size", "lr",
-            "backend", "device", "output", "generated_dir", "figures_dir", "resume"))
+            "backend", "device", "xla", "output", "generated_dir", "figures_dir",
+            "resume"))
 
 
 def _data_dir(s) -> tuple:
@@ -234,7 +236,7 @@ def main(argv):
       output=s.output, signature=SIGNATURE, resume=s.resume)
   scenarios = {}
   backend = common.backend_for(s.backend)
-  scope, device = common.device_scope(s.device, backend)
+  scope, device = common.device_scope(s.device, backend, s.xla)
 
   def run_batch(batch, progress):
     (planned,) = batch

@@ -201,6 +201,7 @@ class Settings:
   kmeans_iterations: int
   backend: str
   device: str
+  xla: bool
   output: str
   resume: bool
   save_models: str | None
@@ -218,7 +219,10 @@ class Settings:
     common.check_among("methods", FLAGS.methods, ALGORITHMS)
     common.check_one_of("neighbouring", FLAGS.neighbouring, NEIGHBOURING)
     common.check_one_of("protocol", FLAGS.protocol, PROTOCOLS)
-    common.check_backend(FLAGS.backend, FLAGS.device)
+    common.check_backend(FLAGS.backend, FLAGS.device, FLAGS.xla)
+    if FLAGS.xla and "dprivate_clustering" in FLAGS.methods:
+      raise UsageError("--xla: dprivate_clustering's round does not compile with XLA "
+                       "(a Gamma draw); run it without --xla")
     common.check_aggregator_flags()
     for name, algorithms in APPLIES_TO.items():
       common.check_applies(name, algorithms, FLAGS.methods)
@@ -259,8 +263,8 @@ class Settings:
             "outside_guarantee_metrics", "finetune_fraction", "corrupt_silos",
             "corruption", "mask_probability", "eval_every", "selection_fraction",
             "selection_budget_share", "nu", "clients_per_round", "leakage_cap",
-            "patience", "kmeans_iterations", "backend", "device", "output", "resume",
-            "save_models"))
+            "patience", "kmeans_iterations", "backend", "device", "xla", "output",
+            "resume", "save_models"))
 
 
 # The flags a row records as given (its `flags` column).
@@ -269,7 +273,7 @@ GIVEN = ("methods", "dataset", "data_dir", "rounds", "epsilon", "delta", "lams",
          "public_silo_sizes", "assumed_silo_size", "protocol", "standardize",
          "standardize_clip", "standardize_budget_share", "finetune_fraction",
          "aggregator", "silo_epsilon", "silo_delta", "aggregator_clip", "seeds",
-         "mask_probability", "corrupt_silos", "corruption", "backend", "device",
+         "mask_probability", "corrupt_silos", "corruption", "backend", "device", "xla",
          *CLUSTER_FLAGS, *DPRIVATE_FLAGS)
 
 
@@ -739,7 +743,7 @@ def main(argv):
       s = dataclasses.replace(s, aggregator=_aggregator(s, loaded[seed][0]))
   processes = {run.key: _check(run, loaded[run.spec[0]][0], s) for run in todo.pending}
   backend = common.backend_for(s.backend, s.aggregator)
-  scope, device = common.device_scope(s.device, backend)
+  scope, device = common.device_scope(s.device, backend, s.xla)
 
   def run_batch(batch, progress):
     rows = []

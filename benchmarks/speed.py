@@ -38,6 +38,10 @@ backends alternating within each repeat, so drift of the machine hits both alike
   `SAMPLING_SIZES` (up to a 130,000-person pandemic silo), Poisson and without
   replacement: seconds per DP step (Poisson's geometric gaps keep it from growing
   with n; a batch without replacement still draws n uniforms).
+- `xla`: the vectorized backend's rounds with and without --xla (XLA-compiled, static
+  shapes), alternating, each a fresh process: the `school` run, --digits_rounds DP
+  rounds of the digits CNN (MR-MTL, epsilon 4) and the `hypernet` run: seconds per
+  round, end to end (XLA's compilation included), peak memory.
 - on a machine where TensorFlow sees a GPU, `digits` also runs the vectorized
   backend with --device=gpu.
 
@@ -62,7 +66,7 @@ from benchmarks import common, configs
 from benchmarks.common import UsageError
 
 PARTS = ("school", "digits", "sweep", "ifca", "dprivate", "hypernet", "protocol",
-         "calibration", "memory", "cnn_share", "sampling")
+         "calibration", "memory", "cnn_share", "sampling", "xla")
 MEMORY_BUDGETS = ("default", "none")
 PROTOCOLS = ("paper", "honest")   # the protocol part's
 CALIBRATION_PROTOCOLS = PROTOCOLS + ("replace_one",)
@@ -135,8 +139,8 @@ class Settings:
       if not child:
         common.check_output(FLAGS.output, SIGNATURE)
       common.check_bounds()
-      needs_school = child or {"school", "sweep", "ifca", "protocol", "calibration"} & set(
-          FLAGS.parts)
+      needs_school = child or {"school", "sweep", "ifca", "protocol", "calibration",
+                               "xla"} & set(FLAGS.parts)
       if needs_school and not (FLAGS.data_dir and os.path.isfile(
           os.path.join(FLAGS.data_dir, "school.mat"))):
         raise UsageError("--data_dir must be a folder with school.mat; got "
@@ -173,6 +177,17 @@ def _run_args(part, s):
     return ["--methods=mrmtl", f"--rounds={s.digits_rounds}"]
   return ["--dataset=two_cluster", "--methods=dprivate_clustering", "--nu=5",
           "--clients_per_round=7", f"--rounds={s.dprivate_rounds}"]
+
+
+XLA_WORKLOADS = ("school", "digits_dp", "hypernet")
+
+
+def _xla_workloads(s):
+  """The xla part's (workload, (binary, its flags))."""
+  return (("school", ("run", _school_args(s))),
+          ("digits_dp", ("run", ["--methods=mrmtl", f"--rounds={s.digits_rounds}",
+                                 "--epsilon=4"])),
+          ("hypernet", _part_args("hypernet", s)))
 
 
 def _fresh_run(env, binary_args, backend, device="auto"):
@@ -460,6 +475,18 @@ def _report(rows):
         f"{p} {calibration[p][0]['settings']} setting(s) {seconds[p]:.2f} s"
         for p in CALIBRATION_PROTOCOLS)
           + f"; paper / honest {seconds['paper'] / seconds['honest']:.1f}x")
+  for workload in XLA_WORKLOADS:
+    xla = {device: [r for r in rows if r["part"] == "xla" and r["workload"] == workload
+                    and r["device"] == device] for device in ("cpu", "cpu+xla")}
+    if all(xla.values()):
+      (plain, plain_end, plain_mb), (compiled, compiled_end, compiled_mb) = [
+          [statistics.median(r[k] for r in xla[d]) for k in (
+              "seconds_per_round_median", "end_to_end_seconds", "peak_memory_mb")]
+          for d in ("cpu", "cpu+xla")]
+      print(f"  {workload} rounds, XLA / not: {compiled:.4f} / {plain:.4f} s per round "
+            f"({compiled / plain:.2f}x), end to end {compiled_end:.1f} / {plain_end:.1f} s "
+            f"({compiled_end / plain_end:.2f}x); peak memory {compiled_mb:.0f} / "
+            f"{plain_mb:.0f} MB")
   sweep = [r for r in rows if r["part"] == "sweep"]
   single = _median_rows(rows, "school", "vectorized", "cpu")
   for r in sweep:
@@ -531,6 +558,12 @@ def main(argv):
       for backend, device in (choices if repeat % 2 == 0 else choices[::-1]):
         record(part, backend, device, *_fresh_run(
             os.environ, _part_args(part, s), backend, device), repeat)
+    if "xla" in s.parts:
+      for workload, (binary, args) in _xla_workloads(s):
+        for xla in (False, True) if repeat % 2 == 0 else (True, False):
+          record("xla", "vectorized", "cpu+xla" if xla else "cpu", *_fresh_run(
+              os.environ, (binary, args + ["--xla"] * xla), "vectorized", "cpu"),
+                 repeat, workload=workload)
     if "protocol" in s.parts:
       for protocol in PROTOCOLS if repeat % 2 == 0 else PROTOCOLS[::-1]:
         paper = ["--protocol=paper"] if protocol == "paper" else []

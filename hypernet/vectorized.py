@@ -22,11 +22,11 @@ import tensorflow as tf
 
 from hypernet.algorithm import HypernetAlgorithm, server_update
 from tff_silo import batched_random as br
-from tff_silo import keys
+from tff_silo import keys, xla
 from tff_silo.algorithms.rounds import SiloInput
 from tff_silo.privacy.user_level import noised_mean, weighted_clipped_sum
 from tff_silo import runner
-from tff_silo.backends.vectorized.programs import round_program
+from tff_silo.backends.vectorized.programs import compiling_rounds, round_program
 from tff_silo.backends.vectorized.stacking import StackedSilos, stack_silos
 from tff_silo.backends.vectorized.training import train_silos
 
@@ -79,19 +79,27 @@ def _round_fn(algorithm: HypernetAlgorithm):
                                            (v, delta))
     return list(phi_parts), v_parts
 
-  def round_fn(phi, embeddings, round_num, users, data: StackedUsers, clip, sigma,
-               normalizer, root):
+  def round_fn(phi, embeddings, round_num, users, real, data: StackedUsers, clip,
+               sigma, normalizer, root):
+    """`users` the sampled ids, `real` (float32 [U]) 0 for padding (XLA: `next`)."""
     phi = list(phi)
-    # How many users a round samples is data (Poisson): traced with a static count,
-    # a first round that samples none would build the users' convolutions with 0
-    # groups, which TensorFlow refuses, although that branch never runs.
-    users = tf.raw_ops.PlaceholderWithDefault(input=users, shape=[None])
-    phi_parts, v_parts = tf.cond(
-        tf.size(users) > 0,
-        lambda: contributions(phi, embeddings, round_num, users, data),
-        lambda: ([tf.zeros([0, *p.shape]) for p in phi],
-                 tf.zeros([0, hn.embedding_dim])))
-    total = weighted_clipped_sum(phi_parts, tf.gather(data.weight, users),
+    if xla.compiling():   # padded: at least one user
+      phi_parts, v_parts = contributions(phi, embeddings, round_num, users, data)
+    else:
+      # How many users a round samples is data (Poisson): traced with a static
+      # count, a first round that samples none would build the users' convolutions
+      # with 0 groups, which TensorFlow refuses, although that branch never runs.
+      users = tf.raw_ops.PlaceholderWithDefault(input=users, shape=[None])
+      phi_parts, v_parts = tf.cond(
+          tf.size(users) > 0,
+          lambda: contributions(phi, embeddings, round_num, users, data),
+          lambda: ([tf.zeros([0, *p.shape]) for p in phi],
+                   tf.zeros([0, hn.embedding_dim])))
+    kept = real > 0
+    phi_parts = [tf.where(tf.reshape(kept, [-1] + [1] * (len(p.shape) - 1)), p, 0.0)
+                 for p in phi_parts]
+    v_parts = tf.where(kept[:, None], v_parts, 0.0)
+    total = weighted_clipped_sum(phi_parts, tf.gather(data.weight, users) * real,
                                  clip if clipped else None)
     phi_step = noised_mean(total, normalizer, sigma, root, round_num)
     embedding_steps = tf.scatter_nd(users[:, None], v_parts, tf.shape(embeddings))
@@ -121,6 +129,7 @@ class VectorizedHypernet:
                        tf.constant(mean.normalizer, tf.float32),
                        tf.constant(keys.root_key(mean.seed), tf.int32))
     self._round = round_program(_program_key(algorithm), lambda: _round_fn(algorithm))
+    self._padded = compiling_rounds()
 
   def prepare(self, x_train, y_train, user_keys) -> StackedUsers:
     """Stacks every user's training data once, with the users' keys and w_u."""
@@ -134,8 +143,14 @@ class VectorizedHypernet:
                          tf.constant(0, tf.int32))
 
   def next(self, state: HypernetState, sampled, data: StackedUsers) -> HypernetState:
-    """One round for the users `sampled` (ids)."""
+    """One round for the users `sampled` (ids). XLA-compiled, the ids are padded
+    (with user 0, masked out) to a power of two: one compilation per power, not
+    per count of users sampled."""
+    users = np.asarray(sampled, np.int32)
+    width = 1 << max(len(users) - 1, 0).bit_length() if self._padded else len(users)
+    real = np.arange(width) < len(users)
     phi, embeddings, round_num = self._round(
         state.phi, state.embeddings, state.round_num,
-        tf.constant(np.asarray(sampled, np.int32)), data, *self._constants)
+        tf.constant(np.pad(users, (0, width - len(users)))),
+        tf.constant(real, tf.float32), data, *self._constants)
     return HypernetState(phi, embeddings, round_num)

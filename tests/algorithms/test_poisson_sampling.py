@@ -85,3 +85,25 @@ def test_draws_grow_with_the_expected_batch_not_with_n():
   widths = ps.chunk_width(tf.constant([64 / 130_000, 0.5, 1.0]),
                           tf.constant([130_000, 10, 5])).numpy()
   np.testing.assert_array_equal(widths, [104, 10, 5])
+
+
+@pytest.mark.parametrize("xla", [False, True])
+def test_the_static_mask_is_the_sample(xla):
+  """`kept_mask` (static shapes, for XLA-compiled rounds) keeps what `sample` keeps:
+  200 silos of random rates and sizes (one empty, padded to 300 rows), and zeros
+  (gaps of 0) that need ceil(100 / 13) chunks; XLA-compiled as well."""
+  rng = np.random.default_rng(5)
+  rates = tf.constant(np.r_[rng.uniform(0.01, 1.0, 199), 0.3], tf.float32)
+  n = tf.constant(np.r_[rng.integers(1, 301, 199), 0], tf.int32)
+  silo_keys = tf.constant(rng.integers(-2 ** 31, 2 ** 31, (200, 2)), tf.int32)
+  cases = [(rates, n, silo_keys, br.uniform),
+           (tf.constant([0.01]), tf.constant([100]), tf.constant([[0, 0]]),
+            lambda key, w: tf.zeros([1, w]))]
+  for rate, size, key, uniform in cases:
+    sampler = ps.PoissonSampler(rate, size)
+    silo, position = sampler.sample(uniform, br.fold_in, key)
+    want = np.zeros((len(size), 300), np.float32)
+    want[silo.numpy(), position.numpy()] = 1.0
+    mask = tf.function(lambda r, s, k: ps.PoissonSampler(r, s).kept_mask(
+        uniform, br.fold_in, k, 300), jit_compile=xla)(rate, size, key)
+    np.testing.assert_array_equal(mask, want)

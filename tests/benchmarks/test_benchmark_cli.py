@@ -48,6 +48,8 @@ def _run(*flags, timeout=600):
     (["--backend=jax"], "--backend must be one of"),
     (["--device=tpu"], "--device must be one of"),
     (["--backend=tff", "--device=gpu"], "--device=gpu needs the vectorized backend"),
+    (["--backend=tff", "--xla"], "--xla compiles the vectorized backend's rounds"),
+    (["--methods=dprivate_clustering", "--xla"], "--xla: dprivate_clustering's round"),
     (["--aggregator=median"], "--aggregator must be one of mean, unweighted_mean"),
     (["--aggregator=dp_fixed"], "--aggregator=dp_fixed needs --silo_epsilon"),
     (["--silo_epsilon=2"], "--silo_epsilon applies to --aggregator=dp_fixed|dp_adaptive"),
@@ -120,6 +122,20 @@ def test_tiny_run_writes_a_row_and_exits(tmp_path):
   # auto picks the vectorized backend for these; the row says where it ran
   assert (rows.backend == "vectorized").all() and rows.device.isin(["cpu", "gpu"]).all()
   assert (rows.peak_memory_mb > 0).all()
+
+
+@pytest.mark.cli
+def test_xla_rounds_from_the_command_line(tmp_path):
+  """--xla compiles the rounds (tests/backends/test_xla.py ties their numbers to the
+  uncompiled ones) and the row says so."""
+  out = tmp_path / "rows.csv"
+  proc = _run("--dataset=synthetic", "--methods=mrmtl,ifca", "--rounds=2", "--epsilon=2",
+              "--lams=0.5", "--xla", f"--output={out}")
+  assert proc.returncode == 0, proc.stderr[-2000:]
+  rows = pd.read_csv(out)
+  assert list(rows.algorithm) == ["mrmtl", "ifca"]
+  assert (rows.device == "cpu+xla").all() and (rows.epsilon_spent_max <= 2.0).all()
+  assert np.isfinite(rows.test_metric).all()
 
 
 @pytest.mark.cli

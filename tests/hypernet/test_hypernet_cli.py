@@ -45,6 +45,7 @@ def _parsed_flags():
     (dict(channels=["4"]), "--channels must be two positive integers"),
     (dict(backend="xla"), "--backend must be one of"),
     (dict(backend="tff", device="gpu"), "--device=gpu needs the vectorized backend"),
+    (dict(backend="tff", xla=True), "--xla compiles the vectorized backend's rounds"),
 ])
 def test_bad_flags_raise_usage_errors(overrides, message):
   with flagsaver.flagsaver(**overrides):

@@ -19,12 +19,16 @@ sample is exact, never truncated, and one chunk almost always suffices.
 
 Both backends sample through `PoissonSampler`, the TFF backend with one silo, the
 vectorized backend with all silos at once (a draw of N uniforms starts with the draw
-of n < N under the same key, so the padded draw is each silo's own).
+of n < N under the same key, so the padded draw is each silo's own). An
+XLA-compiled round needs static shapes: `kept_mask` draws the same sample as a mask
+over the padded rows, every chunk N uniforms wide (O(N) per step, not O(q n)).
 """
 
 from __future__ import annotations
 
 import tensorflow as tf
+
+from tff_silo import xla
 
 
 def _rate(rate):
@@ -56,16 +60,18 @@ class PoissonSampler:
                              tf.float32)[:, None]
     self._real = tf.range(self.most)[None] < self.width[:, None]
 
-  def _chunk(self, uniforms, start):
-    """One chunk of each silo's sample from `uniforms` [K, most] (slots past the
-    silo's width unused), the silo's next candidate position `start` [K] (float32).
-    Returns the positions [K, most] (int32), which are kept [K, most] and the next
-    chunk's start [K] (n once the silo's sample is complete)."""
+  def _chunk(self, uniforms, start, real=None):
+    """One chunk of each silo's sample from `uniforms` [K, W] (slots past the
+    silo's width unused: `real`, default W = `most`), the silo's next candidate
+    position `start` [K] (float32). Returns the positions [K, W] (int32), which are
+    kept [K, W] and the next chunk's start [K] (n once the silo's sample is
+    complete)."""
+    real = self._real if real is None else real
     gaps = tf.floor(tf.math.log1p(-uniforms) / self._log_stay)
     # A gap reaching past n ends the sample whatever its length: clipped.
-    advance = tf.where(self._real, tf.minimum(gaps, self._size) + 1.0, 0.0)
-    ends = start[:, None] + tf.cumsum(advance, axis=1)
-    kept = self._real & (ends <= self._size)
+    advance = tf.where(real, tf.minimum(gaps, self._size) + 1.0, 0.0)
+    ends = start[:, None] + xla.cumsum(advance)
+    kept = real & (ends <= self._size)
     positions = tf.cast(tf.minimum(ends, self._size), tf.int32) - 1   # kept: below n
     return positions, kept, tf.minimum(ends[:, -1], self._size[:, 0])
 
@@ -98,3 +104,24 @@ class PoissonSampler:
         shape_invariants=(tf.TensorShape([]), tf.TensorShape([None]),
                           tf.TensorShape([None]), start.shape))
     return silo, position
+
+  def kept_mask(self, uniform, fold_in, key, num_rows):
+    """`sample` as a mask [K, num_rows] (1.0 where an example is kept; num_rows >=
+    every n) in static shapes, for an XLA-compiled round: the same sample, each
+    chunk drawn num_rows wide (of which a silo uses its first `width`)."""
+    real = tf.range(num_rows)[None] < self.width[:, None]
+    silo = tf.broadcast_to(tf.range(tf.shape(real)[0])[:, None], tf.shape(real))
+
+    def add(chunk, start, mask):
+      chunk_key = tf.cond(chunk > 0, lambda: fold_in(key, chunk), lambda: key)
+      positions, kept, start = self._chunk(uniform(chunk_key, num_rows), start, real)
+      # Kept positions are distinct; the others add 0 (at a valid index).
+      where = tf.stack([silo, tf.maximum(positions, 0)], -1)
+      return chunk + 1, start, tf.tensor_scatter_nd_add(mask, where,
+                                                        tf.cast(kept, tf.float32))
+
+    _, _, mask = tf.while_loop(
+        lambda chunk, start, mask: tf.reduce_any(start < self._size[:, 0]), add,
+        (tf.constant(0), tf.zeros_like(self._size[:, 0]),
+         tf.zeros(tf.shape(real), tf.float32)))
+    return mask

@@ -59,7 +59,9 @@ class VectorizedDPrivateClustering:
     self._round = round_program(
         (algorithm.model.computation_key, algorithm.config, "dprivate",
          algorithm.num_clusters, algorithm.nu, algorithm.kmeans_iterations),
-        lambda: _dprivate_round(algorithm))
+        lambda: _dprivate_round(algorithm),
+        xla_blocker="d-private clustering's round does not compile (its Laplace radius "
+                    "is a Gamma draw, which XLA has no kernel for)")
 
   def prepare(self, inputs) -> StackedSilos:
     return stack_silos(inputs)

@@ -6,6 +6,7 @@ optimized copies and what it captures alive)."""
 from __future__ import annotations
 
 import collections
+import contextlib
 from typing import Callable, Hashable
 
 import numpy as np
@@ -17,14 +18,38 @@ from tff_silo.backends.vectorized.stacking import (
 
 _ROUND_FUNCTIONS = collections.OrderedDict()
 MAX_PROGRAMS = 4
+_XLA = [False]
 
 
-def round_program(key: Hashable, make: Callable[[], Callable]):
+@contextlib.contextmanager
+def xla_rounds(enabled: bool = True):
+  """Within it, rounds made by `round_program` are compiled by XLA
+  (`jit_compile=True`: static shapes, one compilation per shape of the inputs; the
+  same numbers to float32 rounding). Binaries set it from --xla."""
+  before, _XLA[0] = _XLA[0], bool(enabled)
+  try:
+    yield
+  finally:
+    _XLA[0] = before
+
+
+def compiling_rounds() -> bool:
+  """Whether rounds made now are XLA-compiled (inside `xla_rounds`)."""
+  return _XLA[0]
+
+
+def round_program(key: Hashable, make: Callable[[], Callable],
+                  xla_blocker: str | None = None):
   """The traced round of program `key`, made by `make()` on first use: a sweep over
   seeds and epsilons traces it once (n, sizes, noise multipliers and keys are
-  tensors, so only new shapes retrace)."""
+  tensors, so only new shapes retrace); XLA-compiled inside `xla_rounds`, which a
+  round with an `xla_blocker` (why it does not compile) refuses."""
+  if _XLA[0] and xla_blocker:
+    raise ValueError(f"XLA rounds: {xla_blocker}; run it without --xla")
+  key = (key, _XLA[0])
   if key not in _ROUND_FUNCTIONS:
-    _ROUND_FUNCTIONS[key] = tf.function(make(), autograph=False, reduce_retracing=True)
+    _ROUND_FUNCTIONS[key] = tf.function(make(), autograph=False, reduce_retracing=True,
+                                        jit_compile=_XLA[0])
     while len(_ROUND_FUNCTIONS) > MAX_PROGRAMS:
       _ROUND_FUNCTIONS.popitem(last=False)
   _ROUND_FUNCTIONS.move_to_end(key)

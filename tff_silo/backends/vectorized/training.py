@@ -1,5 +1,13 @@
 """`train_silos`: `local_training.train_locally` for every stacked silo at once (the
-same batches, per-example gradients and noise as each silo alone)."""
+same batches, per-example gradients and noise as each silo alone).
+
+Traced inside an XLA-compiled round (`programs.round_program` with XLA on), it keeps
+every shape static, as XLA needs: a step's batches are B wide (not the widest
+silo's), a Poisson sample is a mask over the padded rows (`PoissonSampler.kept_mask`),
+and a DP step's examples are compacted to the front of a list of every (silo, slot)
+pair, which goes through in chunks of `STATIC_CHUNK_EXAMPLES` until its count is
+covered. The numbers are the same (float32 summation order aside; parity tests).
+"""
 
 from __future__ import annotations
 
@@ -7,7 +15,7 @@ import numpy as np
 import tensorflow as tf
 
 from tff_silo import batched_random as br
-from tff_silo import keys
+from tff_silo import keys, xla
 from tff_silo.algorithms import local_training as lt
 from tff_silo.algorithms import poisson_sampling as ps
 from tff_silo.backends.vectorized.stacking import StackedSilos, rows
@@ -29,13 +37,14 @@ def _epoch_permutations(plan, n, num_rows, shuffle_keys, step, previous):
   return tf.cond(tf.reduce_any(fresh), draw, lambda: previous)
 
 
-def _batches(config, plan, n, num_rows, sampling_keys, perm, step):
+def _batches(config, plan, n, num_rows, sampling_keys, perm, step, static=False):
   """Each silo's batch of step `step` when its size is fixed (shuffled epochs,
-  sampling without replacement): (indices [K, b], mask [K, b]), b the widest batch;
-  the same examples as `train_locally` draws for each silo (`perm`: the shuffled
-  epochs' permutations)."""
+  sampling without replacement): (indices [K, b], mask [K, b]), b the widest batch
+  (`static`: min(B, rows), known before the data); the same examples as
+  `train_locally` draws for each silo (`perm`: the shuffled epochs' permutations)."""
   batch, per_epoch, _, _ = plan
-  width = tf.reduce_max(batch)
+  width = (tf.minimum(config.batch_size, num_rows) if static
+           else tf.reduce_max(batch))
   slots = tf.range(width)[None]
   mask = tf.cast(slots < batch[:, None], tf.float32)
   if config.batches == "without_replacement":
@@ -59,6 +68,28 @@ def _examples(config, plan, n, num_rows, sampling_keys, perm, step, sampler):
   return kept[:, 0], tf.gather_nd(idx, kept)
 
 
+def _static_examples(config, plan, n, num_rows, sampling_keys, perm, step, sampler):
+  """`_examples` in static shapes: (silo [L], row [L], count) over every (silo,
+  slot) pair of the step's batches (Poisson: of the padded rows), the step's `count`
+  examples first and in `_examples`' order within each silo, the rest pointing at
+  silo K (dropped) and row 0."""
+  if config.batches == "poisson":
+    mask = sampler.kept_mask(br.uniform, br.fold_in, br.fold_in(sampling_keys, step),
+                             num_rows)
+    idx = tf.broadcast_to(tf.range(num_rows)[None], tf.shape(mask))
+  else:
+    idx, mask = _batches(config, plan, n, num_rows, sampling_keys, perm, step, True)
+  num_silos, kept = tf.shape(mask)[0], tf.reshape(mask > 0, [-1])
+  count = tf.reduce_sum(tf.cast(kept, tf.int32))
+  length = tf.size(kept)
+  # Kept pairs to the front (their rank among the kept), the others to one dump slot.
+  slot = tf.where(kept, xla.cumsum(tf.cast(kept, tf.int32)) - 1, length)[:, None]
+  silo = tf.repeat(tf.range(num_silos), tf.shape(mask)[1])
+  compact = lambda values, fill: tf.tensor_scatter_nd_update(
+      tf.fill([length + 1], fill), slot, values)[:length]
+  return compact(silo, num_silos), compact(tf.reshape(idx, [-1]), 0), count
+
+
 def _own_copy_gradients(model, copies, x, y):
   """Per-example gradients when every example has its own copy of its silo's
   weights (`copies` [m, ...]): through the model's `stacked_apply_fn` (m models of
@@ -76,17 +107,22 @@ def _own_copy_gradients(model, copies, x, y):
       (copies, x, y))
 
 
-def _by_silo_sums(model, config, weights, penalty, silos, ids, chunk_rows):
+def _by_silo_sums(model, config, weights, penalty, silos, ids, chunk_rows, static):
   """A chunk's clipped penalized sums per silo ([K + 1, ...]) through the model's
   `stacked_per_example_gradients_fn`: the chunk's examples (`ids` their silos,
   sorted, K for padding; `chunk_rows`) laid out [u, w], one row per silo present
-  (`tf.unique`, order kept), w the most examples of one, empty slots masked."""
-  present, group = tf.unique(ids)
+  (`tf.unique`, order kept), w the most examples of one, empty slots masked
+  (`static`: one row per example, w = 1, as XLA needs)."""
   position = tf.range(tf.shape(ids)[0])
-  slot = position - tf.gather(tf.math.unsorted_segment_min(position, group,
-                                                           tf.shape(present)[0]), group)
+  if static:
+    present, group, slot, width = ids, position, tf.zeros_like(position), 1
+  else:
+    present, group = tf.unique(ids)
+    slot = position - tf.gather(tf.math.unsorted_segment_min(
+        position, group, tf.shape(present)[0]), group)
+    width = tf.reduce_max(slot) + 1
   where = tf.stack([group, slot], 1)
-  shape = tf.stack([tf.shape(present)[0], tf.reduce_max(slot) + 1])
+  shape = tf.stack([tf.shape(present)[0], width])
   layout = tf.scatter_nd(where, chunk_rows, shape)
   mask = tf.scatter_nd(where, tf.ones_like(chunk_rows, tf.float32), shape)
   silo = tf.broadcast_to(tf.minimum(present, tf.shape(silos.n)[0] - 1)[:, None], shape)
@@ -100,30 +136,25 @@ def _by_silo_sums(model, config, weights, penalty, silos, ids, chunk_rows):
 
 
 def _dp_gradients(model, config, weights, anchor, lam, silos, silo_of, row, noise,
-                  normalizer):
+                  normalizer, count=None):
   """`local_training.step_gradient` under DP for every silo: the step's examples
   (`_examples`) as one flat list, each with its silo's weights, their clipped
   penalized gradients summed per silo (`clipped_penalized_sum`; with the model's
   stacked form, `_by_silo_sums`), noised and normalized (`noised_step`). The list
   goes through in chunks of at most `chunk_examples` examples (padding points at a
-  dropped extra silo)."""
+  dropped extra silo); with `count` (`_static_examples`' list, static shapes) in
+  chunks of a static size until `count` examples are covered."""
   num_silos = tf.shape(silos.n)[0]
   penalty = [rows(lam, w) * (w - a) for w, a in zip(weights, anchor)]
-  most = chunk_examples(model)
-  count = tf.shape(silo_of)[0]
-  chunks = tf.maximum(1, -(-count // most))
-  size = tf.maximum(1, -(-count // chunks))
-  pad = chunks * size - count
-  silo_of = tf.reshape(tf.pad(silo_of, [[0, pad]], constant_values=num_silos),
-                       [chunks, size])
-  row = tf.reshape(tf.pad(row, [[0, pad]]), [chunks, size])
+  most = chunk_examples(model, static=count is not None)
   extra = lambda t: tf.pad(t, [[0, 1]] + [[0, 0]] * (len(t.shape) - 1))   # silo K
   weights, penalty = [extra(w) for w in weights], [extra(p) for p in penalty]
 
   def add_chunk(sums, chunk):
     ids, chunk_rows = chunk
     if model.stacked_per_example_gradients_fn is not None:
-      part = _by_silo_sums(model, config, weights, penalty, silos, ids, chunk_rows)
+      part = _by_silo_sums(model, config, weights, penalty, silos, ids, chunk_rows,
+                           static=count is not None)
       return [s + p for s, p in zip(sums, part)]
     pairs = tf.stack([tf.minimum(ids, num_silos - 1), chunk_rows], 1)
     per_example = _own_copy_gradients(model, [tf.gather(w, ids) for w in weights],
@@ -132,8 +163,26 @@ def _dp_gradients(model, config, weights, anchor, lam, silos, silo_of, row, nois
     part = lt.clipped_penalized_sum(config, per_example, penalty, ids, num_silos + 1)
     return [s + p for s, p in zip(sums, part)]
 
-  sums = tf.foldl(add_chunk, (silo_of, row), parallel_iterations=1,
-                  initializer=[tf.zeros_like(w) for w in weights])
+  zeros = [tf.zeros_like(w) for w in weights]
+  if count is None:
+    length = tf.shape(silo_of)[0]
+    chunks = tf.maximum(1, -(-length // most))
+    size = tf.maximum(1, -(-length // chunks))
+    pad = chunks * size - length
+    silo_of = tf.reshape(tf.pad(silo_of, [[0, pad]], constant_values=num_silos),
+                         [chunks, size])
+    row = tf.reshape(tf.pad(row, [[0, pad]]), [chunks, size])
+    sums = tf.foldl(add_chunk, (silo_of, row), parallel_iterations=1,
+                    initializer=zeros)
+  else:
+    pad = -tf.shape(silo_of)[0] % most
+    silo_of = tf.pad(silo_of, [[0, pad]], constant_values=num_silos)
+    row = tf.pad(row, [[0, pad]])
+    _, sums = tf.while_loop(
+        lambda start, sums: start < count,
+        lambda start, sums: (start + most, add_chunk(
+            sums, (tf.slice(silo_of, [start], [most]), tf.slice(row, [start], [most])))),
+        (tf.constant(0), zeros))
   return lt.noised_step([s[:num_silos] for s in sums], noise, normalizer)
 
 
@@ -165,16 +214,24 @@ MEMORY_BUDGET_FLOATS = 2 ** 27   # 512 MB of float32
 # (issue 30).
 WORKING_SET_PER_COPY = 8
 WORKING_SET_STACKED = 3
+# The examples per chunk of an XLA-compiled DP step (static shapes: every chunk is
+# this long, the last one's unused slots padding), at most: a step computes fewer
+# than this many padded examples' gradients beyond its own.
+STATIC_CHUNK_EXAMPLES = 512
 
 
-def chunk_examples(model) -> int:
+def chunk_examples(model, static: bool = False) -> int:
   """The most examples per chunk of the DP path: as many as keep the path's working
   set (`WORKING_SET_STACKED` or `WORKING_SET_PER_COPY` x parameters floats each)
-  within `MEMORY_BUDGET_FLOATS`, at least 1."""
-  per_example = model.num_parameters * (
-      WORKING_SET_PER_COPY if model.stacked_per_example_gradients_fn is None
-      else WORKING_SET_STACKED)
-  return int(np.clip(MEMORY_BUDGET_FLOATS // per_example, 1, np.iinfo(np.int32).max))
+  within `MEMORY_BUDGET_FLOATS`, at least 1 (`static`: the XLA path, at most
+  `STATIC_CHUNK_EXAMPLES`, its stacked form one example per row, so each with its
+  own copy of the weights)."""
+  per_copy = model.stacked_per_example_gradients_fn is None or static
+  per_example = model.num_parameters * (WORKING_SET_PER_COPY if per_copy
+                                        else WORKING_SET_STACKED)
+  most = MEMORY_BUDGET_FLOATS // per_example
+  return int(np.clip(min(most, STATIC_CHUNK_EXAMPLES) if static else most, 1,
+                     np.iinfo(np.int32).max))
 
 
 def train_silos(model, config, weights, anchor, lam, silos: StackedSilos, round_keys,
@@ -198,6 +255,7 @@ def train_silos(model, config, weights, anchor, lam, silos: StackedSilos, round_
 
   sampler = (ps.PoissonSampler(plan[3], silos.n)
              if config.private and config.batches == "poisson" else None)
+  static = xla.compiling()
 
   def noise(step):
     stddev = silos.noise_multiplier * config.l2_norm_clip
@@ -208,12 +266,16 @@ def train_silos(model, config, weights, anchor, lam, silos: StackedSilos, round_
     if config.batches == "shuffle":
       perm = _epoch_permutations(plan, silos.n, num_rows, shuffle_keys, step, perm)
     if config.private:
-      silo_of, row = _examples(config, plan, silos.n, num_rows, sampling_keys, perm,
-                               step, sampler)
+      drawn = (config, plan, silos.n, num_rows, sampling_keys, perm, step, sampler)
+      if static:
+        silo_of, row, count = _static_examples(*drawn)
+      else:
+        (silo_of, row), count = _examples(*drawn), None
       grads = _dp_gradients(model, config, w, anchor, lam, silos, silo_of, row,
-                            noise(step), normalizer)
+                            noise(step), normalizer, count)
     else:
-      idx, mask = _batches(config, plan, silos.n, num_rows, sampling_keys, perm, step)
+      idx, mask = _batches(config, plan, silos.n, num_rows, sampling_keys, perm, step,
+                           static)
       grads = _gradients(model, config, w, anchor, lam,
                          tf.gather(silos.x, idx, batch_dims=1),
                          tf.gather(silos.y, idx, batch_dims=1), mask)

@@ -68,18 +68,20 @@ def _examples(config, plan, n, num_rows, sampling_keys, perm, step, sampler):
   return kept[:, 0], tf.gather_nd(idx, kept)
 
 
-def _static_examples(config, plan, n, num_rows, sampling_keys, perm, step, sampler):
+def _static_examples(config, plan, n, num_rows, sampling_keys, perm, step, sampler,
+                     active):
   """`_examples` in static shapes: (silo [L], row [L], count) over every (silo,
-  slot) pair of the step's batches (Poisson: of the padded rows), the step's `count`
-  examples first and in `_examples`' order within each silo, the rest pointing at
-  silo K (dropped) and row 0."""
+  slot) pair of the step's batches (Poisson: of the padded rows), the `count`
+  examples of the `active` silos first and in `_examples`' order within each silo,
+  the rest pointing at silo K (dropped) and row 0."""
   if config.batches == "poisson":
     mask = sampler.kept_mask(br.uniform, br.fold_in, br.fold_in(sampling_keys, step),
                              num_rows)
     idx = tf.broadcast_to(tf.range(num_rows)[None], tf.shape(mask))
   else:
     idx, mask = _batches(config, plan, n, num_rows, sampling_keys, perm, step, True)
-  num_silos, kept = tf.shape(mask)[0], tf.reshape(mask > 0, [-1])
+  num_silos = tf.shape(mask)[0]
+  kept = tf.reshape((mask > 0) & active[:, None], [-1])
   count = tf.reduce_sum(tf.cast(kept, tf.int32))
   length = tf.size(kept)
   # Kept pairs to the front (their rank among the kept), the others to one dump slot.
@@ -265,12 +267,18 @@ def train_silos(model, config, weights, anchor, lam, silos: StackedSilos, round_
   def body(step, w, perm):
     if config.batches == "shuffle":
       perm = _epoch_permutations(plan, silos.n, num_rows, shuffle_keys, step, perm)
+    active = step < total_steps   # a silo past its steps keeps its weights
     if config.private:
+      # Only the active silos' examples are trained on (silos have their own step
+      # counts: under public sizes, floor(n_k / B)); the draws are every silo's.
       drawn = (config, plan, silos.n, num_rows, sampling_keys, perm, step, sampler)
       if static:
-        silo_of, row, count = _static_examples(*drawn)
+        silo_of, row, count = _static_examples(*drawn, active)
       else:
-        (silo_of, row), count = _examples(*drawn), None
+        silo_of, row = _examples(*drawn)
+        training = tf.gather(active, silo_of)
+        silo_of, row, count = (tf.boolean_mask(silo_of, training),
+                               tf.boolean_mask(row, training), None)
       grads = _dp_gradients(model, config, w, anchor, lam, silos, silo_of, row,
                             noise(step), normalizer, count)
     else:
@@ -279,7 +287,6 @@ def train_silos(model, config, weights, anchor, lam, silos: StackedSilos, round_
       grads = _gradients(model, config, w, anchor, lam,
                          tf.gather(silos.x, idx, batch_dims=1),
                          tf.gather(silos.y, idx, batch_dims=1), mask)
-    active = step < total_steps
     return step + 1, [tf.where(rows(active, wi), wi - rows(lr, wi) * gi, wi)
                       for wi, gi in zip(w, grads)], perm
 

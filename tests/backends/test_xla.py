@@ -12,8 +12,9 @@ from tff_silo.backends.vectorized import training as vectorized_training
 from tests.backends import test_accelerator_readiness as readiness
 
 # The rounds that compile; d-private clustering's does not yet (its Laplace radius is
-# a Gamma draw, which XLA has no kernel for; each user's rows sliced to its n).
-COMPILED = sorted(set(readiness.CASES) - {"dprivate_clustering"})
+# a Gamma draw, which XLA has no kernel for; each user's rows sliced to its n). The
+# hypernetwork's has a test of its own below (its users padded).
+COMPILED = sorted(set(readiness.CASES) - {"dprivate_clustering", "hypernet_udp"})
 
 
 def _run(case, folder, xla):
@@ -81,3 +82,8 @@ def test_the_blocked_prefix_sum_is_the_prefix_sum(n):
     for jit in (False, True):
       got = tf.function(xla.cumsum, jit_compile=jit)(x)
       np.testing.assert_array_equal(got, np.cumsum(values, axis=-1))
+
+
+def test_a_round_that_does_not_compile_refuses_xla_in_one_line(tmp_path):
+  with pytest.raises(ValueError, match="d-private clustering's round does not compile"):
+    _run("dprivate_clustering", str(tmp_path), True)

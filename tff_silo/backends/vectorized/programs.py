@@ -45,7 +45,8 @@ def round_program(key: Hashable, make: Callable[[], Callable],
   tensors, so only new shapes retrace); XLA-compiled inside `xla_rounds`, which a
   round with an `xla_blocker` (why it does not compile) refuses."""
   if _XLA[0] and xla_blocker:
-    raise ValueError(f"XLA rounds: {xla_blocker}; run it without --xla")
+    raise ValueError(f"XLA rounds: {xla_blocker}; run it uncompiled (without "
+                     "xla_rounds, --xla)")
   key = (key, _XLA[0])
   if key not in _ROUND_FUNCTIONS:
     _ROUND_FUNCTIONS[key] = tf.function(make(), autograph=False, reduce_retracing=True,

@@ -56,16 +56,18 @@ def _batches(config, plan, n, num_rows, sampling_keys, perm, step, static=False)
   return tf.gather(perm, positions, batch_dims=1), mask
 
 
-def _examples(config, plan, n, num_rows, sampling_keys, perm, step, sampler):
-  """Every silo's examples of step `step` under DP as one list: (silo [M], row [M]),
-  silo by silo, each silo's in `train_locally`'s order (Poisson: `sampler`'s, the
-  same draws as the silo alone, all silos' at once), so the list is O(sum of the
-  batches) long, not K times the widest."""
+def _examples(config, plan, n, num_rows, sampling_keys, perm, step, sampler, active):
+  """The `active` silos' examples of step `step` under DP as one list: (silo [M],
+  row [M], None), silo by silo, each silo's in `train_locally`'s order (Poisson:
+  `sampler`'s, the same draws as the silo alone, every silo's drawn at once), so the
+  list is O(sum of the batches) long, not K times the widest."""
   if config.batches == "poisson":
-    return sampler.sample(br.uniform, br.fold_in, br.fold_in(sampling_keys, step))
+    silo, row = sampler.sample(br.uniform, br.fold_in, br.fold_in(sampling_keys, step))
+    training = tf.gather(active, silo)
+    return tf.boolean_mask(silo, training), tf.boolean_mask(row, training), None
   idx, mask = _batches(config, plan, n, num_rows, sampling_keys, perm, step)
-  kept = tf.cast(tf.where(mask > 0), tf.int32)
-  return kept[:, 0], tf.gather_nd(idx, kept)
+  kept = tf.cast(tf.where((mask > 0) & active[:, None]), tf.int32)
+  return kept[:, 0], tf.gather_nd(idx, kept), None
 
 
 def _static_examples(config, plan, n, num_rows, sampling_keys, perm, step, sampler,
@@ -271,14 +273,8 @@ def train_silos(model, config, weights, anchor, lam, silos: StackedSilos, round_
     if config.private:
       # Only the active silos' examples are trained on (silos have their own step
       # counts: under public sizes, floor(n_k / B)); the draws are every silo's.
-      drawn = (config, plan, silos.n, num_rows, sampling_keys, perm, step, sampler)
-      if static:
-        silo_of, row, count = _static_examples(*drawn, active)
-      else:
-        silo_of, row = _examples(*drawn)
-        training = tf.gather(active, silo_of)
-        silo_of, row, count = (tf.boolean_mask(silo_of, training),
-                               tf.boolean_mask(row, training), None)
+      silo_of, row, count = (_static_examples if static else _examples)(
+          config, plan, silos.n, num_rows, sampling_keys, perm, step, sampler, active)
       grads = _dp_gradients(model, config, w, anchor, lam, silos, silo_of, row,
                             noise(step), normalizer, count)
     else:

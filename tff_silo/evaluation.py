@@ -12,12 +12,12 @@ from tff_silo.data.silos import padded_stack
 
 class SiloEvaluator:
   """Per-silo metric means. Silos go in chunks of at most `chunk_rows` padded
-  examples: their models stacked and their data zero-padded, one call of one traced
-  function per chunk (the model's `stacked_apply_fn`, or `apply_fn` mapped over
-  silos), padded rows masked out."""
+  examples (default: `chunk_rows_for(model)`): their models stacked and their data
+  zero-padded, one call of one traced function per chunk (the model's
+  `stacked_apply_fn`, or `apply_fn` mapped over silos), padded rows masked out."""
 
-  def __init__(self, model, chunk_rows: int = 8192):
-    self._chunk_rows = chunk_rows
+  def __init__(self, model, chunk_rows: int | None = None):
+    self._chunk_rows = chunk_rows_for(model) if chunk_rows is None else chunk_rows
     self._metric_sums = _metric_sums_function(model)
 
   def _chunks(self, sizes):
@@ -53,6 +53,14 @@ class SiloEvaluator:
           weights, padded_stack([xs[k] for k in chunk], rows),
           padded_stack([ys[k] for k in chunk], rows), mask).numpy()
     return float(sums.sum() / sizes.sum()), sums / sizes
+
+
+def chunk_rows_for(model) -> int:
+  """Padded examples per evaluation chunk: 8192 (a CNN's activations on 28x28
+  images), more for a small model, whose chunks would otherwise be many small calls
+  (a grid's stacked runs: tens of thousands of silos), as many as 2^24 floats of
+  its parameters allow, at most 2^18."""
+  return int(np.clip(2 ** 24 // max(model.num_parameters, 1), 8192, 2 ** 18))
 
 
 _METRIC_FUNCTIONS = {}

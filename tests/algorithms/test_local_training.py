@@ -70,6 +70,27 @@ def test_closed_form_per_example_gradients_match_vectorized_map():
     np.testing.assert_allclose(u, v, rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.parametrize("make", [models.linear_regression, models.linear_svm,
+                                  models.logistic_regression,
+                                  lambda d: models.linear_regression(d, bias=False)])
+def test_linear_form_gives_the_per_example_gradients(make):
+  """slope_i (x_i, 1) from `linear_form_fn` is each example's gradient (the
+  closed form's), with one model's weights and with each example's own."""
+  model = make(3)
+  rng = np.random.default_rng(1)
+  weights = [tf.constant(rng.normal(size=s).astype(np.float32))
+             for s in model.weight_shapes]
+  y = np.where(Y > 0, 1.0, -1.0 if model.name == "linear_svm" else 0.0).astype(
+      np.float32) if model.metric == "accuracy" else Y
+  want = model.per_example_gradients_fn(weights, tf.constant(X), tf.constant(y))
+  own = [tf.tile(w[None], [len(X)] + [1] * len(w.shape)) for w in weights]
+  for these in (weights, own):
+    features, slopes = model.linear_form_fn(these, tf.constant(X), tf.constant(y))
+    got = [slopes[:, None] * features, slopes][:len(weights)]
+    for g, w in zip(got, want):
+      np.testing.assert_allclose(g.numpy(), w.numpy(), rtol=1e-5, atol=1e-7)
+
+
 def test_seeded_and_noisy():
   config = LocalTrainingConfig(learning_rate=0.1, batch_size=2, l2_norm_clip=1.0)
   a, b = _run(config, noise=1.0, seed=(3, 4)), _run(config, noise=1.0, seed=(3, 4))

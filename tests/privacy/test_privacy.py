@@ -65,6 +65,24 @@ def test_calibration_never_overshoots_and_is_tight(eps, q, steps, delta):
   assert epsilon_spent(z * (1 - 1e-3), q, steps, delta) > eps
 
 
+def test_calibrations_and_epsilons_are_remembered(monkeypatch):
+  """A setting calibrated (or accounted) before is not searched again (a grid's
+  stacked runs), and gives the same multiplier and epsilon; a new one is."""
+  setting = accounting.silo_setting(0.37, 501, 1e-3)
+  z, spent = accounting.calibrate_noise_multipliers([2.5, 2.5], [setting] * 2)
+  assert spent[0] <= 2.5 and z[0] == z[1]
+
+  def searched(*args):
+    raise AssertionError("searched again")
+  monkeypatch.setattr(accounting, "_search_noise_multipliers", searched)
+  monkeypatch.setattr(accounting, "_best_epsilons", searched)
+  again, spent_again = accounting.calibrate_noise_multipliers([2.5], [setting])
+  assert again[0] == z[0] and spent_again[0] == spent[0]
+  assert accounting.epsilons_spent(z[:1], [setting])[0] == spent[0]
+  with pytest.raises(AssertionError, match="searched again"):
+    accounting.calibrate_noise_multipliers([2.6], [setting])
+
+
 def test_calibration_with_selections():
   kw = dict(selection_epsilon=0.03 * 2.0, num_selections=20)
   z = calibrate_noise_multiplier(2.0, 1e-5, 0.05, 1000, **kw)
@@ -126,6 +144,44 @@ def test_clipped_stacked_sums_equal_clipping_the_formed_gradients():
     want = dp_sgd.clipped_sum([tf.constant(f) for f in formed], 1.0)
     for g, w in zip(got, want):
       np.testing.assert_allclose(g[s].numpy(), w.numpy(), rtol=1e-5, atol=1e-6)
+  assert all(np.all(np.isfinite(g.numpy())) for g in got)
+
+
+@pytest.mark.parametrize("bias", [True, False])
+@pytest.mark.parametrize("segmented", [True, False])
+def test_clipped_linear_sums_equal_clipping_the_formed_gradients(bias, segmented):
+  """Nine examples of a linear model (gradient slope_i (x_i, 1)) in three segments,
+  each shifted by its segment's offset before clipping: small and large norms, an
+  example whose kernel gradient cancels its offset, a non-finite slope. The sums equal
+  `clipped_sum` of the formed gradients over each segment's examples (unsegmented:
+  all examples, one offset)."""
+  rng = np.random.default_rng(5)
+  x = rng.normal(size=(9, 4)).astype(np.float32)
+  slopes = rng.normal(size=9).astype(np.float32) * 3
+  slopes[1] *= 0.001   # under the clip
+  slopes[4] = np.nan
+  ids = np.array([0, 0, 1, 2, 1, 0, 2, 2, 1], np.int32)
+  offsets = [rng.normal(size=(3, 4)).astype(np.float32) * 0.1,
+             rng.normal(size=3).astype(np.float32) * 0.1][:2 if bias else 1]
+  if not segmented:
+    ids[:] = 0
+    offsets = [o[0] for o in offsets]
+  cancel = 6   # its kernel gradient is its offset's negative: |g|^2 expanded ~ 0
+  x[cancel] = -(offsets[0][ids[cancel]] if segmented else offsets[0]) / slopes[cancel]
+  got = dp_sgd.clipped_linear_sums(
+      tf.constant(x), tf.constant(slopes), [tf.constant(o) for o in offsets], 1.0,
+      tf.constant(ids) if segmented else None, 3 if segmented else None)
+  for segment in range(3 if segmented else 1):
+    kept = ids == segment
+    own = [o[segment] if segmented else o for o in offsets]
+    formed = [slopes[kept, None] * x[kept] + own[0]]
+    if bias:
+      formed.append(slopes[kept] + own[1])
+    want = dp_sgd.clipped_sum([tf.constant(f) for f in formed], 1.0)
+    for g, w in zip(got, want):
+      np.testing.assert_allclose(g[segment].numpy() if segmented else g.numpy(),
+                                 w.numpy(), rtol=1e-5, atol=1e-6)
+  assert len(got) == len(offsets)
   assert all(np.all(np.isfinite(g.numpy())) for g in got)
 
 

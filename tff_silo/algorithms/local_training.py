@@ -195,6 +195,17 @@ def stacked_clipped_penalized_sums(model, config: LocalTrainingConfig, weights, 
       config.l2_norm_clip)
 
 
+def linear_clipped_penalized_sums(model, config: LocalTrainingConfig, weights, penalty,
+                                  x, y, silo_of=None, num_silos=None):
+  """`clipped_penalized_sum` of a model with a `linear_form_fn`, its per-example
+  gradients never formed (`dp_sgd.clipped_linear_sums`): one silo's examples, or
+  with `silo_of` several silos' (weights and penalty [num_silos, ...])."""
+  own = weights if silo_of is None else [tf.gather(w, silo_of) for w in weights]
+  features, slopes = model.linear_form_fn(own, x, y)
+  return dp_sgd.clipped_linear_sums(features, slopes, penalty, config.l2_norm_clip,
+                                    silo_of, num_silos)
+
+
 def noised_step(sums, noise, normalizer):
   """DP-SGD's gradient from clipped sums: `noise` (N(0, (z C)^2), drawn by the
   caller with the step's key) added, divided by `normalizer` (the expected batch
@@ -211,9 +222,9 @@ def step_gradient(model, config: LocalTrainingConfig, weights, anchor, lam, xb, 
 
   Without DP: the gradient of the batch objective plus lam * (w - anchor) (`mask`,
   [b] floats in {0, 1}, marks the batch's real examples when it is padded). Under
-  DP: the clipped penalized sum of the per-example gradients (`clipped_penalized_sum`,
-  or `stacked_clipped_penalized_sums` for a model with a stacked form) with noise,
-  normalized (`noised_step`).
+  DP: the clipped penalized sum of the per-example gradients (`clipped_penalized_sum`;
+  `linear_clipped_penalized_sums` or `stacked_clipped_penalized_sums` for a model
+  with a linear or stacked form) with noise, normalized (`noised_step`).
   """
   weights = list(weights)
   penalty = [lam * (w - a) for w, a in zip(weights, anchor)]
@@ -229,6 +240,8 @@ def step_gradient(model, config: LocalTrainingConfig, weights, anchor, lam, xb, 
     raise ValueError("step_gradient: mask is for batches without DP")
 
   def clipped_sums():
+    if model.linear_form_fn is not None:
+      return linear_clipped_penalized_sums(model, config, weights, penalty, xb, yb)
     if model.stacked_per_example_gradients_fn is None:
       return clipped_penalized_sum(
           config, per_example_gradients(model, weights, xb, yb), penalty)

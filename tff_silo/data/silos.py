@@ -183,5 +183,7 @@ def padded_stack(arrays: Sequence, rows: Optional[int] = None) -> np.ndarray:
   first axis to `rows` (default: the longest) — silos of different sizes as one
   tensor (the vectorized backend, batched evaluation)."""
   rows = max(len(a) for a in arrays) if rows is None else rows
-  return np.stack([np.concatenate([np.asarray(a, np.float32), np.zeros(
-      (rows - len(a), *np.shape(a)[1:]), np.float32)]) for a in arrays])
+  out = np.zeros((len(arrays), rows, *np.shape(arrays[0])[1:]), np.float32)
+  for i, a in enumerate(arrays):
+    out[i, :len(a)] = a
+  return out

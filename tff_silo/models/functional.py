@@ -45,6 +45,12 @@ class SiloModel:
       or a `privacy.dp_sgd.OuterProduct` of [S, b, in] and [S, b, out]; S models' forward passes
       with b examples each (GEMM-sized), each example's gradient from its layers'
       inputs and output gradients. DP-SGD uses it on both backends.
+    linear_form_fn: optional `(weights, x, y) -> (features [m, d], slopes [m])` of
+      a linear model (outputs o_i = features_i . w + b, weights (w [d], b []) or
+      (w,)): each example's gradient is slope_i (features_i, 1), slope_i = d loss_i
+      / d o_i, which DP-SGD clips and sums without forming it
+      (`privacy.dp_sgd.clipped_linear_sums`) on both backends. `weights` are one
+      model's, or one per example ([m, d], [m]: each example its silo's).
   """
 
   name: str
@@ -58,6 +64,7 @@ class SiloModel:
   batch_reduction: Optional[Callable] = None
   stacked_apply_fn: Optional[Callable] = None
   stacked_per_example_gradients_fn: Optional[Callable] = None
+  linear_form_fn: Optional[Callable] = None
 
   def __post_init__(self):
     if self.metric not in METRICS:

@@ -184,11 +184,18 @@ def forecaster(tables: NodeTables, *, architecture: str = "logistic",
       slope = loss_slope(tf.linalg.matvec(features, weights[0]) + weights[1], y)
       return [features * slope[:, None], slope]
 
+    def linear_form(weights, x, y):
+      # weights one model's ([d], []) or one per example ([m, d], [m])
+      features = build(x)
+      return features, loss_slope(tf.reduce_sum(features * weights[0], -1)
+                                  + weights[1], y)
+
     return SiloModel(name, shapes, lambda seed: (np.zeros(d, np.float32),
                                                  np.float32(0.0)),
                      apply, loss_fn, "accuracy",
                      predict_fn=lambda z: tf.cast(z >= 0.0, tf.float32),
-                     per_example_gradients_fn=per_example_gradients)
+                     per_example_gradients_fn=per_example_gradients,
+                     linear_form_fn=linear_form)
   shapes = ((d, hidden), (hidden,), (hidden, hidden), (hidden,), (hidden, 1), (1,))
 
   def init(seed):

@@ -213,12 +213,18 @@ def epsilons_spent(noise_multipliers, settings) -> np.ndarray:
     raise ValueError(f"noise_multiplier must be >= 0, got {z.min()}")
   out = np.full(len(z), math.inf)   # DP-SGD steps without noise stay inf
   noisy = [i for i, s in enumerate(settings) if z[i] > 0 or s.steps == 0]
-  fast = [i for i in noisy if _vectorizable(settings[i])]
-  orders = _best_epsilons(z[fast], [settings[i] for i in fast])[1] if fast else []
-  for i, order in zip(fast, orders):
-    out[i] = _epsilon(float(z[i]), *settings[i], orders=(order,))
-  for i in sorted(set(noisy) - set(fast)):
-    out[i] = _epsilon(float(z[i]), *settings[i])
+  wanted = {(float(z[i]), settings[i]) for i in noisy}
+  found = {key: _SPENT[key] for key in wanted if key in _SPENT}
+  fast = [key for key in wanted - found.keys() if _vectorizable(key[1])]
+  orders = (_best_epsilons([zi for zi, _ in fast], [s for _, s in fast])[1]
+            if fast else [])
+  for (zi, s), order in zip(fast, orders):
+    found[(zi, s)] = _epsilon(zi, *s, orders=(order,))
+  for zi, s in wanted - found.keys():
+    found[(zi, s)] = _epsilon(zi, *s)
+  _remember(_SPENT, found)
+  for i in noisy:
+    out[i] = found[(float(z[i]), settings[i])]
   return out
 
 
@@ -261,14 +267,30 @@ def calibrate_noise_multipliers(target_epsilons, settings) -> tuple:
           f"({setting.num_selections} selections, {len(setting.extra_events)} "
           f"other) alone spend {floor:.4g}")
   distinct = [(t, s) for t, s in unique if s.steps > 0]
-  fast = [d for d in distinct if _vectorizable(d[1])]
-  found = dict(zip(fast, _search_noise_multipliers([t for t, _ in fast],
-                                                   [s for _, s in fast])))
+  found = {key: _CALIBRATED[key] for key in distinct if key in _CALIBRATED}
+  fast = [d for d in distinct if _vectorizable(d[1]) and d not in found]
+  if fast:
+    found.update(zip(fast, _search_noise_multipliers([t for t, _ in fast],
+                                                     [s for _, s in fast])))
   for key in distinct:
     if key not in found:
       found[key] = _calibrate(key[0], *key[1])
-  z = np.array([found[(t, s)] if s.steps > 0 else 0.0 for t, s in zip(targets, settings)])
+  _remember(_CALIBRATED, found)
+  z = np.array([found[(t, s)] if s.steps > 0 else 0.0
+                for t, s in zip(targets, settings)])
   return z, epsilons_spent(z, settings)
+
+
+# Calibrations and epsilons already computed ((target or noise multiplier, setting)
+# -> value): pure functions of their keys, so a grid's runs of one setting (a
+# stacked program's hundreds) calibrate once.
+_CALIBRATED, _SPENT = {}, {}
+
+
+def _remember(memo: dict, found: dict) -> None:
+  if len(memo) + len(found) > 65536:
+    memo.clear()
+  memo.update(found)
 
 
 def _vectorizable(setting) -> bool:

@@ -99,6 +99,45 @@ def clipped_stacked_sums(per_example, offsets, mask, l2_norm_clip):
   return sums
 
 
+def clipped_linear_sums(features, slopes, offsets, l2_norm_clip, segment_ids=None,
+                        num_segments=None):
+  """The clipped sums of a linear model's per-example gradients, never formed:
+  example i's gradient is slope_i (features_i, 1) (kernel [d], bias) shifted by an
+  offset o (MR-MTL's penalty gradient, added before clipping), so its squared norm
+  is s_i^2 |f_i|^2 + 2 s_i f_i . o_w + |o_w|^2 + (s_i + o_b)^2 and the kernel's
+  clipped sum is F^T (c s) + (sum_i c_i) o_w (c_i the clip factors).
+
+  `features` [m, d], `slopes` [m]; `offsets` (o_w [d], o_b []), or (o_w,) for a
+  model without bias; with `segment_ids` ([m] int32 in [0, num_segments)) one
+  offset per segment ([num_segments, ...]) and one sum per segment. As
+  `clip_per_example`, a non-finite example contributes zero.
+  """
+  if segment_ids is None:
+    own = lambda t: t
+    total = lambda t: tf.reduce_sum(t, 0)
+  else:
+    own = lambda t: tf.gather(t, segment_ids)
+    total = lambda t: tf.math.unsorted_segment_sum(t, segment_ids, num_segments)
+  o_w = offsets[0]
+  sq = (tf.square(slopes) * tf.reduce_sum(tf.square(features), -1)
+        + 2.0 * slopes * tf.reduce_sum(features * own(o_w), -1)
+        + own(tf.reduce_sum(tf.square(o_w), -1)))
+  if len(offsets) > 1:
+    bias_grads = slopes + own(offsets[1])
+    sq += tf.square(bias_grads)
+  finite = tf.math.is_finite(sq)
+  # |g + o|^2 expanded may round below zero when g is close to -o.
+  factor = _clip_factors(tf.where(finite, tf.maximum(sq, 0.0), sq), finite,
+                         l2_norm_clip)
+  kept = total(factor)
+  sums = [total(tf.math.multiply_no_nan(features,
+                                        tf.where(finite, factor * slopes, 0.0)[:, None]))
+          + tf.math.multiply_no_nan(o_w, kept[..., None])]
+  if len(offsets) > 1:
+    sums.append(total(tf.where(finite, factor * bias_grads, 0.0)))
+  return sums
+
+
 def gaussian_noise_like(tensors, stddev, key=None):
   """Independent N(0, stddev^2) noise shaped like each tensor (their shapes static),
   all drawn with one int32[2] `key` (one flat draw of `gaussian.normal`, split); OS

@@ -24,15 +24,23 @@ from tff_silo.privacy import gaussian
 
 def _epoch_permutations(plan, n, num_rows, shuffle_keys, step, previous):
   """[K, rows]: each silo's shuffled epoch's permutation (padded rows last), drawn
-  at the silo's epoch's first step and kept (`previous`) until its next."""
+  at the silo's epoch's first step and kept (`previous`) until its next. Only the
+  silos starting an epoch draw and sort (silos of different sizes start theirs at
+  different steps), except under XLA, whose shapes are static."""
   per_epoch = plan[1]
   fresh = tf.equal(step % per_epoch, 0)
 
+  def permutations(silos):
+    draws = br.uniform(br.fold_in(tf.gather(shuffle_keys, silos),
+                                  tf.gather(step // per_epoch, silos)), num_rows)
+    valid = tf.range(num_rows)[None] < tf.gather(n, silos)[:, None]
+    return lt.random_permutation(tf.where(valid, draws, 2.0))
+
   def draw():
-    draws = br.uniform(br.fold_in(shuffle_keys, step // per_epoch), num_rows)
-    valid = tf.range(num_rows)[None] < n[:, None]
-    return tf.where(fresh[:, None], lt.random_permutation(tf.where(valid, draws, 2.0)),
-                    previous)
+    if xla.compiling():
+      return tf.where(fresh[:, None], permutations(tf.range(tf.shape(n)[0])), previous)
+    silos = tf.cast(tf.where(fresh)[:, 0], tf.int32)
+    return tf.tensor_scatter_nd_update(previous, silos[:, None], permutations(silos))
 
   return tf.cond(tf.reduce_any(fresh), draw, lambda: previous)
 
@@ -144,7 +152,8 @@ def _dp_gradients(model, config, weights, anchor, lam, silos, silo_of, row, nois
   """`local_training.step_gradient` under DP for every silo: the step's examples
   (`_examples`) as one flat list, each with its silo's weights, their clipped
   penalized gradients summed per silo (`clipped_penalized_sum`; with the model's
-  stacked form, `_by_silo_sums`), noised and normalized (`noised_step`). The list
+  linear form, `linear_clipped_penalized_sums`; with its stacked form,
+  `_by_silo_sums`), noised and normalized (`noised_step`). The list
   goes through in chunks of at most `chunk_examples` examples (padding points at a
   dropped extra silo); with `count` (`_static_examples`' list, static shapes) in
   chunks of a static size until `count` examples are covered."""
@@ -156,6 +165,12 @@ def _dp_gradients(model, config, weights, anchor, lam, silos, silo_of, row, nois
 
   def add_chunk(sums, chunk):
     ids, chunk_rows = chunk
+    if model.linear_form_fn is not None:
+      pairs = tf.stack([tf.minimum(ids, num_silos - 1), chunk_rows], 1)
+      part = lt.linear_clipped_penalized_sums(
+          model, config, weights, penalty, tf.gather_nd(silos.x, pairs),
+          tf.gather_nd(silos.y, pairs), ids, num_silos + 1)
+      return [s + p for s, p in zip(sums, part)]
     if model.stacked_per_example_gradients_fn is not None:
       part = _by_silo_sums(model, config, weights, penalty, silos, ids, chunk_rows,
                            static=count is not None)
@@ -205,6 +220,20 @@ def _gradients(model, config, weights, anchor, lam, xb, yb, mask):
     loss = tf.reduce_sum(lt.masked_mean(losses, mask))
   return [g + rows(lam, w) * (w - a)
           for g, w, a in zip(tape.gradient(loss, weights), weights, anchor)]
+
+
+def _active_steps(model, config, weights, anchor, lam, lr, silos, idx, mask, active):
+  """A step without DP of the `active` silos alone (batches `idx`, `mask` [K, b]):
+  their batches gathered, their gradients (`_gradients`) and updates; the other
+  silos' weights unchanged."""
+  on = tf.cast(tf.where(active)[:, 0], tf.int32)
+  own = lambda t: tf.gather(t, on)
+  pairs = tf.stack([tf.broadcast_to(on[:, None], tf.shape(own(idx))), own(idx)], -1)
+  grads = _gradients(model, config, [own(w) for w in weights], [own(a) for a in anchor],
+                     own(lam), tf.gather_nd(silos.x, pairs), tf.gather_nd(silos.y, pairs),
+                     own(mask))
+  return [tf.tensor_scatter_nd_update(w, on[:, None], own(w) - rows(own(lr), g) * g)
+          for w, g in zip(weights, grads)]
 
 
 # The DP path's working set per step, in floats: above it the step's examples go
@@ -280,6 +309,9 @@ def train_silos(model, config, weights, anchor, lam, silos: StackedSilos, round_
     else:
       idx, mask = _batches(config, plan, silos.n, num_rows, sampling_keys, perm, step,
                            static)
+      if not static:   # the active silos' steps only (silos' step counts differ)
+        return step + 1, _active_steps(model, config, w, anchor, lam, lr, silos, idx,
+                                       mask, active), perm
       grads = _gradients(model, config, w, anchor, lam,
                          tf.gather(silos.x, idx, batch_dims=1),
                          tf.gather(silos.y, idx, batch_dims=1), mask)

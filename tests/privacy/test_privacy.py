@@ -185,6 +185,30 @@ def test_clipped_linear_sums_equal_clipping_the_formed_gradients(bias, segmented
   assert all(np.all(np.isfinite(g.numpy())) for g in got)
 
 
+def test_expanded_norms_never_clip_too_little():
+  """Gradients and offsets of norm ~3e4 that cancel to a norm of 1.5 (clip 1):
+  float32's expanded |g + o|^2 rounds by thousands there, so without its rounding
+  bound many such examples kept factor 1 (norm 1.5). Each example alone in its
+  segment (linear) or group (outer product); each clipped sum's norm, in float64, is
+  at most the clip (its own float32 rounding aside)."""
+  rng = np.random.default_rng(7)
+  m, d = 200, 28
+  x = rng.normal(size=(m, d)) * 6e3
+  slopes = np.ones(m)
+  gap = rng.normal(size=(m, d))
+  gap *= 1.5 / np.linalg.norm(gap, axis=1, keepdims=True)
+  offsets = (-x + gap).astype(np.float32)   # g + o = gap, |gap| = 1.5
+  linear = dp_sgd.clipped_linear_sums(
+      tf.constant(x, tf.float32), tf.constant(slopes, tf.float32),
+      [tf.constant(offsets)], 1.0, tf.range(m), m)[0].numpy()
+  outer = dp_sgd.clipped_stacked_sums(
+      [dp_sgd.OuterProduct(tf.constant(x[:, None], tf.float32), tf.ones([m, 1, 1]))],
+      [tf.constant(offsets[:, :, None])], tf.ones([m, 1]), 1.0)[0].numpy()[:, :, 0]
+  for sums in (linear, outer):
+    norms = np.linalg.norm(sums.astype(np.float64), axis=1)
+    assert norms.max() <= 1.0 + 1e-2, norms.max()
+
+
 def test_dp_sgd_noise_statistics():
   # Zero gradients: the output is pure noise N(0, (z C / normalizer)^2) per coordinate.
   grads = [tf.zeros([5, 20000])]

@@ -60,6 +60,18 @@ def _clip_factors(sq, finite, l2_norm_clip):
   return tf.where(finite, tf.minimum(1.0, l2_norm_clip / (tf.sqrt(sq) + _TINY)), 0.0)
 
 
+def _expanded_bound(sq, magnitude, length):
+  """An upper bound of a squared norm |g + o|^2 computed expanded (|g|^2 + 2 g.o +
+  |o|^2, g never formed): `sq` as computed plus float32's worst rounding of sums of
+  at most `length` products over the terms' `magnitude` (|g|^2 + 2 |g| |o| +
+  |o|^2). The expansion may round far below the true norm where g is close to -o
+  and both are large; a clip factor from the bound is never above the true norm's."""
+  return tf.maximum(sq, 0.0) + 2.0 * (length + 8.0) * _UNIT_ROUNDOFF * magnitude
+
+
+_UNIT_ROUNDOFF = 2.0 ** -24   # float32's
+
+
 def clipped_stacked_sums(per_example, offsets, mask, l2_norm_clip):
   """For each of S groups, sum_i mask_i * clip(g_i + o): the clipped sums of b
   examples' gradients each shifted by its group's offset o (MR-MTL's penalty
@@ -67,23 +79,26 @@ def clipped_stacked_sums(per_example, offsets, mask, l2_norm_clip):
 
   `per_example`: one entry per weight, a tensor [S, b, *shape] or an `OuterProduct`
   of [S, b, in] and [S, b, out] (never formed: its norm is |a| |d|, its inner product
-  with o is a^T o d, its clipped sum A^T diag(c) D); `offsets` [S, *shape]; `mask`
-  [S, b] in {0, 1}. As `clip_per_example`, a non-finite example contributes zero.
+  with o is a^T o d, its clipped sum A^T diag(c) D; its norm bounded above for
+  float32's rounding, `_expanded_bound`); `offsets` [S, *shape]; `mask` [S, b] in
+  {0, 1}. As `clip_per_example`, a non-finite example contributes zero.
   """
-  sq = 0.0
+  sq, magnitude, length = 0.0, 0.0, 0
   for g, o in zip(per_example, offsets):
     if isinstance(g, OuterProduct):
       a, d = g
-      sq += (tf.reduce_sum(tf.square(a), -1) * tf.reduce_sum(tf.square(d), -1)
-             + 2.0 * tf.reduce_sum(tf.matmul(a, o) * d, -1)
-             + tf.reduce_sum(tf.square(o), [1, 2])[:, None])
+      a2, d2 = tf.reduce_sum(tf.square(a), -1), tf.reduce_sum(tf.square(d), -1)
+      o2 = tf.reduce_sum(tf.square(o), [1, 2])[:, None]
+      sq += a2 * d2 + 2.0 * tf.reduce_sum(tf.matmul(a, o) * d, -1) + o2
+      magnitude += a2 * d2 + 2.0 * tf.sqrt(a2) * tf.sqrt(d2) * tf.sqrt(o2) + o2
+      length += tf.cast(tf.shape(a)[-1] + tf.shape(d)[-1], tf.float32)
     else:
       flat = tf.reshape(g, tf.concat([tf.shape(g)[:2], [-1]], 0))
-      sq += tf.reduce_sum(tf.square(flat + tf.reshape(o, [tf.shape(o)[0], 1, -1])), -1)
+      direct = tf.reduce_sum(tf.square(flat + tf.reshape(o, [tf.shape(o)[0], 1, -1])), -1)
+      sq, magnitude = sq + direct, magnitude + direct
   finite = tf.math.is_finite(sq)
-  # |g + o|^2 expanded may round below zero when g is close to -o.
-  factor = mask * _clip_factors(tf.where(finite, tf.maximum(sq, 0.0), sq), finite,
-                                l2_norm_clip)
+  factor = mask * _clip_factors(tf.where(finite, _expanded_bound(sq, magnitude, length),
+                                         sq), finite, l2_norm_clip)
   kept = tf.reduce_sum(factor, 1)
   sums = []
   for g, o in zip(per_example, offsets):
@@ -104,8 +119,9 @@ def clipped_linear_sums(features, slopes, offsets, l2_norm_clip, segment_ids=Non
   """The clipped sums of a linear model's per-example gradients, never formed:
   example i's gradient is slope_i (features_i, 1) (kernel [d], bias) shifted by an
   offset o (MR-MTL's penalty gradient, added before clipping), so its squared norm
-  is s_i^2 |f_i|^2 + 2 s_i f_i . o_w + |o_w|^2 + (s_i + o_b)^2 and the kernel's
-  clipped sum is F^T (c s) + (sum_i c_i) o_w (c_i the clip factors).
+  is s_i^2 |f_i|^2 + 2 s_i f_i . o_w + |o_w|^2 + (s_i + o_b)^2 (bounded above for
+  float32's rounding, `_expanded_bound`) and the kernel's clipped sum is
+  F^T (c s) + (sum_i c_i) o_w (c_i the clip factors).
 
   `features` [m, d], `slopes` [m]; `offsets` (o_w [d], o_b []), or (o_w,) for a
   model without bias; with `segment_ids` ([m] int32 in [0, num_segments)) one
@@ -119,16 +135,19 @@ def clipped_linear_sums(features, slopes, offsets, l2_norm_clip, segment_ids=Non
     own = lambda t: tf.gather(t, segment_ids)
     total = lambda t: tf.math.unsorted_segment_sum(t, segment_ids, num_segments)
   o_w = offsets[0]
-  sq = (tf.square(slopes) * tf.reduce_sum(tf.square(features), -1)
-        + 2.0 * slopes * tf.reduce_sum(features * own(o_w), -1)
-        + own(tf.reduce_sum(tf.square(o_w), -1)))
+  g2 = tf.square(slopes) * tf.reduce_sum(tf.square(features), -1)
+  o2 = own(tf.reduce_sum(tf.square(o_w), -1))
+  sq = g2 + 2.0 * slopes * tf.reduce_sum(features * own(o_w), -1) + o2
+  magnitude = g2 + 2.0 * tf.sqrt(g2) * tf.sqrt(o2) + o2
   if len(offsets) > 1:
     bias_grads = slopes + own(offsets[1])
     sq += tf.square(bias_grads)
+    magnitude += tf.square(bias_grads)
   finite = tf.math.is_finite(sq)
-  # |g + o|^2 expanded may round below zero when g is close to -o.
-  factor = _clip_factors(tf.where(finite, tf.maximum(sq, 0.0), sq), finite,
-                         l2_norm_clip)
+  factor = _clip_factors(
+      tf.where(finite, _expanded_bound(sq, magnitude, tf.cast(tf.shape(features)[-1],
+                                                              tf.float32)), sq),
+      finite, l2_norm_clip)
   kept = total(factor)
   sums = [total(tf.math.multiply_no_nan(features,
                                         tf.where(finite, factor * slopes, 0.0)[:, None]))

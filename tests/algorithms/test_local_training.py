@@ -74,15 +74,21 @@ def test_closed_form_per_example_gradients_match_vectorized_map():
                                   models.logistic_regression,
                                   lambda d: models.linear_regression(d, bias=False)])
 def test_linear_form_gives_the_per_example_gradients(make):
-  """slope_i (x_i, 1) from `linear_form_fn` is each example's gradient (the
-  closed form's), with one model's weights and with each example's own."""
+  """slope_i (x_i, 1) from `linear_form_fn` is each example's gradient (a tape's
+  per example), with one model's weights and with each example's own."""
   model = make(3)
   rng = np.random.default_rng(1)
   weights = [tf.constant(rng.normal(size=s).astype(np.float32))
              for s in model.weight_shapes]
   y = np.where(Y > 0, 1.0, -1.0 if model.name == "linear_svm" else 0.0).astype(
       np.float32) if model.metric == "accuracy" else Y
-  want = model.per_example_gradients_fn(weights, tf.constant(X), tf.constant(y))
+  want = []
+  for i in range(len(X)):
+    with tf.GradientTape() as tape:
+      tape.watch(weights)
+      loss = model.per_example_loss(weights, X[i:i + 1], y[i:i + 1])[0]
+    want.append(tape.gradient(loss, weights))
+  want = [tf.stack(g) for g in zip(*want)]
   own = [tf.tile(w[None], [len(X)] + [1] * len(w.shape)) for w in weights]
   for these in (weights, own):
     features, slopes = model.linear_form_fn(these, tf.constant(X), tf.constant(y))

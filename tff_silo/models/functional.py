@@ -105,6 +105,15 @@ class SiloModel:
     return tf.cast(tf.equal(self.predict_fn(outputs), y), tf.float32)
 
 
+def linear_form_gradients(linear_form_fn):
+  """The `per_example_gradients_fn` of a model with a `linear_form_fn`: its
+  per-example gradients slope_i (features_i, 1), formed (no bias: the first)."""
+  def per_example_gradients_fn(weights, x, y):
+    features, slopes = linear_form_fn(weights, x, y)
+    return [slopes[:, None] * features, slopes][:len(weights)]
+  return per_example_gradients_fn
+
+
 def squared_loss(outputs, y):
   return 0.5 * tf.square(outputs - y)
 

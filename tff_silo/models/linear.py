@@ -25,27 +25,21 @@ def _linear(name, dim, loss_fn, metric, predict_fn=lambda o: o, bias=True,
     out = tf.linalg.matvec(x, weights[0])
     return out + weights[1] if bias else out
 
-  def slopes_of(outputs, y):
-    # loss_i depends on the weights only through o_i = x_i.w + b, so its gradient
-    # is (d loss_i / d o_i) * (x_i, 1); one tape over the batch gives every d/d o_i.
+  def linear_form_fn(weights, x, y):
+    # weights one model's ([d], []) or one per example ([m, d], [m]). loss_i depends
+    # on them only through o_i = x_i.w + b, so its gradient is (d loss_i / d o_i)
+    # (x_i, 1); one tape over the batch gives every d/d o_i.
+    outputs = tf.reduce_sum(x * weights[0], -1)
+    outputs = outputs + weights[1] if bias else outputs
     with tf.GradientTape() as tape:
       tape.watch(outputs)
       losses = loss_fn(outputs, y)
-    return tape.gradient(losses, outputs)
-
-  def per_example_gradients_fn(weights, x, y):
-    slopes = slopes_of(apply_fn(weights, x), y)
-    return [slopes[:, None] * x, slopes] if bias else [slopes[:, None] * x]
-
-  def linear_form_fn(weights, x, y):
-    # weights one model's ([d], []) or one per example ([m, d], [m])
-    outputs = tf.reduce_sum(x * weights[0], -1)
-    return x, slopes_of(outputs + weights[1] if bias else outputs, y)
+    return x, tape.gradient(losses, outputs)
 
   return F.SiloModel(name=name, weight_shapes=shapes, init_fn=init_fn,
                      apply_fn=apply_fn, loss_fn=loss_fn, metric=metric,
                      predict_fn=predict_fn,
-                     per_example_gradients_fn=per_example_gradients_fn,
+                     per_example_gradients_fn=F.linear_form_gradients(linear_form_fn),
                      batch_reduction=batch_reduction,
                      linear_form_fn=None if batch_reduction else linear_form_fn)
 

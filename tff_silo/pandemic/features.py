@@ -24,7 +24,7 @@ import hashlib
 import numpy as np
 import tensorflow as tf
 
-from tff_silo.models.functional import SiloModel
+from tff_silo.models.functional import SiloModel, linear_form_gradients
 from tff_silo.pandemic.choices import ARCHITECTURES, LOSSES
 from tff_silo.pandemic.graph import D_NODE, D_STATIC, WINDOW
 
@@ -179,11 +179,6 @@ def forecaster(tables: NodeTables, *, architecture: str = "logistic",
     def apply(weights, x):
       return tf.linalg.matvec(build(x), weights[0]) + weights[1]
 
-    def per_example_gradients(weights, x, y):
-      features = build(x)
-      slope = loss_slope(tf.linalg.matvec(features, weights[0]) + weights[1], y)
-      return [features * slope[:, None], slope]
-
     def linear_form(weights, x, y):
       # weights one model's ([d], []) or one per example ([m, d], [m])
       features = build(x)
@@ -194,7 +189,7 @@ def forecaster(tables: NodeTables, *, architecture: str = "logistic",
                                                  np.float32(0.0)),
                      apply, loss_fn, "accuracy",
                      predict_fn=lambda z: tf.cast(z >= 0.0, tf.float32),
-                     per_example_gradients_fn=per_example_gradients,
+                     per_example_gradients_fn=linear_form_gradients(linear_form),
                      linear_form_fn=linear_form)
   shapes = ((d, hidden), (hidden,), (hidden, hidden), (hidden,), (hidden, 1), (1,))
 

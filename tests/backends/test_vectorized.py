@@ -271,6 +271,31 @@ def test_dp_cnn_examples_in_memory_chunks_compute_the_same(monkeypatch, path):
                       target_delta=1e-3, protocol=PUBLIC), atol=1e-5)
 
 
+def test_dp_linear_examples_in_compiled_padded_chunks_compute_the_same(monkeypatch):
+  """The linear form's compiled chunks: a budget of 3 examples' working sets, each
+  step's examples in chunks of 3 (a silo's split across chunks, the last chunk
+  padded), with the TFF backend's result; and 17 a chunk, rounded up to 18
+  (`_bucket`), one padded example in every chunk."""
+  options, run = SETTINGS["poisson_public_sizes"]
+  process = _process("mrmtl", **options)
+  per_example = vectorized_training.WORKING_SET_PER_COPY * MODEL.num_parameters
+  for most in (3, 17):
+    monkeypatch.setattr(vectorized_training, "MEMORY_BUDGET_FLOATS",
+                        most * per_example + 1)
+    assert vectorized_training.chunk_examples(MODEL) == most
+    programs.release_programs()
+    _assert_same(*_both(process, SILOS, **run))
+  programs.release_programs()
+
+
+def test_chunk_sizes_round_up_to_eight_sizes_an_octave():
+  sizes = np.arange(1, 70000, dtype=np.int32)
+  rounded = vectorized_training._bucket(tf.constant(sizes)).numpy()
+  assert (rounded >= sizes).all() and (rounded <= np.maximum(sizes, 1.125 * sizes)).all()
+  np.testing.assert_array_equal(rounded[:16], sizes[:16])
+  for low in (16, 256, 2048, 32768):
+    assert len(set(rounded[(sizes >= low) & (sizes < 2 * low)]) - {2 * low}) == 8
+
 @pytest.mark.parametrize("hidden, shape", [(None, (8, 8, 1)), (12, (28, 28, 3))])
 def test_stacked_cnn_applies_each_models_own_weights(hidden, shape):
   cnn = models.small_cnn(shape, 5, channels=(3, 4), hidden=hidden)

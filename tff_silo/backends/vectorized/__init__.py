@@ -23,7 +23,9 @@ steps; b the widest, padded slots masked), through the model's `stacked_apply_fn
 step's examples of all silos are one flat list (Poisson batches vary, so its length
 is the sum of the batches, not K times the widest). A linear model's
 (`linear_form_fn`) are clipped and summed from each example's slope and features
-(`dp_sgd.clipped_linear_sums`, gradients never formed). With the model's
+(`dp_sgd.clipped_linear_sums`, gradients never formed), in a function XLA
+compiles even in an uncompiled round (the gathers, norms and per-silo sums fused;
+chunk lengths rounded up to a few sizes, so few compilations). With the model's
 `stacked_per_example_gradients_fn` (the CNN) the list is laid out one row per silo
 and each silo's forward pass is one grouped convolution or batched matmul over its
 examples; otherwise each example gets its own copy of its silo's weights. The

@@ -102,13 +102,14 @@ def _static_examples(config, plan, n, num_rows, sampling_keys, perm, step, sampl
   return compact(silo, num_silos), compact(tf.reshape(idx, [-1]), 0), count
 
 
-def _rows_of(silos: StackedSilos, silo, row):
-  """(x, y) of the examples (silo, row) (int32, any shape): gathered from the
-  silos' rows laid end to end (a reshape, no copy), faster than pairs' gather_nd."""
-  num_rows = tf.shape(silos.y)[1]
+def _rows_of(x, y, silo, row):
+  """(x, y) of the examples (silo, row) (int32, any shape) of stacked silos' `x`
+  [K, rows, ...] and `y` [K, rows]: gathered from the silos' rows laid end to end
+  (a reshape, no copy), faster than pairs' gather_nd."""
+  num_rows = tf.shape(y)[1]
   flat = lambda t: tf.reshape(t, tf.concat([[-1], tf.shape(t)[2:]], 0))
   where = silo * num_rows + row
-  return tf.gather(flat(silos.x), where), tf.gather(flat(silos.y), where)
+  return tf.gather(flat(x), where), tf.gather(flat(y), where)
 
 
 def _own_copy_gradients(model, copies, x, y):
@@ -149,9 +150,38 @@ def _by_silo_sums(model, config, weights, penalty, silos, ids, chunk_rows, stati
   silo = tf.broadcast_to(tf.minimum(present, tf.shape(silos.n)[0] - 1)[:, None], shape)
   part = lt.stacked_clipped_penalized_sums(
       model, config, [tf.gather(w, present) for w in weights],
-      [tf.gather(p, present) for p in penalty], *_rows_of(silos, silo, layout), mask)
+      [tf.gather(p, present) for p in penalty],
+      *_rows_of(silos.x, silos.y, silo, layout), mask)
   return [tf.math.unsorted_segment_sum(p, present, tf.shape(w)[0])
           for p, w in zip(part, weights)]
+
+
+def _bucket(size):
+  """`size` (int32 > 0) rounded up to a multiple of 2^(floor(log2 size) - 3): at
+  most 8 values per octave, 12.5% padding at most."""
+  estimate = tf.cast(tf.math.floor(tf.math.log(tf.cast(size, tf.float32)) / np.log(2.0)),
+                     tf.int32)
+  power = tf.bitwise.left_shift(1, estimate)   # float rounding: one off at most
+  estimate += (tf.cast(power * 2 <= size, tf.int32) - tf.cast(power > size, tf.int32))
+  step = tf.bitwise.left_shift(1, tf.maximum(0, estimate - 3))
+  return -(-size // step) * step
+
+
+def _compiled_linear_sums(model, config):
+  """A chunk's clipped penalized sums per silo ([K + 1, ...]) through the model's
+  linear form (`local_training.linear_clipped_penalized_sums`), compiled by XLA:
+  the examples' gathers, norms and sums fused into a few passes (about 2x the
+  uncompiled ops on School's DP step, benchmarks/RESULTS.md); one compilation per
+  chunk shape (`_bucket` keeps them few)."""
+
+  @tf.function(jit_compile=True, autograph=False)
+  def sums(weights, penalty, x, y, ids, chunk_rows):
+    num_segments = tf.shape(weights[0])[0]
+    examples = _rows_of(x, y, tf.minimum(ids, num_segments - 2), chunk_rows)
+    return lt.linear_clipped_penalized_sums(model, config, weights, penalty,
+                                            *examples, ids, num_segments)
+
+  return sums
 
 
 def _dp_gradients(model, config, weights, anchor, lam, silos, silo_of, row, noise,
@@ -170,29 +200,31 @@ def _dp_gradients(model, config, weights, anchor, lam, silos, silo_of, row, nois
   extra = lambda t: tf.pad(t, [[0, 1]] + [[0, 0]] * (len(t.shape) - 1))   # silo K
   weights, penalty = [extra(w) for w in weights], [extra(p) for p in penalty]
 
-  def add_chunk(sums, chunk):
-    ids, chunk_rows = chunk
-    if model.linear_form_fn is not None:
-      part = lt.linear_clipped_penalized_sums(
-          model, config, weights, penalty,
-          *_rows_of(silos, tf.minimum(ids, num_silos - 1), chunk_rows), ids,
-          num_silos + 1)
-      return [s + p for s, p in zip(sums, part)]
+  linear = model.linear_form_fn is not None
+  if linear:
+    linear_sums = _compiled_linear_sums(model, config)
+
+  def chunk_sums(ids, chunk_rows):
+    if linear:
+      return linear_sums(weights, penalty, silos.x, silos.y, ids, chunk_rows)
     if model.stacked_per_example_gradients_fn is not None:
-      part = _by_silo_sums(model, config, weights, penalty, silos, ids, chunk_rows,
+      return _by_silo_sums(model, config, weights, penalty, silos, ids, chunk_rows,
                            static=count is not None)
-      return [s + p for s, p in zip(sums, part)]
     per_example = _own_copy_gradients(
         model, [tf.gather(w, ids) for w in weights],
-        *_rows_of(silos, tf.minimum(ids, num_silos - 1), chunk_rows))
-    part = lt.clipped_penalized_sum(config, per_example, penalty, ids, num_silos + 1)
-    return [s + p for s, p in zip(sums, part)]
+        *_rows_of(silos.x, silos.y, tf.minimum(ids, num_silos - 1), chunk_rows))
+    return lt.clipped_penalized_sum(config, per_example, penalty, ids, num_silos + 1)
+
+  def add_chunk(sums, chunk):
+    return [s + p for s, p in zip(sums, chunk_sums(*chunk))]
 
   zeros = [tf.zeros_like(w) for w in weights]
   if count is None:
     length = tf.shape(silo_of)[0]
     chunks = tf.maximum(1, -(-length // most))
     size = tf.maximum(1, -(-length // chunks))
+    if linear:   # a few compiled shapes, not one per step's example count
+      size = _bucket(size)
     pad = chunks * size - length
     silo_of = tf.reshape(tf.pad(silo_of, [[0, pad]], constant_values=num_silos),
                          [chunks, size])
@@ -235,7 +267,8 @@ def _active_steps(model, config, weights, anchor, lam, lr, silos, idx, mask, act
   on = tf.cast(tf.where(active)[:, 0], tf.int32)
   own = lambda t: tf.gather(t, on)
   grads = _gradients(model, config, [own(w) for w in weights], [own(a) for a in anchor],
-                     own(lam), *_rows_of(silos, on[:, None], own(idx)), own(mask))
+                     own(lam), *_rows_of(silos.x, silos.y, on[:, None], own(idx)),
+                     own(mask))
   return [tf.tensor_scatter_nd_update(w, on[:, None], own(w) - rows(own(lr), g) * g)
           for w, g in zip(weights, grads)]
 

@@ -61,6 +61,27 @@ def test_relationship_is_the_normalized_square_root_of_the_gram():
 
 
 
+def test_relationship_of_fewer_parameters_than_silos():
+  """d < K: Omega from W^T W's eigenpairs is the K x K route's, with W W^T's K - d
+  zero eigenvalues and a tiny one (below the floor) floored; padded runs as
+  before."""
+  rng = np.random.default_rng(1)
+  w = rng.normal(size=(12, 4)).astype(np.float32)
+  w[:, 3] = 1e-6 * w[:, 0] + 1e-9   # W^T W's smallest eigenvalue ~1e-16
+  omega = mocha.relationship([w[None]], [12]).numpy()[0]
+  np.testing.assert_allclose(omega, _numpy_relationship(w), rtol=1e-5, atol=1e-7)
+  padded = np.stack([w, np.concatenate([w[:7], np.zeros_like(w[7:])])])
+  stacked = mocha.relationship([padded], [12, 7]).numpy()
+  np.testing.assert_allclose(stacked[0], omega, rtol=1e-6, atol=1e-8)
+  np.testing.assert_allclose(stacked[1][:7, :7], _numpy_relationship(w[:7]),
+                             rtol=1e-5, atol=1e-7)
+  assert not stacked[1][7:].any() and not stacked[1][:, 7:].any()
+  diverged = np.stack([w, np.full_like(w, np.nan)])
+  out = mocha.relationship([diverged], [12, 12]).numpy()
+  np.testing.assert_allclose(out[0], omega, rtol=1e-6, atol=1e-8)
+  assert np.isnan(out[1]).all()
+
+
 @pytest.mark.parametrize("backend", ["tff", "vectorized"])
 def test_every_step_follows_the_objectives_gradient(backend):
   """Full batches (B >= n), two local epochs a round: each step is w_k -= lr (grad

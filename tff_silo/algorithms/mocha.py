@@ -127,19 +127,41 @@ def relationship(models, num_silos):
   they leave its silos' block unchanged (a matrix function of a block-diagonal
   matrix is block-diagonal) and are cut from the trace and from Omega. A run whose
   models are not finite (it diverged) gets an Omega of NaN, the others their own (a
-  batched eigh of a non-finite matrix would fail for all)."""
+  batched eigh of a non-finite matrix would fail for all).
+
+  With f the floor, (W W^T)^(1/2) = sqrt(f) I + U diag(sqrt(max(l, f)) - sqrt(f)) U^T
+  over W W^T's eigenpairs (l, U). When the models are shorter than K (d < K: School's
+  28 parameters, 139 silos) the eigenpairs come from the d x d W^T W = V diag(l) V^T
+  (U = W V diag(l)^(-1/2); the K - d others are 0, floored), so the term is
+  W V diag((sqrt(max(l, f)) - sqrt(f)) / l) V^T W^T, its coefficient 0 where l <= f."""
   w = tf.cast(_flat(models), tf.float64)
-  gram = tf.matmul(w, w, transpose_b=True)
-  finite = tf.reduce_all(tf.math.is_finite(gram), axis=[1, 2])[:, None, None]
-  values, vectors = tf.linalg.eigh(
-      tf.where(finite, gram, tf.eye(tf.shape(gram)[1], dtype=tf.float64)))
-  root = tf.sqrt(tf.maximum(values, EIGENVALUE_FLOOR))
-  square_root = tf.matmul(vectors * root[:, None, :], vectors, transpose_b=True)
-  size = tf.shape(gram)[1]
+  size = tf.shape(w)[1]
+  floor_root = np.sqrt(EIGENVALUE_FLOOR)
+
+  def factor(gram):
+    finite = tf.reduce_all(tf.math.is_finite(gram), axis=[1, 2])
+    values, vectors = tf.linalg.eigh(
+        tf.where(finite[:, None, None], gram,
+                 tf.eye(tf.shape(gram)[1], dtype=tf.float64)))
+    return finite, values, vectors, tf.sqrt(tf.maximum(values, EIGENVALUE_FLOOR))
+
+  def by_silos():   # eigenpairs of W W^T, K x K
+    finite, _, vectors, root = factor(tf.matmul(w, w, transpose_b=True))
+    return finite, vectors, root - floor_root
+
+  def by_parameters():   # eigenpairs of W^T W, d x d
+    finite, values, vectors, root = factor(tf.matmul(w, w, transpose_a=True))
+    kept = values > EIGENVALUE_FLOOR
+    coefficients = tf.where(kept, (root - floor_root) / tf.where(kept, values, 1.0), 0.0)
+    return finite, tf.matmul(w, vectors), coefficients
+
+  finite, basis, coefficients = tf.cond(size > tf.shape(w)[2], by_parameters, by_silos)
+  square_root = (floor_root * tf.eye(size, dtype=tf.float64)
+                 + tf.matmul(basis * coefficients[:, None, :], basis, transpose_b=True))
   real = tf.cast(tf.range(size)[None] < tf.reshape(num_silos, [-1, 1]), tf.float64)
   square_root *= real[:, :, None] * real[:, None, :]
   trace = tf.linalg.trace(square_root)
-  return tf.cast(tf.where(finite, square_root / trace[:, None, None],
+  return tf.cast(tf.where(finite[:, None, None], square_root / trace[:, None, None],
                           tf.constant(np.nan, tf.float64)), tf.float32)
 
 

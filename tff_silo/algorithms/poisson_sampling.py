@@ -75,7 +75,7 @@ class PoissonSampler:
     positions = tf.cast(tf.minimum(ends, self._size), tf.int32) - 1   # kept: below n
     return positions, kept, tf.minimum(ends[:, -1], self._size[:, 0])
 
-  def sample(self, uniform, fold_in, key):
+  def sample(self, uniform, fold_in, key, listed=None):
     """Each silo's sample of one step as one list of (silo [M], position [M])
     int32 pairs, silo by silo and in increasing position within a chunk.
 
@@ -85,9 +85,13 @@ class PoissonSampler:
       fold_in: `fold_in(key, c)`, the key's child for chunk c.
       key: the silos' keys of the step: chunk 0 draws with it, chunk c >= 1 with
         fold_in(key, c).
+      listed: bool [K], the silos whose samples are listed (default all); every
+        silo's is drawn (the others' draws unchanged).
     """
     def one(chunk_key, start):
       positions, kept, start = self._chunk(uniform(chunk_key, self.most), start)
+      if listed is not None:
+        kept &= listed[:, None]
       pairs = tf.cast(tf.where(kept), tf.int32)
       return pairs[:, 0], tf.gather_nd(positions, pairs), start
 

@@ -70,9 +70,8 @@ def _examples(config, plan, n, num_rows, sampling_keys, perm, step, sampler, act
   `sampler`'s, the same draws as the silo alone, every silo's drawn at once), so the
   list is O(sum of the batches) long, not K times the widest."""
   if config.batches == "poisson":
-    silo, row = sampler.sample(br.uniform, br.fold_in, br.fold_in(sampling_keys, step))
-    training = tf.gather(active, silo)
-    return tf.boolean_mask(silo, training), tf.boolean_mask(row, training), None
+    return (*sampler.sample(br.uniform, br.fold_in, br.fold_in(sampling_keys, step),
+                            active), None)
   idx, mask = _batches(config, plan, n, num_rows, sampling_keys, perm, step)
   kept = tf.cast(tf.where((mask > 0) & active[:, None]), tf.int32)
   return kept[:, 0], tf.gather_nd(idx, kept), None

@@ -66,6 +66,7 @@ class Settings:
   backend: str = "auto"
   device: str = "auto"
   xla: bool = False
+  concurrent_batches: int = 1   # the vectorized backend's batches running at once
   aggregator: object = None
 
 

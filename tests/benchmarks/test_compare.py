@@ -77,6 +77,20 @@ def test_a_tiny_grid_selects_on_validation_and_writes_its_outputs(tmp_path):
 
 
 @pytest.mark.cli
+def test_batches_running_at_once_write_what_one_at_a_time_writes(tmp_path):
+  """Two batches at once (threads, the default) and one at a time: the same rows
+  in the same order, timings aside."""
+  tables = []
+  for workers in (1, 2):
+    out = tmp_path / str(workers)
+    _, rows, _ = _finished(out, *TINY, "--lams=0.1,1,3", "--seeds=0,1",
+                           f"--concurrent_batches={workers}")
+    tables.append(rows.drop(columns=["wall_seconds", "peak_memory_mb"]))
+  assert len(tables[0]) == (1 + 1 + 3) * 2 * 2 + 3 * 2 * 2
+  pd.testing.assert_frame_equal(tables[0], tables[1])
+
+
+@pytest.mark.cli
 def test_a_killed_run_resumes_without_redoing_finished_trials(tmp_path):
   proc = _compare(tmp_path, *TINY, "--lams=0.01,0.1,1,10", popen=True)
   deadline = time.monotonic() + 300
@@ -385,6 +399,7 @@ def test_every_trial_of_a_grid_has_keys_of_its_own(tuning):
     ("--lams=-1", "--lams must be > 0; got -1"),
     ("--lams=", "--lams is empty: give at least one value, or leave the flag out"),
     ("--validation_fraction=1", "--validation_fraction must be in (0, 1)"),
+    ("--concurrent_batches=0", "--concurrent_batches must be >= 1"),
     ("--preset=school", "--preset=school needs --data_dir"),
     ("--preset=fmnist", "--preset=fmnist needs --data_dir (the folder with Fashion"),
     ("--data_dir=/tmp", "--data_dir applies to --preset=vehicle,fmnist,fmnist_hetero,"),

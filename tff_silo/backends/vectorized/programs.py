@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import threading
 from typing import Callable, Hashable
 
 import numpy as np
@@ -17,6 +18,7 @@ from tff_silo.backends.vectorized.stacking import (
     RunStack, StackedSilos, stack_silos)
 
 _ROUND_FUNCTIONS = collections.OrderedDict()
+_PROGRAMS_LOCK = threading.Lock()
 MAX_PROGRAMS = 4
 _XLA = [False]
 
@@ -48,13 +50,14 @@ def round_program(key: Hashable, make: Callable[[], Callable],
     raise ValueError(f"XLA rounds: {xla_blocker}; run it uncompiled (without "
                      "xla_rounds, --xla)")
   key = (key, _XLA[0])
-  if key not in _ROUND_FUNCTIONS:
-    _ROUND_FUNCTIONS[key] = tf.function(make(), autograph=False, reduce_retracing=True,
-                                        jit_compile=_XLA[0])
-    while len(_ROUND_FUNCTIONS) > MAX_PROGRAMS:
-      _ROUND_FUNCTIONS.popitem(last=False)
-  _ROUND_FUNCTIONS.move_to_end(key)
-  return _ROUND_FUNCTIONS[key]
+  with _PROGRAMS_LOCK:   # runs in several threads (benchmarks.compare)
+    if key not in _ROUND_FUNCTIONS:
+      _ROUND_FUNCTIONS[key] = tf.function(make(), autograph=False,
+                                          reduce_retracing=True, jit_compile=_XLA[0])
+      while len(_ROUND_FUNCTIONS) > MAX_PROGRAMS:
+        _ROUND_FUNCTIONS.popitem(last=False)
+    _ROUND_FUNCTIONS.move_to_end(key)
+    return _ROUND_FUNCTIONS[key]
 
 
 def release_programs() -> None:

@@ -60,7 +60,8 @@ AUC against epsilon, with --membership). A row's epsilon covers that row; rows o
 the same silos (one seed) compose. On the vectorized backend a method's trials
 (every configuration, epsilon and seed) run stacked as one program, in stacks of
 `tff_silo.simulation.runs_per_stack` (the hypernetwork's, and any on the TFF
-backend, one configuration's trials after another).
+backend, one configuration's trials after another), --concurrent_batches of those
+batches at once (threads; rows written in order, the same numbers).
 """
 
 from __future__ import annotations

@@ -274,12 +274,13 @@ def test_dp_cnn_examples_in_memory_chunks_compute_the_same(monkeypatch, path):
 def test_dp_linear_examples_in_compiled_padded_chunks_compute_the_same(monkeypatch):
   """The linear form's compiled chunks: a budget of 3 examples' working sets, each
   step's examples in chunks of 3 (a silo's split across chunks, the last chunk
-  padded), with the TFF backend's result; and 17 a chunk, rounded up to 18
-  (`_bucket`), one padded example in every chunk."""
+  padded), with the TFF backend's result; and of 38, cut to 36 (`_bucket_below`),
+  each step's ~30 examples in one chunk rounded up to a multiple of 2 or 4
+  (`_bucket`)."""
   options, run = SETTINGS["poisson_public_sizes"]
   process = _process("mrmtl", **options)
   per_example = vectorized_training.WORKING_SET_PER_COPY * MODEL.num_parameters
-  for most in (3, 17):
+  for most in (3, 38):
     monkeypatch.setattr(vectorized_training, "MEMORY_BUDGET_FLOATS",
                         most * per_example + 1)
     assert vectorized_training.chunk_examples(MODEL) == most
@@ -291,6 +292,9 @@ def test_dp_linear_examples_in_compiled_padded_chunks_compute_the_same(monkeypat
 def test_chunk_sizes_round_up_to_eight_sizes_an_octave():
   sizes = np.arange(1, 70000, dtype=np.int32)
   rounded = vectorized_training._bucket(tf.constant(sizes)).numpy()
+  below = np.array([vectorized_training._bucket_below(int(m)) for m in sizes])
+  assert (below <= sizes).all() and (rounded[below - 1] == below).all()
+  assert (np.maximum.accumulate(np.where(rounded <= sizes, rounded, 0)) == below).all()
   assert (rounded >= sizes).all() and (rounded <= np.maximum(sizes, 1.125 * sizes)).all()
   np.testing.assert_array_equal(rounded[:16], sizes[:16])
   for low in (16, 256, 2048, 32768):

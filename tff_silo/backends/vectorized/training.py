@@ -157,13 +157,20 @@ def _by_silo_sums(model, config, weights, penalty, silos, ids, chunk_rows, stati
 
 def _bucket(size):
   """`size` (int32 > 0) rounded up to a multiple of 2^(floor(log2 size) - 3): at
-  most 8 values per octave, 12.5% padding at most."""
+  most 8 values per octave, 12.5% padding at most (`_bucket_below(m)`, of an m,
+  is a value it keeps)."""
   estimate = tf.cast(tf.math.floor(tf.math.log(tf.cast(size, tf.float32)) / np.log(2.0)),
                      tf.int32)
   power = tf.bitwise.left_shift(1, estimate)   # float rounding: one off at most
   estimate += (tf.cast(power * 2 <= size, tf.int32) - tf.cast(power > size, tf.int32))
   step = tf.bitwise.left_shift(1, tf.maximum(0, estimate - 3))
   return -(-size // step) * step
+
+
+def _bucket_below(most: int) -> int:
+  """The largest value of `_bucket` at most `most` (>= 1)."""
+  step = 1 << max(0, most.bit_length() - 4)
+  return most // step * step
 
 
 def _compiled_linear_sums(model, config):
@@ -219,10 +226,12 @@ def _dp_gradients(model, config, weights, anchor, lam, silos, silo_of, row, nois
 
   zeros = [tf.zeros_like(w) for w in weights]
   if count is None:
+    if linear:   # a few compiled shapes, not one per step's example count
+      most = _bucket_below(most)
     length = tf.shape(silo_of)[0]
     chunks = tf.maximum(1, -(-length // most))
     size = tf.maximum(1, -(-length // chunks))
-    if linear:   # a few compiled shapes, not one per step's example count
+    if linear:   # at most `most` still
       size = _bucket(size)
     pad = chunks * size - length
     silo_of = tf.reshape(tf.pad(silo_of, [[0, pad]], constant_values=num_silos),

@@ -344,15 +344,6 @@ def device_scope(device: str, backend: str, xla: bool = False):
   return _Scopes(lambda: place, programs.xla_rounds), f"{label}+xla"
 
 
-def thread_placement(device_label: str):
-  """The placement `device_scope` gave the label `device_label`, for another thread
-  of the binary (TensorFlow's device scope is per thread)."""
-  if device_label.startswith("cpu (tff"):
-    return contextlib.nullcontext()
-  import tensorflow as tf
-  return tf.device("/GPU:0" if device_label.startswith("gpu") else "/CPU:0")
-
-
 class _Scopes:
   """A context manager entering the managers the `makers` make, each time anew (a
   binary enters its scope once per run; a generator's manager enters once)."""

@@ -689,15 +689,15 @@ def _plots(s, trials, selected, chance):
 def _rows_in_order(s, batches, loaded, backend, device, cell_trials, workers):
   """Each batch's trial rows (`_run_batch`), in the batches' order, `workers`
   batches running at once, each in a thread of its own (the next batch starts when
-  any ends; TensorFlow's device scope is per thread, entered again in each; the XLA
-  switch is the process's, entered by the caller)."""
+  any ends; TensorFlow's device scope is per thread: each enters the placement of
+  `common.device_scope`; the XLA switch is the process's, entered by the caller)."""
   run = lambda batch: _run_batch(s, batch, loaded, backend, device, cell_trials)
   if workers == 1:
     yield from map(run, batches)
     return
 
   def in_thread(batch):
-    with common.thread_placement(device):
+    with common.device_scope(s.device, backend)[0]:
       return run(batch)
 
   pool = futures.ThreadPoolExecutor(workers, thread_name_prefix="batch")

@@ -196,7 +196,7 @@ def define_backend_flags(vectorized_runs: str) -> None:
   flags.DEFINE_boolean("xla", False, "Compile the vectorized backend's rounds with "
                        "XLA (jit_compile=True: static shapes, the same numbers to "
                        "float32 rounding, one compilation per data shape), as a TPU "
-                       "needs; not d-private clustering. Off by default: on a 2-core "
+                       "needs. Off by default: on a 2-core "
                        "CPU School's rounds take as long, the CNN rounds (DP digits, "
                        "the hypernetwork) 5-7x longer (benchmarks/RESULTS.md).")
 

@@ -220,9 +220,6 @@ class Settings:
     common.check_one_of("neighbouring", FLAGS.neighbouring, NEIGHBOURING)
     common.check_one_of("protocol", FLAGS.protocol, PROTOCOLS)
     common.check_backend(FLAGS.backend, FLAGS.device, FLAGS.xla)
-    if FLAGS.xla and "dprivate_clustering" in FLAGS.methods:
-      raise UsageError("--xla: dprivate_clustering's round does not compile with XLA "
-                       "(a Gamma draw); run it without --xla")
     common.check_aggregator_flags()
     for name, algorithms in APPLIES_TO.items():
       common.check_applies(name, algorithms, FLAGS.methods)

@@ -26,7 +26,7 @@ from tff_silo import keys, xla
 from tff_silo.algorithms.rounds import SiloInput
 from tff_silo.privacy.user_level import noised_mean, weighted_clipped_sum
 from tff_silo import runner
-from tff_silo.backends.vectorized.programs import compiling_rounds, round_program
+from tff_silo.backends.vectorized.programs import compiling_rounds, padded_ids, round_program
 from tff_silo.backends.vectorized.stacking import StackedSilos, stack_silos
 from tff_silo.backends.vectorized.training import train_silos
 
@@ -143,14 +143,9 @@ class VectorizedHypernet:
                          tf.constant(0, tf.int32))
 
   def next(self, state: HypernetState, sampled, data: StackedUsers) -> HypernetState:
-    """One round for the users `sampled` (ids). XLA-compiled, the ids are padded
-    (with user 0, masked out) to a power of two: one compilation per power, not
-    per count of users sampled."""
-    users = np.asarray(sampled, np.int32)
-    width = 1 << max(len(users) - 1, 0).bit_length() if self._padded else len(users)
-    real = np.arange(width) < len(users)
+    """One round for the users `sampled` (ids; XLA-compiled, padded: `padded_ids`,
+    the padding masked out)."""
     phi, embeddings, round_num = self._round(
         state.phi, state.embeddings, state.round_num,
-        tf.constant(np.pad(users, (0, width - len(users)))),
-        tf.constant(real, tf.float32), data, *self._constants)
+        *padded_ids(sampled, self._padded), data, *self._constants)
     return HypernetState(phi, embeddings, round_num)

@@ -21,6 +21,7 @@ import numpy as np
 import tensorflow as tf
 
 from tff_silo import keys
+from tff_silo.algorithms.dprivate_clustering import hypothesis_losses
 from tff_silo.algorithms.rounds import SiloInput
 from tff_silo.data.silos import SiloData, padded_stack
 from tff_silo.driver import (
@@ -59,28 +60,23 @@ class DPrivateResult(RunResult):
 
 class _LossTable:
   """`table(hypotheses) -> [k, users]` of the model's batch objective F_c on fixed
-  users' data: one call over all users (zero-padded, each user's loss on its own n
-  rows, so any objective)."""
+  users' data: one call over all users (zero-padded, each user's loss over its own
+  rows, `hypothesis_losses`)."""
 
   def __init__(self, model, xs, ys):
     self._x = tf.constant(padded_stack(xs))
     self._y = tf.constant(padded_stack(ys))
-    self._n = tf.constant([len(y) for y in ys], tf.int32)
-
-    @tf.function(reduce_retracing=True)
-    def table(hypotheses, x, y, n):
-      def one(k):
-        return tf.stack([model.batch_loss(list(h), x[k][:n[k]], y[k][:n[k]])
-                         for h in hypotheses])
-      return tf.transpose(tf.map_fn(one, tf.range(tf.shape(n)[0]),
-                                    fn_output_signature=tf.float32))
-
-    self._table = table
+    n = np.array([len(y) for y in ys])
+    self._mask = tf.constant(np.arange(self._y.shape[1])[None] < n[:, None], tf.float32)
+    self._table = tf.function(
+        lambda hypotheses, x, y, mask: tf.transpose(hypothesis_losses(model, hypotheses,
+                                                                      x, y, mask)),
+        reduce_retracing=True)
 
   def __call__(self, hypotheses) -> np.ndarray:
     hypotheses = tuple(tuple(tf.convert_to_tensor(w, tf.float32) for w in h)
                        for h in hypotheses)
-    return self._table(hypotheses, self._x, self._y, self._n).numpy().astype(np.float64)
+    return self._table(hypotheses, self._x, self._y, self._mask).numpy().astype(np.float64)
 
 
 def _check(process, data, rounds, clients_per_round, leakage_cap, patience, validation):

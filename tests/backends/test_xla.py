@@ -6,15 +6,15 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from tff_silo import xla
+from tff_silo import algorithms, data, models, xla
 from tff_silo.backends.vectorized import programs
 from tff_silo.backends.vectorized import training as vectorized_training
+from tff_silo.dprivate_simulation import run_dprivate_clustering
 from tests.backends import test_accelerator_readiness as readiness
 
-# The rounds that compile; d-private clustering's does not yet (its Laplace radius is
-# a Gamma draw, which XLA has no kernel for; each user's rows sliced to its n). The
-# hypernetwork's has a test of its own below (its users padded).
-COMPILED = sorted(set(readiness.CASES) - {"dprivate_clustering", "hypernet_udp"})
+# Every round compiles. The hypernetwork's has a test of its own below (its users
+# padded), as d-private clustering has one with users padded beside this one.
+COMPILED = sorted(set(readiness.CASES) - {"hypernet_udp"})
 
 
 def _run(case, folder, xla):
@@ -63,6 +63,30 @@ def test_xla_hypernetwork_rounds_pad_the_users_they_sample(tmp_path, monkeypatch
                 _run("hypernet_udp", str(tmp_path / "b"), True))
 
 
+def test_xla_dprivate_rounds_pad_the_users_they_sample():
+  """3 of 10 users a round, padded to 4; in later rounds users decline at their
+  leakage cap (3 participations each, 36 asked for), so fewer take part. The
+  compiled rounds compute what the uncompiled ones compute."""
+  users = data.two_cluster_linear_silos(num_users=10, seed=0)
+  definition = algorithms.dprivate_clustering_algorithm(
+      models.linear_regression(2, bias=False, objective="rmse"), users.feature_shape,
+      client_learning_rate=0.1, batch_size=10, num_clusters=2, nu=5.0)
+  results = []
+  for jit in (False, True):
+    programs.release_programs()
+    with programs.xla_rounds(jit):
+      results.append(run_dprivate_clustering(definition, users, rounds=12,
+                                             clients_per_round=3, seed=1,
+                                             leakage_cap=1.2, backend="vectorized"))
+      assert [key[1] for key in programs._ROUND_FUNCTIONS] == [jit]   # pylint: disable=protected-access
+  want, got = results
+  assert want.declined > 0
+  for a, b in zip(want.hypotheses, got.hypotheses):
+    np.testing.assert_allclose(b[0], a[0], rtol=1e-5, atol=1e-6)
+  np.testing.assert_array_equal(got.assignments, want.assignments)
+  np.testing.assert_array_equal(got.leakage, want.leakage)
+
+
 @pytest.mark.parametrize("case", ["mrmtl_dp_poisson", "mrmtl_dp_cnn"])
 def test_an_xla_dp_step_in_static_chunks_computes_the_same(case, tmp_path, monkeypatch):
   """Chunks of 3 examples: a step's ~8-16 examples go through the XLA path's loop
@@ -82,8 +106,3 @@ def test_the_blocked_prefix_sum_is_the_prefix_sum(n):
     for jit in (False, True):
       got = tf.function(xla.cumsum, jit_compile=jit)(x)
       np.testing.assert_array_equal(got, np.cumsum(values, axis=-1))
-
-
-def test_a_round_that_does_not_compile_refuses_xla_in_one_line(tmp_path):
-  with pytest.raises(ValueError, match="d-private clustering's round does not compile"):
-    _run("dprivate_clustering", str(tmp_path), True)

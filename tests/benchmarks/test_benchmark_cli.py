@@ -49,7 +49,6 @@ def _run(*flags, timeout=600):
     (["--device=tpu"], "--device must be one of"),
     (["--backend=tff", "--device=gpu"], "--device=gpu needs the vectorized backend"),
     (["--backend=tff", "--xla"], "--xla compiles the vectorized backend's rounds"),
-    (["--methods=dprivate_clustering", "--xla"], "--xla: dprivate_clustering's round"),
     (["--aggregator=median"], "--aggregator must be one of mean, unweighted_mean"),
     (["--aggregator=dp_fixed"], "--aggregator=dp_fixed needs --silo_epsilon"),
     (["--silo_epsilon=2"], "--silo_epsilon applies to --aggregator=dp_fixed|dp_adaptive"),

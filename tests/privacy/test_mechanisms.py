@@ -63,14 +63,46 @@ def test_sanitize_update_scale_and_leakage():
   out, leakage = d_privacy.sanitize_update(delta, nu, tf.constant([0, 1]))
   assert leakage == [20 / nu, 2 / nu]
   assert [o.shape for o in out] == [d.shape for d in delta]
-  # Per layer, eps = n / (nu ||delta||): the noise radius has mean nu * ||delta||.
-  draws = []
-  for s in range(3000):
-    out, _ = d_privacy.sanitize_update(delta, nu, tf.constant([s, 9]))
-    draws.append(np.linalg.norm(out[1].numpy() - delta[1].numpy()))
+  # Per layer, eps = n / (nu ||delta||): the noise radius has mean nu * ||delta||
+  # (3,000 releases of the update, one per key).
+  release_keys = tf.stack([tf.range(3000), tf.fill([3000], 9)], axis=1)
+  out = d_privacy.sanitize_updates([tf.tile(d[None], [3000] + [1] * len(d.shape))
+                                    for d in delta], nu, release_keys)
+  draws = np.linalg.norm(out[1].numpy() - delta[1].numpy(), axis=1)
   assert np.mean(draws) == pytest.approx(nu * 5.0, rel=0.05)  # ||(3, 4)|| = 5
   zero, _ = d_privacy.sanitize_update([tf.zeros([3])], nu, tf.constant([0, 0]))
   np.testing.assert_array_equal(zero[0].numpy(), np.zeros(3))
+
+
+@pytest.mark.parametrize("dim", [1, 3, 1000])
+def test_euclidean_laplace_radius_is_gamma_distributed(dim):
+  """The radius, a sum of dim Exp(1) draws, against scipy's Gamma(dim, 1 / eps)
+  CDF: Kolmogorov-Smirnov over 20,000 seeded draws (p 0.56, 0.54, 0.25; a shape
+  one off is rejected at p < 1e-10 for dims 1 and 3, at 1e-6 and 0.03 for 999
+  and 1001)."""
+  from scipy import stats
+  epsilon = 2.0
+  noise = d_privacy.euclidean_laplace_noise(dim, epsilon, tf.constant([11, dim]),
+                                            batch_shape=[20000]).numpy()
+  radii = np.linalg.norm(noise.astype(np.float64), axis=1)
+  assert stats.kstest(radii, stats.gamma(dim, scale=1 / epsilon).cdf).pvalue > 1e-3
+
+
+def test_batched_sanitized_releases_are_the_single_ones_compiled_or_not():
+  """Row k of `sanitize_updates` is `sanitize_update` with key k, and XLA draws
+  the same numbers."""
+  delta = [tf.reshape(tf.range(24, dtype=tf.float32), [3, 2, 4]) / 10.0,
+           tf.constant([[1.0], [0.0], [-2.0]])]
+  release_keys = tf.constant([[1, 2], [3, 4], [5, 6]])
+  batched = d_privacy.sanitize_updates(delta, 1.5, release_keys)
+  compiled = tf.function(lambda d, k: d_privacy.sanitize_updates(d, 1.5, k),
+                         jit_compile=True)(delta, release_keys)
+  for k in range(3):
+    single, _ = d_privacy.sanitize_update([d[k] for d in delta], 1.5, release_keys[k])
+    for a, b, c in zip(single, batched, compiled):
+      np.testing.assert_allclose(b[k], a, rtol=1e-6, atol=1e-6)
+      np.testing.assert_allclose(c[k], a, rtol=1e-5, atol=1e-6)
+  np.testing.assert_array_equal(batched[1][1], [0.0])   # a zero update: no noise
 
 
 @pytest.mark.parametrize("kwargs", [dict(dim=0, epsilon=1.0), dict(dim=3, epsilon=0.0)])

@@ -5,7 +5,7 @@ Each round the driver samples U users (`run_dprivate_clustering`). The server
 broadcasts the k hypotheses; each sampled user picks the hypothesis with the lowest
 loss on its data (the model's batch objective, e.g. RMSE), trains it for E local
 epochs (SGD), sanitizes the update per layer with the Euclidean Laplace mechanism
-(Algorithm 2, `sanitize_update`) and sends the full sanitized model: no cluster index
+(Algorithm 2, `sanitize_updates`) and sends the full sanitized model: no cluster index
 and no sample count (`user_update`). The server runs k-means on the sanitized models,
 initialized at the current hypotheses, and each hypothesis becomes the unweighted
 mean of its cluster (a hypothesis whose cluster is empty is kept): `kmeans_members`
@@ -32,7 +32,7 @@ import tensorflow as tf
 from tff_silo import keys, runner
 from tff_silo.algorithms.ifca import initial_cluster_weights, select_model
 from tff_silo.algorithms.local_training import LocalTrainingConfig, train_locally
-from tff_silo.privacy.d_privacy import sanitize_update
+from tff_silo.privacy.d_privacy import sanitize_updates
 
 DEFAULT_KMEANS_ITERATIONS = 10
 DEFAULT_INIT_STD = 1.0   # Galli et al. 5.1: hypotheses drawn from N(0, 1)
@@ -108,10 +108,34 @@ def dprivate_clustering_algorithm(
                                      float(init_std), init_seed)
 
 
-def lowest_loss_hypothesis(model, hypotheses, x, y):
-  """Index of the hypothesis with the lowest loss F_c on (x, y) (Algorithm 1)."""
-  losses = tf.stack([model.batch_loss(list(h), x, y) for h in hypotheses])
-  return tf.argmin(losses, output_type=tf.int32)
+def hypothesis_losses(model, hypotheses, x, y, mask=None):
+  """[..., k]: the model's batch objective F_c of each hypothesis on each user's data
+  (x [..., n, *features], y [..., n]; `mask` [..., n] in {0, 1}: the real rows of
+  zero-padded users)."""
+  lead = tf.shape(y)
+  flat_x = tf.reshape(x, tf.concat([[-1], tf.shape(x)[len(y.shape):]], 0))
+  flat_y = tf.reshape(y, [-1])
+  return tf.stack([model.objective(tf.reshape(
+      model.per_example_loss(list(h), flat_x, flat_y), lead), mask) for h in hypotheses],
+                  axis=-1)
+
+
+def lowest_loss_hypothesis(model, hypotheses, x, y, mask=None):
+  """Each user's hypothesis with the lowest loss F_c (Algorithm 1), as
+  `hypothesis_losses`; int32 [...]."""
+  return tf.argmin(hypothesis_losses(model, hypotheses, x, y, mask), axis=-1,
+                   output_type=tf.int32)
+
+
+def released_models(algorithm: DPrivateClusteringAlgorithm, start, new, release_keys):
+  """What U users send (Algorithm 1, lines 8-9; layers [U, ...]): `start` plus the
+  update new - start sanitized per layer (`sanitize_updates`, user u's release with
+  int32[2] key `release_keys[u]`), or `new` itself without sanitization."""
+  if algorithm.nu is None:
+    return list(new)
+  delta = [a - b for a, b in zip(new, start)]
+  return [s + d for s, d in zip(start, sanitize_updates(delta, algorithm.nu,
+                                                        release_keys))]
 
 
 def user_update(algorithm: DPrivateClusteringAlgorithm, hypotheses, x, y, key) -> list:
@@ -121,11 +145,9 @@ def user_update(algorithm: DPrivateClusteringAlgorithm, hypotheses, x, y, key) -
                                                           x, y))
   new = train_locally(algorithm.model, algorithm.config, start, start, 0.0, x, y, 0.0,
                       key)
-  if algorithm.nu is None:
-    return new
-  delta = [a - b for a, b in zip(new, start)]
-  sanitized, _ = sanitize_update(delta, algorithm.nu, keys.derive(key, keys.D_PRIVACY, 0))
-  return [s + d for s, d in zip(start, sanitized)]
+  released = released_models(algorithm, [w[None] for w in start], [w[None] for w in new],
+                             keys.derive(key, keys.D_PRIVACY, 0)[None])
+  return [w[0] for w in released]
 
 
 def kmeans_members(centres, released):

@@ -163,14 +163,6 @@ def per_example_gradients(model, weights, x, y):
   return tf.vectorized_map(one, (x, y))
 
 
-def masked_mean(losses, mask=None, axis=-1):
-  """The mean of per-example losses over `axis`, over the real examples only when
-  the batch is padded (`mask` in {0, 1})."""
-  if mask is None:
-    return tf.reduce_mean(losses, axis=axis)
-  return tf.reduce_sum(mask * losses, axis=axis) / tf.reduce_sum(mask, axis=axis)
-
-
 def clipped_penalized_sum(config: LocalTrainingConfig, per_example, penalty,
                            silo_of=None, num_silos=None):
   """The sum of the clipped per-example gradients of the penalized objective: the
@@ -231,10 +223,7 @@ def step_gradient(model, config: LocalTrainingConfig, weights, anchor, lam, xb, 
   if not config.private:
     with tf.GradientTape() as tape:
       tape.watch(weights)
-      if mask is None:
-        loss = model.batch_loss(weights, xb, yb)
-      else:
-        loss = masked_mean(model.per_example_loss(weights, xb, yb), mask)
+      loss = model.batch_loss(weights, xb, yb, mask)
     return [g + p for g, p in zip(tape.gradient(loss, weights), penalty)]
   if mask is not None:   # a DP step's examples are its batch, never padded
     raise ValueError("step_gradient: mask is for batches without DP")
@@ -255,7 +244,7 @@ def step_gradient(model, config: LocalTrainingConfig, weights, anchor, lam, xb, 
 
 
 def check_trainable(model, config: LocalTrainingConfig) -> None:
-  if config.private and model.batch_reduction is not None:
+  if config.private and model.mean_transform is not None:
     raise ValueError(f"{model.name} trains an objective that is not a mean over "
                      "examples; DP-SGD needs per-example losses (train it without "
                      "l2_norm_clip)")

@@ -33,9 +33,10 @@ class SiloModel:
     per_example_gradients_fn: optional `(weights, x, y) -> per-example gradients`
       (one tensor per weight, leading axis the examples), a faster closed form of
       what DP-SGD otherwise computes with `tf.vectorized_map`.
-    batch_reduction: optional `per-example losses [n] -> objective` replacing the
-      mean (Galli et al.'s RMSE, eq. 10). Such an objective is not a sum over
-      examples, so DP-SGD cannot train it.
+    mean_transform: optional `mean loss -> objective`: the training objective is
+      this function of the mean per-example loss, not the mean itself (Galli et
+      al.'s RMSE, eq. 10: `root`). Such an objective is not a sum over examples,
+      so DP-SGD cannot train it.
     stacked_apply_fn: optional `(weights [S, ...], x [S, b, ...]) -> outputs [S, b,
       ...]`: S models (silos, or one copy per example) applied at once, equal to
       `apply_fn` on each; the vectorized backend uses it where `tf.vectorized_map`
@@ -61,7 +62,7 @@ class SiloModel:
   metric: str
   predict_fn: Callable = lambda outputs: outputs
   per_example_gradients_fn: Optional[Callable] = None
-  batch_reduction: Optional[Callable] = None
+  mean_transform: Optional[Callable] = None
   stacked_apply_fn: Optional[Callable] = None
   stacked_per_example_gradients_fn: Optional[Callable] = None
   linear_form_fn: Optional[Callable] = None
@@ -87,12 +88,16 @@ class SiloModel:
   def per_example_loss(self, weights, x, y):
     return self.loss_fn(self.apply_fn(weights, x), y)
 
-  def batch_loss(self, weights, x, y):
-    """The training objective on a batch: the mean per-example loss by default."""
-    losses = self.per_example_loss(weights, x, y)
-    if self.batch_reduction is None:
-      return tf.reduce_mean(losses)
-    return self.batch_reduction(losses)
+  def batch_loss(self, weights, x, y, mask=None):
+    """The training objective on a batch (`mask` [n] in {0, 1}: its real examples,
+    when it is padded)."""
+    return self.objective(self.per_example_loss(weights, x, y), mask)
+
+  def objective(self, losses, mask=None):
+    """The training objective of per-example losses [..., n] (`mask`: the real
+    ones): their mean over the last axis, or `mean_transform` of it."""
+    mean = masked_mean(losses, mask)
+    return mean if self.mean_transform is None else self.mean_transform(mean)
 
   def metric_values(self, weights, x, y):
     """Per-example squared error (`mse`) or correctness in {0, 1} (`accuracy`)."""
@@ -122,9 +127,17 @@ def squared_error(outputs, y):
   return tf.square(outputs - y)
 
 
-def root_mean(losses):
-  """sqrt(mean(losses)): with `squared_error`, the RMSE of Galli et al. eq. 10."""
-  return tf.sqrt(tf.reduce_mean(losses) + 1e-12)
+def masked_mean(losses, mask=None, axis=-1):
+  """The mean of per-example losses over `axis`, over the real examples only when
+  the batch is padded (`mask` in {0, 1})."""
+  if mask is None:
+    return tf.reduce_mean(losses, axis=axis)
+  return tf.reduce_sum(mask * losses, axis=axis) / tf.reduce_sum(mask, axis=axis)
+
+
+def root(mean_loss):
+  """sqrt(mean loss): with `squared_error`, the RMSE of Galli et al. eq. 10."""
+  return tf.sqrt(mean_loss + 1e-12)
 
 
 def hinge_loss(outputs, y):

@@ -12,7 +12,7 @@ from tff_silo.models import functional as F
 
 
 def _linear(name, dim, loss_fn, metric, predict_fn=lambda o: o, bias=True,
-            batch_reduction=None):
+            mean_transform=None):
   if dim < 1:
     raise ValueError(f"input dimension must be >= 1, got {dim}")
   shapes = ((dim,), ()) if bias else ((dim,),)
@@ -40,8 +40,8 @@ def _linear(name, dim, loss_fn, metric, predict_fn=lambda o: o, bias=True,
                      apply_fn=apply_fn, loss_fn=loss_fn, metric=metric,
                      predict_fn=predict_fn,
                      per_example_gradients_fn=F.linear_form_gradients(linear_form_fn),
-                     batch_reduction=batch_reduction,
-                     linear_form_fn=None if batch_reduction else linear_form_fn)
+                     mean_transform=mean_transform,
+                     linear_form_fn=None if mean_transform else linear_form_fn)
 
 
 REGRESSION_OBJECTIVES = ("squared", "rmse")
@@ -55,7 +55,7 @@ def linear_regression(dim: int, *, bias: bool = True,
     raise ValueError(f"objective must be one of {REGRESSION_OBJECTIVES}, got {objective!r}")
   if objective == "rmse":
     return _linear("linear_regression_rmse", dim, F.squared_error, "mse", bias=bias,
-                   batch_reduction=F.root_mean)
+                   mean_transform=F.root)
   return _linear("linear_regression", dim, F.squared_loss, "mse", bias=bias)
 
 

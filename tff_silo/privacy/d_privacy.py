@@ -13,24 +13,34 @@ epsilon = n / (nu * ||delta||_2), so the leakage towards the update's own
 neighbourhood is epsilon * ||delta|| = n / nu per participation; leakages of repeated
 participations add up (Theorem 1).
 
+A radius is drawn as the sum of n Exp(1) draws, -ln(1 - u) of float64 uniforms (a
+Gamma of integer shape n, exactly; an Exp(1) draw reaches 36, where TF's float32
+uniforms would stop at 16), so the mechanism compiles under XLA, which has no Gamma
+kernel; the direction is `gaussian.normal`'s normals, normalized.
+
 Keys: `seed` is an int32[2] key (`tff_silo.keys`), one per release; None draws from OS
-entropy. A fixed key is for reproducible simulation only.
+entropy. A fixed key is for reproducible simulation only. The batched forms
+(`sanitize_updates`) draw row k with key k, as the single ones draw with it.
 """
 
 from __future__ import annotations
 
+import numpy as np
 import tensorflow as tf
 
+from tff_silo import batched_random as br
 from tff_silo import keys
+from tff_silo.privacy import gaussian
 
 
-def _sample(batch_shape, dim: int, scale, seed):
-  """`batch_shape + [dim]` draws of radius Gamma(shape dim, scale) times a direction
-  uniform on the unit sphere: density proportional to exp(-||x||_2 / scale)."""
-  radii = tf.random.stateless_gamma(batch_shape, seed=keys.fold_in(seed, 0),
-                                    alpha=float(dim)) * scale
-  normal = tf.random.stateless_normal(batch_shape + [dim], seed=keys.fold_in(seed, 1))
-  return radii[..., None] * normal / tf.norm(normal, axis=-1, keepdims=True)
+def _sample(row_keys, dim: int, scale):
+  """[K, dim]: row k a radius Gamma(shape dim, scale[k]) times a direction uniform
+  on the unit sphere (density proportional to exp(-||x||_2 / scale[k])), drawn with
+  int32[2] key `row_keys[k]`."""
+  exponentials = -tf.math.log1p(-br.uniform64(br.fold_in(row_keys, 0), dim))
+  radii = tf.cast(tf.reduce_sum(exponentials, axis=1), tf.float32) * scale
+  normal = gaussian.normal(br.fold_in(row_keys, 1), dim)
+  return radii[:, None] * normal / tf.norm(normal, axis=1, keepdims=True)
 
 
 def euclidean_laplace_noise(dim: int, epsilon: float, seed=None, batch_shape=()):
@@ -46,7 +56,12 @@ def euclidean_laplace_noise(dim: int, epsilon: float, seed=None, batch_shape=())
     raise ValueError(f"dim must be a positive integer, got {dim}")
   if not epsilon > 0:
     raise ValueError(f"epsilon must be positive, got {epsilon}")
-  return _sample(list(batch_shape), int(dim), 1.0 / epsilon, keys.key_or_fresh(seed))
+  batch_shape = [int(b) for b in batch_shape]
+  count = int(np.prod(batch_shape, dtype=np.int64))
+  row_keys = br.fold_in(tf.tile(keys.key_or_fresh(seed)[None], [count, 1]),
+                        tf.range(count, dtype=tf.int64))
+  return tf.reshape(_sample(row_keys, int(dim), tf.constant(1.0 / epsilon, tf.float32)),
+                    batch_shape + [int(dim)])
 
 
 def sanitize_update(delta_layers, nu: float, seed=None):
@@ -61,16 +76,22 @@ def sanitize_update(delta_layers, nu: float, seed=None):
     nu: the noise multiplier (> 0); larger is more private.
     seed: int32[2] key of this release; None: OS entropy.
   """
+  sanitized = sanitize_updates([tf.convert_to_tensor(d, tf.float32)[None]
+                                for d in delta_layers], nu, keys.key_or_fresh(seed)[None])
+  return ([s[0] for s in sanitized],
+          [int(tf.size(d)) / nu for d in delta_layers])
+
+
+def sanitize_updates(delta_layers, nu: float, release_keys):
+  """`sanitize_update` of K updates at once: layers [K, ...], update k's release
+  drawn with int32[2] key `release_keys[k]`; returns the sanitized layers."""
   if not nu > 0:
     raise ValueError(f"nu must be positive, got {nu}")
-  seed = keys.key_or_fresh(seed)
-  sanitized, leakage = [], []
+  sanitized = []
   for i, delta in enumerate(delta_layers):
-    flat = tf.reshape(delta, [-1])
-    n = int(flat.shape[0])
+    n = int(np.prod(delta.shape[1:], dtype=np.int64))
+    flat = tf.reshape(delta, [-1, n])
     # Scale 1/eps = nu * ||delta|| / n, finite (and zero) for a zero update.
-    noise = _sample([], n, nu * tf.norm(flat) / n,
-                    keys.fold_in(seed, i))
+    noise = _sample(br.fold_in(release_keys, i), n, nu * tf.norm(flat, axis=1) / n)
     sanitized.append(tf.reshape(flat + noise, tf.shape(delta)))
-    leakage.append(n / nu)
-  return sanitized, leakage
+  return sanitized

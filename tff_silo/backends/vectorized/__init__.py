@@ -34,16 +34,16 @@ about `WORKING_SET_STACKED` (or `WORKING_SET_PER_COPY`) x parameters floats per
 example; when a step's examples would pass `MEMORY_BUDGET_FLOATS` they go through in
 even chunks that fit (`chunk_examples`), one after another.
 
-XLA (`programs.xla_rounds`, the binaries' --xla): the rounds of the MR-MTL family,
-IFCA, Mocha, the hypernetwork (a round's users padded to a power of two, masked) and
-the pandemic forecaster compile with `jit_compile=True`. Traced for
+XLA (`programs.xla_rounds`, the binaries' --xla): every round (the MR-MTL family,
+IFCA, Mocha, d-private clustering and the hypernetwork, whose rounds' users are
+padded to a power of two and masked: `padded_ids`, and the pandemic forecaster)
+compiles with `jit_compile=True`. Traced for
 XLA, `train_silos` keeps shapes static: batches B wide, a Poisson sample as a mask
 over the padded rows (the same sample: `PoissonSampler.kept_mask`), a DP step's
 examples compacted to the front of a list of every (silo, slot) pair and taken in
 chunks of `STATIC_CHUNK_EXAMPLES` until their count is covered (exact: no bound on
 a batch, nothing truncated). Parity with the uncompiled rounds: tests/backends/
-test_xla.py. Not yet compiled: d-private clustering (a Gamma draw, no XLA kernel;
-each user's rows sliced to its n).
+test_xla.py.
 
 Modules: `stacking` (silos on a leading axis), `training` (`train_silos`: batches,
 per-example gradients, DP noise), `programs` (the traced rounds, one per
@@ -58,7 +58,8 @@ definition; `RunStackingRunner`, what a runner whose runs stack shares), and one
 - `mocha`: Mocha (`MochaAlgorithm`: each run's Omega from a batched eigh, padded
   to the largest run); runs stack.
 - `dprivate`: d-private clustered FL (`DPrivateClusteringAlgorithm`: the sampled
-  users' updates as a `map_fn`, k-means stacked).
+  users trained as stacked silos by `train_silos`, their updates sanitized at once,
+  k-means stacked).
 Other aggregators run on the TFF backend; each runner's `unsupported_reason` says so
 in one line. The hypernetwork's round (`hypernet.vectorized`) uses `train_silos`.
 """

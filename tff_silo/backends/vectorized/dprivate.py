@@ -1,7 +1,6 @@
 """d-private clustered FL's round (`dprivate_clustering.DPrivateClusteringAlgorithm`,
-Galli et al. Algorithm 1) over the sampled users, and its runner
-(`VectorizedDPrivateClustering`: users are mapped one by one, so any model and any
-objective run here)."""
+Galli et al. Algorithm 1) over the sampled users as one TF program, and its runner
+(`VectorizedDPrivateClustering`)."""
 
 from __future__ import annotations
 
@@ -10,28 +9,35 @@ from typing import NamedTuple
 import numpy as np
 import tensorflow as tf
 
+from tff_silo import batched_random as br
 from tff_silo import keys, runner
 from tff_silo.algorithms import dprivate_clustering as dpc
-from tff_silo.backends.vectorized.programs import round_program
+from tff_silo.backends.vectorized.programs import (compiling_rounds, padded_ids,
+                                                   round_program)
 from tff_silo.backends.vectorized.stacking import StackedSilos, rows, stack_silos
+from tff_silo.backends.vectorized.training import train_silos
 
 
 def _dprivate_round(algorithm: dpc.DPrivateClusteringAlgorithm):
-  """A round of d-private clustered FL over the sampled users (`users`, int32
-  [U]): each user's `dprivate_clustering.user_update` on its own rows (a `map_fn`
-  over users, independent iterations run in parallel), then k-means on the
-  released models as one stacked computation (`kmeans_members`, `recentre`)."""
-  signature = tuple(tf.TensorSpec(s, tf.float32) for s in algorithm.model.weight_shapes)
+  """A round of d-private clustered FL over the sampled users (`users`, int32 [U];
+  `real` [U] in {0, 1}, 0 for padding): every user's lowest-loss hypothesis
+  (`lowest_loss_hypothesis` over its real rows) trained as stacked silos
+  (`train_silos`), the updates sanitized (`released_models`), then k-means on the
+  released models of the real users (`kmeans_members`, `recentre`)."""
+  model = algorithm.model
 
-  def round_fn(hypotheses, round_num, silos: StackedSilos, users):
-    def one(k):
-      n = silos.n[k]
-      return tuple(dpc.user_update(algorithm, hypotheses, silos.x[k][:n],
-                                   silos.y[k][:n], keys.fold_in(silos.key[k], round_num)))
-    released = tf.map_fn(one, users, fn_output_signature=signature)   # [U, ...]
+  def round_fn(hypotheses, round_num, silos: StackedSilos, users, real):
+    mine = StackedSilos(*(tf.gather(t, users) for t in silos))
+    mask = tf.cast(tf.range(tf.shape(mine.y)[1])[None] < mine.n[:, None], tf.float32)
+    chosen = dpc.lowest_loss_hypothesis(model, hypotheses, mine.x, mine.y, mask)
+    start = [tf.gather(tf.stack(layer), chosen) for layer in zip(*hypotheses)]
+    round_keys = br.fold_in(mine.key, round_num)
+    new = train_silos(model, algorithm.config, start, start, 0.0, mine, round_keys, 0)
+    released = dpc.released_models(algorithm, start, new,
+                                   br.derive(round_keys, keys.D_PRIVACY, 0))
     centres = hypotheses
     for _ in range(algorithm.kmeans_iterations):
-      member = dpc.kmeans_members(centres, released)   # [U, k]
+      member = dpc.kmeans_members(centres, released) * real[:, None]   # [U, k]
       sums = tuple(tuple(tf.reduce_sum(rows(member[:, j], w) * w, axis=0)
                          for w in released) for j in range(algorithm.num_clusters))
       centres = dpc.recentre(centres, sums, tf.reduce_sum(member, axis=0))
@@ -59,15 +65,16 @@ class VectorizedDPrivateClustering:
     self._round = round_program(
         (algorithm.model.computation_key, algorithm.config, "dprivate",
          algorithm.num_clusters, algorithm.nu, algorithm.kmeans_iterations),
-        lambda: _dprivate_round(algorithm),
-        xla_blocker="d-private clustering's round does not compile (its Laplace radius "
-                    "is a Gamma draw, which XLA has no kernel for)")
+        lambda: _dprivate_round(algorithm))
+    self._padded = compiling_rounds()
 
   def prepare(self, inputs) -> StackedSilos:
     return stack_silos(inputs)
 
   def sampled(self, silos: StackedSilos, users):
-    return silos, tf.constant(np.asarray(users, np.int32))
+    """The stacked users, the ids sampled and which are real (`padded_ids`: padding
+    is left out of k-means)."""
+    return (silos, *padded_ids(users, self._padded))
 
   def initialize(self) -> HypothesesState:
     return HypothesesState(
@@ -75,6 +82,5 @@ class VectorizedDPrivateClustering:
         tf.constant(0, tf.int32))
 
   def next(self, state: HypothesesState, data):
-    silos, users = data
-    hypotheses, new_round = self._round(state.hypotheses, state.round_num, silos, users)
+    hypotheses, new_round = self._round(state.hypotheses, state.round_num, *data)
     return HypothesesState(tuple(tuple(h) for h in hypotheses), new_round), {}

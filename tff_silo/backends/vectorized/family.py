@@ -27,7 +27,7 @@ def unsupported_reason(algorithm: SiloAlgorithm) -> str | None:
   if algorithm.aggregation is None:
     return ("the vectorized backend computes the weighted and unweighted mean only; "
             "other tff.aggregators factories run on backend=tff")
-  if algorithm.model.batch_reduction is not None:
+  if algorithm.model.mean_transform is not None:
     return (f"{algorithm.model.name}'s objective is not a mean over examples; "
             "it runs on backend=tff")
   return None

@@ -24,7 +24,7 @@ class MochaState(NamedTuple):
 
 
 def unsupported_reason(algorithm: mocha.MochaAlgorithm) -> str | None:
-  if algorithm.model.batch_reduction is not None:
+  if algorithm.model.mean_transform is not None:
     return (f"{algorithm.model.name}'s objective is not a mean over examples; "
             "it runs on backend=tff")
   return None

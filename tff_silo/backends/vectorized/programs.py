@@ -40,15 +40,20 @@ def compiling_rounds() -> bool:
   return _XLA[0]
 
 
-def round_program(key: Hashable, make: Callable[[], Callable],
-                  xla_blocker: str | None = None):
+def padded_ids(ids, padded: bool):
+  """(int32 [W], float32 [W]): a round's sampled user ids and which are real. For an
+  XLA-compiled round (`padded`) the ids are padded with user 0, marked 0, to a
+  power of two W: one compilation per power, not per count of users sampled."""
+  ids = np.asarray(ids, np.int32)
+  width = 1 << max(len(ids) - 1, 0).bit_length() if padded else len(ids)
+  return (tf.constant(np.pad(ids, (0, width - len(ids)))),
+          tf.constant(np.arange(width) < len(ids), tf.float32))
+
+
+def round_program(key: Hashable, make: Callable[[], Callable]):
   """The traced round of program `key`, made by `make()` on first use: a sweep over
   seeds and epsilons traces it once (n, sizes, noise multipliers and keys are
-  tensors, so only new shapes retrace); XLA-compiled inside `xla_rounds`, which a
-  round with an `xla_blocker` (why it does not compile) refuses."""
-  if _XLA[0] and xla_blocker:
-    raise ValueError(f"XLA rounds: {xla_blocker}; run it uncompiled (without "
-                     "xla_rounds, --xla)")
+  tensors, so only new shapes retrace); XLA-compiled inside `xla_rounds`."""
   key = (key, _XLA[0])
   with _PROGRAMS_LOCK:   # runs in several threads (benchmarks.compare)
     if key not in _ROUND_FUNCTIONS:

@@ -263,7 +263,7 @@ def _gradients(model, config, weights, anchor, lam, xb, yb, mask):
   with tf.GradientTape() as tape:
     tape.watch(weights)
     losses = model.loss_fn(model.stacked_apply_fn(weights, xb), yb)
-    loss = tf.reduce_sum(lt.masked_mean(losses, mask))
+    loss = tf.reduce_sum(model.objective(losses, mask))
   return [g + rows(lam, w) * (w - a)
           for g, w, a in zip(tape.gradient(loss, weights), weights, anchor)]
 

@@ -32,7 +32,10 @@ backends alternating within each repeat, so drift of the machine hits both alike
   default memory budget and with none: peak memory after the round, its time.
 - `cnn_share`: in a fresh process, this machine's float32 GEMM rate, and a DP
   MR-MTL round of the digits CNN and of Fashion-MNIST-sized silos (`CNN_WORKLOADS`)
-  with its useful FLOP/s (`cnn.training_flops`) as a share of that rate.
+  with its useful FLOP/s (`cnn.training_flops`) as a share of that rate; beside it
+  the same network's plain step (one model, no DP, a DP step's silos x B examples
+  as one batch): what TensorFlow's kernels reach for its layers without
+  per-example work.
 - `sampling`: in a fresh process, DP local training of one silo of n rows (a linear
   model on 20 features, batch 64, public size n, `SAMPLING_STEPS` steps) for each n of
   `SAMPLING_SIZES` (up to a 130,000-person pandemic silo), Poisson and without
@@ -356,6 +359,31 @@ def _gemm_flops_per_second(repeats=10) -> float:
   return 2 * GEMM_SIZE ** 3 / statistics.median(times)
 
 
+def _plain_step_seconds(model, shape, examples: int, repeats=10) -> float:
+  """The median time of `model`'s plain training step (one model's gradient of
+  its batch loss, no DP) on `examples` random images, after one untimed."""
+  import tensorflow as tf
+  weights = [tf.constant(w) for w in model.initial_weights(0)]
+  x = tf.random.stateless_uniform([examples, *shape], seed=[0, 0])
+  y = tf.cast(tf.random.stateless_uniform([examples], [0, 1], 0, 10, tf.int32),
+              tf.float32)
+
+  @tf.function
+  def step(x, y):
+    with tf.GradientTape() as tape:
+      tape.watch(weights)
+      loss = model.batch_loss(weights, x, y)
+    return tf.add_n([tf.reduce_sum(g) for g in tape.gradient(loss, weights)])
+
+  step(x, y).numpy()
+  times = []
+  for _ in range(repeats):
+    start = time.perf_counter()
+    step(x, y).numpy()
+    times.append(time.perf_counter() - start)
+  return statistics.median(times)
+
+
 def _cnn_share_in_process():
   """The cnn_share part, run here: the GEMM rate, then for each workload one
   traced and one timed DP MR-MTL round (public sizes: a silo's steps times B
@@ -381,8 +409,12 @@ def _cnn_share_in_process():
     examples = float(np.sum(np.maximum(1, sizes // batch) * np.minimum(batch, sizes)))
     seconds = float(result.round_seconds[-1])
     achieved = examples * cnn.training_flops(shape, model.weight_shapes) / seconds
+    step_examples = num_silos * batch   # a DP step's, as one batch
+    plain = step_examples * cnn.training_flops(shape, model.weight_shapes) / (
+        _plain_step_seconds(model, shape, step_examples))
     out["workloads"][name] = dict(round_seconds=seconds, examples=examples,
-                                  gflops=achieved / 1e9, share_of_gemm=achieved / gemm)
+                                  gflops=achieved / 1e9, share_of_gemm=achieved / gemm,
+                                  plain_share_of_gemm=plain / gemm)
   out["peak_memory_mb"] = common.peak_memory_mb()
   print(json.dumps(out))
 
@@ -610,10 +642,12 @@ def main(argv):
               seconds_per_round_median=w["round_seconds"],
               examples_per_round=w["examples"], gflops=w["gflops"],
               gemm_gflops=result["gemm_gflops"], share_of_gemm=w["share_of_gemm"],
+              plain_share_of_gemm=w["plain_share_of_gemm"],
               peak_memory_mb=result["peak_memory_mb"], rounds=1)
       print(f"cnn_share {name}: DP round {w['round_seconds']:.2f} s, "
             f"{w['gflops']:.2f} GFLOP/s useful = {w['share_of_gemm']:.1%} of the "
-            f"GEMM rate ({result['gemm_gflops']:.1f} GFLOP/s), peak "
+            f"GEMM rate ({result['gemm_gflops']:.1f} GFLOP/s; the plain step "
+            f"{w['plain_share_of_gemm']:.1%}), peak "
             f"{result['peak_memory_mb']:.0f} MB", flush=True)
   if "sampling" in s.parts:
     seconds, result = _speed_child("sampling part", os.environ, "--sampling_child")

@@ -98,6 +98,7 @@ STAGED_MODELS = ".trials.partial"
 DATA_FILES = {"school": "school.mat", "vehicle": "vehicle.mat or the Vehicle JSON",
               "fmnist": "Fashion-MNIST's IDX files",
               "fmnist_hetero": "Fashion-MNIST's IDX files"}
+MASKED_DATASETS = ("digits", "fmnist")   # rotated & masked: --mask_probability
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string("preset", "quick", f"One of {PRESETS}: the grid and settings.")
@@ -115,6 +116,9 @@ flags.DEFINE_float("clip", None, "Per-example L2 clip under DP.")
 flags.DEFINE_float("delta", None, "Per-silo delta.")
 flags.DEFINE_float("validation_fraction", None, "Share of each silo's training "
                    "examples held out to tune on.")
+flags.DEFINE_float("mask_probability", None, "digits, fmnist: the probability of each "
+                   "of a silo's white patches (thesis Fig. 1.6: 0, 0.2, 0.4; default: "
+                   "the dataset's 0.1).")
 flags.DEFINE_string("tuning", "free", f"One of {TUNING_MODES} (see the module doc).")
 flags.DEFINE_bool("membership", False, "Also attack every trial's silo models with "
                   "membership inference (attacks.membership, threshold attack: each "
@@ -149,7 +153,7 @@ common.define_bounds(
     lrs="> 0", lams="> 0", rounds=">= 1", batch_size=">= 1", clip="> 0",
     delta="(0, 1)", validation_fraction="(0, 1)", tuning_eta="> -1",
     mean_trials="> 1", score_budget_share="(0, 1)", score_clip="> 0",
-    concurrent_batches=">= 1")
+    concurrent_batches=">= 1", mask_probability="[0, 1)")
 flags.adopt_module_key_flags(common)   # --help lists the shared flags too
 
 
@@ -190,6 +194,12 @@ def _settings() -> grid.Settings:
     s[name] = getattr(preset, name) if value is None else value
   common.check_bounds(**{name: s[name] for name in (
       "lrs", "lams", "rounds", "batch_size", "clip", "delta", "validation_fraction")})
+  if FLAGS.mask_probability is not None:
+    if preset.dataset not in MASKED_DATASETS:
+      raise UsageError(f"--mask_probability applies to the {'/'.join(MASKED_DATASETS)} "
+                       f"presets only; --preset={FLAGS.preset} has no masks")
+    common.check_bounds("mask_probability")
+  s["mask_probability"] = FLAGS.mask_probability
   s["assumed_silo_size"] = preset.assumed_silo_size
   s["num_clusters"] = preset.num_clusters
   common.check_one_of("tuning", FLAGS.tuning, TUNING_MODES)
@@ -251,8 +261,11 @@ def _settings() -> grid.Settings:
 
 def _recipe(s, seed) -> dict:
   """What a trial's silos are made of (`benchmarks.datasets`)."""
-  return dict(preset_dataset=s.dataset, seed=seed, data_dir=s.data_dir,
-              validation_fraction=s.validation_fraction)
+  recipe = dict(preset_dataset=s.dataset, seed=seed, data_dir=s.data_dir,
+                validation_fraction=s.validation_fraction)
+  if s.mask_probability is not None:   # (the recipes of the default have no key)
+    recipe["mask_probability"] = s.mask_probability
+  return recipe
 
 
 def _data(s, seed):
@@ -671,9 +684,10 @@ def _plots(s, trials, selected, chance):
   None (private tuning) draws every figure from the selected rows alone; `chance`
   the accuracy of a uniform guess (None for regression)."""
   from benchmarks import plots
-  plots.privacy_utility(selected, f"{s.preset}: tuning {s.tuning}" + (
-      " (not accounted)" if s.tuning == "free" else " (accounted)"),
-                        _figure(s, "privacy_utility"), chance)
+  figure = configs.COMPARE_PRESETS[s.preset].paper_figure
+  title = (s.preset + (f" ({figure})" if figure else "") + f": tuning {s.tuning}"
+           + (" (not accounted)" if s.tuning == "free" else " (accounted)"))
+  plots.privacy_utility(selected, title, _figure(s, "privacy_utility"), chance)
   if "mia_auc" in selected and selected.mia_auc.notna().any():
     plots.leakage(selected, f"{s.preset}: leakage of the selected models",
                   _figure(s, "leakage"))

@@ -83,6 +83,7 @@ class ComparePreset:
   score_clip: float = 1.0
   num_clusters: int = 4    # IFCA's G
   hypernet: HypernetSettings = HypernetSettings()
+  paper_figure: str = ""   # the seed's figure the preset reproduces, in figure titles
 
 
 # App. B.4's grids.
@@ -107,7 +108,7 @@ COMPARE_PRESETS = {
         dataset="vehicle", methods=("local", "fedavg", "finetune", "mrmtl", "ditto"),
         epsilons=(1.0, 2.0, 4.0, 8.0, float("inf")), seeds=(0, 1, 2), lrs=PAPER_LRS,
         lams=PAPER_LAMS, rounds=400, batch_size=64, clip=6.0, delta=1e-7,
-        assumed_silo_size=48),
+        assumed_silo_size=48, paper_figure="thesis Fig. 1.2, 1.3(a), G.2"),
     # The rotated & masked digits of `benchmarks.run` (36 training images a silo,
     # 29 after validation); its settings; the hypernetwork with user-level DP.
     "digits": ComparePreset(
@@ -115,7 +116,7 @@ COMPARE_PRESETS = {
                                    "hypernet"),
         epsilons=(1.0, 4.0, float("inf")), seeds=(0, 1, 2), lrs=(0.1, 0.3),
         lams=(0.01, 0.1, 1.0), rounds=60, batch_size=16, clip=1.0, delta=1e-3,
-        assumed_silo_size=29),
+        assumed_silo_size=29, paper_figure="stand-in of thesis Fig. 1.6"),
     # Thesis Fig. 1.6 on Fashion-MNIST (app. B.1: 40 silos x 1,500 / 250 images in 4
     # rotation groups, B = 100, c = 1, T = 200); 1,200 training images after
     # validation.
@@ -123,7 +124,7 @@ COMPARE_PRESETS = {
         dataset="fmnist", methods=("local", "fedavg", "mrmtl", "ifca", "ifca_mrmtl"),
         epsilons=(1.0, 3.0, 8.0, float("inf")), seeds=(0, 1, 2), lrs=(0.03, 0.1),
         lams=(0.01, 0.1, 1.0), rounds=200, batch_size=100, clip=1.0, delta=1e-5,
-        assumed_silo_size=1200),
+        assumed_silo_size=1200, paper_figure="thesis Fig. 1.6 (MNIST there)"),
     # Thesis Fig. 1.3(d)'s heterogeneous CIFAR-10 (30 silos of 5 random classes) on
     # Fashion-MNIST: ~2,333 images a silo, 80% training, 80% of that kept: ~1,490.
     "fmnist_hetero": ComparePreset(
@@ -131,12 +132,13 @@ COMPARE_PRESETS = {
                                           "ditto"),
         epsilons=(1.0, 3.0, 8.0, float("inf")), seeds=(0, 1, 2), lrs=(0.03, 0.1),
         lams=(0.01, 0.1, 1.0), rounds=200, batch_size=100, clip=1.0, delta=1e-5,
-        assumed_silo_size=1490),
+        assumed_silo_size=1490, paper_figure="stand-in of thesis Fig. 1.3(d)"),
     # Thesis Fig. 1.3(b) and app. B.4: School, delta 1e-3.
     "school": ComparePreset(
         dataset="school", methods=("local", "fedavg", "finetune", "mrmtl", "ditto",
                                    "ifca", "ifca_mrmtl", "mocha"),
         epsilons=(1.0, 2.0, 3.0, 4.0, 6.0, 8.0, float("inf")), seeds=(0, 1, 2),
         lrs=PAPER_LRS, lams=PAPER_LAMS, rounds=200, batch_size=32, clip=1.0,
-        delta=1e-3, assumed_silo_size=70),   # 88 training examples a silo, 80% kept
+        delta=1e-3, assumed_silo_size=70,   # 88 training examples a silo, 80% kept
+        paper_figure="thesis Fig. 1.3(b), G.3"),
 }

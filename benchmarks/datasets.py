@@ -9,7 +9,8 @@ data_dir, standardize (tabular: none, public, dp, silo), for `dp` standardize_cl
 standardize_noise_multiplier and neighbouring, mask_probability and test_fraction
 (digits), corrupt_silos and corruption (misbehaving silos). A `benchmarks.compare` recipe has
 preset_dataset (quick, digits, school, vehicle, fmnist, fmnist_hetero), seed,
-data_dir and validation_fraction: the silos its trials train on (`compare_silos`).
+data_dir, validation_fraction and optionally mask_probability (digits, fmnist): the
+silos its trials train on (`compare_silos`).
 A `benchmarks.hypernet` recipe has hypernet_dataset (digits, cifar10, femnist),
 seed, num_users, classes_per_user, data_dir and cache_dir: its users
 (`hypernet_users`).
@@ -38,20 +39,23 @@ def load(recipe: dict):
   return data.corrupt_labels(silos, corrupt, recipe["corruption"]), events
 
 
-def compare_preset_silos(dataset: str, seed: int, data_dir=None):
-  """The silos of a `benchmarks.compare` preset's dataset, before validation."""
+def compare_preset_silos(dataset: str, seed: int, data_dir=None,
+                         mask_probability=None):
+  """The silos of a `benchmarks.compare` preset's dataset, before validation
+  (`mask_probability`: digits and fmnist, None for the dataset's own)."""
   from benchmarks import configs
   from tff_silo import data
+  masks = {} if mask_probability is None else dict(mask_probability=mask_probability)
   if dataset == "quick":
     return data.heterogeneous_linear_silos(**configs.QUICK_DATA, seed=seed)
   if dataset == "digits":
-    return data.load_rotated_masked_digits(seed=seed)
+    return data.load_rotated_masked_digits(seed=seed, **masks)
   if dataset == "school":
     return data.load_school(data_dir, seed=seed, standardize="public")
   if dataset == "vehicle":
     return data.load_vehicle(data_dir, seed=seed, standardize="none")
   if dataset == "fmnist":
-    return data.rotated_masked_fmnist_silos(data_dir, seed=seed)
+    return data.rotated_masked_fmnist_silos(data_dir, seed=seed, **masks)
   if dataset == "fmnist_hetero":
     return data.label_skewed_fmnist_silos(data_dir, seed=seed)
   raise ValueError(f"unknown compare dataset {dataset!r}")
@@ -62,7 +66,7 @@ def compare_split(recipe: dict):
   features and labels per silo): `data.validation_split` of the preset's silos."""
   from tff_silo import data
   silos = compare_preset_silos(recipe["preset_dataset"], recipe["seed"],
-                               recipe.get("data_dir"))
+                               recipe.get("data_dir"), recipe.get("mask_probability"))
   return data.validation_split(silos, recipe["validation_fraction"],
                                [recipe["seed"], 1])
 

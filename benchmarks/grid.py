@@ -56,6 +56,7 @@ class Settings:
   score_clip: float | None = None
   # the aggregator flags a run key holds (empty for the default mean)
   aggregator_key: dict = dataclasses.field(default_factory=dict)
+  mask_probability: float | None = None   # digits, fmnist; None: the dataset's
   data_dir: str | None = None
   output: str | None = None
   table: str | None = None
@@ -154,6 +155,8 @@ def settings_key(s) -> dict:
         "tuning_eta", "mean_trials", "score_budget_share", "score_clip")})
   if s.membership:
     key.update(membership=True)
+  if s.mask_probability is not None:   # (the keys of the default have none)
+    key.update(mask_probability=s.mask_probability)
   key.update(s.aggregator_key)   # empty for the default mean
   return key
 

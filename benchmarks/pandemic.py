@@ -68,6 +68,11 @@ flags.DEFINE_bool("resume", True, "Skip runs whose row is already in --output.")
 flags.DEFINE_bool("epsilon_table", False, "Only print Table 2.6's epsilons recomputed "
                   "by the accountant (Smoke: n = 2,609,976, b = 512, two epochs, "
                   "the thesis' delta = 1/n), with both exponents; no data is read.")
+flags.DEFINE_bool("degree_figure", False, "Only draw Fig. 2.8 from the accountant: "
+                  "epsilon against the examples a node lies in, S, for several sigma, "
+                  "with both exponents (Smoke: n = 2,609,976, b = 512, one epoch, "
+                  "delta = 1/n); writes --figures_dir/pandemic_degree.png and its "
+                  "CSV beside it; no data is read.")
 common.define_bounds(
     sample_sizes=">= 1", noise_multipliers=">= 0", lams=">= 0", alphas="(0, 1)",
     rounds=">= 1", batch_size=">= 1", clip="> 0", lr="> 0", final_week_rate="(0, 0.5)")
@@ -213,11 +218,42 @@ def _print_epsilon_table():
     print(f"| {sigma:g} | {thesis} | " + " | ".join(f"{v:.4g}" for v in values) + " |")
 
 
+# Fig. 2.8's axes: sigma per curve, S (a node's examples: S1 + 1 for S1 kept
+# neighbours) along x.
+DEGREE_SIGMAS = (0.5, 1.0, 2.0, 4.5, 5.0, 10.0)
+DEGREE_S = (1, 2, 3, 5, 7, 10, 15, 21, 31, 41, 51, 71, 101)
+
+
+def _degree_figure(figures_dir: str) -> None:
+  """Fig. 2.8 from the accountant (`node_level`), no data: Smoke's n and b, one
+  epoch, delta = 1/n, the authors' orders; both exponents."""
+  import pandas as pd
+  from benchmarks import plots
+  from tff_silo.privacy import node_level
+  n, b = 2_609_976, 512
+  steps = math.ceil(n / b)
+  rows = [dict(neighbouring=rel, sigma=sigma, max_neighbourhoods=s, num_nodes=n,
+               batch_size=b, steps=steps, delta=1 / n,
+               epsilon=node_level.epsilon(sigma, n, s, b, steps, 1 / n, neighbouring=rel))
+          for rel in node_level.EXPONENT for sigma in DEGREE_SIGMAS for s in DEGREE_S]
+  df = pd.DataFrame(rows)
+  path = os.path.join(figures_dir, "pandemic_degree.png")
+  df.to_csv(os.path.splitext(path)[0] + ".csv", index=False)
+  plots.pandemic_degree(df, f"Fig. 2.8 from the accountant: n = {n:,}, b = {b}, one "
+                        f"epoch ({steps:,} steps), delta = 1/n", path)
+  print(df.pivot_table(index=["neighbouring", "max_neighbourhoods"], columns="sigma",
+                       values="epsilon").to_string(float_format=lambda v: f"{v:.4g}"))
+  print(f"wrote {path}")
+
+
 def main(argv):
   if len(argv) > 1:
     raise UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
   if FLAGS.epsilon_table:
     _print_epsilon_table()
+    return
+  if FLAGS.degree_figure:
+    _degree_figure(FLAGS.figures_dir)
     return
   s = Settings.from_flags()
   from tff_silo import runtime

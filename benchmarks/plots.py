@@ -286,6 +286,33 @@ def pandemic_ap(df, curve_columns, title: str, path: str) -> None:
   _save(fig, path)
 
 
+def pandemic_degree(df, title: str, path: str) -> None:
+  """Fig. 2.8: node-level epsilon against S, the examples a node lies in (log-log),
+  one curve per sigma; a panel per exponent (`node_level.EXPONENT_LABEL`), one y
+  scale for both. An epsilon beyond 1e4 is off the axis (the lowest order's
+  bound: no guarantee worth the name)."""
+  from tff_silo.privacy.node_level import EXPONENT_LABEL
+  plt = _pyplot()
+  panels = list(EXPONENT_LABEL)
+  fig, axes = plt.subplots(1, len(panels), figsize=(10, 4), sharey=True)
+  for ax, rel in zip(axes, panels):
+    for i, (sigma, part) in enumerate(df[df.neighbouring == rel].groupby("sigma")):
+      part = part[part.epsilon <= 1e4].sort_values("max_neighbourhoods")
+      ax.plot(part.max_neighbourhoods, part.epsilon, "o-", ms=3, color=f"C{i}",
+              label=f"sigma {sigma:g}")
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("S: the examples one node lies in (S1 + 1 under a cap of S1)")
+    ax.set_title(EXPONENT_LABEL[rel], fontsize=8)
+    ax.grid(True, which="major", alpha=0.3)
+  axes[0].set_ylabel("node-level epsilon (values above 1e4 not drawn)")
+  axes[0].legend(fontsize=7, title="one curve per sigma (exact, no seeds)",
+                 title_fontsize=7)
+  fig.suptitle(title, fontsize=9)
+  fig.tight_layout()
+  _save(fig, path)
+
+
 def pandemic_time(timed, path: str) -> None:
   """Load + train seconds and peak memory against persons, median per method."""
   plt = _pyplot()

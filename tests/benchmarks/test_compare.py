@@ -400,6 +400,9 @@ def test_every_trial_of_a_grid_has_keys_of_its_own(tuning):
     ("--lams=", "--lams is empty: give at least one value, or leave the flag out"),
     ("--validation_fraction=1", "--validation_fraction must be in (0, 1)"),
     ("--concurrent_batches=0", "--concurrent_batches must be >= 1"),
+    ("--mask_probability=0.2", "--mask_probability applies to the digits/fmnist "
+                               "presets only; --preset=quick has no masks"),
+    ("--preset=digits --mask_probability=1", "--mask_probability must be in [0, 1)"),
     ("--preset=school", "--preset=school needs --data_dir"),
     ("--preset=fmnist", "--preset=fmnist needs --data_dir (the folder with Fashion"),
     ("--data_dir=/tmp", "--data_dir applies to --preset=vehicle,fmnist,fmnist_hetero,"),
@@ -416,6 +419,25 @@ def test_bad_flags_end_in_one_line(tmp_path, flag, message):
   proc = _compare(tmp_path, *flag.split(), timeout=120)
   lines = [l for l in proc.stderr.splitlines() if l.strip()]
   assert proc.returncode == 2 and len(lines) == 1 and message in lines[0], proc.stderr
+
+
+def test_a_mask_probability_makes_the_silos_and_keys_of_its_own():
+  """--mask_probability reaches the silos (0: no white pixels beyond the images'
+  own) and the trials' seeds; unset, the recipes and keys are those of before."""
+  from benchmarks import compare, datasets, grid
+  s = grid.Settings(
+      preset="digits", dataset="digits", methods=("mrmtl",), epsilons=(math.inf,),
+      seeds=(0,), rounds=3, batch_size=16, clip=1.0, delta=1e-3,
+      validation_fraction=0.2, assumed_silo_size=29, num_clusters=4, lrs=(0.1,),
+      lams=(0.1, 1.0))
+  masked = dataclasses.replace(s, mask_probability=0.4)
+  assert "mask_probability" not in compare._recipe(s, 0)   # pylint: disable=protected-access
+  plain, none, heavy = (datasets.compare_preset_silos("digits", 0, None, p)
+                        for p in (None, 0.0, 0.4))
+  white = lambda silos: np.mean([np.mean(x == 1.0) for x in silos.x_train])
+  assert white(none) < white(plain) < white(heavy)
+  assert {t["run_seed"] for t in grid.trials(s)}.isdisjoint(
+      t["run_seed"] for t in grid.trials(masked))
 
 
 def test_validation_split_holds_out_training_examples_only():

@@ -69,3 +69,23 @@ def test_a_tiny_profile_runs_end_to_end(tmp_path):
   row = rows[(rows.sigma == 2) & (rows.method == "mrmtl")].iloc[0]
   assert math.isinf(row.epsilon_theorem)
   assert row.guarantee.startswith("none: no finite node-level epsilon")
+
+
+def test_the_degree_figure_is_fig_2_8_from_the_accountant(tmp_path):
+  """Fig. 2.8 without data: the figure and its CSV; the authors' exponent gives
+  the stand-in values of ../shared/PANDEMIC.md (computed there with numpy/scipy:
+  12.4, 47 and 203 at sigma 1, S = 1, 21, 101; 0.853 at sigma 10, S = 1), and
+  the printed theorem's exponent (4x the authors') at sigma equals the authors' at
+  sigma / 2."""
+  done = _run("--degree_figure", f"--figures_dir={tmp_path}")
+  assert done.returncode == 0, done.stderr
+  assert os.path.getsize(tmp_path / "pandemic_degree.png") > 0
+  df = pd.read_csv(tmp_path / "pandemic_degree.csv")
+  eps = df.set_index(["neighbouring", "sigma", "max_neighbourhoods"]).epsilon
+  for sigma, s, want in ((1.0, 1, 12.4), (1.0, 21, 47.0), (1.0, 101, 203.0),
+                         (10.0, 1, 0.853)):
+    assert eps["add_remove", sigma, s] == pytest.approx(want, rel=0.01)
+  for sigma in (1.0, 2.0, 10.0):
+    for s in (1, 10, 51):
+      assert eps["replace_one", sigma, s] == pytest.approx(
+          eps["add_remove", sigma / 2, s], rel=1e-9)

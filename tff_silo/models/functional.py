@@ -127,12 +127,12 @@ def squared_error(outputs, y):
   return tf.square(outputs - y)
 
 
-def masked_mean(losses, mask=None, axis=-1):
-  """The mean of per-example losses over `axis`, over the real examples only when
-  the batch is padded (`mask` in {0, 1})."""
+def masked_mean(losses, mask=None):
+  """The mean of per-example losses over the last axis, over the real examples only
+  when the batch is padded (`mask` in {0, 1})."""
   if mask is None:
-    return tf.reduce_mean(losses, axis=axis)
-  return tf.reduce_sum(mask * losses, axis=axis) / tf.reduce_sum(mask, axis=axis)
+    return tf.reduce_mean(losses, axis=-1)
+  return tf.reduce_sum(mask * losses, axis=-1) / tf.reduce_sum(mask, axis=-1)
 
 
 def root(mean_loss):

@@ -40,6 +40,12 @@ flags.DEFINE_string("profile", "small", "Generated profile: tiny, small, medium,
 flags.DEFINE_integer("seed", 0, "Seed of the generated data.")
 flags.DEFINE_float("final_week_rate", 0.003, "Generated data: the share of persons "
                    "newly infected in days 57..63 the outbreak is calibrated to.")
+flags.DEFINE_list("region_transmission", [], "Generated data, heterogeneous regions: "
+                  "one factor per region of the official partition (3; empty: one "
+                  "disease everywhere) scaling a susceptible's infection pressure.")
+flags.DEFINE_list("region_home_weight", [], "Generated data, heterogeneous regions: one "
+                  "factor per region (3; empty: the same everywhere) scaling the "
+                  "weight of household contact-hours.")
 flags.DEFINE_string("scenario", "scenario01", "The federated scenario (its clients are "
                     "the silos).")
 flags.DEFINE_list("methods", ["mrmtl", "local", "fedavg", "centralized"], "Of mrmtl, "
@@ -75,7 +81,8 @@ flags.DEFINE_bool("degree_figure", False, "Only draw Fig. 2.8 from the accountan
                   "CSV beside it; no data is read.")
 common.define_bounds(
     sample_sizes=">= 1", noise_multipliers=">= 0", lams=">= 0", alphas="(0, 1)",
-    rounds=">= 1", batch_size=">= 1", clip="> 0", lr="> 0", final_week_rate="(0, 0.5)")
+    rounds=">= 1", batch_size=">= 1", clip="> 0", lr="> 0", final_week_rate="(0, 0.5)",
+    region_transmission="> 0", region_home_weight="> 0")
 flags.adopt_module_key_flags(common)   # --help lists the shared flags too
 
 SIGNATURE = ("run_key", "average_precision", "mode")
@@ -89,6 +96,8 @@ class Settings:
   profile: str
   seed: int
   final_week_rate: float
+  region_transmission: tuple
+  region_home_weight: tuple
   scenario: str
   methods: tuple
   modes: tuple
@@ -124,7 +133,8 @@ class Settings:
     if FLAGS.data_dir is not None:
       if not os.path.isdir(FLAGS.data_dir):
         raise UsageError(f"--data_dir {FLAGS.data_dir} is not a directory")
-      for name in ("profile", "seed", "final_week_rate"):
+      for name in ("profile", "seed", "final_week_rate", "region_transmission",
+                   "region_home_weight"):
         if FLAGS[name].present:
           raise UsageError(f"--{name} sets generated data; --data_dir reads given files")
     lists = dict(
@@ -132,8 +142,16 @@ class Settings:
         noise_multipliers=common.parse_numbers(FLAGS.noise_multipliers, float,
                                                "noise_multipliers"),
         lams=common.parse_numbers(FLAGS.lams, float, "lams"),
-        alphas=common.parse_numbers(FLAGS.alphas, float, "alphas"))
+        alphas=common.parse_numbers(FLAGS.alphas, float, "alphas"),
+        region_transmission=common.parse_numbers(FLAGS.region_transmission, float,
+                                                 "region_transmission", unique=False),
+        region_home_weight=common.parse_numbers(FLAGS.region_home_weight, float,
+                                                "region_home_weight", unique=False))
     common.check_bounds(**lists)
+    for name in ("region_transmission", "region_home_weight"):
+      if lists[name] and len(lists[name]) != 3:
+        raise UsageError(f"--{name} must give 3 factors, one per region of the official "
+                         f"partition; got {len(lists[name])}")
     common.check_output(FLAGS.output, SIGNATURE)
     return cls(
         **{name: tuple(values) for name, values in lists.items()},
@@ -152,8 +170,11 @@ def _data_dir(s) -> tuple:
     meta = json.load(open(path)) if os.path.isfile(path) else {}
     return s.data_dir, meta
   from tff_silo.pandemic import synth
+  regions = "".join(f"-{name}{'_'.join(f'{f:g}' for f in factors)}"
+                    for name, factors in (("transmission", s.region_transmission),
+                                          ("home", s.region_home_weight)) if factors)
   folder = os.path.join(s.generated_dir, f"{s.profile}-seed{s.seed}-rate"
-                        f"{s.final_week_rate:g}")
+                        f"{s.final_week_rate:g}{regions}")
   meta_path = os.path.join(folder, "synthetic_meta.json")
   if os.path.isfile(meta_path):
     with open(meta_path) as f:
@@ -162,7 +183,11 @@ def _data_dir(s) -> tuple:
   staging = folder + ".partial"
   import shutil
   shutil.rmtree(staging, ignore_errors=True)
+  from tff_silo.pandemic import epidemic
   meta = synth.generate(staging, s.profile, s.seed,
+                        config=epidemic.EpidemicConfig(
+                            region_transmission=s.region_transmission,
+                            region_home_weight=s.region_home_weight),
                         final_week_rate=s.final_week_rate,
                         progress=lambda m: print(f"  {m}", file=sys.stderr, flush=True))
   os.rename(staging, folder)

@@ -25,6 +25,8 @@ def _run(*args):
     (["--alphas=1.5"], "error: --alphas must be in (0, 1)"),
     (["--lr=inf"], "error: --lr must be a finite number"),   # run_main, every binary
     (["--data_dir=/nonexistent"], "error: --data_dir /nonexistent is not a directory"),
+    (["--region_transmission=1,2"], "error: --region_transmission must give 3 factors"),
+    (["--region_home_weight=1,0,1"], "error: --region_home_weight must be > 0; got 1,0,1"),
 ])
 def test_bad_flags_end_in_one_line(args, message):
   done = _run(*args)

@@ -9,7 +9,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from tff_silo.pandemic import epidemic, files, graph, synth
+from tff_silo.pandemic import epidemic, files, graph, partition, synth
 from tff_silo.pandemic.files import DataError
 
 
@@ -399,3 +399,33 @@ def test_held_out_households_never_enter_training(tiny):
   persons = _read(os.path.join(tiny[0], "centralized", "train"), "person_data_path")
   share = graph.held_out(persons.drop_duplicates("hid").hid.to_numpy()).mean()
   assert 0.2 < share < 0.3
+
+
+def test_heterogeneous_regions_change_where_the_outbreak_spreads(tmp_path):
+  """Region 2's susceptibles infected 4x as easily as region 0's (and its household
+  hours weighted 4x), the outbreak calibrated to the same overall final-week rate:
+  region 2's share of persons ever infected, over region 0's, is more than 3x what
+  it is in the homogeneous tiny profile (the same seeds, so the same day draws)."""
+  def infected_share(config, folder):
+    meta = synth.generate(str(folder), "tiny", seed=0, final_week_rate=0.01,
+                          config=config, scenarios=())
+    pop = synth.population(synth.PROFILES["tiny"], 0)
+    region = partition.official_regions(pop.county_lon, pop.county_lat)[
+        pop.person_county]
+    outcome = _read(os.path.join(str(folder), "centralized", "train"),
+                    "disease_outcome_data_path")
+    states = files.states_to_codes(outcome.state).reshape(57, -1).T
+    ever = (states > 0).any(axis=1)
+    return meta, [ever[region == r].mean() for r in range(3)]
+  _, same = infected_share(None, tmp_path / "same")
+  meta, apart = infected_share(epidemic.EpidemicConfig(
+      region_transmission=(0.5, 1.0, 2.0), region_home_weight=(0.5, 1.0, 2.0)),
+                               tmp_path / "apart")
+  assert apart[2] / apart[0] > 3 * same[2] / same[0]   # 0.52 against 0.10
+  assert tuple(meta["epidemic"]["region_transmission"]) == (0.5, 1.0, 2.0)
+
+
+@pytest.mark.parametrize("factors", [(1.0, 2.0), (1.0, 0.0, 1.0), (1.0, np.inf, 1.0)])
+def test_region_factors_are_three_positive_numbers(factors):
+  with pytest.raises(ValueError, match="region_transmission must be 3 positive"):
+    epidemic.EpidemicConfig(region_transmission=factors)

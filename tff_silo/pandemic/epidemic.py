@@ -8,7 +8,10 @@ probability 1 - exp(-H_j),
     H_j = beta * sus(age_j) * sum over contacts (i, j) of inf_i(t) * hours_ij,
 
 inf = 1 for P and 0.5 for A, hours at home weighted by `home_contact_weight`, plus an
-importation probability per person-day.
+importation probability per person-day. With heterogeneous regions
+(`EpidemicConfig.region_transmission`, `region_home_weight`) the susceptibility and
+the home weight are scaled per region, so regions differ in how contacts translate
+into infections.
 Latent (2/3/4 days) and infectious (3..10, mode 5) durations and the asymptomatic
 coin are drawn per person once, and the day's uniforms from the seed and the day,
 so runs with different beta share their random numbers (bisection on beta in
@@ -25,6 +28,7 @@ import numpy as np
 DAYS = 64                     # days 0..63
 S, E, A, P, R = range(5)
 REPORTED = np.array([0, 0, 0, 1, 2], np.int8)   # S, E, A -> S; P -> I; R -> R
+REGIONS = 3   # the official partition's (`partition.official_regions`)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -45,6 +49,20 @@ class EpidemicConfig:
                                      # (closer contact; household attack 5-30%)
   importation: float = 5e-5          # per person-day (PANDEMIC.md suggests 1e-6;
                                      # more keeps every region's outbreak going)
+  # Heterogeneous regions (the official partition's three; empty: one disease and
+  # one contact structure everywhere): a susceptible of region r is infected with
+  # pressure times region_transmission[r], and household contact-hours in region r
+  # count home_contact_weight times region_home_weight[r].
+  region_transmission: tuple = ()
+  region_home_weight: tuple = ()
+
+  def __post_init__(self):
+    for name in ("region_transmission", "region_home_weight"):
+      factors = getattr(self, name)
+      if factors and (len(factors) != REGIONS or not all(
+          np.isfinite(f) and f > 0 for f in factors)):
+        raise ValueError(f"{name} must be {REGIONS} positive factors (one per region "
+                         f"of the official partition) or empty, got {factors}")
 
 
 def susceptibility(age) -> np.ndarray:
@@ -94,9 +112,10 @@ class Contacts:
 
 
 def simulate(pid1, pid2, hours, age, county, config: EpidemicConfig, seed: int, *,
-             contacts: Contacts | None = None) -> Outbreak:
+             contacts: Contacts | None = None, region=None) -> Outbreak:
   """The outbreak over `DAYS` days on the undirected contacts (pid1, pid2, hours)
-  (`contacts`: the same contacts already indexed, for repeated runs)."""
+  (`contacts`: the same contacts already indexed, for repeated runs; `region`:
+  each person's region, needed with `config.region_transmission`)."""
   n = len(age)
   contacts = contacts or Contacts(pid1, pid2, hours, n)
   rng = np.random.default_rng([seed, 0])
@@ -111,7 +130,8 @@ def simulate(pid1, pid2, hours, age, county, config: EpidemicConfig, seed: int, 
     candidates = np.arange(n)
   seeds = rng.choice(candidates, min(len(candidates), max(
       config.min_seeds, int(config.seed_fraction * n))), replace=False)
-  sus = susceptibility(age) * config.beta
+  sus = susceptibility(age) * config.beta * region_factor(
+      config.region_transmission, region, n)
   weight = np.where(asymptomatic, config.asymptomatic_infectiousness, 1.0)
   state = np.full(n, S, np.int8)
   # day on which the current state ends (the next one begins)
@@ -144,6 +164,15 @@ def simulate(pid1, pid2, hours, age, county, config: EpidemicConfig, seed: int, 
   return Outbreak(reported, infected_day, asymptomatic, seeds)
 
 
+def region_factor(factors: tuple, region, n: int) -> np.ndarray:
+  """Each of n persons' factor of `factors` (one per region; empty: 1 for all)."""
+  if not factors:
+    return np.ones(n)
+  if region is None:
+    raise ValueError("heterogeneous regions need each person's region")
+  return np.asarray(factors, np.float64)[np.asarray(region)]
+
+
 def target(reported: np.ndarray, count_asymptomatic: bool = False) -> np.ndarray:
   """infected (0/1) per person: reported S on day 56 and I on some day in 57..63
   (with `count_asymptomatic`, also S -> R without I in that week)."""
@@ -156,7 +185,8 @@ def target(reported: np.ndarray, count_asymptomatic: bool = False) -> np.ndarray
 
 
 def calibrate(pid1, pid2, hours, age, county, config: EpidemicConfig, seed: int, *,
-              final_week_rate: float = 0.003, grid: int = 16, refine: int = 6):
+              final_week_rate: float = 0.003, grid: int = 16, refine: int = 6,
+              region=None):
   """(config with beta set so that the share of persons counted positive in days
   57..63 is near `final_week_rate`, its outbreak). That share rises with beta and
   falls again once the outbreak burns out before day 57, so beta is the first
@@ -169,7 +199,7 @@ def calibrate(pid1, pid2, hours, age, county, config: EpidemicConfig, seed: int,
     if beta not in rates:
       trial = dataclasses.replace(config, beta=float(beta))
       outbreak = simulate(pid1, pid2, hours, age, county, trial, seed,
-                          contacts=contacts)
+                          contacts=contacts, region=region)
       rates[beta] = target(outbreak.reported).mean()
       if best[0] is None or distance(rates[beta]) < distance(best[0][2]):
         best[0] = (trial, outbreak, rates[beta])   # only the closest is kept

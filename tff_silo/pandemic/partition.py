@@ -17,12 +17,18 @@ import numpy as np
 SCENARIOS = ("scenario01", "scenario02", "scenario03")
 
 
+def official_regions(lon, lat) -> np.ndarray:
+  """Each county's region of the official three-way partition (scenario01), by its
+  centroid: 0 where lat >= 38.5, else 1 where lon < -77.5, else 2."""
+  return np.where(np.asarray(lat) >= 38.5, 0, np.where(np.asarray(lon) < -77.5, 1, 2))
+
+
 def scenario_clients(name: str, lon, lat, county_persons):
   """client name -> county indices of scenario `name` (None where the counties
   cannot form it: fewer counties than clients, or no tenfold split)."""
   k = len(lon)
   if name == "scenario01":
-    group = np.where(lat >= 38.5, 0, np.where(lon < -77.5, 1, 2))
+    group = official_regions(lon, lat)
     groups = [np.flatnonzero(group == g) for g in range(3)]
   elif name == "scenario02":
     if k < 10:

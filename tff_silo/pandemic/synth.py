@@ -444,11 +444,15 @@ def generate(out: str, profile="tiny", seed: int = 0, *,
   say(f"population: {profile.persons} persons, {len(pop.contacts)} contacts "
       f"({time.perf_counter() - start:.0f}s)")
   config = config or epidemic.EpidemicConfig()
-  hours = pop.contacts.duration.to_numpy() / HOUR * np.where(
-      pop.contacts.activity1.to_numpy() == 1, config.home_contact_weight, 1.0)
+  region = partition.official_regions(pop.county_lon, pop.county_lat)[pop.person_county]
   p1, p2 = pop.contacts.pid1.to_numpy(), pop.contacts.pid2.to_numpy()
+  home_weight = config.home_contact_weight * epidemic.region_factor(
+      config.region_home_weight, region, len(region))[p1]   # a household: one region
+  hours = pop.contacts.duration.to_numpy() / HOUR * np.where(
+      pop.contacts.activity1.to_numpy() == 1, home_weight, 1.0)
   config, outbreak = epidemic.calibrate(p1, p2, hours, pop.age, pop.person_county,
-                                        config, seed, final_week_rate=final_week_rate)
+                                        config, seed, final_week_rate=final_week_rate,
+                                        region=region)
   say(f"outbreak: beta {config.beta:.3g} ({time.perf_counter() - start:.0f}s)")
   infected = epidemic.target(outbreak.reported, count_asymptomatic)
   tables = _tables(pop, outbreak.reported)

@@ -259,20 +259,11 @@ def _settings() -> grid.Settings:
   return s
 
 
-def _recipe(s, seed) -> dict:
-  """What a trial's silos are made of (`benchmarks.datasets`)."""
-  recipe = dict(preset_dataset=s.dataset, seed=seed, data_dir=s.data_dir,
-                validation_fraction=s.validation_fraction)
-  if s.mask_probability is not None:   # (the recipes of the default have no key)
-    recipe["mask_probability"] = s.mask_probability
-  return recipe
-
-
 def _data(s, seed):
   """(the silos a trial trains on, with their test split; validation features and
   labels per silo)."""
   from benchmarks import datasets
-  return datasets.compare_split(_recipe(s, seed))
+  return datasets.compare_split(grid.recipe(s, seed))
 
 
 _TRIAL_PRIVACY = {}
@@ -589,7 +580,7 @@ def _save(s, trial, outcome, row, tuned_per_silo=None) -> str:
                                  hidden_width=s.hypernet.hidden_width)
   runs.save(folder, run_key=key, silo_weights=outcome.silo_weights,
             server_weights=outcome.server_weights, hypernetwork=outcome.hypernetwork,
-            model=model, data=_recipe(s, trial["seed"]), silos=outcome.data,
+            model=model, data=grid.recipe(s, trial["seed"]), silos=outcome.data,
             privacy=privacy,
             info=dict(binary="benchmarks.compare", algorithm=trial["method"],
                       lam=trial["lam"], lr=trial["lr"], seed=trial["seed"],

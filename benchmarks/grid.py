@@ -144,6 +144,15 @@ def tnb(s):
   return tuning.TruncatedNegativeBinomial.with_mean(s.tuning_eta, s.mean_trials)
 
 
+def recipe(s, seed) -> dict:
+  """What a trial's silos are made of (`benchmarks.datasets`)."""
+  out = dict(preset_dataset=s.dataset, seed=seed, data_dir=s.data_dir,
+             validation_fraction=s.validation_fraction)
+  if s.mask_probability is not None:   # (the recipes of the default have no key)
+    out["mask_probability"] = s.mask_probability
+  return out
+
+
 def settings_key(s) -> dict:
   """What every trial of the run `s` shares and its results depend on."""
   key = dict(preset=s.preset, rounds=s.rounds, batch_size=s.batch_size,

@@ -424,14 +424,15 @@ def test_bad_flags_end_in_one_line(tmp_path, flag, message):
 def test_a_mask_probability_makes_the_silos_and_keys_of_its_own():
   """--mask_probability reaches the silos (0: no white pixels beyond the images'
   own) and the trials' seeds; unset, the recipes and keys are those of before."""
-  from benchmarks import compare, datasets, grid
+  from benchmarks import datasets, grid
   s = grid.Settings(
       preset="digits", dataset="digits", methods=("mrmtl",), epsilons=(math.inf,),
       seeds=(0,), rounds=3, batch_size=16, clip=1.0, delta=1e-3,
       validation_fraction=0.2, assumed_silo_size=29, num_clusters=4, lrs=(0.1,),
       lams=(0.1, 1.0))
   masked = dataclasses.replace(s, mask_probability=0.4)
-  assert "mask_probability" not in compare._recipe(s, 0)   # pylint: disable=protected-access
+  assert "mask_probability" not in grid.recipe(s, 0)
+  assert grid.recipe(masked, 0)["mask_probability"] == 0.4
   plain, none, heavy = (datasets.compare_preset_silos("digits", 0, None, p)
                         for p in (None, 0.0, 0.4))
   white = lambda silos: np.mean([np.mean(x == 1.0) for x in silos.x_train])

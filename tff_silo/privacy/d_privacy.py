@@ -76,10 +76,10 @@ def sanitize_update(delta_layers, nu: float, seed=None):
     nu: the noise multiplier (> 0); larger is more private.
     seed: int32[2] key of this release; None: OS entropy.
   """
-  sanitized = sanitize_updates([tf.convert_to_tensor(d, tf.float32)[None]
-                                for d in delta_layers], nu, keys.key_or_fresh(seed)[None])
-  return ([s[0] for s in sanitized],
-          [int(tf.size(d)) / nu for d in delta_layers])
+  layers = [tf.convert_to_tensor(d, tf.float32) for d in delta_layers]
+  sanitized = sanitize_updates([d[None] for d in layers], nu,
+                               keys.key_or_fresh(seed)[None])
+  return [s[0] for s in sanitized], [d.shape.num_elements() / nu for d in layers]
 
 
 def sanitize_updates(delta_layers, nu: float, release_keys):

@@ -123,7 +123,8 @@ class Settings:
   @classmethod
   def from_flags(cls) -> "Settings":
     """Checks the flags; raises UsageError."""
-    from tff_silo.pandemic import choices, graph   # no TensorFlow: flags checked first
+    # no TensorFlow: flags checked first
+    from tff_silo.pandemic import choices, epidemic, graph
     common.check_one_of("profile", FLAGS.profile, PROFILE_NAMES)
     common.check_among("methods", FLAGS.methods, choices.METHODS)
     common.check_among("modes", FLAGS.modes, graph.MODES)
@@ -149,9 +150,9 @@ class Settings:
                                                 "region_home_weight", unique=False))
     common.check_bounds(**lists)
     for name in ("region_transmission", "region_home_weight"):
-      if lists[name] and len(lists[name]) != 3:
-        raise UsageError(f"--{name} must give 3 factors, one per region of the official "
-                         f"partition; got {len(lists[name])}")
+      if lists[name] and len(lists[name]) != epidemic.REGIONS:
+        raise UsageError(f"--{name} must give {epidemic.REGIONS} factors, one per region "
+                         f"of the official partition; got {len(lists[name])}")
     common.check_output(FLAGS.output, SIGNATURE)
     return cls(
         **{name: tuple(values) for name, values in lists.items()},
@@ -169,7 +170,7 @@ def _data_dir(s) -> tuple:
     path = os.path.join(s.data_dir, "synthetic_meta.json")
     meta = json.load(open(path)) if os.path.isfile(path) else {}
     return s.data_dir, meta
-  from tff_silo.pandemic import synth
+  from tff_silo.pandemic import epidemic, synth
   regions = "".join(f"-{name}{'_'.join(f'{f:g}' for f in factors)}"
                     for name, factors in (("transmission", s.region_transmission),
                                           ("home", s.region_home_weight)) if factors)
@@ -183,7 +184,6 @@ def _data_dir(s) -> tuple:
   staging = folder + ".partial"
   import shutil
   shutil.rmtree(staging, ignore_errors=True)
-  from tff_silo.pandemic import epidemic
   meta = synth.generate(staging, s.profile, s.seed,
                         config=epidemic.EpidemicConfig(
                             region_transmission=s.region_transmission,

@@ -344,19 +344,24 @@ CNN_WORKLOADS = (("digits", 40, None, (8, 8, 1), (32, 64), None, 16),
 GEMM_SIZE = 2048
 
 
+def _median_seconds(call, repeats: int) -> float:
+  """The median time of `repeats` calls of `call`, after one untimed."""
+  call()
+  times = []
+  for _ in range(repeats):
+    start = time.perf_counter()
+    call()
+    times.append(time.perf_counter() - start)
+  return statistics.median(times)
+
+
 def _gemm_flops_per_second(repeats=10) -> float:
   """This machine's float32 GEMM rate: the median of `repeats` timed 2048^3
   matmuls (2 n^3 FLOPs each), after one untimed."""
   import tensorflow as tf
   a = tf.random.normal([GEMM_SIZE, GEMM_SIZE])
   matmul = tf.function(lambda x: tf.reduce_sum(tf.matmul(x, x)))
-  matmul(a).numpy()
-  times = []
-  for _ in range(repeats):
-    start = time.perf_counter()
-    matmul(a).numpy()
-    times.append(time.perf_counter() - start)
-  return 2 * GEMM_SIZE ** 3 / statistics.median(times)
+  return 2 * GEMM_SIZE ** 3 / _median_seconds(lambda: matmul(a).numpy(), repeats)
 
 
 def _plain_step_seconds(model, shape, examples: int, repeats=10) -> float:
@@ -375,13 +380,7 @@ def _plain_step_seconds(model, shape, examples: int, repeats=10) -> float:
       loss = model.batch_loss(weights, x, y)
     return tf.add_n([tf.reduce_sum(g) for g in tape.gradient(loss, weights)])
 
-  step(x, y).numpy()
-  times = []
-  for _ in range(repeats):
-    start = time.perf_counter()
-    step(x, y).numpy()
-    times.append(time.perf_counter() - start)
-  return statistics.median(times)
+  return _median_seconds(lambda: step(x, y).numpy(), repeats)
 
 
 def _cnn_share_in_process():

@@ -53,8 +53,7 @@ def _cluster_round(algorithm: ifca.ClusteredAlgorithm):
     size = silos.public_size
 
     def select():
-      mask = tf.cast(tf.range(tf.shape(silos.y)[1])[None] < silos.n[:, None],
-                     tf.float32)
+      mask = silos.row_mask
       scores, sensitivity = tf.vectorized_map(
           lambda a: ifca.selection_scores(
               model, tuple(tuple(layer[g] for layer in a[4]) for g in range(num_clusters)),

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-import numpy as np
 import tensorflow as tf
 
 from tff_silo import batched_random as br
@@ -28,8 +27,8 @@ def _dprivate_round(algorithm: dpc.DPrivateClusteringAlgorithm):
 
   def round_fn(hypotheses, round_num, silos: StackedSilos, users, real):
     mine = StackedSilos(*(tf.gather(t, users) for t in silos))
-    mask = tf.cast(tf.range(tf.shape(mine.y)[1])[None] < mine.n[:, None], tf.float32)
-    chosen = dpc.lowest_loss_hypothesis(model, hypotheses, mine.x, mine.y, mask)
+    chosen = dpc.lowest_loss_hypothesis(model, hypotheses, mine.x, mine.y,
+                                        mine.row_mask)
     start = [tf.gather(tf.stack(layer), chosen) for layer in zip(*hypotheses)]
     round_keys = br.fold_in(mine.key, round_num)
     new = train_silos(model, algorithm.config, start, start, 0.0, mine, round_keys, 0)

@@ -25,6 +25,11 @@ class StackedSilos(NamedTuple):
   selection_epsilon: tf.Tensor  # float32 [K]
 
   @property
+  def row_mask(self):
+    """float32 [K, N]: 1 on each silo's real rows, 0 on its padding."""
+    return tf.cast(tf.range(tf.shape(self.y)[1])[None] < self.n[:, None], tf.float32)
+
+  @property
   def public_size(self):
     """Each silo's public size m_k (`local_training.public_size`)."""
     return local_training.public_size(self.size, self.n)

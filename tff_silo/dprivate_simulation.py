@@ -23,6 +23,7 @@ import tensorflow as tf
 from tff_silo import keys
 from tff_silo.algorithms.dprivate_clustering import hypothesis_losses
 from tff_silo.algorithms.rounds import SiloInput
+from tff_silo.backends.vectorized.training import MEMORY_BUDGET_FLOATS
 from tff_silo.data.silos import SiloData, padded_stack
 from tff_silo.driver import (
     RunResult, UniformUsers, check_run_length, run_rounds, tff_workers_stopped)
@@ -60,14 +61,17 @@ class DPrivateResult(RunResult):
 
 class _LossTable:
   """`table(hypotheses) -> [k, users]` of the model's batch objective F_c on fixed
-  users' data: one call over all users (zero-padded, each user's loss over its own
-  rows, `hypothesis_losses`)."""
+  users' data: users zero-padded and stacked (each user's loss over its own rows,
+  `hypothesis_losses`), as many per call as keep users x rows x the model's
+  parameters within `MEMORY_BUDGET_FLOATS` (a forward pass's activations are of
+  the order of the parameters per example: the CNN on 28x28 images)."""
 
   def __init__(self, model, xs, ys):
-    self._x = tf.constant(padded_stack(xs))
-    self._y = tf.constant(padded_stack(ys))
+    self._x, self._y = padded_stack(xs), padded_stack(ys)
     n = np.array([len(y) for y in ys])
-    self._mask = tf.constant(np.arange(self._y.shape[1])[None] < n[:, None], tf.float32)
+    self._mask = (np.arange(self._y.shape[1])[None] < n[:, None]).astype(np.float32)
+    per_user = max(1, self._y.shape[1] * model.num_parameters)
+    self._users = max(1, MEMORY_BUDGET_FLOATS // per_user)
     self._table = tf.function(
         lambda hypotheses, x, y, mask: tf.transpose(hypothesis_losses(model, hypotheses,
                                                                       x, y, mask)),
@@ -76,7 +80,10 @@ class _LossTable:
   def __call__(self, hypotheses) -> np.ndarray:
     hypotheses = tuple(tuple(tf.convert_to_tensor(w, tf.float32) for w in h)
                        for h in hypotheses)
-    return self._table(hypotheses, self._x, self._y, self._mask).numpy().astype(np.float64)
+    parts = [self._table(hypotheses, *(tf.constant(a[i:i + self._users])
+                                       for a in (self._x, self._y, self._mask))).numpy()
+             for i in range(0, len(self._y), self._users)]
+    return np.concatenate(parts, axis=1).astype(np.float64)
 
 
 def _check(process, data, rounds, clients_per_round, leakage_cap, patience, validation):

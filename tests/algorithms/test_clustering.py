@@ -267,3 +267,18 @@ def test_dprivate_bad_inputs():
   with pytest.raises(ValueError, match="validation"):
     run_dprivate_clustering(_galli(2, 5.0), users, rounds=3, clients_per_round=2,
                             patience=2)
+
+
+def test_the_loss_table_goes_through_users_in_chunks_with_the_same_values(monkeypatch):
+  """Users go through the hypotheses' loss table as many at a time as the memory
+  budget allows (one here); the table is the one computed in a single call."""
+  from tff_silo import dprivate_simulation
+  silos = data.load_rotated_masked_digits(num_silos=8, seed=0)
+  model = models.model_for(silos)
+  hypotheses = ifca.initial_cluster_weights(model, 3, 0, 0.1)
+  whole = dprivate_simulation._LossTable(model, silos.x_train, silos.y_train)
+  monkeypatch.setattr(dprivate_simulation, "MEMORY_BUDGET_FLOATS", 1)
+  chunked = dprivate_simulation._LossTable(model, silos.x_train, silos.y_train)
+  assert whole._users >= 8 and chunked._users == 1
+  np.testing.assert_allclose(chunked(hypotheses), whole(hypotheses), rtol=1e-6)
+  assert chunked(hypotheses).shape == (3, 8)

@@ -365,6 +365,45 @@ def test_stacked_ifca_runs_compute_what_each_run_computes_alone(after):
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
 
 
+def test_ifca_scores_silos_in_chunks_with_the_same_run(monkeypatch):
+  """With a memory budget of one silo per call the cluster scores go through a
+  map over chunks (taken: recorded), and the run is the one scored in one call."""
+  from tff_silo.backends.vectorized import clustered, training
+  options, run = IFCA_CASES["fedavg_dp_selection"]
+  definition = algorithms.ifca_algorithm(
+      MODEL, SILOS.feature_shape, client_learning_rate=0.1, batch_size=8,
+      total_rounds=3, **dict(dict(num_clusters=2), **options))
+  whole = run_simulation(definition, SILOS, rounds=3, seed=4, backend="vectorized", **run)
+  calls = []
+  chunked_map = training.map_in_chunks
+
+  def recorded(fn, elems, items_per_call, signature):
+    calls.append((items_per_call, tf.nest.flatten(elems)[0].shape[0]))
+    return chunked_map(fn, elems, items_per_call, signature)
+
+  monkeypatch.setattr(training, "MEMORY_BUDGET_FLOATS", 1)
+  monkeypatch.setattr(training, "map_in_chunks", recorded)
+  programs.release_programs()
+  chunked = run_simulation(definition, SILOS, rounds=3, seed=4, backend="vectorized",
+                           **run)
+  assert calls and all(n == 1 and k == SILOS.num_silos for n, k in calls)
+  np.testing.assert_array_equal(chunked.clusters, whole.clusters)
+  _assert_same(whole, chunked)
+  assert clustered.selection_silos_per_call(MODEL, 2, None) == np.iinfo(np.int32).max
+
+
+def test_map_in_chunks_is_vectorized_map():
+  from tff_silo.backends.vectorized import training
+  elems = (tf.reshape(tf.range(21.0), [7, 3]), tf.range(7))
+  fn = lambda e: (tf.reduce_sum(e[0]) * tf.cast(e[1], tf.float32), e[0] * 2.0)
+  want = tf.vectorized_map(fn, elems)
+  spec = (tf.TensorSpec([], tf.float32), tf.TensorSpec([3], tf.float32))
+  for per_call in (1, 3, 7, 100):
+    got = tf.function(lambda: training.map_in_chunks(fn, elems, per_call, spec))()
+    for a, b in zip(got, want):
+      np.testing.assert_array_equal(a.numpy(), b.numpy())
+
+
 def test_vectorized_private_selection_draws_the_tff_noise():
   """Over seeds, the private choices vary and both backends make the same ones."""
   options, run = IFCA_CASES["fedavg_dp_selection"]

@@ -35,6 +35,16 @@ def hyperparameters(algorithm: ifca.ClusteredAlgorithm) -> tuple:
   return algorithm.config.learning_rate, algorithm.cluster_spec.lam
 
 
+def selection_silos_per_call(model, num_clusters: int, rows_per_silo) -> int:
+  """Silos whose cluster scores are computed at once: G models' forward passes over
+  each silo's rows, of the order of the model's parameters per example (the CNN on
+  28x28 images), within `MEMORY_BUDGET_FLOATS`; all of them when rows are unknown."""
+  if rows_per_silo is None:
+    return np.iinfo(np.int32).max
+  per_silo = max(1, num_clusters * rows_per_silo * model.num_parameters)
+  return max(1, training.MEMORY_BUDGET_FLOATS // per_silo)
+
+
 def _cluster_round(algorithm: ifca.ClusteredAlgorithm):
   """A round of IFCA or an IFCA-preconditioned method (`ifca.cluster_client_round`,
   `ifca.choose`) for the stacked silos of one or more runs: `clusters` per layer
@@ -54,11 +64,13 @@ def _cluster_round(algorithm: ifca.ClusteredAlgorithm):
 
     def select():
       mask = silos.row_mask
-      scores, sensitivity = tf.vectorized_map(
+      scores, sensitivity = training.map_in_chunks(
           lambda a: ifca.selection_scores(
               model, tuple(tuple(layer[g] for layer in a[4]) for g in range(num_clusters)),
               a[0], a[1], spec.loss_clip, a[2], a[3]),
-          (silos.x, silos.y, size, mask, mine))
+          (silos.x, silos.y, size, mask, mine),
+          selection_silos_per_call(model, num_clusters, silos.y.shape[1]),
+          (tf.TensorSpec([num_clusters], tf.float32), tf.TensorSpec([], tf.float32)))
       noise = gumbel_of(br.uniform64(br.derive(round_keys, keys.SELECTION, 0),
                                      num_clusters))
       return ifca.choose(config.private, scores, silos.selection_epsilon, sensitivity,

@@ -312,6 +312,29 @@ def chunk_examples(model, static: bool = False) -> int:
                      np.iinfo(np.int32).max))
 
 
+def map_in_chunks(fn, elems, items_per_call: int, item_signature):
+  """`tf.vectorized_map(fn, elems)` over the leading dimension K, `items_per_call`
+  items at a time (a `tf.map_fn` over chunks; the last chunk filled with repeats of
+  the first items, whose outputs are dropped): the same values in a bounded working
+  set. `item_signature`: the `tf.TensorSpec`s of one item's outputs."""
+  flat = tf.nest.flatten(elems)
+  if items_per_call >= (flat[0].shape[0] or np.iinfo(np.int32).max):
+    return tf.vectorized_map(fn, elems)
+  k = tf.shape(flat[0])[0]
+  chunks = (k + items_per_call - 1) // items_per_call
+  order = tf.range(chunks * items_per_call) % k
+  chunked = tf.nest.map_structure(
+      lambda t: tf.reshape(tf.gather(t, order),
+                           tf.concat([[chunks, items_per_call], tf.shape(t)[1:]], 0)),
+      elems)
+  out = tf.map_fn(lambda e: tf.vectorized_map(fn, e), chunked,
+                  fn_output_signature=tf.nest.map_structure(
+                      lambda spec: tf.TensorSpec([items_per_call, *spec.shape],
+                                                 spec.dtype), item_signature))
+  return tf.nest.map_structure(
+      lambda t: tf.reshape(t, tf.concat([[-1], tf.shape(t)[2:]], 0))[:k], out)
+
+
 def train_silos(model, config, weights, anchor, lam, silos: StackedSilos, round_keys,
                 pass_, learning_rate=None):
   """`train_locally` for every silo at once: weights and anchor [K, ...], `lam` and

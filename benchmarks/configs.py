@@ -20,6 +20,9 @@ class Preset:
   # samples with q = B / m and weighs the same): the dataset's published record count
   # over its silos times the training fraction. None: give --assumed_silo_size.
   assumed_silo_size: int | None = None
+  clients_per_round: int | None = None   # dprivate_clustering's U (None: every user)
+  # dprivate_clustering: the std of the N(0, std^2) noise on each hypothesis' start
+  hypothesis_init_std: float = 0.01
 
 
 PRESETS = {
@@ -42,9 +45,17 @@ PRESETS = {
     "synthetic": Preset(rounds=100, batch_size=32, clip=1.0, lr=0.05, delta=1e-3,
                         lam=1.0, needs_data_dir=False, assumed_silo_size=150),
     # Galli et al. sec. 5.1: 100 users x 10 samples, 2 clusters, step 0.1, batch 10.
+    # Hypotheses from N(0, 1) (the model's initialization is zero).
     "two_cluster": Preset(rounds=200, batch_size=10, clip=1.0, lr=0.1, delta=1e-3,
                           lam=1.0, needs_data_dir=False, num_clusters=2,
-                          assumed_silo_size=10),
+                          assumed_silo_size=10, hypothesis_init_std=1.0),
+    # Galli et al. sec. 5.3 (rotated FEMNIST writers, Table 4) on Fashion-MNIST: 200
+    # users of 250 training / 40 test images, half rotated by 90 degrees; the paper
+    # gives neither U nor the step size nor the batch: 20 users a round, SGD 0.05 on
+    # batches of 32, T = 100 (the paper: at most 500 with early stopping).
+    "fmnist_rotated": Preset(rounds=100, batch_size=32, clip=1.0, lr=0.05, delta=1e-5,
+                             lam=0.1, needs_data_dir=True, num_clusters=2,
+                             assumed_silo_size=250, clients_per_round=20),
 }
 
 

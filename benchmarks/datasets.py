@@ -4,7 +4,8 @@ stores the recipe instead of a copy of the data, so an attack can rebuild the ve
 same split (checked against the saved fingerprint) and tell members from
 non-members.
 
-Recipe keys: dataset (school, vehicle, gleam, digits, synthetic, two_cluster), seed,
+Recipe keys: dataset (school, vehicle, gleam, digits, synthetic, two_cluster,
+fmnist_rotated), seed,
 data_dir, standardize (tabular: none, public, dp, silo), for `dp` standardize_clip,
 standardize_noise_multiplier and neighbouring, mask_probability and test_fraction
 (digits), corrupt_silos and corruption (misbehaving silos). A `benchmarks.compare` recipe has
@@ -118,6 +119,8 @@ def _clean(recipe):
                                            seed=seed, **held_out), None
   if name == "two_cluster":
     return data.two_cluster_linear_silos(seed=seed), None
+  if name == "fmnist_rotated":
+    return data.rotated_fmnist_users(recipe["data_dir"], seed=seed), None
   if name == "synthetic":
     return data.heterogeneous_linear_silos(seed=seed), None
   raise ValueError(f"unknown dataset {name!r} in the recipe")

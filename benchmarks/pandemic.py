@@ -79,6 +79,12 @@ flags.DEFINE_bool("degree_figure", False, "Only draw Fig. 2.8 from the accountan
                   "with both exponents (Smoke: n = 2,609,976, b = 512, one epoch, "
                   "delta = 1/n); writes --figures_dir/pandemic_degree.png and its "
                   "CSV beside it; no data is read.")
+flags.DEFINE_bool("gradient_norms", False, "Instead of rows, thesis Fig. 2.9: every "
+                  "training example's gradient norm (the first method, mode, S1, "
+                  "lambda, loss, alpha, architecture and seed; no DP) at the initial "
+                  "and the trained model, and one batch's; writes --figures_dir/"
+                  "pandemic_gradient_norms.png and a CSV of shares below --clip / 5 "
+                  "and --clip beside it. Reads private data without noise.")
 common.define_bounds(
     sample_sizes=">= 1", noise_multipliers=">= 0", lams=">= 0", alphas="(0, 1)",
     rounds=">= 1", batch_size=">= 1", clip="> 0", lr="> 0", final_week_rate="(0, 0.5)",
@@ -263,6 +269,7 @@ def _degree_figure(figures_dir: str) -> None:
           for rel in node_level.EXPONENT for sigma in DEGREE_SIGMAS for s in DEGREE_S]
   df = pd.DataFrame(rows)
   path = os.path.join(figures_dir, "pandemic_degree.png")
+  os.makedirs(figures_dir, exist_ok=True)
   df.to_csv(os.path.splitext(path)[0] + ".csv", index=False)
   plots.pandemic_degree(df, f"Fig. 2.8 from the accountant: n = {n:,}, b = {b}, one "
                         f"epoch ({steps:,} steps), delta = 1/n", path)
@@ -285,6 +292,9 @@ def main(argv):
   runtime.exit_cleanly_on_sigterm()
   from tff_silo.pandemic import pipeline
   data_dir, meta = _data_dir(s)
+  if FLAGS.gradient_norms:
+    _gradient_norms(data_dir, s)
+    return
   stats = meta.get("statistics", {})
   data_key = dict(data_dir=os.path.abspath(data_dir),
                   files=meta.get("files_sha256", {}).get(
@@ -336,6 +346,60 @@ def main(argv):
       f"{done[0].get('lift', math.nan):.2f}), epsilon {done[0]['epsilon_theorem']:.4g}")
   _print_table(rows)
   _figures(stats.get("persons"), s)
+
+
+def _gradient_norms(data_dir: str, s) -> None:
+  """Fig. 2.9 (`pipeline.gradient_norms`): the first configuration's norms at the
+  initial and the trained model (no DP), shares below clip / 5 and clip."""
+  import numpy as np
+  import pandas as pd
+  from benchmarks import plots
+  from tff_silo.pandemic import pipeline
+  method, mode, s1, seed = s.methods[0], s.modes[0], s.sample_sizes[0], s.seeds[0]
+  name = "centralized" if method == "centralized" else s.scenario
+  scenario = pipeline.load_scenario(data_dir, name, sample_size=s1, mode=mode, seed=seed)
+  settings = pipeline.Settings(
+      method=method, clip=s.clip, lam=s.lams[0], rounds=s.rounds,
+      batch_size=s.batch_size, learning_rate=s.lr, loss=s.losses[0],
+      alpha=s.alphas[0], architecture=s.architectures[0], seed=seed)
+  model, result, _ = pipeline.fit(scenario, settings, backend=common.backend_for(s.backend))
+  silos = scenario.silos
+  initial = [model.initial_weights(seed)] * silos.num_silos
+  labels = np.concatenate(silos.y_train)
+  norms = pd.concat([pd.DataFrame(dict(
+      model=point, label=labels,
+      norm=np.concatenate(pipeline.gradient_norms(model, weights, silos))))
+      for point, weights in (("initial", initial), ("trained", result.silo_weights))])
+  rng = np.random.default_rng(seed)
+  first = silos.train_sizes[0]
+  picked = rng.choice(first, size=min(s.batch_size, first), replace=False)
+  trained = norms[norms.model == "trained"]
+  batch = trained.iloc[np.sort(picked)].reset_index(drop=True)
+  summary = norms.groupby(["model", "label"]).norm.agg(
+      examples="size", median="median", q99=lambda v: v.quantile(0.99),
+      q995=lambda v: v.quantile(0.995), largest="max",
+      below_clip_5=lambda v: float((v < s.clip / 5).mean()),
+      below_clip=lambda v: float((v < s.clip).mean())).reset_index()
+  every = norms.groupby("model").norm.agg(
+      examples="size", median="median", q99=lambda v: v.quantile(0.99),
+      q995=lambda v: v.quantile(0.995), largest="max",
+      below_clip_5=lambda v: float((v < s.clip / 5).mean()),
+      below_clip=lambda v: float((v < s.clip).mean())).reset_index().assign(label="all")
+  summary = pd.concat([summary, every]).assign(
+      clip=s.clip, method=method, mode=mode, sample_size=s1, loss=s.losses[0],
+      alpha=s.alphas[0], lam=s.lams[0], seed=seed, data_dir=os.path.abspath(data_dir),
+      guarantee="none: per-example norms of private training data, no noise")
+  path = os.path.join(s.figures_dir, "pandemic_gradient_norms.png")
+  os.makedirs(s.figures_dir, exist_ok=True)
+  summary.to_csv(os.path.splitext(path)[0] + ".csv", index=False)
+  plots.pandemic_gradient_norms(
+      batch, norms, s.clip,
+      f"Fig. 2.9: per-example gradient norms, {method} ({mode}, S1 = {s1}, "
+      f"{s.losses[0]} alpha {s.alphas[0]:g}, no DP)\n{len(labels):,} training examples "
+      f"of {silos.num_silos} silos; shares below C / 5: "
+      + ", ".join(f"{r.model} {r.below_clip_5:.4f}" for r in every.itertuples()), path)
+  print(summary.to_string(index=False, float_format=lambda v: f"{v:.4g}"))
+  print(f"wrote {path}")
 
 
 def _print_table(rows):

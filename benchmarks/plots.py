@@ -157,13 +157,24 @@ def lambda_panels(lam_rows, selected, path: str, *, every_trial: bool,
 
 def run_summary(df, path: str) -> None:
   """`benchmarks.summarize`: the test metric of `benchmarks.run` rows per method
-  (and lambda), mean +- sd over seeds."""
+  (and lambda; d-private clustering per nu, unsanitized first), mean +- sd over
+  seeds."""
   import seaborn as sns
   plt = _pyplot()
-  df = df.assign(method=[f"{a} (lam={l:g})" if a in ("mrmtl", "ditto") else a
-                         for a, l in zip(df.algorithm, df.lam)])
+  nus = df.nu if "nu" in df else [math.nan] * len(df)
+
+  def label(algorithm, lam, nu):
+    if algorithm in ("mrmtl", "ditto"):
+      return f"{algorithm} (lam={lam:g})"
+    if algorithm == "dprivate_clustering":
+      return f"{algorithm} (nu={'none' if math.isnan(nu) else f'{nu:g}'})"
+    return algorithm
+
+  df = df.assign(method=[label(*v) for v in zip(df.algorithm, df.lam, nus)],
+                 order=[-1.0 if math.isnan(nu) else nu for nu in nus])
   fig, ax = plt.subplots()
   sns.pointplot(data=df, x="method", y="test_metric", errorbar="sd",
+                order=list(dict.fromkeys(df.sort_values("order", kind="stable").method)),
                 linestyles="none", capsize=0.2, ax=ax)
   ax.set_ylabel(f"test {df.metric.iloc[0]} (mean +- sd over seeds)")
   ax.tick_params(axis="x", rotation=30)
@@ -308,6 +319,41 @@ def pandemic_degree(df, title: str, path: str) -> None:
   axes[0].set_ylabel("node-level epsilon (values above 1e4 not drawn)")
   axes[0].legend(fontsize=7, title="one curve per sigma (exact, no seeds)",
                  title_fontsize=7)
+  fig.suptitle(title, fontsize=9)
+  fig.tight_layout()
+  _save(fig, path)
+
+
+def pandemic_gradient_norms(batch, norms, clip: float, title: str, path: str) -> None:
+  """Fig. 2.9: per-example gradient norms of one batch by position, positives
+  marked (left); every training example's norm by label, at the initial and the
+  trained model (right, log x); lines at clip / 5 and clip. `batch`: frame of
+  norm, label; `norms`: frame of model, label, norm."""
+  plt = _pyplot()
+  fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
+  left.plot(np.arange(len(batch)), batch.norm, lw=0.8, color="C0",
+            label="one batch, trained model")
+  hit = batch.label > 0
+  left.plot(np.flatnonzero(hit), batch.norm[hit], "o", color="C3",
+            label=f"its {int(hit.sum())} positive(s)")
+  left.set_xlabel("example in the batch")
+  left.set_ylabel("per-example gradient L2 norm")
+  bins = np.logspace(np.log10(max(norms.norm.min(), 1e-6)), np.log10(norms.norm.max()), 60)
+  for i, ((model, label), part) in enumerate(norms.groupby(["model", "label"])):
+    right.hist(part.norm, bins=bins, histtype="step", density=True, color=f"C{i}",
+               label=f"{model} model, {'positives' if label else 'negatives'} "
+               f"({len(part):,})")
+  right.set_xscale("log")
+  right.set_yscale("log")
+  right.set_xlabel("per-example gradient L2 norm (all training examples)")
+  right.set_ylabel("density")
+  for ax in (left, right):
+    for value, style, name in ((clip / 5, ":", f"C / 5 = {clip / 5:g}"),
+                               (clip, "--", f"C = {clip:g}")):
+      (ax.axhline if ax is left else ax.axvline)(value, color="k", ls=style, lw=0.8,
+                                                  label=name)
+    ax.legend(fontsize=7)
+    ax.grid(True, alpha=0.3)
   fig.suptitle(title, fontsize=9)
   fig.tight_layout()
   _save(fig, path)

@@ -6,6 +6,8 @@ r"""Compare personalization methods under silo-specific example-level DP.
 
     uv run python -m benchmarks.run --dataset=two_cluster --methods=dprivate_clustering \
         --nu=5 --clients_per_round=7 --patience=6
+    uv run python -m benchmarks.run --dataset=fmnist_rotated --data_dir=DIR \
+        --methods=dprivate_clustering --nu=5   # Galli et al. sec. 5.3 on Fashion-MNIST
     uv run python -m benchmarks.run --dataset=school --data_dir=../shared/data \
         --methods=mrmtl --aggregator=dp_fixed --silo_epsilon=4
 
@@ -60,7 +62,7 @@ AGGREGATED = tuple(n for n in method_names.NAMES
                    if n not in method_names.UNAGGREGATED_NAMES)
 CLUSTER_FLAGS = ("num_clusters", "selection_fraction", "selection_budget_share")
 DPRIVATE_FLAGS = ("num_clusters", "nu", "clients_per_round", "leakage_cap", "patience",
-                  "kmeans_iterations")
+                  "kmeans_iterations", "hypothesis_init_std")
 # Validation users of `dprivate_clustering` on two_cluster (Galli et al. 5.1).
 VALIDATION_USERS = 30
 # Columns every row of this binary has: an existing --output without them is refused.
@@ -75,7 +77,8 @@ APPLIES_TO = {
     **{name: AGGREGATED for name in ("aggregator", "silo_epsilon", "silo_delta",
                                      "aggregator_clip")},
     **{name: ("dprivate_clustering",) for name in
-       ("nu", "clients_per_round", "leakage_cap", "patience", "kmeans_iterations")},
+       ("nu", "clients_per_round", "leakage_cap", "patience", "kmeans_iterations",
+        "hypothesis_init_std")},
 }
 # Flags of DP-SGD: giving one without --epsilon (a non-private run) is an error.
 DP_FLAGS = ("delta", "clip", "sampling", "ledger_csv", "outside_guarantee_metrics")
@@ -85,7 +88,8 @@ flags.DEFINE_list("methods", ["local", "fedavg", "mrmtl"],
                   f"Comma-separated algorithms, of {ALGORITHMS}.")
 flags.DEFINE_string("dataset", "digits", f"One of {DATASETS}.")
 flags.DEFINE_string("data_dir", None, "Folder with the dataset's file (school.mat, "
-                    "vehicle.mat or vehicle_train_ditto.json, gleam.mat).")
+                    "vehicle.mat or vehicle_train_ditto.json, gleam.mat; fmnist_rotated: "
+                    "Fashion-MNIST's IDX files).")
 flags.DEFINE_integer("rounds", None, "Rounds T (default: the dataset's preset).")
 flags.DEFINE_float("epsilon", None, "Per-silo target epsilon; unset = non-private.")
 flags.DEFINE_float("delta", None, "Per-silo target delta (default: preset).")
@@ -141,12 +145,15 @@ flags.DEFINE_float("selection_budget_share", 0.03, "IFCA under DP: epsilon of on
 flags.DEFINE_float("nu", None, "dprivate_clustering: the Euclidean Laplace noise "
                    "multiplier; unset sends unsanitized models.")
 flags.DEFINE_integer("clients_per_round", None, "dprivate_clustering: users sampled "
-                     "per round U (default: all).")
+                     "per round U (default: the preset's, else all).")
 flags.DEFINE_float("leakage_cap", None, "dprivate_clustering: a user declines a round "
                    "that would take its leakage above this.")
 flags.DEFINE_integer("patience", None, "dprivate_clustering on two_cluster: stop after "
                      "this many rounds without validation improvement.")
 flags.DEFINE_integer("kmeans_iterations", 10, "dprivate_clustering: Lloyd iterations.")
+flags.DEFINE_float("hypothesis_init_std", None, "dprivate_clustering: hypothesis j "
+                   "starts at the model's initialization for seed + j plus N(0, std^2) "
+                   "noise (default: the preset's; two_cluster 1, else 0.01).")
 common.define_backend_flags("every algorithm here")
 common.define_output_flags(output=("run.csv", "CSV file rows are appended to."))
 flags.DEFINE_bool("resume", True, "Skip runs whose row (same settings, algorithm, "
@@ -158,7 +165,8 @@ common.define_bounds(
     lams=">= 0", local_epochs=">= 1", eval_every=">= 0", finetune_fraction="[0, 1]",
     corrupt_silos=">= 0", standardize_clip="> 0", standardize_budget_share="(0, 1)",
     num_clusters=">= 1", selection_fraction="(0, 1]", selection_budget_share="(0, 1)",
-    nu="> 0", clients_per_round=">= 1", patience=">= 1", kmeans_iterations=">= 1")
+    nu="> 0", clients_per_round=">= 1", patience=">= 1", kmeans_iterations=">= 1",
+    hypothesis_init_std=">= 0")
 flags.adopt_module_key_flags(common)   # --help lists the shared flags too
 
 
@@ -199,6 +207,7 @@ class Settings:
   leakage_cap: float | None
   patience: int | None
   kmeans_iterations: int
+  hypothesis_init_std: float
   backend: str
   device: str
   xla: bool
@@ -241,7 +250,8 @@ class Settings:
       return getattr(preset, name) if value is None else value
 
     values = {name: given_or_preset(name) for name in (
-        "rounds", "batch_size", "clip", "lr", "delta", "num_clusters")}
+        "rounds", "batch_size", "clip", "lr", "delta", "num_clusters",
+        "clients_per_round", "hypothesis_init_std")}
     values["lams"] = tuple(common.parse_numbers(FLAGS.lams, float, "lams") if FLAGS.lams
                            else [preset.lam])
     common.check_bounds(**values)
@@ -259,7 +269,7 @@ class Settings:
             "standardize_clip", "standardize_budget_share", "ledger_csv",
             "outside_guarantee_metrics", "finetune_fraction", "corrupt_silos",
             "corruption", "mask_probability", "eval_every", "selection_fraction",
-            "selection_budget_share", "nu", "clients_per_round", "leakage_cap",
+            "selection_budget_share", "nu", "leakage_cap",
             "patience", "kmeans_iterations", "backend", "device", "xla", "output",
             "resume", "save_models"))
 
@@ -450,7 +460,7 @@ def _build(algorithm, lam, seed, silos, s):
         model, silos.feature_shape, client_learning_rate=s.lr,
         batch_size=s.batch_size, num_clusters=s.num_clusters, nu=s.nu,
         local_epochs=s.local_epochs, kmeans_iterations=s.kmeans_iterations,
-        init_seed=seed)
+        init_std=s.hypothesis_init_std, init_seed=seed)
   return algorithms.silo_definition(
       algorithm, model, silos.feature_shape, client_learning_rate=s.lr,
       batch_size=s.batch_size, rounds=s.rounds, lam=lam,
@@ -487,8 +497,11 @@ def _algorithm_flags(algorithm, s):
 
 def _run_key(seed, algorithm, lam, s):
   """Identifies a run by everything that determines its result."""
+  clustering = _algorithm_flags(algorithm, s)
+  if clustering.get("hypothesis_init_std") == 1.0:   # every run's before the flag:
+    del clustering["hypothesis_init_std"]            # their keys stay the same
   return json.dumps(dict(
-      **_algorithm_flags(algorithm, s),
+      **clustering,
       dataset=s.dataset, data_dir=s.data_dir, algorithm=algorithm, lam=lam,
       seed=seed, rounds=s.rounds, epsilon=s.epsilon, delta=s.delta, lr=s.lr,
       batch_size=s.batch_size, clip=s.clip, local_epochs=s.local_epochs,

@@ -309,6 +309,27 @@ def test_clustering_rows_record_cluster_quality_and_leakage(tmp_path):
   # d-private clustering's assignment uses un-noised training losses: named so.
   assert -1 <= rows.loc["dprivate_clustering", "ari_outside_guarantee"] <= 1
   assert pd.isna(rows.loc["dprivate_clustering", "ari"])
+  # two_cluster's hypotheses start from N(0, 1), as every run's did before the flag,
+  # and such runs keep their keys
+  assert rows.loc["dprivate_clustering", "hypothesis_init_std"] == 1.0
+  assert "hypothesis_init_std" not in rows.loc["dprivate_clustering", "run_key"]
+
+
+@pytest.mark.cli
+def test_rotated_fashion_mnist_users_train_dprivate_clustering(tmp_path, idx_files):
+  """Galli et al. Table 4's stand-in: 200 users of 250 / 40 images (the IDX files
+  the test writes), half rotated, two hypotheses near the model's initialization."""
+  idx_files[0](tmp_path, n_train=50_000, n_test=8_000, gz=False)
+  out = tmp_path / "rows.csv"
+  proc = _run("--dataset=fmnist_rotated", f"--data_dir={tmp_path}",
+              "--methods=dprivate_clustering", "--rounds=1", "--nu=5",
+              "--clients_per_round=4", f"--output={out}")
+  assert proc.returncode == 0, proc.stderr[-2000:]
+  row = pd.read_csv(out).iloc[0]
+  assert (row.num_silos, row.num_clusters, row.clients_per_round) == (200, 2, 4)
+  assert row.hypothesis_init_std == 0.01 and '"hypothesis_init_std": 0.01' in row.run_key
+  assert 0 <= row.test_metric <= 1
+  assert row.leakage_max == pytest.approx(row.leakage_per_participation)   # at most once
 
 
 @pytest.mark.cli

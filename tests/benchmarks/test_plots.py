@@ -39,3 +39,16 @@ def test_privacy_utility_and_lambda_draw_chance_when_given(drawn, chance):
   for name in ("pu.png", "lam.png"):
     found = [label for label in _labels(drawn[name]) if label.startswith("chance")]
     assert len(found) == (0 if chance is None else 1 if name == "pu.png" else 3), name
+
+
+def test_run_summary_puts_dprivate_clustering_in_order_of_nu(drawn):
+  rows = pd.DataFrame([dict(algorithm=a, lam=0.0, nu=nu, seed=s, metric="accuracy",
+                            test_metric=0.5 - 0.01 * (nu if nu == nu else 0))
+                       for a, nu in (("dprivate_clustering", 10.0),
+                                     ("dprivate_clustering", math.nan),
+                                     ("dprivate_clustering", 1.0), ("local", math.nan))
+                       for s in (0, 1)])
+  plots.run_summary(rows, "s.png")
+  ticks = [t.get_text() for t in drawn["s.png"].axes[0].get_xticklabels()]
+  assert ticks == ["dprivate_clustering (nu=none)", "local",
+                   "dprivate_clustering (nu=1)", "dprivate_clustering (nu=10)"]

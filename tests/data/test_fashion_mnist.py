@@ -43,6 +43,29 @@ def test_rotated_masked_silos_rotate_groups_and_mask_each_silo(tmp_path, idx_fil
   assert len({m.tobytes() for m in masks}) == 4   # every silo its own mask
 
 
+def test_rotated_users_are_half_turned_a_quarter_and_unmasked(tmp_path, idx_files):
+  arrays = idx_files[0](tmp_path, n_train=60, n_test=20)
+  users = data.rotated_fmnist_users(str(tmp_path), num_users=6, train_per_user=10,
+                                    test_per_user=3, seed=2)
+  assert users.name == "fmnist_rotated" and users.num_silos == 6
+  assert sorted(users.groups) == [0, 0, 0, 1, 1, 1]
+  assert all(len(y) == 10 for y in users.y_train) and all(len(y) == 3 for y in users.y_test)
+  source = arrays["train-images-idx3-ubyte"] / 255.0
+  seen = []
+  for k in range(6):
+    # undoing a quarter turn counter-clockwise gives source images, unmasked
+    back = np.rot90(users.x_train[k][..., 0], k=-users.groups[k], axes=(1, 2))
+    for image, label in zip(back, users.y_train[k]):
+      match = np.flatnonzero(np.all(np.abs(source - image) < 1e-6, axis=(1, 2)))
+      assert len(match) == 1 and arrays["train-labels-idx1-ubyte"][match[0]] == label
+      seen.append(match[0])
+  assert len(set(seen)) == 60   # every image dealt once
+  with pytest.raises(ValueError, match="multiple of 2"):
+    data.rotated_fmnist_users(str(tmp_path), num_users=5)
+  with pytest.raises(DataError, match="fewer than 200 silos"):
+    data.rotated_fmnist_users(str(tmp_path))
+
+
 def test_label_skewed_silos_hold_few_classes(tmp_path, idx_files):
   idx_files[0](tmp_path, n_train=400, n_test=100)
   silos = data.label_skewed_fmnist_silos(str(tmp_path), num_silos=6, classes_per_silo=3)

@@ -91,3 +91,21 @@ def test_the_degree_figure_is_fig_2_8_from_the_accountant(tmp_path):
     for s in (1, 10, 51):
       assert eps["replace_one", sigma, s] == pytest.approx(
           eps["add_remove", sigma / 2, s], rel=1e-9)
+
+
+def test_the_gradient_norm_figure_is_fig_2_9(tmp_path):
+  """Fig. 2.9 on the tiny profile: the figure and the shares below C / 5 and C per
+  model and label, labelled outside any guarantee; no training rows."""
+  done = _run("--profile=tiny", "--final_week_rate=0.01", "--gradient_norms",
+              "--clip=5", f"--output_dir={tmp_path}", f"--figures_dir={tmp_path}")
+  assert done.returncode == 0, done.stderr[-3000:]
+  assert os.path.getsize(tmp_path / "pandemic_gradient_norms.png") > 0
+  assert not (tmp_path / "pandemic.csv").exists()
+  df = pd.read_csv(tmp_path / "pandemic_gradient_norms.csv")
+  assert set(zip(df.model, df.label.astype(str))) == {
+      (m, l) for m in ("initial", "trained") for l in ("0.0", "1.0", "all")}
+  assert (df.below_clip_5 <= df.below_clip).all() and df.below_clip.between(0, 1).all()
+  every = df[df.label.astype(str) == "all"].set_index("model").examples
+  assert every["initial"] == every["trained"] == df[df.label.astype(str) != "all"].groupby(
+      "model").examples.sum()["initial"]
+  assert df.guarantee.str.startswith("none").all() and (df["clip"] == 5).all()

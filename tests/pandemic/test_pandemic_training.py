@@ -45,6 +45,26 @@ def test_closed_form_per_example_gradients_equal_autodiff(scenario, loss):
       np.testing.assert_allclose(mine[i].numpy(), theirs.numpy(), rtol=1e-4, atol=1e-7)
 
 
+def test_gradient_norms_are_each_examples_autodiff_norm(scenario):
+  """Fig. 2.9's norms: every training example's, in order, at each silo's own
+  weights, the same in chunks as autodiff one example at a time."""
+  model = features.forecaster(scenario.tables)
+  rng = np.random.default_rng(1)
+  silo_weights = [[rng.normal(0, 0.05, s).astype(np.float32) for s in model.weight_shapes]
+                  for _ in range(scenario.silos.num_silos)]
+  norms = pipeline.gradient_norms(model, silo_weights, scenario.silos, chunk=7)
+  assert [len(n) for n in norms] == list(scenario.silos.train_sizes)
+  for k in (0, 2):
+    weights = [tf.constant(w) for w in silo_weights[k]]
+    x, y = scenario.silos.x_train[k], scenario.silos.y_train[k]
+    for i in list(range(9)) + list(np.flatnonzero(y)[:2]):
+      with tf.GradientTape() as tape:
+        tape.watch(weights)
+        value = model.per_example_loss(weights, x[i:i + 1], y[i:i + 1])[0]
+      want = np.sqrt(sum(float(tf.reduce_sum(g ** 2)) for g in tape.gradient(value, weights)))
+      assert norms[k][i] == pytest.approx(want, rel=1e-4)
+
+
 def test_traced_programs_capture_the_tables_instead_of_copying_them(scenario):
   """A tf.function (and its loop bodies, pfor's included) refers to the node tables;
   only a plain graph (TFF's computations) holds them as constants. (Copying them

@@ -2,7 +2,8 @@
 
 from tff_silo.data.digits import digits_images, load_rotated_masked_digits
 from tff_silo.data.fashion_mnist import (label_skewed_fmnist_silos, load_fashion_mnist,
-                                         read_idx, rotated_masked_fmnist_silos)
+                                         read_idx, rotated_fmnist_users,
+                                         rotated_masked_fmnist_silos)
 from tff_silo.data.images import load_cifar10, load_emnist_users
 from tff_silo.data.partition import label_skewed_silos
 from tff_silo.data.preprocessing import STANDARDIZE, standardize_silos

@@ -1,7 +1,8 @@
 """Rotated & masked Fashion-MNIST at the thesis' scale (app. B.1, Table B.1: 40 silos
 of 1,500 train / 250 test 28x28 images in 4 rotation groups, silo-specific masks of
-2x2 white patches), and label-skewed Fashion-MNIST silos (the heterogeneous CIFAR-10
-stand-in of thesis Fig. 1.3(d): every silo holds a few random classes).
+2x2 white patches), users rotated or not (Galli et al. sec. 5.3's rotated FEMNIST
+writers), and label-skewed Fashion-MNIST silos (the heterogeneous CIFAR-10 stand-in of
+thesis Fig. 1.3(d): every silo holds a few random classes).
 
 The images are read from the four IDX files of Fashion-MNIST (`train-images-idx3-ubyte`,
 `train-labels-idx1-ubyte`, `t10k-images-idx3-ubyte`, `t10k-labels-idx1-ubyte`, each
@@ -87,8 +88,28 @@ def rotated_masked_fmnist_silos(data_dir: str, *, num_silos: int = 40,
   equal rotation groups (0/90/180/270 degrees; `groups`), and each silo's own mask of
   `patch_size` x `patch_size` white patches (each with `mask_probability`) applied
   to all its images."""
-  if num_silos < NUM_ROTATION_GROUPS or num_silos % NUM_ROTATION_GROUPS:
-    raise ValueError(f"num_silos must be a positive multiple of {NUM_ROTATION_GROUPS}, "
+  return _rotated_silos("fmnist", data_dir, num_silos, train_per_silo, test_per_silo,
+                        NUM_ROTATION_GROUPS, (mask_probability, patch_size), seed)
+
+
+def rotated_fmnist_users(data_dir: str, *, num_users: int = 200,
+                         train_per_user: int = 250, test_per_user: int = 40,
+                         seed: int = 0) -> SiloData:
+  """Galli et al. sec. 5.3's rotated FEMNIST writers on Fashion-MNIST: the images
+  dealt `train_per_user` / `test_per_user` to each user, and half the users, chosen at
+  random, see theirs rotated 90 degrees counter-clockwise (group 1; the paper draws
+  Bernoulli(0.5) per user, here the halves are equal); no masks."""
+  return _rotated_silos("fmnist_rotated", data_dir, num_users, train_per_user,
+                        test_per_user, 2, None, seed)
+
+
+def _rotated_silos(name, data_dir, num_silos, train_per_silo, test_per_silo,
+                   rotation_groups, masks, seed) -> SiloData:
+  """Images dealt to silos in `rotation_groups` equal groups (group g rotated g x 90
+  degrees); `masks` = (probability, patch size) of each silo's white patches, or
+  None."""
+  if num_silos < rotation_groups or num_silos % rotation_groups:
+    raise ValueError(f"num_silos must be a positive multiple of {rotation_groups}, "
                      f"got {num_silos}")
   if train_per_silo < 1 or test_per_silo < 1:
     raise ValueError("train_per_silo and test_per_silo must be >= 1")
@@ -100,19 +121,19 @@ def rotated_masked_fmnist_silos(data_dir: str, *, num_silos: int = 40,
                       f"x {per}")
   rng = np.random.default_rng(seed)
   train_order, test_order = rng.permutation(len(y_train)), rng.permutation(len(y_test))
-  groups = rng.permutation(np.arange(num_silos) % NUM_ROTATION_GROUPS)
+  groups = rng.permutation(np.arange(num_silos) % rotation_groups)
   parts = ([], [], [], [])
   for silo in range(num_silos):
-    mask = silo_mask(x_train.shape[1], patch_size, mask_probability, rng)
+    mask = None if masks is None else silo_mask(x_train.shape[1], masks[1], masks[0], rng)
     for i, (x, y, order, per) in enumerate(((x_train, y_train, train_order, train_per_silo),
                                             (x_test, y_test, test_order, test_per_silo))):
       idx = order[silo * per:(silo + 1) * per]
       images = np.rot90(x[idx], k=int(groups[silo]), axes=(1, 2)).copy()
-      images[:, mask] = WHITE
+      if mask is not None:
+        images[:, mask] = WHITE
       parts[2 * i].append(images[..., None])
       parts[2 * i + 1].append(y[idx])
-  return make_silos("fmnist", "multiclass", *parts, num_classes=NUM_CLASSES,
-                    groups=groups)
+  return make_silos(name, "multiclass", *parts, num_classes=NUM_CLASSES, groups=groups)
 
 
 def label_skewed_fmnist_silos(data_dir: str, *, num_silos: int = 30,

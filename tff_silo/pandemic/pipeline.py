@@ -189,8 +189,16 @@ def train(scenario: Scenario, settings: Settings, *, backend: str = "vectorized"
           progress=None) -> dict:
   """Trains `settings.method` on the scenario's silos (the library's MR-MTL family
   on `backend`) and scores the pooled predictions; the measured figures."""
+  model, result, epochs = fit(scenario, settings, backend=backend, progress=progress)
+  return _measured(scenario, model, result, epochs)
+
+
+def fit(scenario: Scenario, settings: Settings, *, backend: str = "vectorized",
+        progress=None):
+  """(the forecaster, its `simulation` result, local epochs per round) of
+  `settings.method` trained on the scenario's silos."""
   from tff_silo import algorithms, simulation   # pylint: disable=g-import-not-at-top
-  from tff_silo.privacy import PrivacyProtocol, node_level   # pylint: disable=g-import-not-at-top
+  from tff_silo.privacy import PrivacyProtocol   # pylint: disable=g-import-not-at-top
   centralized = settings.method == "centralized"
   if centralized != (scenario.silos.num_silos == 1 and scenario.name == "centralized"):
     raise ValueError("the centralized method trains the `centralized` folder, the "
@@ -215,6 +223,33 @@ def train(scenario: Scenario, settings: Settings, *, backend: str = "vectorized"
   result = simulation.run_simulation(definition, scenario.silos, rounds=rounds,
                                      seed=settings.seed, backend=backend,
                                      progress=progress, **run)
+  return model, result, epochs
+
+
+def gradient_norms(model, silo_weights, silos: SiloData, chunk: int = 8192) -> list:
+  """Each silo's per-example L2 norms of the loss gradient at its own weights, over
+  its training examples, in order (thesis Fig. 2.9; the MR-MTL term, data
+  independent, is left out). Reads private data without noise: a diagnostic."""
+  import tensorflow as tf   # pylint: disable=g-import-not-at-top
+  from tff_silo.algorithms.local_training import per_example_gradients   # pylint: disable=g-import-not-at-top
+  out = []
+  for weights, x, y in zip(silo_weights, silos.x_train, silos.y_train):
+    weights = [tf.constant(w) for w in weights]
+    norms = []
+    for i in range(0, len(y), chunk):
+      grads = per_example_gradients(model, weights, tf.constant(x[i:i + chunk]),
+                                    tf.constant(y[i:i + chunk]))
+      norms.append(tf.sqrt(tf.add_n([tf.reduce_sum(tf.reshape(g, [tf.shape(g)[0], -1]) ** 2,
+                                                   axis=1) for g in grads])).numpy())
+    out.append(np.concatenate(norms))
+  return out
+
+
+def _measured(scenario, model, result, epochs) -> dict:
+  """A `train` row's figures: AP and the privacy each silo spent."""
+  from tff_silo.privacy import node_level   # pylint: disable=g-import-not-at-top
+  s = node_examples(scenario)
+  sizes = scenario.silos.train_sizes
   measured = evaluate(scores(model, result.silo_weights, scenario.silos),
                       scenario.silos.y_test) if scenario.has_target else {}
   privacy = result.privacy

@@ -375,16 +375,12 @@ def _gradient_norms(data_dir: str, s) -> None:
   picked = rng.choice(first, size=min(s.batch_size, first), replace=False)
   trained = norms[norms.model == "trained"]
   batch = trained.iloc[np.sort(picked)].reset_index(drop=True)
-  summary = norms.groupby(["model", "label"]).norm.agg(
-      examples="size", median="median", q99=lambda v: v.quantile(0.99),
-      q995=lambda v: v.quantile(0.995), largest="max",
-      below_clip_5=lambda v: float((v < s.clip / 5).mean()),
-      below_clip=lambda v: float((v < s.clip).mean())).reset_index()
-  every = norms.groupby("model").norm.agg(
-      examples="size", median="median", q99=lambda v: v.quantile(0.99),
-      q995=lambda v: v.quantile(0.995), largest="max",
-      below_clip_5=lambda v: float((v < s.clip / 5).mean()),
-      below_clip=lambda v: float((v < s.clip).mean())).reset_index().assign(label="all")
+  figures = dict(examples="size", median="median", q99=lambda v: v.quantile(0.99),
+                 q995=lambda v: v.quantile(0.995), largest="max",
+                 below_clip_5=lambda v: float((v < s.clip / 5).mean()),
+                 below_clip=lambda v: float((v < s.clip).mean()))
+  summary = norms.groupby(["model", "label"]).norm.agg(**figures).reset_index()
+  every = norms.groupby("model").norm.agg(**figures).reset_index().assign(label="all")
   summary = pd.concat([summary, every]).assign(
       clip=s.clip, method=method, mode=mode, sample_size=s1, loss=s.losses[0],
       alpha=s.alphas[0], lam=s.lams[0], seed=seed, data_dir=os.path.abspath(data_dir),

@@ -23,7 +23,7 @@ import tensorflow as tf
 from tff_silo import keys
 from tff_silo.algorithms.dprivate_clustering import hypothesis_losses
 from tff_silo.algorithms.rounds import SiloInput
-from tff_silo.backends.vectorized.training import MEMORY_BUDGET_FLOATS
+from tff_silo.backends.vectorized.training import forward_items_per_call
 from tff_silo.data.silos import SiloData, padded_stack
 from tff_silo.driver import (
     RunResult, UniformUsers, check_run_length, run_rounds, tff_workers_stopped)
@@ -62,16 +62,14 @@ class DPrivateResult(RunResult):
 class _LossTable:
   """`table(hypotheses) -> [k, users]` of the model's batch objective F_c on fixed
   users' data: users zero-padded and stacked (each user's loss over its own rows,
-  `hypothesis_losses`), as many per call as keep users x rows x the model's
-  parameters within `MEMORY_BUDGET_FLOATS` (a forward pass's activations are of
-  the order of the parameters per example: the CNN on 28x28 images)."""
+  `hypothesis_losses`), as many per call as the memory budget allows
+  (`forward_items_per_call`)."""
 
   def __init__(self, model, xs, ys):
     self._x, self._y = padded_stack(xs), padded_stack(ys)
     n = np.array([len(y) for y in ys])
     self._mask = (np.arange(self._y.shape[1])[None] < n[:, None]).astype(np.float32)
-    per_user = max(1, self._y.shape[1] * model.num_parameters)
-    self._users = max(1, MEMORY_BUDGET_FLOATS // per_user)
+    self._users = forward_items_per_call(model, self._y.shape[1])
     self._table = tf.function(
         lambda hypotheses, x, y, mask: tf.transpose(hypothesis_losses(model, hypotheses,
                                                                       x, y, mask)),

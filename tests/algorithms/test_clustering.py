@@ -273,11 +273,12 @@ def test_the_loss_table_goes_through_users_in_chunks_with_the_same_values(monkey
   """Users go through the hypotheses' loss table as many at a time as the memory
   budget allows (one here); the table is the one computed in a single call."""
   from tff_silo import dprivate_simulation
+  from tff_silo.backends.vectorized import training
   silos = data.load_rotated_masked_digits(num_silos=8, seed=0)
   model = models.model_for(silos)
   hypotheses = ifca.initial_cluster_weights(model, 3, 0, 0.1)
   whole = dprivate_simulation._LossTable(model, silos.x_train, silos.y_train)
-  monkeypatch.setattr(dprivate_simulation, "MEMORY_BUDGET_FLOATS", 1)
+  monkeypatch.setattr(training, "MEMORY_BUDGET_FLOATS", 1)
   chunked = dprivate_simulation._LossTable(model, silos.x_train, silos.y_train)
   assert whole._users >= 8 and chunked._users == 1
   np.testing.assert_allclose(chunked(hypotheses), whole(hypotheses), rtol=1e-6)

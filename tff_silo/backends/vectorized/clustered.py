@@ -36,13 +36,11 @@ def hyperparameters(algorithm: ifca.ClusteredAlgorithm) -> tuple:
 
 
 def selection_silos_per_call(model, num_clusters: int, rows_per_silo) -> int:
-  """Silos whose cluster scores are computed at once: G models' forward passes over
-  each silo's rows, of the order of the model's parameters per example (the CNN on
-  28x28 images), within `MEMORY_BUDGET_FLOATS`; all of them when rows are unknown."""
+  """Silos whose G cluster scores are computed at once
+  (`training.forward_items_per_call`); all of them when rows are unknown."""
   if rows_per_silo is None:
     return np.iinfo(np.int32).max
-  per_silo = max(1, num_clusters * rows_per_silo * model.num_parameters)
-  return max(1, training.MEMORY_BUDGET_FLOATS // per_silo)
+  return training.forward_items_per_call(model, rows_per_silo, num_clusters)
 
 
 def _cluster_round(algorithm: ifca.ClusteredAlgorithm):

@@ -312,6 +312,15 @@ def chunk_examples(model, static: bool = False) -> int:
                      np.iinfo(np.int32).max))
 
 
+def forward_items_per_call(model, rows_per_item: int, models_per_item: int = 1) -> int:
+  """Items (silos, users) whose losses under `models_per_item` models are computed
+  in one call: a forward pass holds of the order of the model's parameters per
+  example (the CNN on 28x28 images), so as many as keep items x models x rows x
+  parameters within `MEMORY_BUDGET_FLOATS`, at least 1."""
+  per_item = max(1, models_per_item * rows_per_item * model.num_parameters)
+  return max(1, MEMORY_BUDGET_FLOATS // per_item)
+
+
 def map_in_chunks(fn, elems, items_per_call: int, item_signature):
   """`tf.vectorized_map(fn, elems)` over the leading dimension K, `items_per_call`
   items at a time (a `tf.map_fn` over chunks; the last chunk filled with repeats of

@@ -12,7 +12,7 @@ standardize_noise_multiplier and neighbouring, mask_probability and test_fractio
 preset_dataset (quick, digits, school, vehicle, fmnist, fmnist_hetero), seed,
 data_dir, validation_fraction and optionally mask_probability (digits, fmnist): the
 silos its trials train on (`compare_silos`).
-A `benchmarks.hypernet` recipe has hypernet_dataset (digits, cifar10, femnist),
+A `benchmarks.hypernet` recipe has hypernet_dataset (digits, fmnist, cifar10, femnist),
 seed, num_users, classes_per_user, data_dir and cache_dir: its users
 (`hypernet_users`).
 """
@@ -81,10 +81,15 @@ HYPERNET_NUM_CLASSES = {"digits": 10, "cifar10": 10}
 
 
 def hypernet_users(recipe: dict):
-  """The users of a `benchmarks.hypernet` run: label-skewed partitions of digits or
-  CIFAR-10, or FEMNIST's writers."""
+  """The users of a `benchmarks.hypernet` run: label-skewed partitions of digits,
+  Fashion-MNIST or CIFAR-10, or FEMNIST's writers."""
   from tff_silo import data
   name, seed = recipe["hypernet_dataset"], recipe["seed"]
+  if name == "fmnist":
+    return data.label_skewed_fmnist_silos(recipe["data_dir"],
+                                          num_silos=recipe["num_users"],
+                                          classes_per_silo=recipe["classes_per_user"],
+                                          seed=seed)
   if name == "femnist":
     return data.load_emnist_users(recipe.get("cache_dir"), num_users=recipe["num_users"],
                                   seed=seed)

@@ -5,8 +5,9 @@ r"""HyperNetFL with user-level DP (UDP-Alg, Nemala et al. CIKM'23) against FedAv
         --noise_multipliers=5,10 --sampling_rates=0.05,0.1,0.2 --delta=1e-5
 
 Users are label-skewed partitions (`--classes_per_user` classes each, unequal sizes)
-of the offline digits, of CIFAR-10 (`--data_dir` holding cifar-10-batches-py) or the
-FEMNIST writers (`--cache_dir` holding TFF's emnist_all.sqlite). `hypernet` runs one
+of the offline digits, of Fashion-MNIST (`--data_dir` holding its IDX files, e.g.
+/usr/share/datasets/fashion-mnist from `apt-get install dataset-fashion-mnist`), of
+CIFAR-10 (`--data_dir` holding cifar-10-batches-py) or the FEMNIST writers (`--cache_dir` holding TFF's emnist_all.sqlite). `hypernet` runs one
 process per (q, S, z) of the grid; `--noise_multipliers=0` without `--clips` is
 the noiseless pFedHN. `fedavg` trains one global model of the same target CNN on all
 users every round. Both run on the vectorized backend by default (`--backend=tff`:
@@ -31,15 +32,18 @@ from benchmarks import common, plan
 from benchmarks.common import UsageError
 
 ALGORITHMS = ("hypernet", "fedavg")
-DATASETS = ("digits", "cifar10", "femnist")
+DATASETS = ("digits", "fmnist", "cifar10", "femnist")
+DATA_DIR_DATASETS = ("fmnist", "cifar10")   # read from --data_dir
 
 FLAGS = flags.FLAGS
 flags.DEFINE_list("methods", ["hypernet", "fedavg"], f"Comma-separated, of {ALGORITHMS}.")
 flags.DEFINE_string("dataset", "digits", f"One of {DATASETS}.")
-flags.DEFINE_string("data_dir", None, "cifar10: folder holding cifar-10-batches-py.")
+flags.DEFINE_string("data_dir", None, "fmnist: folder holding Fashion-MNIST's IDX "
+                    "files; cifar10: folder holding cifar-10-batches-py.")
 flags.DEFINE_string("cache_dir", None, "femnist: folder holding emnist_all.sqlite.")
 flags.DEFINE_integer("num_users", 50, "Users N.")
-flags.DEFINE_integer("classes_per_user", 2, "digits/cifar10: classes of each user.")
+flags.DEFINE_integer("classes_per_user", 2, "digits/fmnist/cifar10: classes of each "
+                     "user.")
 flags.DEFINE_list("sampling_rates", ["0.1"], "Comma-separated user sampling rates q.")
 flags.DEFINE_list("clips", [], "Comma-separated clips S of a user's "
                   "contribution (empty: no clipping).")
@@ -139,11 +143,14 @@ class Settings:
     for name in HYPERNET_FLAGS:
       common.check_applies(name, ["hypernet"], FLAGS.methods)
     common.check_applies("fedavg_local_epochs", ["fedavg"], FLAGS.methods)
-    common.check_applies("data_dir", ["cifar10"], [FLAGS.dataset], "--dataset")
+    common.check_applies("data_dir", DATA_DIR_DATASETS, [FLAGS.dataset], "--dataset")
     common.check_applies("cache_dir", ["femnist"], [FLAGS.dataset], "--dataset")
-    common.check_applies("classes_per_user", ["digits", "cifar10"], [FLAGS.dataset],
-                         "--dataset")
-    if (FLAGS.dataset == "cifar10" and FLAGS.data_dir
+    common.check_applies("classes_per_user", ["digits", "fmnist", "cifar10"],
+                         [FLAGS.dataset], "--dataset")
+    if FLAGS.dataset == "fmnist" and not FLAGS.data_dir:
+      raise UsageError("--dataset=fmnist needs --data_dir (the folder with "
+                       "Fashion-MNIST's IDX files)")
+    if (FLAGS.dataset in DATA_DIR_DATASETS and FLAGS.data_dir
         and not os.path.isdir(FLAGS.data_dir)):
       raise UsageError(f"--data_dir {FLAGS.data_dir} is not a directory")
     if FLAGS.dataset == "femnist" and FLAGS.cache_dir and not os.path.isdir(

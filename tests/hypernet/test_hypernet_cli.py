@@ -41,6 +41,8 @@ def _parsed_flags():
     (dict(sampling_rates=["a"]), "--sampling_rates must be a comma-separated list"),
     (dict(methods=["sgd"]), "--methods must be among"),
     (dict(dataset="mnist"), "--dataset must be one of"),
+    (dict(dataset="fmnist"), "--dataset=fmnist needs --data_dir (the folder with "
+                             "Fashion-MNIST's IDX files)"),
     (dict(rounds=0), "--rounds must be >= 1"),
     (dict(channels=["4"]), "--channels must be two positive integers"),
     (dict(backend="xla"), "--backend must be one of"),
@@ -52,6 +54,27 @@ def test_bad_flags_raise_usage_errors(overrides, message):
     with pytest.raises(UsageError) as error:
       bench.Settings.from_flags()
   assert message in str(error.value)
+
+
+def test_fashion_mnist_users_are_label_skewed_from_the_folder(tmp_path, idx_files):
+  """--dataset=fmnist: the IDX files' train and test images pooled and dealt to
+  label-skewed users, as the recipe a saved run stores rebuilds them."""
+  import numpy as np
+  from benchmarks import datasets
+  idx_files[0](tmp_path, n_train=400, n_test=100)
+  with flagsaver.flagsaver(dataset="fmnist", data_dir=str(tmp_path), num_users=10,
+                           classes_per_user=3, methods=["hypernet"],
+                           output=str(tmp_path / "hn.csv")):
+    s = bench.Settings.from_flags()
+  users = bench._users(0, s)
+  assert users.num_silos == 10 and users.feature_shape == (28, 28, 1)
+  sizes = [len(y) + len(t) for y, t in zip(users.y_train, users.y_test)]
+  assert sum(sizes) == 500
+  for y, t in zip(users.y_train, users.y_test):
+    assert len(np.unique(np.concatenate([y, t]))) <= 3
+  again = datasets.load(bench._recipe(0, s))[0]
+  for a, b in zip(users.x_train, again.x_train):
+    np.testing.assert_array_equal(a, b)
 
 
 @pytest.mark.cli

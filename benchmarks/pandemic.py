@@ -7,8 +7,8 @@ node-level DP-SGD across regional silos, scored by pooled average precision.
 With `--data_dir` it reads the challenge's own layout (real files or a generated
 set); otherwise it generates `--profile` with `--seed` into `--generated_dir`
 (reused when already there). Every combination of --modes, --sample_sizes,
---methods, --noise_multipliers, --lams, --losses x --alphas, --architectures and
---seeds is one run and one CSV row (profile, mode, S1, sigma, clip, lambda, rounds,
+--methods, --noise_multipliers, --lams, --losses x --alphas, --architectures,
+--feature_sets (Table 2.3's ablation) and --seeds is one run and one CSV row (profile, mode, S1, sigma, clip, lambda, rounds,
 epsilon by Theorem 2.4.4's exponent for replacing a node (S = 2 S1 + 1 examples)
 and by the authors' code with what it guarantees, delta 1/(10 n) per silo, AP, lift
 over the positive rate and recall at 0.5 on the held-out households, load / train
@@ -31,6 +31,7 @@ from absl import flags
 
 from benchmarks import common, plan
 from benchmarks.common import UsageError
+from tff_silo.pandemic.choices import FEATURE_SETS
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string("data_dir", None, "A folder in the challenge's layout (scenarios.txt, "
@@ -63,6 +64,11 @@ flags.DEFINE_float("lr", 0.2, "Learning rate.")
 flags.DEFINE_list("losses", ["focal"], "Of focal, bce.")
 flags.DEFINE_list("alphas", ["0.75"], "Focal loss alphas.")
 flags.DEFINE_list("architectures", ["logistic"], "Of logistic, mlp.")
+flags.DEFINE_list("feature_sets", ["node+contact+location"], "Thesis Table 2.3's "
+                  "ablation, of node+contact+location, node+contact, node+location, "
+                  "node: the groups of each neighbour's features an example keeps "
+                  "(node: its 73 node features; contact: start and duration; "
+                  "location: the place's coordinates and type flags).")
 flags.DEFINE_list("seeds", ["0"], "Training seeds (windows, batches, noise).")
 common.define_backend_flags("every method")
 common.define_output_flags(
@@ -117,6 +123,7 @@ class Settings:
   losses: tuple
   alphas: tuple
   architectures: tuple
+  feature_sets: tuple
   seeds: tuple
   backend: str
   device: str
@@ -136,6 +143,7 @@ class Settings:
     common.check_among("modes", FLAGS.modes, graph.MODES)
     common.check_among("losses", FLAGS.losses, choices.LOSSES)
     common.check_among("architectures", FLAGS.architectures, choices.ARCHITECTURES)
+    common.check_among("feature_sets", FLAGS.feature_sets, choices.FEATURE_SETS)
     common.check_backend(FLAGS.backend, FLAGS.device, FLAGS.xla)
     if FLAGS.data_dir is not None:
       if not os.path.isdir(FLAGS.data_dir):
@@ -164,7 +172,8 @@ class Settings:
         **{name: tuple(values) for name, values in lists.items()},
         seeds=tuple(common.parse_seeds(FLAGS.seeds)),
         **common.flag_values(
-            "methods", "modes", "losses", "architectures", "data_dir", "profile",
+            "methods", "modes", "losses", "architectures", "feature_sets", "data_dir",
+            "profile",
             "seed", "final_week_rate", "scenario", "clip", "rounds", "batch_size", "lr",
             "backend", "device", "xla", "output", "generated_dir", "figures_dir",
             "resume"))
@@ -201,17 +210,21 @@ def _data_dir(s) -> tuple:
 
 
 def _runs(s):
-  for seed, mode, s1, method, sigma, lam, loss, alpha, architecture in itertools.product(
-      s.seeds, s.modes, s.sample_sizes, s.methods,
-      s.noise_multipliers, s.lams, s.losses, s.alphas,
-      s.architectures):
+  """Every run of the grid; `feature_set` is in a run (and its key) only when it is
+  not every group, so the keys of runs before the ablation stay."""
+  for (seed, mode, s1, method, sigma, lam, loss, alpha, architecture,
+       feature_set) in itertools.product(
+           s.seeds, s.modes, s.sample_sizes, s.methods, s.noise_multipliers, s.lams,
+           s.losses, s.alphas, s.architectures, s.feature_sets):
     if method != "mrmtl" and lam != s.lams[0]:
       continue   # lambda is MR-MTL's alone
     if loss == "bce" and alpha != s.alphas[0]:
       continue
+    ablation = {} if feature_set == FEATURE_SETS[0] else dict(feature_set=feature_set)
     yield dict(seed=seed, mode=mode, sample_size=s1, method=method, sigma=sigma,
                lam=lam if method == "mrmtl" else None, loss=loss,
-               alpha=alpha if loss == "focal" else None, architecture=architecture)
+               alpha=alpha if loss == "focal" else None, architecture=architecture,
+               **ablation)
 
 
 # What the rows' numbers mean besides the flags (rows of an earlier pipeline, scored
@@ -326,13 +339,15 @@ def main(argv):
         lam=run["lam"] or 0.0, rounds=s.rounds, batch_size=s.batch_size,
         learning_rate=s.lr, loss=run["loss"], alpha=run["alpha"] or 0.75,
         architecture=run["architecture"],
+        feature_set=run.get("feature_set", FEATURE_SETS[0]),
         seed=common.run_seed(run["seed"], _run_key(run, data_key["files"], s)))
     measured = pipeline.train(scenarios[loaded], settings, backend=backend,
                               progress=progress)
     row = dict(run_key=planned.key,
                profile=meta.get("profile", {}).get("name", "given files"),
                persons=stats.get("persons"), contacts=stats.get("contacts"),
-               scenario=name, **run, clip=s.clip if run["sigma"] else None,
+               scenario=name, **{"feature_set": FEATURE_SETS[0], **run},
+               clip=s.clip if run["sigma"] else None,
                **measured, load_seconds=load_seconds, backend=backend, device=device,
                peak_memory_mb=common.peak_memory_mb(),
                finished=time.strftime("%Y-%m-%dT%H:%M:%S"))
@@ -361,7 +376,8 @@ def _gradient_norms(data_dir: str, s) -> None:
   settings = pipeline.Settings(
       method=method, clip=s.clip, lam=s.lams[0], rounds=s.rounds,
       batch_size=s.batch_size, learning_rate=s.lr, loss=s.losses[0],
-      alpha=s.alphas[0], architecture=s.architectures[0], seed=seed)
+      alpha=s.alphas[0], architecture=s.architectures[0],
+      feature_set=s.feature_sets[0], seed=seed)
   model, result, _ = pipeline.fit(scenario, settings, backend=common.backend_for(s.backend))
   silos = scenario.silos
   initial = [model.initial_weights(seed)] * silos.num_silos
@@ -405,7 +421,8 @@ def _print_table(rows):
 
 
 # What one curve of the AP figure holds fixed (its points differ in sigma only)
-CURVE = ["method", "mode", "sample_size", "lam", "loss", "alpha", "architecture"]
+CURVE = ["method", "mode", "sample_size", "lam", "loss", "alpha", "architecture",
+         "feature_set"]
 
 
 def _figures(persons, s):

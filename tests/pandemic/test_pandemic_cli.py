@@ -21,6 +21,7 @@ def _run(*args):
     (["--profile=huge"], "error: --profile must be one of"),
     (["--methods=sgd"], "error: --methods must be among"),
     (["--modes=fast"], "error: --modes must be among"),
+    (["--feature_sets=contact"], "error: --feature_sets must be among"),
     (["--noise_multipliers=-1"], "error: --noise_multipliers must be >= 0; got -1"),
     (["--alphas=1.5"], "error: --alphas must be in (0, 1)"),
     (["--lr=inf"], "error: --lr must be a finite number"),   # run_main, every binary
@@ -71,6 +72,13 @@ def test_a_tiny_profile_runs_end_to_end(tmp_path):
   row = rows[(rows.sigma == 2) & (rows.method == "mrmtl")].iloc[0]
   assert math.isinf(row.epsilon_theorem)
   assert row.guarantee.startswith("none: no finite node-level epsilon")
+  # Table 2.3's ablation: new keys for fewer groups, the full set's keys unchanged
+  ablated = _run(*args[:3], "--noise_multipliers=0", "--feature_sets=node", *args[4:])
+  assert ablated.returncode == 0, ablated.stderr[-2000:]
+  rows = pd.read_csv(tmp_path / "pandemic.csv")
+  assert list(rows.feature_set) == ["node+contact+location"] * 6 + ["node"] * 2
+  assert rows.run_key.str.contains('"feature_set": "node"').sum() == 2
+  assert not rows.run_key.str.contains("node+contact", regex=False).any()
 
 
 def test_the_degree_figure_is_fig_2_8_from_the_accountant(tmp_path):

@@ -227,6 +227,19 @@ def test_a_hand_written_file_set_gives_the_expected_tables(tmp_path):
   onehot = built[0, start:start + 63].reshape(21, 3)
   assert (onehot[:20].argmax(1) == 0).all() and onehot.sum() == 21   # S on 10..29
   assert onehot[20].tolist() == [0.0, 1.0, 0.0]                       # I on day 30
+  # Table 2.3's ablation keeps the self part and, per neighbour, the chosen groups'
+  # columns of the full vector: node 73, contact 2 (start, duration), location 8
+  full = built.reshape(2, -1)
+  neighbours = full[:, 11:].reshape(2, 3, 83)
+  for feature_set, columns in (("node", slice(0, 73)), ("node+contact", slice(0, 75)),
+                               ("node+location", np.r_[0:73, 75:83])):
+    ablated = features.example_builder(tables, feature_set)(x).numpy()
+    assert ablated.shape == (2, features.input_size(3, feature_set))
+    np.testing.assert_array_equal(ablated[:, :11], full[:, :11])
+    np.testing.assert_array_equal(ablated[:, 11:].reshape(2, 3, -1),
+                                  neighbours[:, :, columns])
+  with pytest.raises(ValueError, match="feature_set must be one of"):
+    features.input_size(3, "contact")
 
 
 @pytest.mark.parametrize("damage, message", [

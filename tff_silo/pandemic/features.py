@@ -10,6 +10,9 @@ An example is (node, window start s): its 21-day window is days s..s+20. Its vec
                      start and duration as fractions of a day, the place's
                      standardized longitude and latitude and its six type flags).
 Its training label: S on every window day and I or R on some day of the 7 after it.
+Table 2.3's ablation keeps fewer groups of each neighbour's part (`feature_set`):
+"node" keeps its 73 node features, "contact" adds the contact's start and duration
+(2), "location" the place's coordinates and type flags (8).
 
 The tables of every silo sit in one `NodeTables` (node indices offset per silo), so
 the library's MR-MTL process and its vectorized backend train a `SiloModel` whose
@@ -25,16 +28,28 @@ import numpy as np
 import tensorflow as tf
 
 from tff_silo.models.functional import SiloModel, linear_form_gradients
-from tff_silo.pandemic.choices import ARCHITECTURES, LOSSES
+from tff_silo.pandemic.choices import ARCHITECTURES, FEATURE_SETS, LOSSES
 from tff_silo.pandemic.graph import D_NODE, D_STATIC, WINDOW
 
 PREDICTION_START = 36            # days 36..56 predict days 57..63
 LAST_TRAINING_START = 28         # label days up to 55 (the authors' indexing)
 
 
-def input_size(sample_size: int) -> int:
-  """d: 11 + 83 S1 (1,671 at S1 = 20)."""
-  return D_STATIC + 1 + sample_size * (D_NODE + 10)
+ALL_FEATURES = FEATURE_SETS[0]
+# Each neighbour's columns per feature group
+GROUP_WIDTHS = {"node": D_NODE, "contact": 2, "location": 8}
+
+
+def _groups(feature_set: str) -> tuple:
+  if feature_set not in FEATURE_SETS:
+    raise ValueError(f"feature_set must be one of {FEATURE_SETS}, got {feature_set!r}")
+  return tuple(feature_set.split("+"))
+
+
+def input_size(sample_size: int, feature_set: str = ALL_FEATURES) -> int:
+  """d: 11 + 83 S1 with every group (1,671 at S1 = 20); 11 + 73 S1 with node
+  features alone."""
+  return D_STATIC + 1 + sample_size * sum(GROUP_WIDTHS[g] for g in _groups(feature_set))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -85,8 +100,9 @@ def labels(history: np.ndarray, starts: np.ndarray) -> np.ndarray:
       np.float32)
 
 
-def example_builder(tables: NodeTables):
-  """`x [b, 2] (node, start) -> features [b, d]`, gathering from `tables`: eager
+def example_builder(tables: NodeTables, feature_set: str = ALL_FEATURES):
+  """`x [b, 2] (node, start) -> features [b, d]` of `feature_set`'s groups
+  (`input_size`), gathering from `tables`: eager
   tensors made once (captured by eager code and tf.functions), or graph constants in
   a plain graph (TFF's computations, which cannot capture eager tensors)."""
   arrays = dict(static=tables.static, history=tables.history.astype(np.int32),
@@ -96,6 +112,8 @@ def example_builder(tables: NodeTables):
     eager = {name: tf.constant(value) for name, value in arrays.items()}
     eager_graph = tf.compat.v1.get_default_graph()
   s1 = tables.sample_size
+  groups = _groups(feature_set)
+  width = input_size(s1, feature_set) - D_STATIC - 1   # all neighbours' columns
 
   def build(x):
     # A function graph (a tf.function, its loop bodies, pfor's) hangs from the graph
@@ -119,13 +137,15 @@ def example_builder(tables: NodeTables):
     windows = tf.gather(tf.gather(history, nb), tf.tile(days[:, None], [1, s1, 1]),
                         batch_dims=2)                                 # [b, S1, 21]
     onehot = tf.reshape(tf.one_hot(windows, 3), [-1, s1, 3 * WINDOW])
-    place = tf.gather(contact_place, node)
-    place_features = tf.gather(places, tf.maximum(place, 0)) * tf.cast(
-        place >= 0, tf.float32)[..., None]
-    neighbour_part = tf.concat([tf.gather(static, nb) * valid, onehot * valid,
-                                tf.gather(contact_time, node), place_features], -1)
+    parts = [tf.gather(static, nb) * valid, onehot * valid]
+    if "contact" in groups:
+      parts.append(tf.gather(contact_time, node))
+    if "location" in groups:
+      place = tf.gather(contact_place, node)
+      parts.append(tf.gather(places, tf.maximum(place, 0)) * tf.cast(
+          place >= 0, tf.float32)[..., None])
     return tf.concat([tf.gather(static, node), susceptible[:, None],
-                      tf.reshape(neighbour_part, [-1, s1 * (D_NODE + 10)])], 1)
+                      tf.reshape(tf.concat(parts, -1), [-1, width])], 1)
 
   return build
 
@@ -148,16 +168,16 @@ def focal_loss(alpha: float = 0.75, gamma: float = 2.0):
 
 def forecaster(tables: NodeTables, *, architecture: str = "logistic",
                loss: str = "focal", alpha: float = 0.75, gamma: float = 2.0,
-               hidden: int = 64) -> SiloModel:
-  """The forecasting model over `tables`' examples (outputs: logits): logistic
-  regression with zero initial weights (the authors'), or a 3-layer MLP (Table
-  2.4's ablation); focal loss or binary cross-entropy."""
+               hidden: int = 64, feature_set: str = ALL_FEATURES) -> SiloModel:
+  """The forecasting model over `tables`' examples of `feature_set` (outputs:
+  logits): logistic regression with zero initial weights (the authors'), or a
+  3-layer MLP (Table 2.4's ablation); focal loss or binary cross-entropy."""
   if architecture not in ARCHITECTURES:
     raise ValueError(f"architecture must be one of {ARCHITECTURES}, got {architecture!r}")
   if loss not in LOSSES:
     raise ValueError(f"loss must be one of {LOSSES}, got {loss!r}")
-  build = example_builder(tables)
-  d = input_size(tables.sample_size)
+  build = example_builder(tables, feature_set)
+  d = input_size(tables.sample_size, feature_set)
   if loss == "bce":   # (not focal with gamma 0: pow(0, 0)'s gradient is NaN)
     loss_fn = lambda z, y: tf.nn.sigmoid_cross_entropy_with_logits(labels=y, logits=z)
   else:
@@ -172,7 +192,7 @@ def forecaster(tables: NodeTables, *, architecture: str = "logistic",
     p_t, alpha_t, bce = _focal_terms(logits, y, alpha)
     inner = tf.pow(1 - p_t, gamma + 1) + gamma * tf.pow(1 - p_t, gamma) * p_t * bce
     return -alpha_t * (2 * y - 1) * inner
-  name = f"pandemic_{architecture}_{loss}_{alpha:g}_{gamma:g}_{tables.digest}"
+  name = f"pandemic_{architecture}_{loss}_{alpha:g}_{gamma:g}_{feature_set}_{tables.digest}"
   if architecture == "logistic":
     shapes = ((d,), ())
 

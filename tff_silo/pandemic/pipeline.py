@@ -43,7 +43,7 @@ from sklearn import metrics
 
 from tff_silo.data.silos import SiloData
 from tff_silo.pandemic import features, files, graph
-from tff_silo.pandemic.choices import METHODS
+from tff_silo.pandemic.choices import FEATURE_SETS, METHODS
 from tff_silo.pandemic.files import DataError
 
 BATCH_SIZE = 512                  # the authors' (thesis Table 2.1)
@@ -154,9 +154,13 @@ class Settings:
   loss: str = "focal"
   alpha: float = 0.75
   architecture: str = "logistic"
+  feature_set: str = features.ALL_FEATURES   # Table 2.3's ablation: fewer groups
   seed: int = 0
 
   def __post_init__(self):
+    if self.feature_set not in FEATURE_SETS:
+      raise ValueError(f"feature_set must be one of {FEATURE_SETS}, got "
+                       f"{self.feature_set!r}")
     if self.method not in METHODS:
       raise ValueError(f"method must be one of {METHODS}, got {self.method!r}")
     if not self.noise_multiplier >= 0 or not self.clip > 0 or not self.lam >= 0:
@@ -204,7 +208,8 @@ def fit(scenario: Scenario, settings: Settings, *, backend: str = "vectorized",
     raise ValueError("the centralized method trains the `centralized` folder, the "
                      "others a scenario's clients")
   model = features.forecaster(scenario.tables, architecture=settings.architecture,
-                              loss=settings.loss, alpha=settings.alpha)
+                              loss=settings.loss, alpha=settings.alpha,
+                              feature_set=settings.feature_set)
   epochs, rounds = (2, 1) if centralized else (1, settings.rounds)
   sampling = "without_replacement" if scenario.mode == "honest" else "shuffle"
   definition = algorithms.silo_definition(

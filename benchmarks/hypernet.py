@@ -73,8 +73,10 @@ common.define_output_flags(output=("hypernet.csv", "CSV rows are appended to."))
 flags.DEFINE_bool("resume", True, "Skip runs whose row is already in --output.")
 common.define_save_models_flag("every run (and a hypernetwork run's phi and "
                                "embeddings; FedAvg's global model)")
-flags.DEFINE_string("plot", None, "Also write a PNG of mean user accuracy against "
-                    "epsilon for this command's runs here.")
+flags.DEFINE_string("plot", None, "Also write a PNG here of mean user accuracy "
+                    "against epsilon and against a round's signal-to-noise bound, "
+                    "for every row in --output of this --dataset and --num_users "
+                    "(a study's commands share one --output).")
 common.define_renamed_flags(algorithm="methods", client_lr="lr",
                              sampling_rate="sampling_rates", l2_norm_clip="clips",
                              noise_multiplier="noise_multipliers")
@@ -381,13 +383,17 @@ def _print_table(rows, s):
   tables.print_frame(tables.hypernet_summary(pd.DataFrame(rows)), number=".4f")
 
 
-def _plot(rows, s):
+def _plot(s):
+  """--plot: every row in --output of this dataset and number of users."""
   import pandas as pd
   from benchmarks import datasets, plots
   from tff_silo.data.images import EMNIST_CLASSES
-  classes = {**datasets.HYPERNET_NUM_CLASSES, "femnist": EMNIST_CLASSES[False]}
-  plots.hypernet_accuracy(pd.DataFrame(rows), delta=s.delta,
-                          num_classes=classes[s.dataset], path=s.plot)
+  classes = {**datasets.HYPERNET_NUM_CLASSES, "fmnist": 10,
+             "femnist": EMNIST_CLASSES[False]}
+  every = pd.read_csv(s.output)
+  study = every[(every.dataset == s.dataset) & (every.num_users == s.num_users)]
+  plots.hypernet_accuracy(study, delta=s.delta, num_classes=classes[s.dataset],
+                          path=s.plot)
 
 
 def main(argv):
@@ -427,7 +433,7 @@ def main(argv):
   rows = todo.execute(run_batch, rounds=s.rounds, scope=scope)
   _print_table(rows, s)
   if s.plot:
-    _plot(rows, s)
+    _plot(s)
     print(f"plot written to {s.plot}")
 
 

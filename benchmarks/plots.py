@@ -13,7 +13,7 @@ import os
 
 import numpy as np
 
-from benchmarks.tables import epsilon_label
+from benchmarks.tables import epsilon_label, signal_to_noise
 
 
 def _pyplot():
@@ -223,30 +223,47 @@ def tuning_cost(rows, summary, title: str, path: str) -> None:
 # --- benchmarks.hypernet ----------------------------------------------------------------
 
 def hypernet_accuracy(df, *, delta: float, num_classes: int, path: str) -> None:
-  """Mean user accuracy against epsilon: colour S, marker z; non-private runs dashed;
+  """Mean user accuracy against epsilon (left) and against the round's
+  signal-to-noise bound (right): the clipped mean's largest norm S over the noise's
+  norm sigma sqrt(P) (sigma per coordinate, P the hypernetwork's parameters), which
+  is q W / (z sqrt(P)) without a weight cap. Colour S (left) or P (right), marker z
+  (left) or the expected users a round q N (right); runs without noise dashed;
   chance (one class in `num_classes`) dotted."""
   import seaborn as sns
   plt = _pyplot()
   private = df[np.isfinite(df.epsilon)]
-  fig, ax = plt.subplots(figsize=(6.5, 4.2))
+  private = private.assign(
+      S=private.l2_norm_clip.astype(str), z=private.noise_multiplier.astype(str),
+      q=private.sampling_rate,
+      P=private.hypernet_parameters.map(lambda p: f"{int(p):,}"),
+      users=(private.sampling_rate * private.num_users).map(lambda u: f"{u:.3g}"),
+      snr=signal_to_noise(private))
+  fig, axes = plt.subplots(1, 2, figsize=(12, 4.4))
   if len(private):
-    sns.scatterplot(data=private.assign(S=private.l2_norm_clip.astype(str),
-                                        z=private.noise_multiplier.astype(str),
-                                        q=private.sampling_rate),
-                    x="epsilon", y="mean_user_accuracy", hue="S", style="z", size="q",
-                    sizes=(30, 120), ax=ax)
-    ax.set_xscale("log")
+    sns.scatterplot(data=private, x="epsilon", y="mean_user_accuracy", hue="S",
+                    style="z", size="q", sizes=(30, 120), ax=axes[0])
+    sns.scatterplot(data=private, x="snr", y="mean_user_accuracy", hue="P",
+                    style="users", s=70, ax=axes[1])
+    for ax in axes:
+      ax.set_xscale("log")
   for i, (label, part) in enumerate(df[~np.isfinite(df.epsilon)].groupby(
-      ["algorithm", "sampling_rate", "l2_norm_clip"], dropna=False, sort=False)):
-    ax.axhline(part.mean_user_accuracy.mean(), ls="--", color=f"C{i + 3}",
-               label=f"{label[0]} (no noise, q={label[1]}, S={label[2]})")
-  _chance_line(ax, 1 / num_classes, f"chance (1/{num_classes})")
-  ax.set_xlabel(f"user-level epsilon at delta={delta:g} (covers phi and the "
-                "noised aggregates)")
-  ax.set_ylabel("mean accuracy over users")
-  ax.set_title("accuracies: each user's own model, from its un-noised embedding "
+      ["algorithm", "sampling_rate", "l2_norm_clip", "hypernet_parameters"]
+      if "hypernet_parameters" in df else ["algorithm", "sampling_rate", "l2_norm_clip"],
+      dropna=False, sort=False)):
+    size = (f", P={int(label[3]):,}" if len(label) > 3 and np.isfinite(label[3])
+            else "")
+    for ax in axes:
+      ax.axhline(part.mean_user_accuracy.mean(), ls="--", color=f"C{i + 3}",
+                 label=f"{label[0]} (no noise, q={label[1]}, S={label[2]}{size})")
+  for ax in axes:
+    _chance_line(ax, 1 / num_classes, f"chance (1/{num_classes})")
+    ax.set_ylabel("mean accuracy over users")
+    ax.legend(fontsize=6, loc="best")
+  axes[0].set_xlabel(f"user-level epsilon at delta={delta:g} (covers phi and the "
+                     "noised aggregates)")
+  axes[1].set_xlabel("signal-to-noise bound of a round: S / (sigma sqrt(P))")
+  fig.suptitle("accuracies: each user's own model, from its un-noised embedding "
                "(outside the user-level guarantee)", fontsize=8)
-  ax.legend(fontsize=7, loc="best")
   fig.tight_layout()
   _save(fig, path)
 

@@ -150,12 +150,25 @@ def _wins(selected) -> str:
 
 # --- the other binaries ---------------------------------------------------------------
 
+def signal_to_noise(df):
+  """Per `benchmarks.hypernet` row, a round's signal-to-noise bound: the clipped
+  mean's largest norm S over the noise's norm sigma sqrt(P) (sigma, the noise per
+  coordinate of phi's step, is z max(w_u) S / (q W); P, the hypernetwork's
+  parameters): q W / (z sqrt(P)) with every w_u = 1. inf without noise; NaN for
+  FedAvg."""
+  import numpy as np
+  with np.errstate(divide="ignore"):
+    return df.l2_norm_clip / (df.sigma * np.sqrt(df.hypernet_parameters))
+
+
 def hypernet_summary(df):
   """`benchmarks.hypernet` rows: means over seeds per algorithm and privacy
-  setting (the largest epsilon)."""
+  setting (the largest epsilon; `signal_to_noise`)."""
   keys = ["algorithm", "sampling_rate", "l2_norm_clip", "noise_multiplier"]
-  return df.fillna({k: "-" for k in keys[1:]}).groupby(keys, sort=False).agg(
+  return df.assign(signal_to_noise=signal_to_noise(df)).fillna(
+      {k: "-" for k in keys[1:]}).groupby(keys, sort=False).agg(
       seeds=("seed", "nunique"), epsilon=("epsilon", "max"),
+      signal_to_noise=("signal_to_noise", "first"),
       test_accuracy=("test_accuracy", "mean"),
       mean_user_accuracy=("mean_user_accuracy", "mean"),
       wall_seconds=("wall_seconds", "mean")).reset_index()

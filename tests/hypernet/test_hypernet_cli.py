@@ -13,6 +13,7 @@ from absl.testing import flagsaver
 from tests import binaries
 import hypernet
 from benchmarks import hypernet as bench
+from benchmarks import tables
 from benchmarks.common import UsageError
 from tff_silo.privacy.user_level import UserDPSettings
 
@@ -110,6 +111,11 @@ def test_tiny_grid_writes_rows_with_the_accounted_epsilon(tmp_path):
                             noise_multiplier=2.0).epsilon(2, 1e-5)
   assert noisy.epsilon == pytest.approx(expected, rel=1e-9)
   assert noisy.sigma == pytest.approx(2.0 * 0.1 / (0.5 * 6), rel=1e-6)
+  # a round's signal-to-noise bound, q W / (z sqrt(P)) without a weight cap
+  snr = tables.signal_to_noise(rows)
+  assert snr[1] == pytest.approx(0.5 * 6 / (2 * math.sqrt(noisy.hypernet_parameters)))
+  assert math.isinf(snr[0]) and math.isnan(snr[2])
+  assert "signal_to_noise" in done.stdout
   assert math.isinf(rows.epsilon[0]) and math.isinf(rows.epsilon[2])
   assert len(json.loads(noisy.user_accuracy)) == 6
   # the accuracies come from each user's un-noised embedding: outside the guarantee

@@ -373,7 +373,16 @@ def _save(seed, algorithm, users, row, trained, s) -> str:
   return folder
 
 
-def _print_table(rows, s):
+def _majority_accuracy(users) -> float:
+  """The mean over users of the test accuracy of predicting the user's most
+  frequent training class: what a model that knows its user's labels but not the
+  images scores (above 1 / classes on label-skewed users)."""
+  import numpy as np
+  return float(np.mean([np.mean(test == np.bincount(train.astype(int)).argmax())
+                        for train, test in zip(users.y_train, users.y_test)]))
+
+
+def _print_table(rows, s, majority):
   import pandas as pd
   from benchmarks import tables
   print(f"\n{s.dataset}: {s.num_users} users, {s.rounds} rounds, "
@@ -381,9 +390,11 @@ def _print_table(rows, s):
         "aggregates; the accuracies come from each user's un-noised embedding, "
         "outside it")
   tables.print_frame(tables.hypernet_summary(pd.DataFrame(rows)), number=".4f")
+  print(f"Predicting each user's most frequent training class scores {majority:.4f} "
+        "(mean over the seeds' users; it reads their labels without noise)")
 
 
-def _plot(s):
+def _plot(s, majority):
   """--plot: every row in --output of this dataset and number of users."""
   import pandas as pd
   from benchmarks import datasets, plots
@@ -393,7 +404,7 @@ def _plot(s):
   every = pd.read_csv(s.output)
   study = every[(every.dataset == s.dataset) & (every.num_users == s.num_users)]
   plots.hypernet_accuracy(study, delta=s.delta, num_classes=classes[s.dataset],
-                          path=s.plot)
+                          majority=majority, path=s.plot)
 
 
 def main(argv):
@@ -431,9 +442,12 @@ def main(argv):
     return [row]
 
   rows = todo.execute(run_batch, rounds=s.rounds, scope=scope)
-  _print_table(rows, s)
+  with common.usage_errors():
+    majority = sum(_majority_accuracy(users_by_seed.get(seed) or _users(seed, s))
+                   for seed in s.seeds) / len(s.seeds)
+  _print_table(rows, s, majority)
   if s.plot:
-    _plot(s)
+    _plot(s, majority)
     print(f"plot written to {s.plot}")
 
 

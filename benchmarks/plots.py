@@ -222,13 +222,15 @@ def tuning_cost(rows, summary, title: str, path: str) -> None:
 
 # --- benchmarks.hypernet ----------------------------------------------------------------
 
-def hypernet_accuracy(df, *, delta: float, num_classes: int, path: str) -> None:
+def hypernet_accuracy(df, *, delta: float, num_classes: int, majority: float,
+                      path: str) -> None:
   """Mean user accuracy against epsilon (left) and against the round's
   signal-to-noise bound (right): the clipped mean's largest norm S over the noise's
   norm sigma sqrt(P) (sigma per coordinate, P the hypernetwork's parameters), which
   is q W / (z sqrt(P)) without a weight cap. Colour S (left) or P (right), marker z
   (left) or the expected users a round q N (right); runs without noise dashed;
-  chance (one class in `num_classes`) dotted."""
+  chance (one class in `num_classes`) and `majority` (predicting each user's most
+  frequent class) dotted."""
   import seaborn as sns
   plt = _pyplot()
   private = df[np.isfinite(df.epsilon)]
@@ -257,6 +259,8 @@ def hypernet_accuracy(df, *, delta: float, num_classes: int, path: str) -> None:
                  label=f"{label[0]} (no noise, q={label[1]}, S={label[2]}{size})")
   for ax in axes:
     _chance_line(ax, 1 / num_classes, f"chance (1/{num_classes})")
+    ax.axhline(majority, ls=":", color="black",
+               label=f"each user's most frequent class ({majority:.3f})")
     ax.set_ylabel("mean accuracy over users")
     ax.legend(fontsize=6, loc="best")
   axes[0].set_xlabel(f"user-level epsilon at delta={delta:g} (covers phi and the "

@@ -63,10 +63,8 @@ def test_fashion_mnist_users_are_label_skewed_from_the_folder(tmp_path, idx_file
   import numpy as np
   from benchmarks import datasets
   idx_files[0](tmp_path, n_train=400, n_test=100)
-  with flagsaver.flagsaver(dataset="fmnist", data_dir=str(tmp_path), num_users=10,
-                           classes_per_user=3, methods=["hypernet"],
-                           output=str(tmp_path / "hn.csv")):
-    s = bench.Settings.from_flags()
+  s = _settings(dataset="fmnist", data_dir=str(tmp_path), num_users=10,
+                classes_per_user=3, methods=["hypernet"], output=str(tmp_path / "hn.csv"))
   users = bench._users(0, s)
   assert users.num_silos == 10 and users.feature_shape == (28, 28, 1)
   sizes = [len(y) + len(t) for y, t in zip(users.y_train, users.y_test)]
@@ -76,6 +74,11 @@ def test_fashion_mnist_users_are_label_skewed_from_the_folder(tmp_path, idx_file
   again = datasets.load(bench._recipe(0, s))[0]
   for a, b in zip(users.x_train, again.x_train):
     np.testing.assert_array_equal(a, b)
+
+
+def _settings(**overrides):
+  with flagsaver.flagsaver(**overrides):
+    return bench.Settings.from_flags()
 
 
 @pytest.mark.cli
@@ -116,6 +119,10 @@ def test_tiny_grid_writes_rows_with_the_accounted_epsilon(tmp_path):
   assert snr[1] == pytest.approx(0.5 * 6 / (2 * math.sqrt(noisy.hypernet_parameters)))
   assert math.isinf(snr[0]) and math.isnan(snr[2])
   assert "signal_to_noise" in done.stdout
+  users = bench._users(0, _settings(num_users=6, output=str(out)))
+  majority = bench._majority_accuracy(users)
+  assert 0.5 <= majority <= 1   # two classes per user: the majority holds half
+  assert f"most frequent training class scores {majority:.4f}" in done.stdout
   assert math.isinf(rows.epsilon[0]) and math.isinf(rows.epsilon[2])
   assert len(json.loads(noisy.user_accuracy)) == 6
   # the accuracies come from each user's un-noised embedding: outside the guarantee

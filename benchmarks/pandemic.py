@@ -66,9 +66,10 @@ flags.DEFINE_list("alphas", ["0.75"], "Focal loss alphas.")
 flags.DEFINE_list("architectures", ["logistic"], "Of logistic, mlp.")
 flags.DEFINE_list("feature_sets", ["node+contact+location"], "Thesis Table 2.3's "
                   "ablation, of node+contact+location, node+contact, node+location, "
-                  "node: the groups of each neighbour's features an example keeps "
-                  "(node: its 73 node features; contact: start and duration; "
-                  "location: the place's coordinates and type flags).")
+                  "node, self: the groups of each neighbour's features an example "
+                  "keeps (node: its 73 node features; contact: start and duration; "
+                  "location: the place's coordinates and type flags; self: no "
+                  "neighbour, the person's own 11 features).")
 flags.DEFINE_list("seeds", ["0"], "Training seeds (windows, batches, noise).")
 common.define_backend_flags("every method")
 common.define_output_flags(

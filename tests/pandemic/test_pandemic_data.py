@@ -238,6 +238,9 @@ def test_a_hand_written_file_set_gives_the_expected_tables(tmp_path):
     np.testing.assert_array_equal(ablated[:, :11], full[:, :11])
     np.testing.assert_array_equal(ablated[:, 11:].reshape(2, 3, -1),
                                   neighbours[:, :, columns])
+  own = features.example_builder(tables, "self")(x).numpy()
+  assert own.shape == (2, features.input_size(3, "self")) == (2, 11)
+  np.testing.assert_array_equal(own, full[:, :11])
   with pytest.raises(ValueError, match="feature_set must be one of"):
     features.input_size(3, "contact")
 

@@ -5,5 +5,6 @@ METHODS = ("mrmtl", "local", "fedavg", "centralized")   # `pipeline`
 LOSSES = ("focal", "bce")                               # `features`
 ARCHITECTURES = ("logistic", "mlp")                     # `features`
 # `features`: the neighbour feature groups an example keeps (thesis Table 2.3); the
-# self part and every neighbour's node features are always in
-FEATURE_SETS = ("node+contact+location", "node+contact", "node+location", "node")
+# self part is always in, "self" keeps nothing of the neighbours
+FEATURE_SETS = ("node+contact+location", "node+contact", "node+location", "node",
+                "self")

@@ -12,7 +12,8 @@ An example is (node, window start s): its 21-day window is days s..s+20. Its vec
 Its training label: S on every window day and I or R on some day of the 7 after it.
 Table 2.3's ablation keeps fewer groups of each neighbour's part (`feature_set`):
 "node" keeps its 73 node features, "contact" adds the contact's start and duration
-(2), "location" the place's coordinates and type flags (8).
+(2), "location" the place's coordinates and type flags (8); "self" keeps the self
+part alone (d = 11).
 
 The tables of every silo sit in one `NodeTables` (node indices offset per silo), so
 the library's MR-MTL process and its vectorized backend train a `SiloModel` whose
@@ -43,7 +44,7 @@ GROUP_WIDTHS = {"node": D_NODE, "contact": 2, "location": 8}
 def _groups(feature_set: str) -> tuple:
   if feature_set not in FEATURE_SETS:
     raise ValueError(f"feature_set must be one of {FEATURE_SETS}, got {feature_set!r}")
-  return tuple(feature_set.split("+"))
+  return () if feature_set == "self" else tuple(feature_set.split("+"))
 
 
 def input_size(sample_size: int, feature_set: str = ALL_FEATURES) -> int:
@@ -131,6 +132,9 @@ def example_builder(tables: NodeTables, feature_set: str = ALL_FEATURES):
     days = tf.cast(x[:, 1], tf.int32)[:, None] + tf.range(WINDOW)   # [b, 21]
     own = tf.gather(tf.gather(history, node), days, batch_dims=1)
     susceptible = tf.cast(tf.reduce_all(tf.equal(own, 0), axis=1), tf.float32)
+    own_part = tf.concat([tf.gather(static, node), susceptible[:, None]], 1)
+    if not groups:
+      return own_part
     nb = tf.gather(neighbours, node)                                  # [b, S1]
     valid = tf.cast(nb >= 0, tf.float32)[..., None]
     nb = tf.maximum(nb, 0)
@@ -144,8 +148,7 @@ def example_builder(tables: NodeTables, feature_set: str = ALL_FEATURES):
       place = tf.gather(contact_place, node)
       parts.append(tf.gather(places, tf.maximum(place, 0)) * tf.cast(
           place >= 0, tf.float32)[..., None])
-    return tf.concat([tf.gather(static, node), susceptible[:, None],
-                      tf.reshape(tf.concat(parts, -1), [-1, width])], 1)
+    return tf.concat([own_part, tf.reshape(tf.concat(parts, -1), [-1, width])], 1)
 
   return build
 

@@ -676,9 +676,14 @@ def _plots(s, trials, selected, chance):
   the accuracy of a uniform guess (None for regression)."""
   from benchmarks import plots
   figure = configs.COMPARE_PRESETS[s.preset].paper_figure
-  title = (s.preset + (f" ({figure})" if figure else "") + f": tuning {s.tuning}"
-           + (" (not accounted)" if s.tuning == "free" else " (accounted)"))
-  plots.privacy_utility(selected, title, _figure(s, "privacy_utility"), chance)
+  untuned = "tuning" in selected and selected.tuning.fillna("").str.startswith(
+      UNTUNED.split(":")[0] + ":").all()
+  title = (s.preset + (f" ({figure})" if figure else "") + (
+      ": one configuration a method, nothing tuned" if untuned else
+      f": tuning {s.tuning}" + (" (not accounted)" if s.tuning == "free"
+                                else " (accounted)")))
+  plots.privacy_utility(selected, title, _figure(s, "privacy_utility"), chance,
+                        tuned=not untuned)
   if "mia_auc" in selected and selected.mia_auc.notna().any():
     plots.leakage(selected, f"{s.preset}: leakage of the selected models",
                   _figure(s, "leakage"))

@@ -79,13 +79,16 @@ def _against_epsilon(ax, selected, column: str, chance: float | None = None) -> 
             title_fontsize=7, fontsize=7)
 
 
-def privacy_utility(selected, title: str, path: str, chance: float | None = None) -> None:
+def privacy_utility(selected, title: str, path: str, chance: float | None = None,
+                    tuned: bool = True) -> None:
   """`benchmarks.compare`: the selected models' test metric against epsilon;
-  `chance` (the accuracy of a uniform guess) dotted."""
+  `chance` (the accuracy of a uniform guess) dotted; `tuned` False: every method
+  ran one configuration."""
   plt = _pyplot()
   fig, ax = plt.subplots(figsize=(6.5, 4.2))
   _against_epsilon(ax, selected, "test_metric", chance)
-  ax.set_ylabel(f"test {selected.metric.iloc[0]} (tuned on validation)")
+  ax.set_ylabel(f"test {selected.metric.iloc[0]}"
+                + (" (tuned on validation)" if tuned else ""))
   ax.set_title(title, fontsize=9)
   fig.tight_layout()
   _save(fig, path)
@@ -227,24 +230,27 @@ def hypernet_accuracy(df, *, delta: float, num_classes: int, majority: float,
   """Mean user accuracy against epsilon (left) and against the round's
   signal-to-noise bound (right): the clipped mean's largest norm S over the noise's
   norm sigma sqrt(P) (sigma per coordinate, P the hypernetwork's parameters), which
-  is q W / (z sqrt(P)) without a weight cap. Colour S (left) or P (right), marker z
-  (left) or the expected users a round q N (right); runs without noise dashed;
-  chance (one class in `num_classes`) and `majority` (predicting each user's most
-  frequent class) dotted."""
+  is q W / (z sqrt(P)) without a weight cap. Colour S, or P where S is one value;
+  marker z (left) or the expected users a round q N (right), size q (left); runs
+  without noise dashed; chance (one class in `num_classes`) and `majority`
+  (predicting each user's most frequent class) dotted."""
+  import pandas as pd
   import seaborn as sns
   plt = _pyplot()
   private = df[np.isfinite(df.epsilon)]
   private = private.assign(
-      S=private.l2_norm_clip.astype(str), z=private.noise_multiplier.astype(str),
+      S=private.l2_norm_clip.astype(str), z=private.noise_multiplier.map(
+          lambda z: f"{z:g}"),
       q=private.sampling_rate,
       P=private.hypernet_parameters.map(lambda p: f"{int(p):,}"),
       users=(private.sampling_rate * private.num_users).map(lambda u: f"{u:.3g}"),
       snr=signal_to_noise(private))
-  fig, axes = plt.subplots(1, 2, figsize=(12, 4.4))
+  colour = "S" if private.S.nunique() > 1 or private.P.nunique() < 2 else "P"
+  fig, axes = plt.subplots(1, 2, figsize=(15, 4.8))
   if len(private):
-    sns.scatterplot(data=private, x="epsilon", y="mean_user_accuracy", hue="S",
+    sns.scatterplot(data=private, x="epsilon", y="mean_user_accuracy", hue=colour,
                     style="z", size="q", sizes=(30, 120), ax=axes[0])
-    sns.scatterplot(data=private, x="snr", y="mean_user_accuracy", hue="P",
+    sns.scatterplot(data=private, x="snr", y="mean_user_accuracy", hue=colour,
                     style="users", s=70, ax=axes[1])
     for ax in axes:
       ax.set_xscale("log")
@@ -254,15 +260,16 @@ def hypernet_accuracy(df, *, delta: float, num_classes: int, majority: float,
       dropna=False, sort=False)):
     size = (f", P={int(label[3]):,}" if len(label) > 3 and np.isfinite(label[3])
             else "")
+    clip = "none" if pd.isna(label[2]) else f"{label[2]:g}"
     for ax in axes:
       ax.axhline(part.mean_user_accuracy.mean(), ls="--", color=f"C{i + 3}",
-                 label=f"{label[0]} (no noise, q={label[1]}, S={label[2]}{size})")
+                 label=f"{label[0]} (no noise, q={label[1]}, S={clip}{size})")
   for ax in axes:
     _chance_line(ax, 1 / num_classes, f"chance (1/{num_classes})")
     ax.axhline(majority, ls=":", color="black",
                label=f"each user's most frequent class ({majority:.3f})")
     ax.set_ylabel("mean accuracy over users")
-    ax.legend(fontsize=6, loc="best")
+    ax.legend(fontsize=6, loc="upper left", bbox_to_anchor=(1.01, 1))
   axes[0].set_xlabel(f"user-level epsilon at delta={delta:g} (covers phi and the "
                      "noised aggregates)")
   axes[1].set_xlabel("signal-to-noise bound of a round: S / (sigma sqrt(P))")

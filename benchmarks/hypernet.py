@@ -7,8 +7,9 @@ r"""HyperNetFL with user-level DP (UDP-Alg, Nemala et al. CIKM'23) against FedAv
 Users are label-skewed partitions (`--classes_per_user` classes each, unequal sizes)
 of the offline digits, of Fashion-MNIST (`--data_dir` holding its IDX files, e.g.
 /usr/share/datasets/fashion-mnist from `apt-get install dataset-fashion-mnist`), of
-CIFAR-10 (`--data_dir` holding cifar-10-batches-py) or the FEMNIST writers (`--cache_dir` holding TFF's emnist_all.sqlite). `hypernet` runs one
-process per (q, S, z) of the grid; `--noise_multipliers=0` without `--clips` is
+CIFAR-10 (`--data_dir` holding cifar-10-batches-py) or the FEMNIST writers
+(`--cache_dir` holding TFF's emnist_all.sqlite). `hypernet` runs one process per
+(q, S, z) of the grid; `--noise_multipliers=0` without `--clips` is
 the noiseless pFedHN. `fedavg` trains one global model of the same target CNN on all
 users every round. Both run on the vectorized backend by default (`--backend=tff`:
 TFF's runtime, the same numbers). One CSV row per run (accuracy per user, mean

@@ -8,13 +8,14 @@ With `--data_dir` it reads the challenge's own layout (real files or a generated
 set); otherwise it generates `--profile` with `--seed` into `--generated_dir`
 (reused when already there). Every combination of --modes, --sample_sizes,
 --methods, --noise_multipliers, --lams, --losses x --alphas, --architectures,
---feature_sets (Table 2.3's ablation) and --seeds is one run and one CSV row (profile, mode, S1, sigma, clip, lambda, rounds,
-epsilon by Theorem 2.4.4's exponent for replacing a node (S = 2 S1 + 1 examples)
-and by the authors' code with what it guarantees, delta 1/(10 n) per silo, AP, lift
-over the positive rate and recall at 0.5 on the held-out households, load / train
-time, peak memory); finished runs are skipped on a rerun. Figures: AP against
-epsilon (one curve per setting), and time and peak memory against persons over
-every profile in --output.
+--feature_sets (Table 2.3's ablation) and --seeds is one run and one CSV row
+(profile, mode, S1, feature set, sigma, clip, lambda, rounds, epsilon by Theorem
+2.4.4's exponent for replacing a node (S = 2 S1 + 1 examples) and by the authors'
+code with what it guarantees, delta 1/(10 n) per silo, AP, lift over the positive
+rate and recall at 0.5 on the held-out households, load / train time, peak
+memory); finished runs are skipped on a rerun. Figures: AP against epsilon (one
+curve per setting), and time and peak memory against persons over every profile
+in --output.
 """
 
 from __future__ import annotations
@@ -174,10 +175,9 @@ class Settings:
         seeds=tuple(common.parse_seeds(FLAGS.seeds)),
         **common.flag_values(
             "methods", "modes", "losses", "architectures", "feature_sets", "data_dir",
-            "profile",
-            "seed", "final_week_rate", "scenario", "clip", "rounds", "batch_size", "lr",
-            "backend", "device", "xla", "output", "generated_dir", "figures_dir",
-            "resume"))
+            "profile", "seed", "final_week_rate", "scenario", "clip", "rounds",
+            "batch_size", "lr", "backend", "device", "xla", "output", "generated_dir",
+            "figures_dir", "resume"))
 
 
 def _data_dir(s) -> tuple:

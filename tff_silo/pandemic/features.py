@@ -195,7 +195,8 @@ def forecaster(tables: NodeTables, *, architecture: str = "logistic",
     p_t, alpha_t, bce = _focal_terms(logits, y, alpha)
     inner = tf.pow(1 - p_t, gamma + 1) + gamma * tf.pow(1 - p_t, gamma) * p_t * bce
     return -alpha_t * (2 * y - 1) * inner
-  name = f"pandemic_{architecture}_{loss}_{alpha:g}_{gamma:g}_{feature_set}_{tables.digest}"
+  name = (f"pandemic_{architecture}_{loss}_{alpha:g}_{gamma:g}_{feature_set}_"
+          f"{tables.digest}")
   if architecture == "logistic":
     shapes = ((d,), ())
 

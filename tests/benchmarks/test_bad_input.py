@@ -195,7 +195,7 @@ def _cases(binary, f):
         (["--hypernet_lr=inf", *tiny], "--hypernet_lr must be a finite number"),
         (["--embedding_dim=0", *tiny], "--embedding_dim must be >= 1"),
         ([f"--cache_dir={f['dir']}", *tiny], "--cache_dir applies to --dataset=femnist"),
-        ([f"--data_dir={f['dir']}", *tiny], "--data_dir applies to --dataset=cifar10"),
+        ([f"--data_dir={f['dir']}", *tiny], "--data_dir applies to --dataset=fmnist,cifar10"),
         (["--seeds=0,0", *tiny], "--seeds lists 0 twice"),
         (["--methods=hypernet,hypernet", *tiny], "--methods lists hypernet twice"),
         (["--noise_multipliers=1,1", "--clips=1", *tiny],

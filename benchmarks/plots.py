@@ -246,7 +246,7 @@ def hypernet_accuracy(df, *, delta: float, num_classes: int, majority: float,
       users=(private.sampling_rate * private.num_users).map(lambda u: f"{u:.3g}"),
       snr=signal_to_noise(private))
   colour = "S" if private.S.nunique() > 1 or private.P.nunique() < 2 else "P"
-  fig, axes = plt.subplots(1, 2, figsize=(15, 4.8))
+  fig, axes = plt.subplots(1, 2, figsize=(17, 4.8))
   if len(private):
     sns.scatterplot(data=private, x="epsilon", y="mean_user_accuracy", hue=colour,
                     style="z", size="q", sizes=(30, 120), ax=axes[0])
@@ -267,7 +267,8 @@ def hypernet_accuracy(df, *, delta: float, num_classes: int, majority: float,
   for ax in axes:
     _chance_line(ax, 1 / num_classes, f"chance (1/{num_classes})")
     ax.axhline(majority, ls=":", color="black",
-               label=f"each user's most frequent class ({majority:.3f})")
+               label=f"each user's most frequent class ({majority:.3f}; labels "
+               "read without noise)")
     ax.set_ylabel("mean accuracy over users")
     ax.legend(fontsize=6, loc="upper left", bbox_to_anchor=(1.01, 1))
   axes[0].set_xlabel(f"user-level epsilon at delta={delta:g} (covers phi and the "

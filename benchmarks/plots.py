@@ -237,6 +237,8 @@ def hypernet_accuracy(df, *, delta: float, num_classes: int, majority: float,
   import pandas as pd
   import seaborn as sns
   plt = _pyplot()
+  if "hypernet_parameters" not in df:   # FedAvg's rows alone
+    df = df.assign(hypernet_parameters=np.nan)
   private = df[np.isfinite(df.epsilon)]
   private = private.assign(
       S=private.l2_norm_clip.astype(str), z=private.noise_multiplier.map(
@@ -255,11 +257,9 @@ def hypernet_accuracy(df, *, delta: float, num_classes: int, majority: float,
     for ax in axes:
       ax.set_xscale("log")
   for i, (label, part) in enumerate(df[~np.isfinite(df.epsilon)].groupby(
-      ["algorithm", "sampling_rate", "l2_norm_clip", "hypernet_parameters"]
-      if "hypernet_parameters" in df else ["algorithm", "sampling_rate", "l2_norm_clip"],
+      ["algorithm", "sampling_rate", "l2_norm_clip", "hypernet_parameters"],
       dropna=False, sort=False)):
-    size = (f", P={int(label[3]):,}" if len(label) > 3 and np.isfinite(label[3])
-            else "")
+    size = f", P={int(label[3]):,}" if np.isfinite(label[3]) else ""
     clip = "none" if pd.isna(label[2]) else f"{label[2]:g}"
     for ax in axes:
       ax.axhline(part.mean_user_accuracy.mean(), ls="--", color=f"C{i + 3}",

@@ -155,8 +155,10 @@ def signal_to_noise(df):
   mean's largest norm S over the noise's norm sigma sqrt(P) (sigma, the noise per
   coordinate of phi's step, is z max(w_u) S / (q W); P, the hypernetwork's
   parameters): q W / (z sqrt(P)) with every w_u = 1. inf without noise; NaN for
-  FedAvg."""
+  FedAvg (whose rows alone have no hypernetwork size)."""
   import numpy as np
+  if "hypernet_parameters" not in df:
+    return df.sigma * np.nan
   with np.errstate(divide="ignore"):
     return df.l2_norm_clip / (df.sigma * np.sqrt(df.hypernet_parameters))
 

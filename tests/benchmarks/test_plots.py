@@ -6,7 +6,7 @@ import math
 import pandas as pd
 import pytest
 
-from benchmarks import plots
+from benchmarks import plots, tables
 
 
 @pytest.fixture
@@ -52,3 +52,27 @@ def test_run_summary_puts_dprivate_clustering_in_order_of_nu(drawn):
   ticks = [t.get_text() for t in drawn["s.png"].axes[0].get_xticklabels()]
   assert ticks == ["dprivate_clustering (nu=none)", "local",
                    "dprivate_clustering (nu=1)", "dprivate_clustering (nu=10)"]
+
+
+def test_hypernet_figure_draws_fedavg_rows_alone_and_beside_the_hypernetwork(drawn):
+  """FedAvg's rows have no hypernetwork size: alone (a `--methods=fedavg` CSV) they
+  are a dashed line without one and have no signal-to-noise bound; beside
+  hypernetwork rows, lines name each P."""
+  fedavg = dict(algorithm="fedavg", epsilon=math.inf, sampling_rate=None,
+                l2_norm_clip=None, noise_multiplier=None, sigma=0.0, num_users=6,
+                mean_user_accuracy=0.5)
+  hypernet = [dict(algorithm="hypernet", epsilon=e, sampling_rate=0.5,
+                   l2_norm_clip=0.1, noise_multiplier=z, sigma=z * 0.1 / 3,
+                   num_users=6, mean_user_accuracy=0.3, hypernet_parameters=100)
+              for e, z in ((math.inf, 0.0), (2.0, 1.0))]
+  plots.hypernet_accuracy(pd.DataFrame([fedavg]), delta=1e-5, num_classes=10,
+                          majority=0.6, path="alone.png")
+  assert tables.hypernet_summary(pd.DataFrame([dict(fedavg, seed=0, test_accuracy=0.5,
+                                                    wall_seconds=1.0)])
+                                 ).signal_to_noise.isna().all()
+  assert "fedavg (no noise, q=nan, S=none)" in _labels(drawn["alone.png"])
+  plots.hypernet_accuracy(pd.DataFrame([fedavg, *hypernet]), delta=1e-5,
+                          num_classes=10, majority=0.6, path="both.png")
+  labels = _labels(drawn["both.png"])
+  assert "hypernet (no noise, q=0.5, S=0.1, P=100)" in labels
+  assert "fedavg (no noise, q=nan, S=none)" in labels

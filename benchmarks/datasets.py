@@ -77,7 +77,7 @@ def compare_silos(recipe: dict):
   return compare_split(recipe)[0]
 
 
-HYPERNET_NUM_CLASSES = {"digits": 10, "cifar10": 10}
+HYPERNET_NUM_CLASSES = {"digits": 10, "fmnist": 10, "cifar10": 10}
 
 
 def hypernet_users(recipe: dict):

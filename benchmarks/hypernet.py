@@ -400,8 +400,7 @@ def _plot(s, majority):
   import pandas as pd
   from benchmarks import datasets, plots
   from tff_silo.data.images import EMNIST_CLASSES
-  classes = {**datasets.HYPERNET_NUM_CLASSES, "fmnist": 10,
-             "femnist": EMNIST_CLASSES[False]}
+  classes = {**datasets.HYPERNET_NUM_CLASSES, "femnist": EMNIST_CLASSES[False]}
   every = pd.read_csv(s.output)
   study = every[(every.dataset == s.dataset) & (every.num_users == s.num_users)]
   plots.hypernet_accuracy(study, delta=s.delta, num_classes=classes[s.dataset],

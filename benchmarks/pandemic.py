@@ -335,12 +335,8 @@ def main(argv):
           data_dir, name, sample_size=run["sample_size"], mode=run["mode"],
           seed=run["seed"])
       load_seconds = time.perf_counter() - t0
-    settings = pipeline.Settings(
-        method=run["method"], noise_multiplier=run["sigma"], clip=s.clip,
-        lam=run["lam"] or 0.0, rounds=s.rounds, batch_size=s.batch_size,
-        learning_rate=s.lr, loss=run["loss"], alpha=run["alpha"] or 0.75,
-        architecture=run["architecture"],
-        feature_set=run.get("feature_set", FEATURE_SETS[0]),
+    settings = _pipeline_settings(
+        run, s, noise_multiplier=run["sigma"],
         seed=common.run_seed(run["seed"], _run_key(run, data_key["files"], s)))
     measured = pipeline.train(scenarios[loaded], settings, backend=backend,
                               progress=progress)
@@ -364,6 +360,18 @@ def main(argv):
   _figures(stats.get("persons"), s)
 
 
+def _pipeline_settings(run, s, *, noise_multiplier: float, seed: int):
+  """The `pipeline.Settings` of a run of `_runs` with the given noise and training
+  seed."""
+  from tff_silo.pandemic import pipeline
+  return pipeline.Settings(
+      method=run["method"], noise_multiplier=noise_multiplier, clip=s.clip,
+      lam=run["lam"] or 0.0, rounds=s.rounds, batch_size=s.batch_size,
+      learning_rate=s.lr, loss=run["loss"], alpha=run["alpha"] or 0.75,
+      architecture=run["architecture"],
+      feature_set=run.get("feature_set", FEATURE_SETS[0]), seed=seed)
+
+
 def _gradient_norms(data_dir: str, s) -> None:
   """Fig. 2.9 (`pipeline.gradient_norms`): the first configuration's norms at the
   initial and the trained model (no DP), shares below clip / 5 and clip."""
@@ -371,14 +379,11 @@ def _gradient_norms(data_dir: str, s) -> None:
   import pandas as pd
   from benchmarks import plots
   from tff_silo.pandemic import pipeline
-  method, mode, s1, seed = s.methods[0], s.modes[0], s.sample_sizes[0], s.seeds[0]
+  run = next(_runs(s))
+  method, mode, s1, seed = run["method"], run["mode"], run["sample_size"], run["seed"]
   name = "centralized" if method == "centralized" else s.scenario
   scenario = pipeline.load_scenario(data_dir, name, sample_size=s1, mode=mode, seed=seed)
-  settings = pipeline.Settings(
-      method=method, clip=s.clip, lam=s.lams[0], rounds=s.rounds,
-      batch_size=s.batch_size, learning_rate=s.lr, loss=s.losses[0],
-      alpha=s.alphas[0], architecture=s.architectures[0],
-      feature_set=s.feature_sets[0], seed=seed)
+  settings = _pipeline_settings(run, s, noise_multiplier=0.0, seed=seed)
   model, result, _ = pipeline.fit(scenario, settings, backend=common.backend_for(s.backend))
   silos = scenario.silos
   initial = [model.initial_weights(seed)] * silos.num_silos

@@ -199,6 +199,43 @@ def define_backend_flags(vectorized_runs: str) -> None:
                        "needs. Off by default: on a 2-core "
                        "CPU School's rounds take as long, the CNN rounds (DP digits, "
                        "the hypernetwork) 5-7x longer (benchmarks/RESULTS.md).")
+  define_executor_flags()
+
+
+def define_executor_flags() -> None:
+  """--executor and the Ray cluster's flags (`benchmarks.executors`)."""
+  from benchmarks import executors   # no Ray: names only
+  flags.DEFINE_string("executor", "local", f"One of {executors.EXECUTORS}: where the "
+                      "batches of runs go. 'local' runs them in this process; 'ray' "
+                      "sends each as a task to a Ray cluster (--ray_address; needs "
+                      f"`{executors.INSTALL}`). The rows are the same; only this "
+                      "process writes them.")
+  flags.DEFINE_string("ray_address", "auto", "With --executor=ray: host:port of the "
+                      "cluster's head (`ray start --head` prints it), or 'auto': a "
+                      "cluster running on this machine, else a new local one of its "
+                      "CPUs.")
+  flags.DEFINE_float("ray_cpus_per_task", 1.0, "With --executor=ray: the CPUs each "
+                     "batch asks for (the cluster runs CPUs / this batches at once on "
+                     "a machine).")
+  flags.DEFINE_float("ray_gpus_per_task", 0.0, "With --executor=ray: the GPUs each "
+                     "batch asks for (fractions share one).")
+  define_bounds(ray_cpus_per_task="> 0", ray_gpus_per_task=">= 0")
+
+
+def executor(workers: int = 1, thread_scope=None):
+  """The executor the flags name (`workers` and `thread_scope`: the local one's;
+  `benchmarks.executors`), a cluster joined now: a one-line UsageError for a
+  missing Ray, an unreachable address, or Ray flags without --executor=ray."""
+  from benchmarks import executors
+  check_one_of("executor", FLAGS.executor, executors.EXECUTORS)
+  check_bounds("ray_cpus_per_task", "ray_gpus_per_task")
+  if FLAGS.executor != "ray":
+    for name in ("ray_address", "ray_cpus_per_task", "ray_gpus_per_task"):
+      if FLAGS[name].present:
+        raise UsageError(f"--{name} applies with --executor=ray only")
+  return executors.make(FLAGS.executor, address=FLAGS.ray_address,
+                        cpus=FLAGS.ray_cpus_per_task, gpus=FLAGS.ray_gpus_per_task,
+                        workers=workers, thread_scope=thread_scope)
 
 
 def check_backend(backend: str, device: str, xla: bool = False) -> None:

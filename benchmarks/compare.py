@@ -67,7 +67,6 @@ batches at once (threads; rows written in order, the same numbers).
 from __future__ import annotations
 
 import collections
-from concurrent import futures
 import contextlib
 import dataclasses
 import math
@@ -80,7 +79,7 @@ from typing import NamedTuple, Optional
 from absl import flags
 import numpy as np
 
-from benchmarks import common, configs, grid, plan, tables
+from benchmarks import common, configs, executors, grid, plan, tables
 from benchmarks.grid import (LAMBDA_METHODS, METHODS, TUNING, TUNING_MODES,
                              TUNING_PRIVATE, UNTUNED)
 from benchmarks.common import UsageError
@@ -142,7 +141,7 @@ flags.DEFINE_string("trials_output", None, "--tuning=private: also write every t
                     "epsilon_if_released: releasing every trial of its cell).")
 flags.DEFINE_string("table", None, "Markdown table path (default: "
                     "--output_dir/compare_<preset>[_private].md).")
-flags.DEFINE_integer("concurrent_batches", 2, "On the vectorized backend, how many "
+flags.DEFINE_integer("concurrent_batches", 2, "With --executor=local, on the vectorized backend, how many "
                      "batches of stacked trials run at once, each in its own thread "
                      "(rows written in order; the same numbers as one at a time). A "
                      "round keeps about one core busy, so 2 uses a 2-core machine "
@@ -261,9 +260,9 @@ def _settings() -> grid.Settings:
 
 def _data(s, seed):
   """(the silos a trial trains on, with their test split; validation features and
-  labels per silo)."""
+  labels per silo), loaded once per process (on a Ray worker: from the recipe)."""
   from benchmarks import datasets
-  return datasets.compare_split(grid.recipe(s, seed))
+  return datasets.cached(datasets.compare_split, grid.recipe(s, seed))
 
 
 _TRIAL_PRIVACY = {}
@@ -482,6 +481,29 @@ def _batches(s, pending, loaded, backend) -> list:
           for i in range(0, len(group), most)]
 
 
+def _cell_trials(s, trials=None) -> collections.Counter:
+  """h of each cell, (method, epsilon, seed): the trials `grid.trials` plans in it."""
+  return collections.Counter((t["method"], t["epsilon"], t["seed"])
+                             for t in (grid.trials(s) if trials is None else trials))
+
+
+def _scope(s):
+  """The device placement (and XLA) of the trials' backend: entered around a batch
+  on a Ray worker."""
+  return common.device_scope(s.device, common.backend_for(s.backend, s.aggregator),
+                             s.xla)[0]
+
+
+def _batch_rows(s, batch, progress=None):
+  """Trial rows of `batch` (`_batches`): the plan's work, in this process or on a
+  Ray worker (`benchmarks.executors`; no round progress: `progress` is unused)."""
+  del progress
+  backend = common.backend_for(s.backend, s.aggregator)
+  loaded = {seed: _data(s, seed) for seed in {trial["seed"] for trial in batch}}
+  return _run_batch(s, batch, loaded, backend,
+                    common.device_scope(s.device, backend, s.xla)[1], _cell_trials(s))
+
+
 def _run_batch(s, batch, loaded, backend, device, cell_trials):
   """Trial rows of `batch` (trials that run together: `_batches`), run together;
   `cell_trials[(method, epsilon, seed)]` is h, the trials of each cell."""
@@ -696,39 +718,19 @@ def _plots(s, trials, selected, chance):
                         every_trial=trials is not None, chance=chance)
 
 
-def _rows_in_order(s, batches, loaded, backend, device, cell_trials, workers):
-  """Each batch's trial rows (`_run_batch`), in the batches' order, `workers`
-  batches running at once, each in a thread of its own (the next batch starts when
-  any ends; TensorFlow's device scope is per thread: each enters the placement of
-  `common.device_scope`; the XLA switch is the process's, entered by the caller)."""
-  run = lambda batch: _run_batch(s, batch, loaded, backend, device, cell_trials)
-  if workers == 1:
-    yield from map(run, batches)
-    return
-
-  def in_thread(batch):
-    with common.device_scope(s.device, backend)[0]:
-      return run(batch)
-
-  pool = futures.ThreadPoolExecutor(workers, thread_name_prefix="batch")
-  try:
-    yield from pool.map(in_thread, batches)
-  finally:   # an error: the batches not started are dropped (a rerun resumes)
-    pool.shutdown(wait=False, cancel_futures=True)
-
-
-def _batch_done(s, trials, released, loaded, batches, i, start, cell_trials):
-  """After batch i's rows are written: the cells now complete selected, progress."""
+def _batch_done(s, trials, released, loaded, batch, i, batches, start, cell_trials):
+  """After the i-th finished batch's rows are written (of `batches`): the cells now
+  complete selected, progress."""
   _select_ready(s, trials, released, loaded)
-  batch, first = batches[i - 1], batches[i - 1][0]
+  first = batch[0]
   elapsed = time.perf_counter() - start
-  left = elapsed / i * (len(batches) - i)
+  left = elapsed / i * (batches - i)
   counts = (f"{len(released)}/{len(cell_trials)} cells selected"
             if s.tuning == "private" else f"{len(batch)} trials")
   configs_run = {(t["lam"], t["lr"]) for t in batch}
   what = (f"lam={first['lam']:g} lr={first['lr']:g}" if len(configs_run) == 1
           else f"{len(configs_run)} configurations stacked")
-  print(f"[{i}/{len(batches)}] {first['method']} {what}: {counts}, {elapsed:.0f} s, "
+  print(f"[{i}/{batches}] {first['method']} {what}: {counts}, {elapsed:.0f} s, "
         f"~{left:.0f} s left", file=sys.stderr, flush=True)
 
 
@@ -740,8 +742,7 @@ def main(argv):
   runtime.exit_cleanly_on_sigterm()
   private = s.tuning == "private"
   trials = grid.trials(s)
-  cell_trials = collections.Counter((t["method"], t["epsilon"], t["seed"])
-                                    for t in trials)
+  cell_trials = _cell_trials(s, trials)
   cell_keys = {grid.cell_key(s, *cell): cell for cell in cell_trials}
   released = {key for key, row in common.done_rows(s.output, True, SIGNATURE).items()
               if row["row_type"] == "selected" and key in cell_keys}
@@ -749,6 +750,7 @@ def main(argv):
   finished_cells = {cell_keys[key] for key in released}
   pending = [t for t in trials if grid.trial_key(s, t) not in done
              and (t["method"], t["epsilon"], t["seed"]) not in finished_cells]
+  executor = common.executor()
   try:
     loaded = {seed: _data(s, seed) for seed in s.seeds}
   except ValueError as e:   # DataError: a missing or bad file, a silo too small
@@ -771,17 +773,33 @@ def main(argv):
           f"{s.output}; running {len(pending)} in {len(batches)} batches",
           file=sys.stderr)
   start = time.perf_counter()
-  workers = s.concurrent_batches if backend == "vectorized" else 1
-  with scope:
-    finished = _rows_in_order(s, batches, loaded, backend, device, cell_trials, workers)
-    for i in range(1, len(batches) + 1):
-      try:
-        rows = next(finished)
-      except ValueError as e:   # a budget too small for any noise, say
-        raise UsageError(str(e)) from None
+  if executor.name == "local" and backend == "vectorized":
+    executor = executors.Local(   # TensorFlow's device scope is per thread
+        s.concurrent_batches, lambda: common.device_scope(s.device, backend)[0])
+  from benchmarks import datasets
+  work = executors.Work(_batch_rows, s, "benchmarks.compare", _scope, data=tuple(
+      datasets.travelling(datasets.compare_split, grid.recipe(s, seed))
+      for seed in s.seeds) if executor.name == "ray" else ())
+  if executor.name == "ray" and batches:
+    print(f"{len(batches)} batch(es) to a {executor.describe()}", file=sys.stderr,
+          flush=True)
+  failed = 0
+  # a ValueError (a budget too small for any noise, say) ends the binary in one line
+  with scope, common.usage_errors():
+    for done, (i, rows) in enumerate(executor.run(work, batches), 1):
+      if isinstance(rows, executors.Failed):
+        print(f"[{done}/{len(batches)}] {batches[i][0]['method']}: a batch of "
+              f"{len(batches[i])} trials failed after {rows.attempts} attempt(s): "
+              f"{rows.error}; a rerun retries it", file=sys.stderr, flush=True)
+        failed += 1
+        continue
       common.append_rows(s.trials_store, rows)
-      _batch_done(s, trials, released, loaded, batches, i, start, cell_trials)
+      _batch_done(s, trials, released, loaded, batches[i], done, len(batches), start,
+                  cell_trials)
   _select_ready(s, trials, released, loaded)   # cells finished before
+  if failed:
+    raise UsageError(f"{failed} of {len(batches)} batches failed (above); the others' "
+                     f"trials are in {s.trials_store}; a rerun retries the rest")
   table = common.read_rows(s.output, SIGNATURE)
   selected = table[(table.row_type == "selected") & table.run_key.isin(set(cell_keys))]
   in_order = lambda c: c.map(METHODS.index) if c.name == "method" else c

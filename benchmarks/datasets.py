@@ -15,11 +15,87 @@ silos its trials train on (`compare_silos`).
 A `benchmarks.hypernet` recipe has hypernet_dataset (digits, fmnist, cifar10, femnist),
 seed, num_users, classes_per_user, data_dir and cache_dir: its users
 (`hypernet_users`).
+
+A loader's result is kept per process (`cached`): a binary loads its data once, and
+a Ray worker (`benchmarks.executors`) loads it from the recipe on its first task,
+checked against the digest the driver computed of its own copy (`expect`).
 """
 
 from __future__ import annotations
 
+import dataclasses
+import hashlib
+import json
+
 TABULAR = ("school", "vehicle", "gleam")
+
+_CACHE, _EXPECTED = {}, {}
+
+
+class DataMismatch(ValueError):
+  """A worker's data is not the driver's (a file differs between machines)."""
+
+
+def _cache_key(loader, recipe: dict) -> tuple:
+  return loader.__name__, json.dumps(recipe, sort_keys=True, default=str)
+
+
+def cached(loader, recipe: dict):
+  """`loader(recipe)` (a loader of this module), made once per process; checked
+  against the digest `expect` registered for it (DataMismatch: the driver's data
+  is not this machine's)."""
+  key = _cache_key(loader, recipe)
+  if key not in _CACHE:
+    value = loader(recipe)
+    expected = _EXPECTED.get(key)
+    if expected is not None and digest(value) != expected:
+      import socket   # pylint: disable=g-import-not-at-top
+      raise DataMismatch(
+          f"the data of {recipe} loaded on {socket.gethostname()} differs from the "
+          "driver's: give every machine the same data files")
+    _CACHE[key] = value
+  return _CACHE[key]
+
+
+def expect(loader, recipe: dict, expected: str) -> None:
+  """Registers the digest `cached(loader, recipe)` must have in this process."""
+  _EXPECTED[_cache_key(loader, recipe)] = expected
+
+
+def travelling(loader, recipe: dict) -> tuple:
+  """(loader name, recipe, digest of this process's `cached(loader, recipe)`): what
+  a Ray task carries instead of the data (`benchmarks.executors.Work.data`)."""
+  return loader.__name__, recipe, digest(cached(loader, recipe))
+
+
+def digest(value) -> str:
+  """SHA-256 of every array, number and string in `value` (nested tuples, lists,
+  dicts and dataclasses such as `SiloData`), with their dtypes and shapes."""
+  import numpy as np   # pylint: disable=g-import-not-at-top
+  h = hashlib.sha256()
+
+  def walk(v):
+    if isinstance(v, np.ndarray):
+      a = np.ascontiguousarray(v)
+      h.update(str((a.dtype.str, a.shape)).encode())
+      h.update(a.tobytes())
+    elif dataclasses.is_dataclass(v) and not isinstance(v, type):
+      h.update(type(v).__name__.encode())
+      for f in dataclasses.fields(v):
+        walk(getattr(v, f.name))
+    elif isinstance(v, (list, tuple)):
+      h.update(f"[{len(v)}".encode())
+      for item in v:
+        walk(item)
+    elif isinstance(v, dict):
+      for k in sorted(v, key=str):
+        h.update(str(k).encode())
+        walk(v[k])
+    else:   # numbers, strings, None; other objects by their type
+      h.update(repr(v if isinstance(v, (int, float, str, bool, type(None), np.generic))
+                    else type(v).__name__).encode())
+  walk(value)
+  return h.hexdigest()
 
 
 def load(recipe: dict):

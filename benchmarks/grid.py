@@ -195,6 +195,11 @@ def cell_key(s, method, epsilon, seed) -> str:
                          **_method_settings(s, method)), sort_keys=True)
 
 
+# The trial rows' yes/no columns (None where they do not apply).
+BOOLEAN_COLUMNS = ("test_metric_inside_guarantee", "outside_guarantee",
+                   "mia_inside_guarantee")
+
+
 def selected(s, trials, planned):
   """One row per (method, epsilon, seed) whose `planned` trials are all done: the
   trial with the best validation metric (noisy under private tuning; the first in
@@ -217,7 +222,12 @@ def selected(s, trials, planned):
     rows.append(dict(best, row_type="selected",
                      run_key=cell_key(s, method, float(epsilon), int(seed)),
                      num_trials=len(cell), wall_seconds=float(cell.wall_seconds.sum())))
-  return pd.DataFrame(rows)
+  table = pd.DataFrame(rows)
+  for column in BOOLEAN_COLUMNS:   # read back as 1.0 when the store held no other value
+    if column in table:
+      table[column] = table[column].map(lambda v: None if pd.isna(v) else bool(v)
+                                        ).astype(object)
+  return table
 
 
 def score(trials):

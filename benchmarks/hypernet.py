@@ -29,7 +29,7 @@ import time
 
 from absl import flags
 
-from benchmarks import common, plan
+from benchmarks import common, executors, plan
 from benchmarks.common import UsageError
 
 ALGORITHMS = ("hypernet", "fedavg")
@@ -212,8 +212,32 @@ def _recipe(seed, s) -> dict:
 
 
 def _users(seed, s):
+  """The users of seed `seed`, loaded once per process (on a Ray worker: from the
+  recipe)."""
   from benchmarks import datasets
-  return datasets.hypernet_users(_recipe(seed, s))
+  return datasets.cached(datasets.hypernet_users, _recipe(seed, s))
+
+
+def _scope(s):
+  """The device placement (and XLA) of the backend: entered around a run."""
+  return common.device_scope(s.device, common.backend_for(s.backend), s.xla)[0]
+
+
+def _run_rows(s, batch, progress):
+  """The row of a run (a batch of one), its models saved under --save_models: the
+  plan's work, in this process or on a Ray worker."""
+  (run,) = batch
+  seed, algorithm, settings = run.spec
+  backend = common.backend_for(s.backend)
+  device = common.device_scope(s.device, backend, s.xla)[1]
+  users = _users(seed, s)
+  measured, trained = (_run_hypernet(users, settings, seed, s, progress, backend)
+                       if algorithm == "hypernet"
+                       else _run_fedavg(users, seed, s, progress, backend))
+  row = _row(seed, algorithm, settings, s, users, measured, backend, device)
+  if s.save_models:
+    row["saved_to"] = _save(seed, algorithm, users, row, trained, s)
+  return [row]
 
 
 def _target(users, s):
@@ -421,30 +445,18 @@ def main(argv):
        for seed, algorithm, settings in _runs(s)],
       output=s.output, signature=SIGNATURE, resume=s.resume,
       skipped_note="; its models are not saved again" if s.save_models else "")
-  users_by_seed = {}
+  executor = common.executor()
+  seeds = list(dict.fromkeys(run.spec[0] for run in todo.pending))
   with common.usage_errors():   # every file read before any run trains
-    for run in todo.pending:
-      if run.spec[0] not in users_by_seed:
-        users_by_seed[run.spec[0]] = _users(run.spec[0], s)
-  backend = common.backend_for(s.backend)
-  scope, device = common.device_scope(s.device, backend, s.xla)
-
-  def run_batch(batch, progress):
-    (run,) = batch
-    seed, algorithm, settings = run.spec
-    users = users_by_seed[seed]
-    measured, trained = (_run_hypernet(users, settings, seed, s, progress, backend)
-                         if algorithm == "hypernet"
-                         else _run_fedavg(users, seed, s, progress, backend))
-    row = _row(seed, algorithm, settings, s, users, measured, backend, device)
-    if s.save_models:
-      row["saved_to"] = _save(seed, algorithm, users, row, trained, s)
-    return [row]
-
-  rows = todo.execute(run_batch, rounds=s.rounds, scope=scope)
+    for seed in seeds:
+      _users(seed, s)
+  from benchmarks import datasets
+  work = executors.Work(_run_rows, s, "benchmarks.hypernet", _scope, data=tuple(
+      datasets.travelling(datasets.hypernet_users, _recipe(seed, s))
+      for seed in seeds) if executor.name == "ray" else ())
+  rows = todo.execute(work, rounds=s.rounds, scope=_scope(s), executor=executor)
   with common.usage_errors():
-    majority = sum(_majority_accuracy(users_by_seed.get(seed) or _users(seed, s))
-                   for seed in s.seeds) / len(s.seeds)
+    majority = sum(_majority_accuracy(_users(seed, s)) for seed in s.seeds) / len(s.seeds)
   _print_table(rows, s, majority)
   if s.plot:
     _plot(s, majority)

@@ -30,7 +30,7 @@ import time
 
 from absl import flags
 
-from benchmarks import common, plan
+from benchmarks import common, executors, plan
 from benchmarks.common import UsageError
 from tff_silo.pandemic.choices import FEATURE_SETS
 
@@ -180,8 +180,9 @@ class Settings:
             "figures_dir", "resume"))
 
 
-def _data_dir(s) -> tuple:
-  """(the data folder, its generator metadata or {}), generating it if needed."""
+def _data_dir(s, generate: bool = True) -> tuple:
+  """(the data folder, its generator metadata or {}), generating it if needed and
+  `generate` (a Ray worker does not: two at once would write the same folder)."""
   if s.data_dir is not None:
     path = os.path.join(s.data_dir, "synthetic_meta.json")
     meta = json.load(open(path)) if os.path.isfile(path) else {}
@@ -196,6 +197,11 @@ def _data_dir(s) -> tuple:
   if os.path.isfile(meta_path):
     with open(meta_path) as f:
       return folder, json.load(f)
+  if not generate:
+    import socket
+    raise ValueError(f"the data folder {folder} is not on {socket.gethostname()}: "
+                     "share it at the same path, or generate it there with the same "
+                     "flags")
   print(f"generating the {s.profile} profile in {folder}", file=sys.stderr, flush=True)
   staging = folder + ".partial"
   import shutil
@@ -208,6 +214,64 @@ def _data_dir(s) -> tuple:
                         progress=lambda m: print(f"  {m}", file=sys.stderr, flush=True))
   os.rename(staging, folder)
   return folder, meta
+
+
+def _data_key(data_dir, meta) -> dict:
+  """What of the data a run key names: the folder and the generator's SHA-256 of
+  the centralized training file (None for given files without metadata)."""
+  return dict(data_dir=os.path.abspath(data_dir),
+              files=meta.get("files_sha256", {}).get("centralized/train/va_person.csv.gz"))
+
+
+_SCENARIOS = {}
+
+
+def _scope(s):
+  """The device placement (and XLA) of the backend: entered around a run."""
+  return common.device_scope(s.device, common.backend_for(s.backend), s.xla)[0]
+
+
+def _run_rows(s, batch, progress):
+  """The row of a run (a batch of one): the plan's work, in this process or on a
+  Ray worker, where the data folder must be at the driver's path with the same
+  files (checked by the run key, which names their SHA-256)."""
+  from tff_silo.pandemic import pipeline
+  (planned,) = batch
+  run = planned.spec
+  data_dir, meta = _data_dir(s, generate=False)
+  data_key = _data_key(data_dir, meta)
+  if _run_key(run, data_key, s) != planned.key:
+    from benchmarks import datasets
+    raise datasets.DataMismatch(f"the data in {data_dir} is not the driver's: give "
+                                "every machine the same files")
+  backend = common.backend_for(s.backend)
+  device = common.device_scope(s.device, backend, s.xla)[1]
+  name = "centralized" if run["method"] == "centralized" else s.scenario
+  loaded = (data_dir, name, run["mode"], run["sample_size"], run["seed"])
+  load_seconds = 0.0
+  if loaded not in _SCENARIOS:   # a DataError (a ValueError) ends it as a usage error
+    t0 = time.perf_counter()
+    _SCENARIOS[loaded] = pipeline.load_scenario(
+        data_dir, name, sample_size=run["sample_size"], mode=run["mode"],
+        seed=run["seed"])
+    load_seconds = time.perf_counter() - t0
+  settings = _pipeline_settings(
+      run, s, noise_multiplier=run["sigma"],
+      seed=common.run_seed(run["seed"], _run_key(run, data_key["files"], s)))
+  measured = pipeline.train(_SCENARIOS[loaded], settings, backend=backend,
+                            progress=progress)
+  stats = meta.get("statistics", {})
+  row = dict(run_key=planned.key,
+             profile=meta.get("profile", {}).get("name", "given files"),
+             persons=stats.get("persons"), contacts=stats.get("contacts"),
+             scenario=name, **{"feature_set": FEATURE_SETS[0], **run},
+             clip=s.clip if run["sigma"] else None,
+             **measured, load_seconds=load_seconds, backend=backend, device=device,
+             peak_memory_mb=common.peak_memory_mb(),
+             finished=time.strftime("%Y-%m-%dT%H:%M:%S"))
+  from tff_silo.backends.vectorized import programs
+  programs.release_programs()   # each run's model captures its own tables
+  return [row]
 
 
 def _runs(s):
@@ -304,60 +368,25 @@ def main(argv):
   s = Settings.from_flags()
   from tff_silo import runtime
   runtime.exit_cleanly_on_sigterm()
-  from tff_silo.pandemic import pipeline
+  executor = common.executor()   # a cluster that cannot be joined: before any work
   data_dir, meta = _data_dir(s)
   if FLAGS.gradient_norms:
     _gradient_norms(data_dir, s)
     return
-  stats = meta.get("statistics", {})
-  data_key = dict(data_dir=os.path.abspath(data_dir),
-                  files=meta.get("files_sha256", {}).get(
-                      "centralized/train/va_person.csv.gz"))
+  data_key = _data_key(data_dir, meta)
   todo = plan.Plan(
       [plan.Run(_run_key(run, data_key, s),
                 f"{run['method']} {run['mode']} S1={run['sample_size']} "
                 f"sigma={run['sigma']:g}" + (f" lam={run['lam']:g}" if run["lam"] else ""),
                 run) for run in _runs(s)],
       output=s.output, signature=SIGNATURE, resume=s.resume)
-  scenarios = {}
-  backend = common.backend_for(s.backend)
-  scope, device = common.device_scope(s.device, backend, s.xla)
-
-  def run_batch(batch, progress):
-    (planned,) = batch
-    run = planned.spec
-    name = "centralized" if run["method"] == "centralized" else s.scenario
-    loaded = (name, run["mode"], run["sample_size"], run["seed"])
-    load_seconds = 0.0
-    if loaded not in scenarios:   # a DataError (a ValueError) ends it as a usage error
-      t0 = time.perf_counter()
-      scenarios[loaded] = pipeline.load_scenario(
-          data_dir, name, sample_size=run["sample_size"], mode=run["mode"],
-          seed=run["seed"])
-      load_seconds = time.perf_counter() - t0
-    settings = _pipeline_settings(
-        run, s, noise_multiplier=run["sigma"],
-        seed=common.run_seed(run["seed"], _run_key(run, data_key["files"], s)))
-    measured = pipeline.train(scenarios[loaded], settings, backend=backend,
-                              progress=progress)
-    row = dict(run_key=planned.key,
-               profile=meta.get("profile", {}).get("name", "given files"),
-               persons=stats.get("persons"), contacts=stats.get("contacts"),
-               scenario=name, **{"feature_set": FEATURE_SETS[0], **run},
-               clip=s.clip if run["sigma"] else None,
-               **measured, load_seconds=load_seconds, backend=backend, device=device,
-               peak_memory_mb=common.peak_memory_mb(),
-               finished=time.strftime("%Y-%m-%dT%H:%M:%S"))
-    from tff_silo.backends.vectorized import programs
-    programs.release_programs()   # each run's model captures its own tables
-    return [row]
-
+  work = executors.Work(_run_rows, s, "benchmarks.pandemic", _scope)
   rows = todo.execute(
-      run_batch, rounds=s.rounds, scope=scope,
+      work, rounds=s.rounds, scope=_scope(s), executor=executor,
       summary=lambda done: f"AP {done[0].get('average_precision', math.nan):.4f} (lift "
       f"{done[0].get('lift', math.nan):.2f}), epsilon {done[0]['epsilon_theorem']:.4g}")
   _print_table(rows)
-  _figures(stats.get("persons"), s)
+  _figures(meta.get("statistics", {}).get("persons"), s)
 
 
 def _pipeline_settings(run, s, *, noise_multiplier: float, seed: int):

@@ -6,13 +6,14 @@ the binary needs to run it), and `Plan` does the rest:
 
     plan = Plan(runs, output=path, signature=SIGNATURE, resume=FLAGS.resume)
     for run in plan.pending: ...               # load and check before any training
-    rows = plan.execute(run_batch, rounds=T, stack_key=...)
+    rows = plan.execute(work, rounds=T, stack_key=..., executor=...)
 
 Runs whose key is already in `output` are skipped (their rows read back); the
 others run in batches of consecutive runs with the same `stack_key` (one program
-on the vectorized backend, `tff_silo.simulation.run_simulations`), and each
-batch's rows are appended as soon as it finishes, so a kill loses at most the
-batch running.
+on the vectorized backend, `tff_silo.simulation.run_simulations`), in this process
+or on a Ray cluster (`benchmarks.executors`), and each batch's rows are appended
+by this process as soon as it finishes, so a kill loses at most the batches
+running.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ import sys
 import time
 from typing import Any, Callable, NamedTuple, Optional
 
-from benchmarks import common
+from benchmarks import common, executors
 
 
 # More skipped runs than this are reported in one line.
@@ -78,42 +79,59 @@ class Plan:
         batch_tag(batch) if batch_tag else f"{batch[0].tag} and {len(batch) - 1} more "
         "(stacked)")
 
-  def execute(self, run_batch: Callable, *, rounds: Optional[int] = None,
+  def execute(self, work: Callable, *, rounds: Optional[int] = None,
               stack_key: Optional[Callable] = None, batch_tag: Optional[Callable] = None,
-              summary: Optional[Callable] = None, scope=None) -> list:
+              summary: Optional[Callable] = None, scope=None, executor=None) -> list:
     """Runs the pending runs and returns every run's rows in plan order.
 
-    `run_batch(runs, progress)` returns one row (a dict) or a list of rows per run
-    (`progress` prints round progress when `rounds` is given, else it is None);
-    its rows are appended to the output at once. `stack_key(run)` groups
-    consecutive runs into one batch; `batch_tag(runs)` names a stacked batch.
-    After each batch a line gives the runs done and the time left, and what
-    `summary(rows)` says of the batch's rows. A ValueError (a setting the data
-    cannot take) ends the binary as a one-line error."""
+    `work(runs, progress)` (an `executors.Work` to run on a Ray `executor`) returns
+    one row (a dict) or a list of rows per run (`progress` prints round progress
+    when `rounds` is given, else it is None); its rows are appended to the output
+    at once. `stack_key(run)` groups consecutive runs into one batch;
+    `batch_tag(runs)` names a stacked batch. After each batch a line gives the runs
+    done and the time left, and what `summary(rows)` says of the batch's rows. A
+    ValueError (a setting the data cannot take) ends the binary as a one-line
+    error; on a cluster a batch failing every attempt is reported in one line, the
+    others' rows kept, and the binary ends with an error once they are written."""
     batches = consecutive(self.pending, stack_key or (lambda run: None))
+    labels = [self._label(batch, batch_tag) for batch in batches]
+    progress = ((lambda i: common.round_progress(labels[i], rounds)) if rounds
+                else (lambda i: None))
     start = time.perf_counter()
-    finished = 0
-    for i, batch in enumerate(batches, 1):
-      label = self._label(batch, batch_tag)
-      progress = common.round_progress(label, rounds) if rounds else None
-      with common.usage_errors(), scope or contextlib.nullcontext():
-        results = run_batch(batch, progress)
-      for run, result in zip(batch, results, strict=True):
-        rows = result if isinstance(result, list) else [result]
-        if any(row["run_key"] != run.key for row in rows):
-          raise RuntimeError(f"{run.tag}: a row with another run's key")
-        common.append_rows(self.output, rows)   # all of a run's rows or none
-        self._rows[run.key] = rows
-      finished += len(batch)
-      if len(batches) > 1 or summary:
-        elapsed = time.perf_counter() - start
-        left = elapsed / finished * (len(self.pending) - finished)
-        said = ""
-        if summary:
-          said = summary([row for run in batch for row in self._rows[run.key]]) + "; "
-        print(f"{label}: {said}{finished}/{len(self.pending)} runs done in "
-              f"{elapsed:.0f} s" + (f", ~{left:.0f} s left" if i < len(batches) else ""),
-              file=sys.stderr, flush=True)
+    finished, failed = 0, []
+    if executor is not None and executor.name == "ray" and batches:
+      print(f"{len(batches)} batch(es) to a {executor.describe()}", file=sys.stderr,
+            flush=True)
+    with common.usage_errors(), scope or contextlib.nullcontext():
+      for i, results in (executor or executors.Local()).run(work, batches, progress):
+        batch, label = batches[i], labels[i]
+        if isinstance(results, executors.Failed):
+          print(f"{label}: failed after {results.attempts} attempt(s): "
+                f"{results.error}; not in {self.output} (a rerun retries it)",
+                file=sys.stderr, flush=True)
+          failed.append(batch)
+          continue
+        for run, result in zip(batch, results, strict=True):
+          rows = result if isinstance(result, list) else [result]
+          if any(row["run_key"] != run.key for row in rows):
+            raise RuntimeError(f"{run.tag}: a row with another run's key")
+          common.append_rows(self.output, rows)   # all of a run's rows or none
+          self._rows[run.key] = rows
+        finished += len(batch)
+        if len(batches) > 1 or summary:
+          elapsed = time.perf_counter() - start
+          left = elapsed / finished * (len(self.pending) - finished)
+          said = ""
+          if summary:
+            said = summary([row for run in batch for row in self._rows[run.key]]) + "; "
+          print(f"{label}: {said}{finished}/{len(self.pending)} runs done in "
+                f"{elapsed:.0f} s" + (f", ~{left:.0f} s left"
+                                      if finished < len(self.pending) else ""),
+                file=sys.stderr, flush=True)
+    if failed:
+      raise common.UsageError(
+          f"{len(failed)} of {len(batches)} batches failed (above); the rows of the "
+          f"{finished} runs that finished are in {self.output}; a rerun retries the rest")
     print(f"rows appended to {self.output} ({len(self.pending)} run(s))" if self.pending
           else f"every run was already in {self.output}; nothing appended")
     return [row for run in self.runs for row in self._rows[run.key]]

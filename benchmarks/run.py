@@ -43,7 +43,7 @@ import time
 
 from absl import flags
 
-from benchmarks import common, configs, datasets, plan
+from benchmarks import common, configs, datasets, executors, plan
 from benchmarks.common import UsageError
 from tff_silo.algorithms import method_names   # no TensorFlow imported
 from tff_silo.privacy.accounting import NEIGHBOURING   # no TensorFlow: dp_accounting
@@ -387,8 +387,8 @@ def _recipe(seed, s) -> dict:
 
 def _load(seed, s):
   """(silos, per-silo preprocessing DpEvents or None), the first --corrupt_silos
-  misbehaving."""
-  return datasets.load(_recipe(seed, s))
+  misbehaving; loaded once per process (on a Ray worker: from the recipe)."""
+  return datasets.cached(datasets.load, _recipe(seed, s))
 
 
 def _model_builder(algorithm, s) -> dict:
@@ -677,29 +677,53 @@ def _stack_key(run, s, backend):
   return None
 
 
-def _simulate(batch, processes, loaded, s, progress, backend):
+def _scope(s):
+  """The device placement (and XLA) of the run's backend: entered around a batch."""
+  return common.device_scope(s.device, common.backend_for(s.backend, s.aggregator),
+                             s.xla)[0]
+
+
+def _batch_rows(s, batch, progress):
+  """The rows of a batch of runs (stacked by `_stack_key`), its models saved under
+  --save_models: the plan's work, in this process or on a Ray worker."""
+  backend = common.backend_for(s.backend, s.aggregator)
+  device = common.device_scope(s.device, backend, s.xla)[1]
+  rows = []
+  for run, result in zip(batch, _simulate(batch, s, progress, backend)):
+    seed, algorithm, lam = run.spec
+    silos = _load(seed, s)[0]
+    row = _row(result, seed, algorithm, lam, s, silos, backend, device)
+    if s.save_models:
+      row["saved_to"] = _save(result, seed, algorithm, lam, s, silos, row)
+    rows.append(row)
+  return rows
+
+
+def _simulate(batch, s, progress, backend):
   """The results of a batch of runs (stacked by `_stack_key`), one per run."""
   from tff_silo import data, simulation
   seed, algorithm, lam = batch[0].spec
+  process = lambda run: _build(run.spec[1], run.spec[2], run.spec[0],
+                               _load(run.spec[0], s)[0], s)
   if algorithm == "dprivate_clustering":
     from tff_silo import dprivate_simulation
-    silos = loaded[seed][0]
+    silos = _load(seed, s)[0]
     validation = (data.two_cluster_linear_silos(num_users=VALIDATION_USERS,
                                                 seed=[seed, 1])
                   if s.dataset == "two_cluster" else None)
     return [dprivate_simulation.run_dprivate_clustering(
-        processes[batch[0].key], silos, rounds=s.rounds,
+        process(batch[0]), silos, rounds=s.rounds,
         clients_per_round=s.clients_per_round or silos.num_silos,
         seed=_run_seed(seed, algorithm, lam, s),
         leakage_cap=s.leakage_cap, validation=validation, patience=s.patience,
         progress=progress, backend=backend)]
   private = s.private
   runs = [simulation.Run(
-      processes[run.key], loaded[seed][0], target_epsilon=s.epsilon,
+      process(run), _load(seed, s)[0], target_epsilon=s.epsilon,
       target_delta=s.delta if private else None,
       seed=_run_seed(seed, algorithm, lam, s),
       protocol=s.protocol if private else None, ledger_csv=s.ledger_csv,
-      preprocessing_events=loaded[seed][1])
+      preprocessing_events=_load(seed, s)[1])
           for run in batch for seed, algorithm, lam in [run.spec]]
   return simulation.run_simulations(runs, rounds=s.rounds,
                                     eval_every=s.eval_every, progress=progress,
@@ -745,31 +769,24 @@ def main(argv):
        for seed, algorithm, lam in _runs(s)],
       output=s.output, signature=SIGNATURE, resume=s.resume,
       skipped_note="; its models are not saved again" if s.save_models else "")
+  executor = common.executor()
   loaded = {}
   with common.usage_errors():   # includes DataError: a bad file or setting
     for seed in dict.fromkeys(run.spec[0] for run in todo.pending):
       loaded[seed] = _load(seed, s)
     if loaded:
       s = dataclasses.replace(s, aggregator=_aggregator(s, loaded[seed][0]))
-  processes = {run.key: _check(run, loaded[run.spec[0]][0], s) for run in todo.pending}
+  for run in todo.pending:
+    _check(run, loaded[run.spec[0]][0], s)
   backend = common.backend_for(s.backend, s.aggregator)
-  scope, device = common.device_scope(s.device, backend, s.xla)
-
-  def run_batch(batch, progress):
-    rows = []
-    for run, result in zip(batch, _simulate(batch, processes, loaded, s, progress,
-                                            backend)):
-      seed, algorithm, lam = run.spec
-      row = _row(result, seed, algorithm, lam, s, loaded[seed][0], backend, device)
-      if s.save_models:
-        row["saved_to"] = _save(result, seed, algorithm, lam, s, loaded[seed][0], row)
-      rows.append(row)
-    return rows
-
+  work = executors.Work(_batch_rows, s, "benchmarks.run", _scope, data=tuple(
+      datasets.travelling(datasets.load, _recipe(seed, s))
+      for seed in loaded) if executor.name == "ray" else ())
   rows = todo.execute(
-      run_batch, rounds=s.rounds, stack_key=lambda run: _stack_key(run, s, backend),
+      work, rounds=s.rounds, stack_key=lambda run: _stack_key(run, s, backend),
       batch_tag=lambda batch: f"{batch[0].spec[1]} lam={batch[0].spec[2]} seeds="
-      f"{','.join(str(run.spec[0]) for run in batch)} (stacked)", scope=scope)
+      f"{','.join(str(run.spec[0]) for run in batch)} (stacked)", scope=_scope(s),
+      executor=executor)
   _print_table(rows, s)
 
 

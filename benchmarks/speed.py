@@ -45,6 +45,18 @@ backends alternating within each repeat, so drift of the machine hits both alike
   shapes), alternating, each a fresh process: the `school` run, --digits_rounds DP
   rounds of the digits CNN (MR-MTL, epsilon 4) and the `hypernet` run: seconds per
   round, end to end (XLA's compilation included), peak memory.
+- `executors`: `benchmarks.compare`'s quick preset (the README's main job) with
+  --executor=local (two batches at once in threads) and --executor=ray (a local
+  cluster of this machine's CPUs, started by the run, one CPU a task), alternating,
+  each a fresh process: end to end seconds, the peak memory of the run and every
+  process it started (sampled every 0.5 s: the driver, and Ray's GCS, raylet and
+  workers), the largest worker's own peak (its rows'), and whether the rows are the
+  same (times, memory and the clock aside).
+- `executors_school`: the same for a part of the School grid (MR-MTL, Ditto and
+  Mocha, seed 0, two learning rates: 441 trials in 8 batches).
+- `ray_overhead`: in a fresh process, a local Ray cluster's start and
+  --overhead_tasks tasks that do nothing (`executors.RayCluster.run`): a task's round
+  trip one at a time (median), and the seconds a task of all of them at once.
 - on a machine where TensorFlow sees a GPU, `digits` also runs the vectorized
   backend with --device=gpu.
 
@@ -60,6 +72,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from typing import Optional
 
@@ -69,7 +82,8 @@ from benchmarks import common, configs
 from benchmarks.common import UsageError
 
 PARTS = ("school", "digits", "sweep", "ifca", "dprivate", "hypernet", "protocol",
-         "calibration", "memory", "cnn_share", "sampling", "xla")
+         "calibration", "memory", "cnn_share", "sampling", "xla", "executors",
+         "executors_school", "ray_overhead")
 MEMORY_BUDGETS = ("default", "none")
 PROTOCOLS = ("paper", "honest")   # the protocol part's
 CALIBRATION_PROTOCOLS = PROTOCOLS + ("replace_one",)
@@ -90,6 +104,7 @@ flags.DEFINE_integer("digits_rounds", 20, "Rounds of a digits run.")
 flags.DEFINE_integer("sweep_runs", 20, "School runs in the one-process sweep.")
 flags.DEFINE_integer("dprivate_rounds", 150, "Rounds of a dprivate run.")
 flags.DEFINE_integer("hypernet_rounds", 50, "Rounds of a hypernet run.")
+flags.DEFINE_integer("overhead_tasks", 50, "Tasks of the ray_overhead part.")
 common.define_output_flags(output=("speed.csv", "CSV file rows are appended to."))
 # The children this binary starts; under a module of their own, out of --help.
 INTERNAL = "benchmarks.speed (internal: the timed children)"
@@ -102,11 +117,14 @@ flags.DEFINE_bool("sampling_child", False, "Run the sampling part in this proces
                   "and print it as JSON.", module_name=INTERNAL)
 flags.DEFINE_bool("sweep_child", False, "Run the sweep in this process and print its "
                   "timings as JSON.", module_name=INTERNAL)
+flags.DEFINE_bool("overhead_child", False, "Run the ray_overhead part in this process "
+                  "and print it as JSON.", module_name=INTERNAL)
 flags.DEFINE_string("calibration_child", None, f"One of {CALIBRATION_PROTOCOLS}; "
                     "calibrate the School run under it in this process and print the "
                     "timing as JSON.", module_name=INTERNAL)
 common.define_bounds(repeats=">= 1", rounds=">= 1", digits_rounds=">= 1",
-                     sweep_runs=">= 1", dprivate_rounds=">= 1", hypernet_rounds=">= 1")
+                     sweep_runs=">= 1", dprivate_rounds=">= 1", hypernet_rounds=">= 1",
+                     overhead_tasks=">= 1")
 flags.adopt_module_key_flags(common)   # --help lists the shared flags too
 
 
@@ -121,12 +139,14 @@ class Settings:
   sweep_runs: int
   dprivate_rounds: int
   hypernet_rounds: int
+  overhead_tasks: int
   output: str
   memory_child: Optional[str]   # the timed children's (internal)
   cnn_share_child: bool
   sampling_child: bool
   sweep_child: bool
   calibration_child: Optional[str]
+  overhead_child: bool
 
   @classmethod
   def from_flags(cls) -> "Settings":
@@ -135,7 +155,7 @@ class Settings:
     child = FLAGS.sweep_child or FLAGS.calibration_child is not None
     if FLAGS.memory_child is not None:
       common.check_one_of("memory_child", FLAGS.memory_child, MEMORY_BUDGETS)
-    elif not (FLAGS.cnn_share_child or FLAGS.sampling_child):
+    elif not (FLAGS.cnn_share_child or FLAGS.sampling_child or FLAGS.overhead_child):
       if FLAGS.calibration_child is not None:
         common.check_one_of("calibration_child", FLAGS.calibration_child,
                             CALIBRATION_PROTOCOLS)
@@ -143,16 +163,16 @@ class Settings:
         common.check_output(FLAGS.output, SIGNATURE)
       common.check_bounds()
       needs_school = child or {"school", "sweep", "ifca", "protocol", "calibration",
-                               "xla"} & set(FLAGS.parts)
+                               "xla", "executors_school"} & set(FLAGS.parts)
       if needs_school and not (FLAGS.data_dir and os.path.isfile(
           os.path.join(FLAGS.data_dir, "school.mat"))):
         raise UsageError("--data_dir must be a folder with school.mat; got "
                          f"{FLAGS.data_dir}")
     return cls(**common.flag_values(
         "parts", "data_dir", "repeats", "rounds", "digits_rounds", "sweep_runs",
-        "dprivate_rounds", "hypernet_rounds", "output",
+        "dprivate_rounds", "hypernet_rounds", "overhead_tasks", "output",
         "memory_child", "cnn_share_child", "sampling_child", "sweep_child",
-        "calibration_child"))
+        "calibration_child", "overhead_child"))
 
 
 def _school_args(s, algorithm="mrmtl"):
@@ -452,6 +472,108 @@ def _sampling_in_process():
   print(json.dumps(out))
 
 
+EXECUTOR_GRIDS = {   # the executors parts' compare grids (flags besides the output)
+    "executors": (),   # the quick preset: the README's main job
+    "executors_school": ("--preset=school", "--methods=mrmtl,ditto,mocha", "--seeds=0",
+                         "--lrs=0.01,0.1"),   # 441 trials (RESULTS.md)
+}
+EXECUTORS = ("local", "ray")
+# Columns a rerun of the same rows changes besides the *_seconds: memory, the clock.
+TIMING_COLUMNS = ("seconds_per_round_median", "peak_memory_mb", "finished")
+
+
+def _tree_memory_mb(pid: int) -> float:
+  """The resident memory of process `pid` and all its descendants (a Ray driver's
+  cluster: its GCS, raylet and workers), in MB."""
+  import psutil
+  try:
+    parent = psutil.Process(pid)
+    processes = [parent, *parent.children(recursive=True)]
+  except psutil.NoSuchProcess:
+    return 0.0
+  total = 0
+  for p in processes:
+    try:
+      total += p.memory_info().rss
+    except psutil.NoSuchProcess:
+      pass
+  return total / 2**20
+
+
+def _compare_fresh(part, executor, folder, s):
+  """`benchmarks.compare` of the part's grid with `executor` in a fresh process:
+  (seconds from outside, the peak over 0.5 s samples of the memory of it and every
+  process it started, its trial rows)."""
+  import pandas as pd
+  cmd = [sys.executable, "-m", "benchmarks.compare", *EXECUTOR_GRIDS[part],
+         f"--output_dir={folder}", f"--executor={executor}"]
+  if part == "executors_school":
+    cmd.append(f"--data_dir={s.data_dir}")
+  start = time.perf_counter()
+  child = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                           text=True)
+  peak, errors = 0.0, []
+  reader = threading.Thread(target=lambda: errors.append(child.stderr.read()))
+  reader.start()
+  try:
+    while child.poll() is None:
+      peak = max(peak, _tree_memory_mb(child.pid))
+      time.sleep(0.5)
+  except BaseException:
+    child.terminate()
+    raise
+  finally:
+    reader.join()
+  seconds = time.perf_counter() - start
+  if child.returncode:
+    raise UsageError(f"benchmarks.compare --executor={executor} failed: "
+                     f"{_last_line(''.join(errors))}")
+  csv = next(os.path.join(folder, f) for f in sorted(os.listdir(folder))
+             if f.endswith(".csv"))
+  rows = pd.read_csv(csv)
+  return seconds, peak, rows[rows.row_type == "trial"]
+
+
+def _same_rows(a, b) -> bool:
+  """Whether two runs wrote the same rows (but for times, memory and the clock)."""
+  columns = [c for c in a.columns
+             if c not in TIMING_COLUMNS and not c.endswith("_seconds")]
+  if sorted(a.columns) != sorted(b.columns):
+    return False
+  a, b = (t.sort_values("run_key").reset_index(drop=True)[columns] for t in (a, b))
+  return a.equals(b)
+
+
+def _noop(settings, batch, progress):
+  """A batch that does nothing (the overhead part's task)."""
+  del settings, progress
+  return batch
+
+
+@dataclasses.dataclass(frozen=True)
+class _Nothing:
+  pass
+
+
+def _overhead_in_process(tasks: int):
+  """A local Ray cluster and `tasks` tasks of `_noop`: (the cluster's start, the
+  median round trip of one task at a time, the seconds per task of all at once)."""
+  from benchmarks import executors
+  start = time.perf_counter()
+  cluster = executors.RayCluster("auto")
+  started = time.perf_counter() - start
+  work = executors.Work(_noop, _Nothing(), "benchmarks.speed")
+  list(cluster.run(work, [[0]]))   # the workers' first start
+  one = []
+  for i in range(tasks):
+    t0 = time.perf_counter()
+    list(cluster.run(work, [[i]]))
+    one.append(time.perf_counter() - t0)
+  t0 = time.perf_counter()
+  list(cluster.run(work, [[i] for i in range(tasks)]))
+  return started, statistics.median(one), (time.perf_counter() - t0) / tasks
+
+
 def _gpu_present() -> bool:
   import tensorflow as tf
   return bool(tf.config.list_physical_devices("GPU"))
@@ -468,6 +590,17 @@ def _median_rows(rows, part, backend, device):
 
 def _report(rows):
   print("\nmedians (ratio = tff / vectorized, side by side):")
+  for part in EXECUTOR_GRIDS:
+    runs = {e: [r for r in rows if r["part"] == part and r.get("executor") == e]
+            for e in EXECUTORS}
+    if all(runs.values()):
+      (local, local_mb, local_w), (ray, ray_mb, ray_w) = [
+          [statistics.median(r[k] for r in runs[e]) for k in (
+              "end_to_end_seconds", "peak_memory_mb", "worker_peak_memory_mb")]
+          for e in EXECUTORS]
+      print(f"  {part} end to end: local {local:.1f} s, ray {ray:.1f} s, local / ray "
+            f"{local / ray:.2f}x; peak memory in all {local_mb:.0f} / {ray_mb:.0f} MB "
+            f"(largest worker {ray_w:.0f} MB)")
   for part, seconds in (("school", "end_to_end_seconds"),
                         ("school", "seconds_per_round_median"),
                         ("digits", "seconds_per_round_median"),
@@ -537,6 +670,37 @@ def _report(rows):
             + f", sizes {steps[-1]['silo_size'] / steps[0]['silo_size']:.0f}x")
 
 
+def _executor_parts(s, add_row) -> None:
+  """The executors, executors_school and ray_overhead parts (their rows added)."""
+  for part in ("executors", "executors_school"):
+    if part not in s.parts:
+      continue
+    for repeat in range(s.repeats):
+      trials, added = {}, []
+      for executor in EXECUTORS if repeat % 2 == 0 else EXECUTORS[::-1]:
+        with tempfile.TemporaryDirectory() as folder:
+          seconds, peak, trials[executor] = _compare_fresh(part, executor, folder, s)
+        added.append(add_row(part=part, backend="vectorized", device="cpu", executor=executor,
+                repeat=repeat, end_to_end_seconds=seconds, peak_memory_mb=peak,
+                worker_peak_memory_mb=float(trials[executor].peak_memory_mb.max()),
+                trials=len(trials[executor]), rounds=int(trials[executor].rounds.max())))
+        print(f"{part} --executor={executor} repeat {repeat}: {seconds:.1f} s end to "
+              f"end, peak {peak:.0f} MB in all", flush=True)
+      same = _same_rows(trials["local"], trials["ray"])
+      for row in added:
+        row["same_rows"] = same
+      print(f"{part} repeat {repeat}: the same rows: {same}", flush=True)
+  if "ray_overhead" in s.parts:
+    seconds, result = _speed_child("ray_overhead part", os.environ, "--overhead_child",
+                                   f"--overhead_tasks={s.overhead_tasks}")
+    add_row(part="ray_overhead", backend="none", device="cpu", executor="ray",
+            repeat=0, end_to_end_seconds=seconds, tasks=s.overhead_tasks, **result)
+    print(f"ray_overhead: cluster start {result['start_seconds']:.1f} s, a task's "
+          f"round trip {result['round_trip_seconds'] * 1e3:.1f} ms one at a time, "
+          f"{result['seconds_per_task'] * 1e3:.2f} ms a task of "
+          f"{s.overhead_tasks} at once", flush=True)
+
+
 def main(argv):
   if len(argv) > 1:
     raise UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
@@ -555,6 +719,11 @@ def main(argv):
     return
   if s.calibration_child is not None:
     _calibration_in_process(s)
+    return
+  if s.overhead_child:
+    started, one, each = _overhead_in_process(s.overhead_tasks)
+    print(json.dumps(dict(start_seconds=started, round_trip_seconds=one,
+                          seconds_per_task=each, peak_memory_mb=common.peak_memory_mb())))
     return
 
   from tff_silo import runtime
@@ -656,6 +825,7 @@ def main(argv):
               rounds=1)
       print(f"{step['sampling']} n={step['silo_size']}: "
             f"{step['step_seconds'] * 1e3:.2f} ms per DP step", flush=True)
+  _executor_parts(s, add_row)
   for row in rows:
     common.append_row(s.output, row)
   _report(rows)

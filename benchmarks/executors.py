@@ -1,0 +1,251 @@
+"""Where the batches of a binary's plan run: in this process (`Local`), or as tasks
+on a Ray cluster (`RayCluster`, `--executor=ray`), with the same rows either way.
+
+A batch's work is a `Work`: a module-level function of the binary, its settings
+(a frozen dataclass) and the data recipes it reads. On a Ray worker nothing of the
+driver's memory is used: the function is imported by its module's name, the
+settings rebuilt from their fields, the driver's flag values set, and the data
+loaded from its recipe (`benchmarks.datasets.cached`) and checked against the
+digest the driver computed of its own copy (`datasets.travelling`), so a machine
+whose data files differ fails its task instead of writing other rows. Per-process
+caches (data, calibrations) live as long as the worker does.
+
+Only the driver writes rows: an executor yields each batch's results as it finishes.
+On the cluster a batch that fails is retried (a lost worker, an out-of-memory kill);
+one that still fails after `attempts` is yielded as a `Failed`, and the driver keeps
+every other batch's rows.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import importlib
+import os
+import socket
+import sys
+import warnings
+from concurrent import futures
+from typing import Any, Callable, Iterator, NamedTuple, Optional
+
+EXECUTORS = ("local", "ray")
+# How often a batch runs before its failure is final (the first run included).
+ATTEMPTS = 3
+INSTALL = "uv sync --extra ray"
+
+
+class Work(NamedTuple):
+  """A batch's work: `function(settings, batch, progress)` returns one result per run
+  of `batch`. `module` is the importable name of the function's binary (a binary run
+  with `python -m` is `__main__` in the driver); on a worker the call runs inside
+  `scope(settings)` when given (a module-level function of `module` returning a
+  context manager: the device placement), after `data` ((loader name, recipe,
+  digest) of `benchmarks.datasets.travelling`) is registered with
+  `datasets.expect`."""
+  function: Callable
+  settings: Any
+  module: str
+  scope: Optional[Callable] = None
+  data: tuple = ()
+
+  def __call__(self, batch, progress=None):
+    return self.function(self.settings, batch, progress)
+
+
+class Failed(NamedTuple):
+  """A batch that failed on every attempt: the last error, in one line."""
+  error: str
+  attempts: int
+
+
+class Local:
+  """Batches in this process, in order; `workers` > 1 runs that many at once, each in
+  a thread of its own entering `thread_scope()` (TensorFlow's device placement is per
+  thread). An error ends the run (the batches not started are dropped)."""
+  name = "local"
+
+  def __init__(self, workers: int = 1, thread_scope: Optional[Callable] = None):
+    self.workers, self.thread_scope = workers, thread_scope
+
+  def run(self, work: Work, batches: list, progress: Callable = lambda i: None
+          ) -> Iterator[tuple]:
+    """(index, results) of each batch, in order; `progress(i)` is batch i's round
+    progress callback (or None)."""
+    if self.workers == 1:
+      for i, batch in enumerate(batches):
+        yield i, work(batch, progress(i))
+      return
+
+    def in_thread(i):
+      with self.thread_scope() if self.thread_scope else contextlib.nullcontext():
+        return work(batches[i], progress(i))
+
+    pool = futures.ThreadPoolExecutor(self.workers, thread_name_prefix="batch")
+    try:
+      yield from enumerate(pool.map(in_thread, range(len(batches))))
+    finally:
+      pool.shutdown(wait=False, cancel_futures=True)
+
+
+def _ray():
+  """The `ray` module, or a one-line error naming the install command."""
+  try:
+    import ray   # pylint: disable=g-import-not-at-top
+  except ImportError:
+    from benchmarks.common import UsageError   # pylint: disable=g-import-not-at-top
+    raise UsageError(f"--executor=ray needs Ray: install it with `{INSTALL}` (Python "
+                     ">= 3.10), on every machine of the cluster") from None
+  return ray
+
+
+def check_reachable(address: str, timeout: float = 5.0) -> None:
+  """A one-line error unless `address` (host:port of a cluster's head) accepts a TCP
+  connection within `timeout` seconds; `auto` is not checked (a running cluster,
+  else a new local one)."""
+  from benchmarks.common import UsageError   # pylint: disable=g-import-not-at-top
+  if address == "auto":
+    return
+  host, _, port = address.rpartition(":")
+  if not host or not port.isdigit():
+    raise UsageError(f"--ray_address={address!r}: give auto or host:port of the "
+                     "cluster's head (what `ray start --head` printed)")
+  try:
+    socket.create_connection((host, int(port)), timeout=timeout).close()
+  except OSError as e:
+    raise UsageError(f"--ray_address={address}: no Ray cluster answers there "
+                     f"({e.strerror or e}); start one with `ray start --head`, or "
+                     "give auto") from None
+
+
+class RayCluster:
+  """Batches as Ray tasks, each asking for `cpus` CPUs and `gpus` GPUs; connects at
+  construction (`address` auto: a running cluster, else a local one of this
+  machine's CPUs), raising a one-line UsageError when it cannot."""
+  name = "ray"
+
+  def __init__(self, address: str = "auto", cpus: float = 1.0, gpus: float = 0.0,
+               attempts: int = ATTEMPTS):
+    ray = _ray()
+    check_reachable(address)
+    self.cpus, self.gpus, self.attempts = cpus, gpus, attempts
+    _join(ray, address)
+    resources = ray.cluster_resources()
+    self.total_cpus = resources.get("CPU", 0.0)
+    if cpus > self.total_cpus or gpus > resources.get("GPU", 0.0):
+      from benchmarks.common import UsageError   # pylint: disable=g-import-not-at-top
+      raise UsageError(
+          f"--ray_cpus_per_task={cpus:g} and --ray_gpus_per_task={gpus:g}: the cluster "
+          f"has {self.total_cpus:g} CPUs and {resources.get('GPU', 0.0):g} GPUs; no "
+          "task could start")
+    self._task = ray.remote(_on_worker).options(
+        num_cpus=cpus, num_gpus=gpus, max_retries=0)
+
+  def describe(self) -> str:
+    return (f"Ray cluster of {self.total_cpus:g} CPUs, {self.cpus:g} CPU(s) and "
+            f"{self.gpus:g} GPU(s) a task")
+
+  def run(self, work: Work, batches: list, progress: Callable = lambda i: None
+          ) -> Iterator[tuple]:
+    """(index, results or `Failed`) of each batch as it finishes; every batch is
+    submitted at once (the cluster queues what its resources cannot start)."""
+    ray = _ray()
+    state = ray.put(_travelling(work))
+    pending = {}
+
+    def submit(i, attempt):
+      pending[self._task.remote(state, batches[i], progress(i))] = (i, attempt)
+
+    for i in range(len(batches)):
+      submit(i, 1)
+    try:
+      while pending:
+        (ref,), _ = ray.wait(list(pending), num_returns=1)
+        i, attempt = pending.pop(ref)
+        try:
+          yield i, ray.get(ref)
+        except (ray.exceptions.RayError, ValueError) as e:
+          error = _one_line(e)
+          if attempt < self.attempts and not isinstance(e, ValueError):
+            print(f"batch {i + 1} failed (attempt {attempt} of {self.attempts}), "
+                  f"retried: {error}", file=sys.stderr, flush=True)
+            submit(i, attempt + 1)
+          else:   # a ValueError is a setting the data cannot take: never retried
+            yield i, Failed(error, attempt)
+    finally:
+      for ref in pending:   # the driver stopped: nothing runs on without it
+        ray.cancel(ref, force=True)
+
+
+_joined = []   # the address this process joined (a process joins one cluster)
+
+
+def _join(ray, address: str) -> None:
+  """Joins the cluster at `address` unless this process is in it already (a
+  process that runs several binaries' mains, as the tests' drivers do, leaves a
+  cluster that is gone or another)."""
+  if ray.is_initialized() and (_joined == [address] or not _joined):
+    return   # joined here, or by the caller (ray.init before the binary's main)
+  if ray.is_initialized():
+    ray.shutdown()
+  warnings.filterwarnings("ignore", message=".*RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO")
+  os.environ.setdefault("RAY_DEDUP_LOGS", "0")   # every batch's progress, in full
+  try:
+    ray.init(address=None if address == "auto" else address, include_dashboard=False,
+             logging_level="warning", log_to_driver=True)
+  except (ConnectionError, RuntimeError) as e:
+    from benchmarks.common import UsageError   # pylint: disable=g-import-not-at-top
+    raise UsageError(f"--ray_address={address}: could not join the cluster "
+                     f"({str(e).splitlines()[0]})") from None
+  _joined[:] = [address]
+
+
+def _one_line(error) -> str:
+  """An error's last line: for a task's error, its cause's `Type: message`."""
+  cause = getattr(error, "cause", None)
+  if cause is not None:
+    error = cause
+  text = str(error).strip().splitlines()
+  return f"{type(error).__name__}: {text[-1] if text else ''}"
+
+
+def _travelling(work: Work) -> tuple:
+  """What of `work` goes to a worker: names, the settings' fields, the recipes, and
+  the driver's flag values (what a binary's helpers read of FLAGS is the same on
+  every worker)."""
+  cls = type(work.settings)
+  cls_module = work.module if cls.__module__ == "__main__" else cls.__module__
+  fields = {f.name: getattr(work.settings, f.name)
+            for f in dataclasses.fields(work.settings)}
+  from absl import flags   # pylint: disable=g-import-not-at-top
+  given = {name: (flags.FLAGS[name].value, flags.FLAGS[name].present)
+           for name in flags.FLAGS} if flags.FLAGS.is_parsed() else {}
+  return (work.module, work.function.__name__,
+          work.scope.__name__ if work.scope else None, cls_module, cls.__qualname__,
+          fields, work.data, given)
+
+
+def _on_worker(state: tuple, batch: list, progress):
+  """A batch on a Ray worker: the binary's function found by name, its flags set
+  to the driver's, the settings rebuilt, the data expected (`datasets.expect`),
+  inside the work's scope."""
+  module, function, scope, cls_module, cls_name, fields, data, given = state
+  from absl import flags   # pylint: disable=g-import-not-at-top
+  from benchmarks import datasets   # pylint: disable=g-import-not-at-top
+  for loader, recipe, digest in data:
+    datasets.expect(getattr(datasets, loader), recipe, digest)
+  binary = importlib.import_module(module)   # defines its flags in this process
+  for name, (value, present) in given.items():
+    if name in flags.FLAGS:
+      flags.FLAGS[name].value, flags.FLAGS[name].present = value, present
+  flags.FLAGS.mark_as_parsed()
+  settings = getattr(importlib.import_module(cls_module), cls_name)(**fields)
+  with getattr(binary, scope)(settings) if scope else contextlib.nullcontext():
+    return getattr(binary, function)(settings, batch, progress)
+
+
+def make(name: str, *, address: str = "auto", cpus: float = 1.0, gpus: float = 0.0,
+         workers: int = 1, thread_scope: Optional[Callable] = None):
+  """The executor `--executor` names (`workers` and `thread_scope`: the local one's)."""
+  if name == "ray":
+    return RayCluster(address, cpus, gpus)
+  return Local(workers, thread_scope)

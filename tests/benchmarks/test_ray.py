@@ -1,0 +1,188 @@
+"""The Ray executor (`benchmarks.executors`, `--executor=ray`) on a local two-CPU
+cluster, one per test module (a test that uses it starts processes: marked
+`cli`): the rows equal the local executor's, a failing batch
+is retried and then reported while the others' results are kept, and bad input
+ends in one line."""
+
+import dataclasses
+import sys
+import warnings
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from benchmarks import datasets, executors
+from benchmarks.common import UsageError
+from tests import binaries
+
+# What differs between two runs of the same rows: times (columns *_seconds and
+# seconds_*), memory, the clock.
+UNCOMPARED = {"seconds_per_round_median", "peak_memory_mb", "finished"}
+
+
+@pytest.fixture(scope="module")
+def cluster():
+  import ray
+  warnings.filterwarnings("ignore", message=".*RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO")
+  ray.init(num_cpus=2, include_dashboard=False, object_store_memory=100 * 2**20,
+           log_to_driver=False, logging_level="warning")
+  yield ray.get_runtime_context().gcs_address
+  ray.shutdown()
+
+
+def _same_rows(local_csv, ray_csv):
+  local, on_ray = pd.read_csv(local_csv), pd.read_csv(ray_csv)
+  assert sorted(local.columns) == sorted(on_ray.columns)
+  order = [c for c in ("row_type", "run_key") if c in local]
+  local = local.sort_values(order).reset_index(drop=True)
+  on_ray = on_ray.sort_values(order).reset_index(drop=True)
+  compared = [c for c in local.columns
+              if c not in UNCOMPARED and not c.endswith("_seconds")]
+  pd.testing.assert_frame_equal(local[compared], on_ray[compared])
+  return local
+
+
+def _both(binary, tmp_path, cluster, *args, output="--output", name="rows.csv"):
+  paths = {}
+  for executor in ("local", "ray"):
+    folder = tmp_path / executor
+    folder.mkdir()
+    extra = [] if executor == "local" else ["--executor=ray", f"--ray_address={cluster}"]
+    done = binaries.run(binary, *args, *extra,
+                        f"{output}={folder if output == '--output_dir' else folder / name}")
+    assert done.returncode == 0, done.stderr[-3000:]
+    paths[executor] = folder / name
+  return _same_rows(paths["local"], paths["ray"])
+
+
+@pytest.mark.cli
+def test_run_rows_are_the_local_executors(tmp_path, cluster):
+  """Stacked seeds (MR-MTL), IFCA's private selections and DP-SGD, on workers."""
+  rows = _both("run", tmp_path, cluster, "--dataset=synthetic", "--methods=mrmtl,ifca",
+               "--seeds=0,1", "--rounds=3", "--epsilon=3")
+  assert len(rows) == 4 and np.isfinite(rows.test_metric).all()
+
+
+@pytest.mark.cli
+def test_compare_rows_are_the_local_executors(tmp_path, cluster):
+  """A grid's trial and selected rows, private tuning's noisy scores included."""
+  rows = _both("compare", tmp_path, cluster, "--preset=quick", "--methods=mrmtl,fedavg",
+               "--epsilons=1,inf", "--seeds=0", "--rounds=3", "--lams=0.1,1",
+               "--lrs=0.1", "--tuning=private", "--mean_trials=2",
+               output="--output_dir", name="compare_quick.csv")
+  assert set(rows.method) == {"mrmtl", "fedavg"}
+
+
+@pytest.mark.cli
+def test_hypernet_rows_are_the_local_executors(tmp_path, cluster):
+  _both("hypernet", tmp_path, cluster, "--rounds=2", "--num_users=6",
+        "--sampling_rates=0.5", "--clips=0.1", "--noise_multipliers=2", "--channels=4,8",
+        "--dense=8", "--hidden_width=8", "--local_steps=2")
+
+
+@pytest.mark.cli
+def test_pandemic_rows_are_the_local_executors(tmp_path, cluster):
+  generated = tmp_path / "generated"
+  rows = _both("pandemic", tmp_path, cluster, "--profile=tiny", "--final_week_rate=0.01",
+               "--methods=mrmtl", "--noise_multipliers=8", "--rounds=2",
+               f"--generated_dir={generated}", output="--output_dir",
+               name="pandemic.csv")
+  assert rows.average_precision.between(0, 1).all()
+
+
+# --- the executor itself, on functions of this module (importable on a worker) ---
+
+
+@dataclasses.dataclass(frozen=True)
+class _Settings:
+  failing: tuple
+
+
+def _double(s, batch, progress):
+  del progress
+  if batch[0] in s.failing:
+    raise (ValueError if batch[0] < 0 else RuntimeError)(f"batch {batch[0]} fails")
+  return [2 * x for x in batch]
+
+
+@pytest.mark.cli
+def test_a_failing_batch_is_retried_then_reported_and_the_others_kept(cluster, capsys):
+  del cluster   # the executor joins the cluster this process started
+  work = executors.Work(_double, _Settings(failing=(3, -1)), __name__)
+  batches = [[1, 2], [3], [-1], [4]]
+  results = dict(executors.RayCluster("auto").run(work, batches))
+  assert results[0] == [2, 4] and results[3] == [8]
+  assert results[1] == executors.Failed("RuntimeError: batch 3 fails", 3)
+  # a ValueError is a setting the data cannot take: never retried
+  assert results[2] == executors.Failed("ValueError: batch -1 fails", 1)
+  assert capsys.readouterr().err.count("retried: RuntimeError: batch 3 fails") == 2
+
+
+def test_the_local_executor_runs_in_order_in_threads():
+  work = executors.Work(_double, _Settings(failing=()), __name__)
+  batches = [[i] for i in range(5)]
+  assert list(executors.Local(workers=2).run(work, batches)) == [
+      (i, [2 * i]) for i in range(5)]
+
+
+def test_a_workers_data_that_is_not_the_drivers_is_refused(monkeypatch):
+  recipe = dict(dataset="synthetic", seed=0)
+  monkeypatch.setattr(datasets, "_CACHE", {})
+  monkeypatch.setattr(datasets, "_EXPECTED", {})
+  expected = datasets.travelling(datasets.load, recipe)[2]
+  datasets._CACHE.clear()
+  datasets.expect(datasets.load, recipe, expected)
+  assert datasets.digest(datasets.cached(datasets.load, recipe)) == expected
+  datasets._CACHE.clear()
+  datasets.expect(datasets.load, recipe, "0" * 64)
+  with pytest.raises(datasets.DataMismatch, match="differs from the driver's"):
+    datasets.cached(datasets.load, recipe)
+
+
+def test_the_digest_sees_every_array():
+  silos = datasets.load(dict(dataset="synthetic", seed=0))[0]
+  changed = list(silos.y_test)
+  changed[-1] = changed[-1].copy()
+  changed[-1][0] += 1
+  assert datasets.digest(silos) != datasets.digest(
+      dataclasses.replace(silos, y_test=tuple(changed)))
+  assert datasets.digest(silos) == datasets.digest(
+      datasets.load(dict(dataset="synthetic", seed=0))[0])
+
+
+def test_ray_missing_names_the_install_command(monkeypatch):
+  monkeypatch.setitem(sys.modules, "ray", None)
+  with pytest.raises(UsageError, match=r"`uv sync --extra ray`"):
+    executors.RayCluster("auto")
+
+
+@pytest.mark.cli
+@pytest.mark.parametrize("args, message", [
+    (["--executor=ray", "--ray_address=127.0.0.1:1"],
+     "error: --ray_address=127.0.0.1:1: no Ray cluster answers there"),
+    (["--executor=ray", "--ray_address=nowhere"],
+     "error: --ray_address='nowhere': give auto or host:port"),
+    (["--executor=dask"], "error: --executor must be one of"),
+    (["--ray_cpus_per_task=2"], "error: --ray_cpus_per_task applies with "
+     "--executor=ray only"),
+    (["--executor=ray", "--ray_cpus_per_task=0"], "error: --ray_cpus_per_task must be "
+     "> 0"),
+])
+def test_bad_executor_flags_end_in_one_line(tmp_path, args, message):
+  done = binaries.run("run", "--dataset=synthetic", "--methods=local", "--rounds=1",
+                      f"--output={tmp_path / 'rows.csv'}", *args)
+  assert done.returncode == 2 and done.stderr.strip() == message or (
+      done.stderr.strip().startswith(message)), done.stderr[-2000:]
+  assert "\n" not in done.stderr.strip()
+  assert not (tmp_path / "rows.csv").exists()
+
+
+@pytest.mark.cli
+def test_more_cpus_a_task_than_the_cluster_has_ends_in_one_line(tmp_path, cluster):
+  done = binaries.run("run", "--dataset=synthetic", "--methods=local", "--rounds=1",
+                      f"--output={tmp_path / 'rows.csv'}", "--executor=ray",
+                      f"--ray_address={cluster}", "--ray_cpus_per_task=64")
+  assert done.returncode == 2, done.stderr[-2000:]
+  assert done.stderr.strip().startswith("error: --ray_cpus_per_task=64 and "
+                                        "--ray_gpus_per_task=0: the cluster has 2 CPUs")

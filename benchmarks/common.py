@@ -225,7 +225,8 @@ def define_executor_flags() -> None:
 def executor(workers: int = 1, thread_scope=None):
   """The executor the flags name (`workers` and `thread_scope`: the local one's;
   `benchmarks.executors`), a cluster joined now: a one-line UsageError for a
-  missing Ray, an unreachable address, or Ray flags without --executor=ray."""
+  missing Ray, an unreachable address, Ray flags without --executor=ray, or files
+  a batch writes (--save_models, --ledger_csv) on a cluster of several machines."""
   from benchmarks import executors
   check_one_of("executor", FLAGS.executor, executors.EXECUTORS)
   check_bounds("ray_cpus_per_task", "ray_gpus_per_task")
@@ -233,9 +234,12 @@ def executor(workers: int = 1, thread_scope=None):
     for name in ("ray_address", "ray_cpus_per_task", "ray_gpus_per_task"):
       if FLAGS[name].present:
         raise UsageError(f"--{name} applies with --executor=ray only")
-  return executors.make(FLAGS.executor, address=FLAGS.ray_address,
-                        cpus=FLAGS.ray_cpus_per_task, gpus=FLAGS.ray_gpus_per_task,
-                        workers=workers, thread_scope=thread_scope)
+  chosen = executors.make(FLAGS.executor, address=FLAGS.ray_address,
+                          cpus=FLAGS.ray_cpus_per_task, gpus=FLAGS.ray_gpus_per_task,
+                          workers=workers, thread_scope=thread_scope)
+  executors.check_files_written(chosen, [
+      name for name in ("save_models", "ledger_csv") if name in FLAGS and FLAGS[name].value])
+  return chosen
 
 
 def check_backend(backend: str, device: str, xla: bool = False) -> None:

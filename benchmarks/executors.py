@@ -131,6 +131,7 @@ class RayCluster:
     _join(ray, address)
     resources = ray.cluster_resources()
     self.total_cpus = resources.get("CPU", 0.0)
+    self.machines = sum(1 for node in ray.nodes() if node.get("Alive"))
     if cpus > self.total_cpus or gpus > resources.get("GPU", 0.0):
       from benchmarks.common import UsageError   # pylint: disable=g-import-not-at-top
       raise UsageError(
@@ -141,8 +142,8 @@ class RayCluster:
         num_cpus=cpus, num_gpus=gpus, max_retries=0)
 
   def describe(self) -> str:
-    return (f"Ray cluster of {self.total_cpus:g} CPUs, {self.cpus:g} CPU(s) and "
-            f"{self.gpus:g} GPU(s) a task")
+    return (f"Ray cluster of {self.machines} machine(s), {self.total_cpus:g} CPUs; "
+            f"{self.cpus:g} CPU(s) and {self.gpus:g} GPU(s) a task")
 
   def run(self, work: Work, batches: list, progress: Callable = lambda i: None
           ) -> Iterator[tuple]:
@@ -189,6 +190,9 @@ def _join(ray, address: str) -> None:
     ray.shutdown()
   warnings.filterwarnings("ignore", message=".*RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO")
   os.environ.setdefault("RAY_DEDUP_LOGS", "0")   # every batch's progress, in full
+  # no metrics agent for a cluster started here (its workers would print, late,
+  # that they cannot reach it)
+  os.environ.setdefault("RAY_enable_metrics_collection", "0")
   try:
     ray.init(address=None if address == "auto" else address, include_dashboard=False,
              logging_level="warning", log_to_driver=True)
@@ -197,6 +201,17 @@ def _join(ray, address: str) -> None:
     raise UsageError(f"--ray_address={address}: could not join the cluster "
                      f"({str(e).splitlines()[0]})") from None
   _joined[:] = [address]
+
+
+def check_files_written(executor, flags_given: list) -> None:
+  """A one-line error for flags naming files a batch writes besides rows
+  (`flags_given`: --save_models, --ledger_csv) on a cluster of several machines: a
+  worker writes them where it runs, and another machine's disk is not the driver's."""
+  if executor.name == "ray" and executor.machines > 1 and flags_given:
+    from benchmarks.common import UsageError   # pylint: disable=g-import-not-at-top
+    raise UsageError(f"--{flags_given[0]} writes files where a batch runs, and the "
+                     f"cluster has {executor.machines} machines: run it with "
+                     "--executor=local or on a cluster of this machine alone")
 
 
 def _one_line(error) -> str:

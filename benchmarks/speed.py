@@ -53,7 +53,7 @@ backends alternating within each repeat, so drift of the machine hits both alike
   workers), the largest worker's own peak (its rows'), and whether the rows are the
   same (times, memory and the clock aside).
 - `executors_school`: the same for a part of the School grid (MR-MTL, Ditto and
-  Mocha, seed 0, two learning rates: 441 trials in 8 batches).
+  Mocha, seed 0, two learning rates: 420 trials).
 - `ray_overhead`: in a fresh process, a local Ray cluster's start and
   --overhead_tasks tasks that do nothing (`executors.RayCluster.run`): a task's round
   trip one at a time (median), and the seconds a task of all of them at once.
@@ -475,7 +475,7 @@ def _sampling_in_process():
 EXECUTOR_GRIDS = {   # the executors parts' compare grids (flags besides the output)
     "executors": (),   # the quick preset: the README's main job
     "executors_school": ("--preset=school", "--methods=mrmtl,ditto,mocha", "--seeds=0",
-                         "--lrs=0.01,0.1"),   # 441 trials (RESULTS.md)
+                         "--lrs=0.01,0.1"),   # 420 trials (RESULTS.md)
 }
 EXECUTORS = ("local", "ray")
 # Columns a rerun of the same rows changes besides the *_seconds: memory, the clock.

@@ -7,6 +7,7 @@ ends in one line."""
 import dataclasses
 import sys
 import warnings
+from typing import NamedTuple
 
 import numpy as np
 import pandas as pd
@@ -155,6 +156,17 @@ def test_ray_missing_names_the_install_command(monkeypatch):
   monkeypatch.setitem(sys.modules, "ray", None)
   with pytest.raises(UsageError, match=r"`uv sync --extra ray`"):
     executors.RayCluster("auto")
+
+
+def test_files_a_batch_writes_are_refused_on_several_machines():
+  class Cluster(NamedTuple):
+    name: str
+    machines: int
+  with pytest.raises(UsageError, match=r"^--save_models writes files where a batch "
+                     r"runs, and the cluster has 2 machines"):
+    executors.check_files_written(Cluster("ray", 2), ["save_models", "ledger_csv"])
+  executors.check_files_written(Cluster("ray", 1), ["save_models"])   # one machine
+  executors.check_files_written(Cluster("ray", 2), [])
 
 
 @pytest.mark.cli

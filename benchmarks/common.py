@@ -237,8 +237,8 @@ def executor(workers: int = 1, thread_scope=None):
   chosen = executors.make(FLAGS.executor, address=FLAGS.ray_address,
                           cpus=FLAGS.ray_cpus_per_task, gpus=FLAGS.ray_gpus_per_task,
                           workers=workers, thread_scope=thread_scope)
-  executors.check_files_written(chosen, [
-      name for name in ("save_models", "ledger_csv") if name in FLAGS and FLAGS[name].value])
+  executors.check_files_written(chosen, [name for name in ("save_models", "ledger_csv")
+                                         if name in FLAGS and FLAGS[name].value])
   return chosen
 
 

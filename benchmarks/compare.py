@@ -141,7 +141,8 @@ flags.DEFINE_string("trials_output", None, "--tuning=private: also write every t
                     "epsilon_if_released: releasing every trial of its cell).")
 flags.DEFINE_string("table", None, "Markdown table path (default: "
                     "--output_dir/compare_<preset>[_private].md).")
-flags.DEFINE_integer("concurrent_batches", 2, "With --executor=local, on the vectorized backend, how many "
+flags.DEFINE_integer("concurrent_batches", 2, "With --executor=local, on the "
+                     "vectorized backend, how many "
                      "batches of stacked trials run at once, each in its own thread "
                      "(rows written in order; the same numbers as one at a time). A "
                      "round keeps about one core busy, so 2 uses a 2-core machine "

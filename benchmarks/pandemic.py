@@ -219,8 +219,9 @@ def _data_dir(s, generate: bool = True) -> tuple:
 def _data_key(data_dir, meta) -> dict:
   """What of the data a run key names: the folder and the generator's SHA-256 of
   the centralized training file (None for given files without metadata)."""
+  files = meta.get("files_sha256", {})
   return dict(data_dir=os.path.abspath(data_dir),
-              files=meta.get("files_sha256", {}).get("centralized/train/va_person.csv.gz"))
+              files=files.get("centralized/train/va_person.csv.gz"))
 
 
 _SCENARIOS = {}

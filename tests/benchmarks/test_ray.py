@@ -50,8 +50,8 @@ def _both(binary, tmp_path, cluster, *args, output="--output", name="rows.csv"):
     folder = tmp_path / executor
     folder.mkdir()
     extra = [] if executor == "local" else ["--executor=ray", f"--ray_address={cluster}"]
-    done = binaries.run(binary, *args, *extra,
-                        f"{output}={folder if output == '--output_dir' else folder / name}")
+    path = folder if output == "--output_dir" else folder / name
+    done = binaries.run(binary, *args, *extra, f"{output}={path}")
     assert done.returncode == 0, done.stderr[-3000:]
     paths[executor] = folder / name
   return _same_rows(paths["local"], paths["ray"])

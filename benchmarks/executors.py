@@ -22,6 +22,7 @@ import contextlib
 import dataclasses
 import importlib
 import os
+import signal
 import socket
 import sys
 import warnings
@@ -193,6 +194,7 @@ def _join(ray, address: str) -> None:
   # no metrics agent for a cluster started here (its workers would print, late,
   # that they cannot reach it)
   os.environ.setdefault("RAY_enable_metrics_collection", "0")
+  on_sigterm = signal.getsignal(signal.SIGTERM)
   try:
     ray.init(address=None if address == "auto" else address, include_dashboard=False,
              logging_level="warning", log_to_driver=True)
@@ -200,6 +202,8 @@ def _join(ray, address: str) -> None:
     from benchmarks.common import UsageError   # pylint: disable=g-import-not-at-top
     raise UsageError(f"--ray_address={address}: could not join the cluster "
                      f"({str(e).splitlines()[0]})") from None
+  if callable(on_sigterm):   # Ray's own handler dumps a stack; the binary's exits
+    signal.signal(signal.SIGTERM, on_sigterm)   # through atexit (Ray's shutdown too)
   _joined[:] = [address]
 
 

@@ -385,6 +385,14 @@ def device_scope(device: str, backend: str, xla: bool = False):
   return _Scopes(lambda: place, programs.xla_rounds), f"{label}+xla"
 
 
+def placement(s):
+  """What a batch of a binary's runs runs inside, in this process or on a Ray
+  worker: the device placement (and XLA) of its settings' `device`, `backend`,
+  `xla` and, where they have one, `aggregator`."""
+  return device_scope(s.device, backend_for(s.backend, getattr(s, "aggregator", None)),
+                      s.xla)[0]
+
+
 class _Scopes:
   """A context manager entering the managers the `makers` make, each time anew (a
   binary enters its scope once per run; a generator's manager enters once)."""

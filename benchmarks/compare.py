@@ -488,13 +488,6 @@ def _cell_trials(s, trials=None) -> collections.Counter:
                              for t in (grid.trials(s) if trials is None else trials))
 
 
-def _scope(s):
-  """The device placement (and XLA) of the trials' backend: entered around a batch
-  on a Ray worker."""
-  return common.device_scope(s.device, common.backend_for(s.backend, s.aggregator),
-                             s.xla)[0]
-
-
 def _batch_rows(s, batch, progress=None):
   """Trial rows of `batch` (`_batches`): the plan's work, in this process or on a
   Ray worker (`benchmarks.executors`; no round progress: `progress` is unused)."""
@@ -778,7 +771,7 @@ def main(argv):
     executor = executors.Local(   # TensorFlow's device scope is per thread
         s.concurrent_batches, lambda: common.device_scope(s.device, backend)[0])
   from benchmarks import datasets
-  work = executors.Work(_batch_rows, s, "benchmarks.compare", _scope, data=tuple(
+  work = executors.Work(_batch_rows, s, "benchmarks.compare", data=tuple(
       datasets.travelling(datasets.compare_split, grid.recipe(s, seed))
       for seed in s.seeds) if executor.name == "ray" else ())
   if executor.name == "ray" and batches:

@@ -39,14 +39,12 @@ class Work(NamedTuple):
   """A batch's work: `function(settings, batch, progress)` returns one result per run
   of `batch`. `module` is the importable name of the function's binary (a binary run
   with `python -m` is `__main__` in the driver); on a worker the call runs inside
-  `scope(settings)` when given (a module-level function of `module` returning a
-  context manager: the device placement), after `data` ((loader name, recipe,
-  digest) of `benchmarks.datasets.travelling`) is registered with
+  the settings' device placement (`common.placement`), after `data` ((loader name,
+  recipe, digest) of `benchmarks.datasets.travelling`) is registered with
   `datasets.expect`."""
   function: Callable
   settings: Any
   module: str
-  scope: Optional[Callable] = None
   data: tuple = ()
 
   def __call__(self, batch, progress=None):
@@ -238,18 +236,17 @@ def _travelling(work: Work) -> tuple:
   from absl import flags   # pylint: disable=g-import-not-at-top
   given = {name: (flags.FLAGS[name].value, flags.FLAGS[name].present)
            for name in flags.FLAGS} if flags.FLAGS.is_parsed() else {}
-  return (work.module, work.function.__name__,
-          work.scope.__name__ if work.scope else None, cls_module, cls.__qualname__,
-          fields, work.data, given)
+  return (work.module, work.function.__name__, cls_module, cls.__qualname__, fields,
+          work.data, given)
 
 
 def _on_worker(state: tuple, batch: list, progress):
   """A batch on a Ray worker: the binary's function found by name, its flags set
   to the driver's, the settings rebuilt, the data expected (`datasets.expect`),
-  inside the work's scope."""
-  module, function, scope, cls_module, cls_name, fields, data, given = state
+  inside the settings' device placement (where they name a device)."""
+  module, function, cls_module, cls_name, fields, data, given = state
   from absl import flags   # pylint: disable=g-import-not-at-top
-  from benchmarks import datasets   # pylint: disable=g-import-not-at-top
+  from benchmarks import common, datasets   # pylint: disable=g-import-not-at-top
   for loader, recipe, digest in data:
     datasets.expect(getattr(datasets, loader), recipe, digest)
   binary = importlib.import_module(module)   # defines its flags in this process
@@ -258,7 +255,8 @@ def _on_worker(state: tuple, batch: list, progress):
       flags.FLAGS[name].value, flags.FLAGS[name].present = value, present
   flags.FLAGS.mark_as_parsed()
   settings = getattr(importlib.import_module(cls_module), cls_name)(**fields)
-  with getattr(binary, scope)(settings) if scope else contextlib.nullcontext():
+  with common.placement(settings) if hasattr(settings, "device") else (
+      contextlib.nullcontext()):
     return getattr(binary, function)(settings, batch, progress)
 
 

@@ -218,11 +218,6 @@ def _users(seed, s):
   return datasets.cached(datasets.hypernet_users, _recipe(seed, s))
 
 
-def _scope(s):
-  """The device placement (and XLA) of the backend: entered around a run."""
-  return common.device_scope(s.device, common.backend_for(s.backend), s.xla)[0]
-
-
 def _run_rows(s, batch, progress):
   """The row of a run (a batch of one), its models saved under --save_models: the
   plan's work, in this process or on a Ray worker."""
@@ -451,10 +446,11 @@ def main(argv):
     for seed in seeds:
       _users(seed, s)
   from benchmarks import datasets
-  work = executors.Work(_run_rows, s, "benchmarks.hypernet", _scope, data=tuple(
+  work = executors.Work(_run_rows, s, "benchmarks.hypernet", data=tuple(
       datasets.travelling(datasets.hypernet_users, _recipe(seed, s))
       for seed in seeds) if executor.name == "ray" else ())
-  rows = todo.execute(work, rounds=s.rounds, scope=_scope(s), executor=executor)
+  rows = todo.execute(work, rounds=s.rounds, scope=common.placement(s),
+                      executor=executor)
   with common.usage_errors():
     majority = sum(_majority_accuracy(_users(seed, s)) for seed in s.seeds) / len(s.seeds)
   _print_table(rows, s, majority)

@@ -227,11 +227,6 @@ def _data_key(data_dir, meta) -> dict:
 _SCENARIOS = {}
 
 
-def _scope(s):
-  """The device placement (and XLA) of the backend: entered around a run."""
-  return common.device_scope(s.device, common.backend_for(s.backend), s.xla)[0]
-
-
 def _run_rows(s, batch, progress):
   """The row of a run (a batch of one): the plan's work, in this process or on a
   Ray worker, where the data folder must be at the driver's path with the same
@@ -381,9 +376,9 @@ def main(argv):
                 f"sigma={run['sigma']:g}" + (f" lam={run['lam']:g}" if run["lam"] else ""),
                 run) for run in _runs(s)],
       output=s.output, signature=SIGNATURE, resume=s.resume)
-  work = executors.Work(_run_rows, s, "benchmarks.pandemic", _scope)
+  work = executors.Work(_run_rows, s, "benchmarks.pandemic")
   rows = todo.execute(
-      work, rounds=s.rounds, scope=_scope(s), executor=executor,
+      work, rounds=s.rounds, scope=common.placement(s), executor=executor,
       summary=lambda done: f"AP {done[0].get('average_precision', math.nan):.4f} (lift "
       f"{done[0].get('lift', math.nan):.2f}), epsilon {done[0]['epsilon_theorem']:.4g}")
   _print_table(rows)

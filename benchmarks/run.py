@@ -677,12 +677,6 @@ def _stack_key(run, s, backend):
   return None
 
 
-def _scope(s):
-  """The device placement (and XLA) of the run's backend: entered around a batch."""
-  return common.device_scope(s.device, common.backend_for(s.backend, s.aggregator),
-                             s.xla)[0]
-
-
 def _batch_rows(s, batch, progress):
   """The rows of a batch of runs (stacked by `_stack_key`), its models saved under
   --save_models: the plan's work, in this process or on a Ray worker."""
@@ -779,13 +773,13 @@ def main(argv):
   for run in todo.pending:
     _check(run, loaded[run.spec[0]][0], s)
   backend = common.backend_for(s.backend, s.aggregator)
-  work = executors.Work(_batch_rows, s, "benchmarks.run", _scope, data=tuple(
+  work = executors.Work(_batch_rows, s, "benchmarks.run", data=tuple(
       datasets.travelling(datasets.load, _recipe(seed, s))
       for seed in loaded) if executor.name == "ray" else ())
   rows = todo.execute(
       work, rounds=s.rounds, stack_key=lambda run: _stack_key(run, s, backend),
       batch_tag=lambda batch: f"{batch[0].spec[1]} lam={batch[0].spec[2]} seeds="
-      f"{','.join(str(run.spec[0]) for run in batch)} (stacked)", scope=_scope(s),
+      f"{','.join(str(run.spec[0]) for run in batch)} (stacked)", scope=common.placement(s),
       executor=executor)
   _print_table(rows, s)
 

@@ -29,6 +29,8 @@ import warnings
 from concurrent import futures
 from typing import Any, Callable, Iterator, NamedTuple, Optional
 
+from benchmarks.common import UsageError
+
 EXECUTORS = ("local", "ray")
 # How often a batch runs before its failure is final (the first run included).
 ATTEMPTS = 3
@@ -91,7 +93,6 @@ def _ray():
   try:
     import ray   # pylint: disable=g-import-not-at-top
   except ImportError:
-    from benchmarks.common import UsageError   # pylint: disable=g-import-not-at-top
     raise UsageError(f"--executor=ray needs Ray: install it with `{INSTALL}` (Python "
                      ">= 3.10), on every machine of the cluster") from None
   return ray
@@ -101,7 +102,6 @@ def check_reachable(address: str, timeout: float = 5.0) -> None:
   """A one-line error unless `address` (host:port of a cluster's head) accepts a TCP
   connection within `timeout` seconds; `auto` is not checked (a running cluster,
   else a new local one)."""
-  from benchmarks.common import UsageError   # pylint: disable=g-import-not-at-top
   if address == "auto":
     return
   host, _, port = address.rpartition(":")
@@ -132,8 +132,7 @@ class RayCluster:
     self.total_cpus = resources.get("CPU", 0.0)
     self.machines = sum(1 for node in ray.nodes() if node.get("Alive"))
     if cpus > self.total_cpus or gpus > resources.get("GPU", 0.0):
-      from benchmarks.common import UsageError   # pylint: disable=g-import-not-at-top
-      raise UsageError(
+        raise UsageError(
           f"--ray_cpus_per_task={cpus:g} and --ray_gpus_per_task={gpus:g}: the cluster "
           f"has {self.total_cpus:g} CPUs and {resources.get('GPU', 0.0):g} GPUs; no "
           "task could start")
@@ -197,7 +196,6 @@ def _join(ray, address: str) -> None:
     ray.init(address=None if address == "auto" else address, include_dashboard=False,
              logging_level="warning", log_to_driver=True)
   except (ConnectionError, RuntimeError) as e:
-    from benchmarks.common import UsageError   # pylint: disable=g-import-not-at-top
     raise UsageError(f"--ray_address={address}: could not join the cluster "
                      f"({str(e).splitlines()[0]})") from None
   if callable(on_sigterm):   # Ray's own handler dumps a stack; the binary's exits
@@ -210,7 +208,6 @@ def check_files_written(executor, flags_given: list) -> None:
   (`flags_given`: --save_models, --ledger_csv) on a cluster of several machines: a
   worker writes them where it runs, and another machine's disk is not the driver's."""
   if executor.name == "ray" and executor.machines > 1 and flags_given:
-    from benchmarks.common import UsageError   # pylint: disable=g-import-not-at-top
     raise UsageError(f"--{flags_given[0]} writes files where a batch runs, and the "
                      f"cluster has {executor.machines} machines: run it with "
                      "--executor=local or on a cluster of this machine alone")

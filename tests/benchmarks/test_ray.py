@@ -5,7 +5,11 @@ is retried and then reported while the others' results are kept, and bad input
 ends in one line."""
 
 import dataclasses
+import os
+import signal
+import subprocess
 import sys
+import time
 import warnings
 from typing import NamedTuple
 
@@ -90,6 +94,35 @@ def test_pandemic_rows_are_the_local_executors(tmp_path, cluster):
                f"--generated_dir={generated}", output="--output_dir",
                name="pandemic.csv")
   assert rows.average_precision.between(0, 1).all()
+
+
+@pytest.mark.cli
+def test_a_run_killed_on_the_cluster_exits_cleanly_and_resumes(tmp_path, cluster):
+  """SIGTERM ends the driver through the binary's handler and atexit (Ray's own
+  handler would dump a stack trace), the finished batches' rows kept; the same
+  command resumes."""
+  args = [sys.executable, "-m", "benchmarks.compare", "--epsilons=4,inf", "--seeds=0",
+          "--lams=0.01,0.1,1,10", "--rounds=3", f"--output_dir={tmp_path}",
+          "--executor=ray", f"--ray_address={cluster}", "--ray_cpus_per_task=2"]
+  proc = subprocess.Popen(args, cwd=binaries.ROOT, stdout=subprocess.PIPE,
+                          stderr=subprocess.PIPE, text=True,
+                          env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"})
+  deadline = time.monotonic() + 300
+  for line in proc.stderr:   # a batch's trials are in the CSV
+    if line.startswith("[1/") or time.monotonic() > deadline:
+      break
+  proc.send_signal(signal.SIGTERM)
+  _, err = proc.communicate(timeout=120)
+  # (143 from the handler; 1 when the signal comes inside ray.wait, which exits so)
+  assert proc.returncode in (1, 128 + signal.SIGTERM), err[-3000:]
+  assert "SIGTERM received" not in err
+  finished = (pd.read_csv(tmp_path / "compare_quick.csv").row_type == "trial").sum()
+  assert finished >= 1
+  again = binaries.run("compare", *args[3:])
+  assert again.returncode == 0, again.stderr[-2000:]
+  assert f"{finished} already in" in again.stderr
+  rows = pd.read_csv(tmp_path / "compare_quick.csv")
+  assert rows.run_key.is_unique and (rows.row_type == "trial").sum() == (1 + 1 + 4) * 2
 
 
 # --- the executor itself, on functions of this module (importable on a worker) ---

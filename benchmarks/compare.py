@@ -774,9 +774,6 @@ def main(argv):
   work = executors.Work(_batch_rows, s, "benchmarks.compare", data=tuple(
       datasets.travelling(datasets.compare_split, grid.recipe(s, seed))
       for seed in s.seeds) if executor.name == "ray" else ())
-  if executor.name == "ray" and batches:
-    print(f"{len(batches)} batch(es) to a {executor.describe()}", file=sys.stderr,
-          flush=True)
   failed = 0
   # a ValueError (a budget too small for any noise, say) ends the binary in one line
   with scope, common.usage_errors():

@@ -148,6 +148,9 @@ class RayCluster:
     """(index, results or `Failed`) of each batch as it finishes; every batch is
     submitted at once (the cluster queues what its resources cannot start)."""
     ray = _ray()
+    if batches:
+      print(f"{len(batches)} batch(es) to a {self.describe()}", file=sys.stderr,
+            flush=True)
     state = ray.put(_travelling(work))
     pending = {}
 

@@ -99,9 +99,6 @@ class Plan:
                 else (lambda i: None))
     start = time.perf_counter()
     finished, failed = 0, []
-    if executor is not None and executor.name == "ray" and batches:
-      print(f"{len(batches)} batch(es) to a {executor.describe()}", file=sys.stderr,
-            flush=True)
     with common.usage_errors(), scope or contextlib.nullcontext():
       for i, results in (executor or executors.Local()).run(work, batches, progress):
         batch, label = batches[i], labels[i]

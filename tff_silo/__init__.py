@@ -6,6 +6,7 @@ Architecture. Layers, highest first; a module imports only from layers below it
   pandemic/            the pandemic forecasting pipeline (thesis ch. 2)
   runs                 saved runs (weights, recipe, privacy) for attacks
   dprivate_simulation  the driver of d-private clustered FL (user sampling, leakage)
+  sharding             one run's silos split across shards (processes, machines)
   simulation           the silo-trained families' driver: calibrates, runs a
                        runner for T rounds, charges ledgers, evaluates every silo
   driver, evaluation   the one round loop every driver runs (participation

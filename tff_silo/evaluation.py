@@ -83,7 +83,8 @@ def _metric_sums_function(model):
   return metric_sums
 
 
-def pooled(silo_means, ys) -> float:
-  """The mean over every example of these silos, from their per-silo means."""
-  sizes = np.array([len(y) for y in ys])
+def pooled(silo_means, sizes) -> float:
+  """The mean over every example of these silos, from their per-silo means and
+  example counts."""
+  sizes = np.asarray(sizes)
   return float(np.sum(silo_means * sizes) / sizes.sum())

@@ -123,8 +123,14 @@ def run_simulation(process, data: SiloData, *, rounds: int,
   """
   run = Run(process, data, target_epsilon, target_delta, seed, protocol, ledger_csv,
             preprocessing_events, noise_multiplier)
-  return _simulate(silo_runner(process, backend), [run], rounds, eval_every,
-                   progress)[0]
+  return simulate(silo_runner(process, backend), run, rounds, eval_every, progress)
+
+
+def simulate(runner, run: Run, rounds: int, eval_every: int = 0,
+             progress=None) -> SimulationResult:
+  """`run` (its process already made into `runner`: `run_simulation`'s, or a
+  sharded run's, `tff_silo.sharding`) for `rounds` rounds."""
+  return _simulate(runner, [run], rounds, eval_every, progress)[0]
 
 
 # Stacked runs hold every silo's training data padded to the largest silo; a group
@@ -226,27 +232,19 @@ def _simulate(process, runs, rounds: int, eval_every: int, progress) -> list:
   else:
     inputs = process.prepare_runs([run.process for run in runs],
                                   [silo_inputs for _, silo_inputs in set_up])
-  evaluator = SiloEvaluator(process.model)
   bounds = np.cumsum([0] + [run.data.num_silos for run in runs])
-  x_train, y_train, x_test, y_test = (
-      [x for run in runs for x in getattr(run.data, field)]
-      for field in ("x_train", "y_train", "x_test", "y_test"))
+  silo_metrics = (getattr(process, "evaluate_silos", None)
+                  or _evaluation_here(process, runs, bounds))
+  train_sizes, test_sizes = ([n for run in runs for n in getattr(run.data, field)]
+                             for field in ("train_sizes", "test_sizes"))
 
   def evaluate(state, client_states, rounds_done):
     """Per run: (train, test, silo_train, silo_test, weights) after `rounds_done`
     rounds (one per run)."""
-    weights = [None] * len(runs)
-    for done in set(rounds_done):
-      every = process.evaluation_weights(state, client_states, done)
-      for i, d in enumerate(rounds_done):
-        if d == done:
-          weights[i] = every[bounds[i]:bounds[i + 1]]
-    weights_all = [w for run_weights in weights for w in run_weights]
-    _, silo_train = evaluator(weights_all, x_train, y_train)
-    _, silo_test = evaluator(weights_all, x_test, y_test)
-    return [(pooled(silo_train[a:b], y_train[a:b]), pooled(silo_test[a:b], y_test[a:b]),
-             silo_train[a:b], silo_test[a:b], w)
-            for a, b, w in zip(bounds[:-1], bounds[1:], weights)]
+    return [(pooled(silo_train, train_sizes[a:b]), pooled(silo_test, test_sizes[a:b]),
+             silo_train, silo_test, weights)
+            for a, b, (weights, silo_train, silo_test) in zip(
+                bounds[:-1], bounds[1:], silo_metrics(state, client_states, rounds_done))]
 
   active = [True] * len(runs)   # a run whose budget a round would pass stops alone
   histories = [[] for _ in runs]
@@ -299,6 +297,31 @@ def _simulate(process, runs, rounds: int, eval_every: int, progress) -> list:
         aggregator_measurements=(_flat(metrics.get("aggregator", {}))
                                  if len(runs) == 1 and isinstance(metrics, dict) else {})))
   return results
+
+
+def _evaluation_here(process, runs, bounds):
+  """`evaluate_silos(state, client_states, rounds_done per run)` on the runs' data
+  in this process: per run (each silo's weights, train metric, test metric). (A
+  runner whose silos' data is elsewhere has its own: `tff_silo.sharding`.)"""
+  evaluator = SiloEvaluator(process.model)
+  x_train, y_train, x_test, y_test = (
+      [x for run in runs for x in getattr(run.data, field)]
+      for field in ("x_train", "y_train", "x_test", "y_test"))
+
+  def evaluate_silos(state, client_states, rounds_done):
+    weights = [None] * len(runs)
+    for done in set(rounds_done):
+      every = process.evaluation_weights(state, client_states, done)
+      for i, d in enumerate(rounds_done):
+        if d == done:
+          weights[i] = every[bounds[i]:bounds[i + 1]]
+    weights_all = [w for run_weights in weights for w in run_weights]
+    _, silo_train = evaluator(weights_all, x_train, y_train)
+    _, silo_test = evaluator(weights_all, x_test, y_test)
+    return [(w, silo_train[a:b], silo_test[a:b])
+            for a, b, w in zip(bounds[:-1], bounds[1:], weights)]
+
+  return evaluate_silos
 
 
 def _flat(measurements, prefix: str = "") -> dict:

@@ -43,18 +43,19 @@ def selection_silos_per_call(model, num_clusters: int, rows_per_silo) -> int:
   return training.forward_items_per_call(model, rows_per_silo, num_clusters)
 
 
-def _cluster_round(algorithm: ifca.ClusteredAlgorithm):
-  """A round of IFCA or an IFCA-preconditioned method (`ifca.cluster_client_round`,
-  `ifca.choose`) for the stacked silos of one or more runs: `clusters` per layer
-  [R, G, ...] (each run's G models), `run` (int32 [K]) each silo's run; each
-  cluster's delta is the mean of its members' deltas weighted by their public sizes,
-  a cluster without members keeping its model (`ifca.cluster_server_step`); a run
-  not `active` (bool [R]) keeps its models."""
+def _cluster_client_part(algorithm: ifca.ClusteredAlgorithm):
+  """The silos' half of a round of IFCA or an IFCA-preconditioned method
+  (`ifca.cluster_client_round`, `ifca.choose`) for the stacked silos of one or more
+  runs: `clusters` per layer [R, G, ...] (each run's G models), `run` (int32 [K])
+  each silo's run. Returns (new personal models, new clusters, the contribution):
+  per (run, cluster) the public-size-weighted sums of its members' deltas, of their
+  sizes and the member counts, which add up across shards of the silos
+  (`tff_silo.sharding`); a silo of a run not `active` (bool [R]) keeps its state."""
   model, config, spec = algorithm.model, algorithm.config, algorithm.cluster_spec
   num_clusters = algorithm.num_clusters
 
-  def round_fn(clusters, round_num, personal_w, cluster, silos: StackedSilos, run,
-               learning_rate, lam, active):
+  def client_fn(clusters, round_num, personal_w, cluster, silos: StackedSilos, run,
+                learning_rate, lam, active):
     num_runs = tf.shape(active)[0]
     mine = [tf.gather(layer, run) for layer in clusters]   # [K, G, ...]
     round_keys = br.fold_in(silos.key, round_num)
@@ -81,25 +82,59 @@ def _cluster_round(algorithm: ifca.ClusteredAlgorithm):
         spec, centre, personal_w, cluster, round_num, select, train, lam)
     segment = run * num_clusters + new_cluster   # (run, cluster) of each silo
     segments = num_runs * num_clusters
-    total = tf.math.unsorted_segment_sum(size, segment, segments)
+    sums = tuple(tf.math.unsorted_segment_sum(rows(size, d) * d, segment, segments)
+                 for d in delta)
+    contribution = (sums, tf.math.unsorted_segment_sum(size, segment, segments),
+                    tf.math.unsorted_segment_sum(tf.ones_like(size), segment, segments))
+    silo_active = tf.gather(active, run)
+    return (tuple(tf.where(rows(silo_active, n), n, p) for n, p in zip(personal, personal_w)),
+            tf.where(silo_active, new_cluster, cluster), contribution)
+
+  return client_fn
+
+
+def _cluster_server_part(algorithm: ifca.ClusteredAlgorithm):
+  """The server's half: each cluster moves by its members' mean delta, one without
+  members keeping its model (`ifca.cluster_server_step`); a run not `active` keeps
+  its models."""
+  num_clusters = algorithm.num_clusters
+
+  def server_fn(clusters, round_num, contribution, active):
+    sums, total, count = contribution
+    num_runs = tf.shape(active)[0]
     grid = lambda t: tf.reshape(t, tf.concat([[num_runs, num_clusters], tf.shape(t)[1:]],
                                               0))
-    members = grid(tf.math.unsorted_segment_sum(tf.ones_like(size), segment, segments))
+    members = grid(count)
     new_clusters = []
-    for layer, d in zip(clusters, delta):
-      mean = grid(tf.math.divide_no_nan(
-          tf.math.unsorted_segment_sum(rows(size, d) * d, segment, segments),
-          rows(total, d[:1])))
+    for layer, summed in zip(clusters, sums):
+      mean = grid(tf.math.divide_no_nan(summed, rows(total, summed[:1])))
       moved = tf.where(tf.reshape(members > 0.0, tf.concat(   # [R, G, 1, ...]
           [tf.shape(members), tf.ones([len(layer.shape) - 2], tf.int32)], 0)),
                        layer + mean, layer)
       new_clusters.append(tf.where(rows(active, layer), moved, layer))
-    silo_active = tf.gather(active, run)
-    return (tuple(new_clusters), round_num + 1,
-            tuple(tf.where(rows(silo_active, n), n, p) for n, p in zip(personal, personal_w)),
-            tf.where(silo_active, new_cluster, cluster))
+    return tuple(new_clusters), round_num + 1
+
+  return server_fn
+
+
+def _cluster_round(algorithm: ifca.ClusteredAlgorithm):
+  """A whole round: the silos' half, then the server's, in one program."""
+  client_fn = _cluster_client_part(algorithm)
+  server_fn = _cluster_server_part(algorithm)
+
+  def round_fn(clusters, round_num, personal_w, cluster, silos: StackedSilos, run,
+               learning_rate, lam, active):
+    personal, new_cluster, contribution = client_fn(
+        clusters, round_num, personal_w, cluster, silos, run, learning_rate, lam, active)
+    return (*server_fn(clusters, round_num, contribution, active), personal, new_cluster)
 
   return round_fn
+
+
+def _program(algorithm: ifca.ClusteredAlgorithm, part: str = "round"):
+  make = dict(round=_cluster_round, client=_cluster_client_part,
+              server=_cluster_server_part)[part]
+  return round_program((stack_key(algorithm), part), lambda: make(algorithm))
 
 
 class ClusteredState(NamedTuple):
@@ -122,9 +157,7 @@ class VectorizedClusteredProcess(RunStackingRunner):
   hyperparameters = staticmethod(hyperparameters)
 
   def __init__(self, process):
-    algorithm = runner.definition_of(process)
-    super().__init__(process, round_program(
-        stack_key(algorithm), lambda: _cluster_round(algorithm)))
+    super().__init__(process, _program(runner.definition_of(process)))
 
   def initialize(self) -> ClusteredState:
     runs = self._initial   # per run, G models
@@ -146,6 +179,23 @@ class VectorizedClusteredProcess(RunStackingRunner):
         self.active_runs(active))
     return (ClusteredState(tuple(clusters), new_round),
             ClusteredClients(personal, cluster), {})
+
+  def shard_round(self, state: ClusteredState, client_states, data: RunStack,
+                  active=None):
+    """The silos' half of `next` on a shard of the silos (`tff_silo.sharding`): (the
+    new client states, the contribution: per (run, cluster) the weighted delta sums,
+    the size total and the member count)."""
+    personal, cluster, contribution = _program(self.algorithm, "client")(
+        state.cluster_weights, state.round_num, client_states.personal,
+        client_states.cluster, data.silos, data.run, data.learning_rate, data.lam,
+        self.active_runs(active))
+    return ClusteredClients(personal, cluster), contribution
+
+  def server_round(self, state: ClusteredState, contribution, active=None):
+    """The server's half of `next`, on the contributions of every shard summed."""
+    clusters, new_round = _program(self.algorithm, "server")(
+        state.cluster_weights, state.round_num, contribution, self.active_runs(active))
+    return ClusteredState(tuple(clusters), new_round)
 
   def evaluation_weights(self, state, client_states, rounds_done: int) -> list:
     if self.algorithm.uses_client_state(rounds_done):

@@ -50,16 +50,18 @@ def hyperparameters(algorithm: SiloAlgorithm) -> tuple:
   return algorithm.config.learning_rate, algorithm.round_spec.lam
 
 
-def _family_round(algorithm: SiloAlgorithm):
-  """A round of the MR-MTL family (`rounds.client_round`, `rounds.server_step`) for
-  the stacked silos of one or more runs: `run` (int32 [K]) is each silo's run,
-  `global_w` holds one global model per run ([R, ...]) and each run's server mean
-  is over its own silos; a run not `active` (bool [R]) keeps its models."""
+def _family_client_part(algorithm: SiloAlgorithm):
+  """The silos' half of a round of the MR-MTL family (`rounds.client_round`) for the
+  stacked silos of one or more runs: `run` (int32 [K]) is each silo's run and
+  `global_w` holds one global model per run ([R, ...]). Returns (the new personal
+  models, the contribution): per run the weighted sums of the silos' deltas and of
+  their weights, which add up across shards of a run's silos (`tff_silo.sharding`);
+  a silo of a run not `active` (bool [R]) keeps its model."""
   model, config = algorithm.model, algorithm.config
   spec, aggregation = algorithm.round_spec, algorithm.aggregation
 
-  def round_fn(global_w, round_num, personal_w, silos: StackedSilos, run, learning_rate,
-               lam, active):
+  def client_fn(global_w, round_num, personal_w, silos: StackedSilos, run, learning_rate,
+                lam, active):
     num_runs = tf.shape(active)[0]
     global_b = [tf.gather(g, run) for g in global_w]
     round_keys = br.fold_in(silos.key, round_num)
@@ -70,21 +72,48 @@ def _family_round(algorithm: SiloAlgorithm):
       weight = silos.public_size
     else:
       weight = tf.ones_like(silos.size)
-    total = tf.math.unsorted_segment_sum(weight, run, num_runs)
-    mean = [tf.math.unsorted_segment_sum(rows(weight, d) * d, run, num_runs)
-            / rows(total, d) for d in delta]
-    new_global, new_round = server_step(spec, global_w, round_num, mean)
+    sums = tuple(tf.math.unsorted_segment_sum(rows(weight, d) * d, run, num_runs)
+                 for d in delta)
     silo_active = tf.gather(active, run)
+    return (tuple(tf.where(rows(silo_active, n), n, p)
+                  for n, p in zip(personal, personal_w)),
+            (sums, tf.math.unsorted_segment_sum(weight, run, num_runs)))
+
+  return client_fn
+
+
+def _family_server_part(algorithm: SiloAlgorithm):
+  """The server's half (`rounds.server_step`): each run's global model moves by its
+  silos' mean delta (the summed contributions); a run not `active` keeps it."""
+  spec = algorithm.round_spec
+
+  def server_fn(global_w, round_num, contribution, active):
+    sums, total = contribution
+    mean = [s / rows(total, s) for s in sums]
+    new_global, new_round = server_step(spec, global_w, round_num, mean)
     return (tuple(tf.where(rows(active, n), n, g) for n, g in zip(new_global, global_w)),
-            new_round,
-            tuple(tf.where(rows(silo_active, n), n, p)
-                  for n, p in zip(personal, personal_w)))
+            new_round)
+
+  return server_fn
+
+
+def _family_round(algorithm: SiloAlgorithm):
+  """A whole round: the silos' half, then the server's, in one program."""
+  client_fn, server_fn = _family_client_part(algorithm), _family_server_part(algorithm)
+
+  def round_fn(global_w, round_num, personal_w, silos: StackedSilos, run, learning_rate,
+               lam, active):
+    personal, contribution = client_fn(global_w, round_num, personal_w, silos, run,
+                                       learning_rate, lam, active)
+    return (*server_fn(global_w, round_num, contribution, active), personal)
 
   return round_fn
 
 
-def _program(algorithm: SiloAlgorithm):
-  return round_program(stack_key(algorithm), lambda: _family_round(algorithm))
+def _program(algorithm: SiloAlgorithm, part: str = "round"):
+  make = dict(round=_family_round, client=_family_client_part,
+              server=_family_server_part)[part]
+  return round_program((stack_key(algorithm), part), lambda: make(algorithm))
 
 
 class VectorizedProcess(RunStackingRunner):
@@ -112,6 +141,21 @@ class VectorizedProcess(RunStackingRunner):
         state.global_weights, state.round_num, client_states, data.silos, data.run,
         data.learning_rate, data.lam, self.active_runs(active))
     return VectorizedState(tuple(new_global), new_round), personal, {}
+
+  def shard_round(self, state: VectorizedState, client_states, data: RunStack,
+                  active=None):
+    """The silos' half of `next` on a shard of the silos (`tff_silo.sharding`): (the
+    new client states, the contribution: per run the weighted delta sums and the
+    weight total)."""
+    return _program(self.algorithm, "client")(
+        state.global_weights, state.round_num, client_states, data.silos, data.run,
+        data.learning_rate, data.lam, self.active_runs(active))
+
+  def server_round(self, state: VectorizedState, contribution, active=None):
+    """The server's half of `next`, on the contributions of every shard summed."""
+    new_global, new_round = _program(self.algorithm, "server")(
+        state.global_weights, state.round_num, contribution, self.active_runs(active))
+    return VectorizedState(tuple(new_global), new_round)
 
   def evaluation_weights(self, state, client_states, rounds_done: int) -> list:
     if self.algorithm.uses_client_state(rounds_done):

@@ -87,6 +87,16 @@ class Local:
     finally:
       pool.shutdown(wait=False, cancel_futures=True)
 
+  @staticmethod
+  def check_shards(num_shards: int) -> None:
+    del num_shards   # any number fits (they share this process)
+
+  @staticmethod
+  def shards(makes: list) -> list:
+    """One run's shards (`tff_silo.sharding`), each built from its recipe, here."""
+    from tff_silo import sharding   # pylint: disable=g-import-not-at-top
+    return [sharding.InProcess(make) for make in makes]
+
 
 def _ray():
   """The `ray` module, or a one-line error naming the install command."""
@@ -130,11 +140,12 @@ class RayCluster:
     _join(ray, address)
     resources = ray.cluster_resources()
     self.total_cpus = resources.get("CPU", 0.0)
+    self.total_gpus = resources.get("GPU", 0.0)
     self.machines = sum(1 for node in ray.nodes() if node.get("Alive"))
-    if cpus > self.total_cpus or gpus > resources.get("GPU", 0.0):
-        raise UsageError(
+    if cpus > self.total_cpus or gpus > self.total_gpus:
+      raise UsageError(
           f"--ray_cpus_per_task={cpus:g} and --ray_gpus_per_task={gpus:g}: the cluster "
-          f"has {self.total_cpus:g} CPUs and {resources.get('GPU', 0.0):g} GPUs; no "
+          f"has {self.total_cpus:g} CPUs and {self.total_gpus:g} GPUs; no "
           "task could start")
     self._task = ray.remote(_on_worker).options(
         num_cpus=cpus, num_gpus=gpus, max_retries=0)
@@ -176,6 +187,65 @@ class RayCluster:
     finally:
       for ref in pending:   # the driver stopped: nothing runs on without it
         ray.cancel(ref, force=True)
+
+
+  def check_shards(self, num_shards: int) -> None:
+    """A one-line error unless `num_shards` actors of a task's resources fit in the
+    cluster at once (they live as long as the run: more would wait forever)."""
+    if num_shards * self.cpus > self.total_cpus or num_shards * self.gpus > self.total_gpus:
+      raise UsageError(
+          f"--shards={num_shards} actors of {self.cpus:g} CPU(s) and {self.gpus:g} "
+          f"GPU(s) each do not fit at once in the cluster's {self.total_cpus:g} CPUs "
+          f"and {self.total_gpus:g} GPUs: lower --ray_cpus_per_task or "
+          "--ray_gpus_per_task, or add machines")
+
+  def shards(self, makes: list) -> list:
+    """One run's shards (`tff_silo.sharding`) as Ray actors of the tasks' resources,
+    spread over the cluster's machines, each building its `SiloShard` from its
+    recipe (a picklable `make()`: its silos' data is loaded where it runs)."""
+    ray = _ray()
+    self.check_shards(len(makes))
+    print(f"{len(makes)} shard(s) on a {self.describe()}", file=sys.stderr, flush=True)
+    actor = ray.remote(_ShardActor).options(num_cpus=self.cpus, num_gpus=self.gpus,
+                                            scheduling_strategy="SPREAD")
+    return [_RayShard(actor.remote(make)) for make in makes]
+
+
+class _ShardActor:
+  """A Ray actor holding one `tff_silo.sharding.SiloShard`."""
+
+  def __init__(self, make):
+    from tff_silo import sharding   # pylint: disable=g-import-not-at-top
+    self._shard = sharding.SiloShard(make)
+
+  def call(self, method: str, *args):
+    return getattr(self._shard, method)(*args)
+
+
+class _RayShard:
+  """The driver's handle of a shard actor: `call` returns a future (`.result()`
+  raises the shard's error, one line)."""
+
+  def __init__(self, handle):
+    self._handle = handle
+
+  def call(self, method: str, *args):
+    return _RayResult(self._handle.call.remote(method, *args))
+
+
+class _RayResult:
+  def __init__(self, ref):
+    self._ref = ref
+
+  def result(self):
+    ray = _ray()
+    try:
+      return ray.get(self._ref)
+    except ray.exceptions.RayError as e:   # the shard's own error, in one line
+      cause = getattr(e, "cause", None)
+      if isinstance(cause, ValueError):
+        raise ValueError(_one_line(e)) from None
+      raise RuntimeError(f"a shard failed: {_one_line(e)}") from None
 
 
 _joined = []   # the address this process joined (a process joins one cluster)

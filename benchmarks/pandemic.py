@@ -21,6 +21,7 @@ in --output.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import itertools
 import json
 import math
@@ -72,6 +73,13 @@ flags.DEFINE_list("feature_sets", ["node+contact+location"], "Thesis Table 2.3's
                   "location: the place's coordinates and type flags; self: no "
                   "neighbour, the person's own 11 features).")
 flags.DEFINE_list("seeds", ["0"], "Training seeds (windows, batches, noise).")
+flags.DEFINE_integer("shards", 0, "0: each run trains in one process. N >= 1: each "
+                     "run's clients are split into N shards that load and train their "
+                     "own clients where they run (tff_silo.sharding; with "
+                     "--executor=ray, Ray actors spread over the cluster's machines; "
+                     "with local, in this process), this process keeping the server "
+                     "model and the ledgers: the same rows, to float32 rounding. "
+                     "Vectorized backend; at most the scenario's clients.")
 common.define_backend_flags("every method")
 common.define_output_flags(
     output=("pandemic.csv", "CSV rows are appended to."),
@@ -95,7 +103,7 @@ flags.DEFINE_bool("gradient_norms", False, "Instead of rows, thesis Fig. 2.9: ev
                   "and --clip beside it. Reads private data without noise.")
 common.define_bounds(
     sample_sizes=">= 1", noise_multipliers=">= 0", lams=">= 0", alphas="(0, 1)",
-    rounds=">= 1", batch_size=">= 1", clip="> 0", lr="> 0", final_week_rate="(0, 0.5)",
+    rounds=">= 1", batch_size=">= 1", clip="> 0", shards=">= 0", lr="> 0", final_week_rate="(0, 0.5)",
     region_transmission="> 0", region_home_weight="> 0")
 flags.adopt_module_key_flags(common)   # --help lists the shared flags too
 
@@ -127,6 +135,7 @@ class Settings:
   architectures: tuple
   feature_sets: tuple
   seeds: tuple
+  shards: int
   backend: str
   device: str
   xla: bool
@@ -147,6 +156,13 @@ class Settings:
     common.check_among("architectures", FLAGS.architectures, choices.ARCHITECTURES)
     common.check_among("feature_sets", FLAGS.feature_sets, choices.FEATURE_SETS)
     common.check_backend(FLAGS.backend, FLAGS.device, FLAGS.xla)
+    common.check_bounds("shards")
+    if FLAGS.shards and common.backend_for(FLAGS.backend) != "vectorized":
+      raise UsageError(f"--shards runs on the vectorized backend, not "
+                       f"--backend={FLAGS.backend}")
+    if FLAGS.shards and FLAGS.gradient_norms:
+      raise UsageError("--gradient_norms reads every silo in this process: leave "
+                       "out --shards")
     if FLAGS.data_dir is not None:
       if not os.path.isdir(FLAGS.data_dir):
         raise UsageError(f"--data_dir {FLAGS.data_dir} is not a directory")
@@ -175,7 +191,7 @@ class Settings:
         seeds=tuple(common.parse_seeds(FLAGS.seeds)),
         **common.flag_values(
             "methods", "modes", "losses", "architectures", "feature_sets", "data_dir",
-            "profile", "seed", "final_week_rate", "scenario", "clip", "rounds",
+            "profile", "seed", "final_week_rate", "scenario", "clip", "rounds", "shards",
             "batch_size", "lr", "backend", "device", "xla", "output", "generated_dir",
             "figures_dir", "resume"))
 
@@ -227,10 +243,11 @@ def _data_key(data_dir, meta) -> dict:
 _SCENARIOS = {}
 
 
-def _run_rows(s, batch, progress):
+def _run_rows(s, batch, progress, shards_on=None):
   """The row of a run (a batch of one): the plan's work, in this process or on a
   Ray worker, where the data folder must be at the driver's path with the same
-  files (checked by the run key, which names their SHA-256)."""
+  files (checked by the run key, which names their SHA-256); with --shards, in
+  this process with its clients on the shards of the executor `shards_on`."""
   from tff_silo.pandemic import pipeline
   (planned,) = batch
   run = planned.spec
@@ -244,18 +261,25 @@ def _run_rows(s, batch, progress):
   device = common.device_scope(s.device, backend, s.xla)[1]
   name = "centralized" if run["method"] == "centralized" else s.scenario
   loaded = (data_dir, name, run["mode"], run["sample_size"], run["seed"])
-  load_seconds = 0.0
-  if loaded not in _SCENARIOS:   # a DataError (a ValueError) ends it as a usage error
-    t0 = time.perf_counter()
-    _SCENARIOS[loaded] = pipeline.load_scenario(
-        data_dir, name, sample_size=run["sample_size"], mode=run["mode"],
-        seed=run["seed"])
-    load_seconds = time.perf_counter() - t0
   settings = _pipeline_settings(
       run, s, noise_multiplier=run["sigma"],
       seed=common.run_seed(run["seed"], _run_key(run, data_key["files"], s)))
-  measured = pipeline.train(_SCENARIOS[loaded], settings, backend=backend,
-                            progress=progress)
+  load_seconds = 0.0
+  if s.shards:
+    measured = pipeline.train_sharded(
+        data_dir, name, settings, shards_on.shards, s.shards,
+        sample_size=run["sample_size"], mode=run["mode"], data_seed=run["seed"],
+        progress=progress)
+    load_seconds = measured.pop("load_seconds")
+  else:
+    if loaded not in _SCENARIOS:   # a DataError (a ValueError) ends it as a usage error
+      t0 = time.perf_counter()
+      _SCENARIOS[loaded] = pipeline.load_scenario(
+          data_dir, name, sample_size=run["sample_size"], mode=run["mode"],
+          seed=run["seed"])
+      load_seconds = time.perf_counter() - t0
+    measured = pipeline.train(_SCENARIOS[loaded], settings, backend=backend,
+                              progress=progress)
   stats = meta.get("statistics", {})
   row = dict(run_key=planned.key,
              profile=meta.get("profile", {}).get("name", "given files"),
@@ -370,19 +394,36 @@ def main(argv):
     _gradient_norms(data_dir, s)
     return
   data_key = _data_key(data_dir, meta)
+  work = executors.Work(_run_rows, s, "benchmarks.pandemic")
+  if s.shards:   # the runs one by one here, each with its shards on the executor
+    _check_shards(data_dir, s)
+    executor.check_shards(s.shards)
+    work = work._replace(function=functools.partial(_run_rows, shards_on=executor))
+    executor = executors.Local()
   todo = plan.Plan(
       [plan.Run(_run_key(run, data_key, s),
                 f"{run['method']} {run['mode']} S1={run['sample_size']} "
                 f"sigma={run['sigma']:g}" + (f" lam={run['lam']:g}" if run["lam"] else ""),
                 run) for run in _runs(s)],
       output=s.output, signature=SIGNATURE, resume=s.resume)
-  work = executors.Work(_run_rows, s, "benchmarks.pandemic")
   rows = todo.execute(
       work, rounds=s.rounds, scope=common.placement(s), executor=executor,
       summary=lambda done: f"AP {done[0].get('average_precision', math.nan):.4f} (lift "
       f"{done[0].get('lift', math.nan):.2f}), epsilon {done[0]['epsilon_theorem']:.4g}")
   _print_table(rows)
   _figures(meta.get("statistics", {}).get("persons"), s)
+
+
+def _check_shards(data_dir: str, s) -> None:
+  """A one-line error for more shards than a run has silos."""
+  from tff_silo.pandemic import files
+  clients = len(files.read_scenario(data_dir, s.scenario))
+  if s.shards > clients:
+    raise UsageError(f"--shards={s.shards} is more than the {clients} clients of "
+                     f"{s.scenario}")
+  if "centralized" in s.methods and s.shards > 1:
+    raise UsageError("--shards: the centralized method trains one silo; leave it "
+                     "out of --methods, or give --shards=1")
 
 
 def _pipeline_settings(run, s, *, noise_multiplier: float, seed: int):

@@ -69,20 +69,21 @@ def _signature(definition) -> tuple:
 
 class SiloShard:
   """The silos lo..hi of a run, where they are trained: built from `make()` ->
-  (definition, `SiloData` of these silos), it keeps their data, the vectorized
-  runner's client states and its stacked inputs."""
+  (definition, `SiloData` of these silos[, info: what else its recipe reports]), it
+  keeps their data, the vectorized runner's client states and its stacked inputs."""
 
   def __init__(self, make: Callable[[], tuple]):
-    self.definition, self.data = make()
+    self.definition, self.data, *info = make()
+    self.info = info[0] if info else {}
     self.runner = shard_runner(self.definition)
     self._evaluator = SiloEvaluator(self.runner.model)
     self._inputs = self._clients = None
 
   def describe(self) -> dict:
-    """What the driver needs of these silos: their sizes and the definition's
-    signature (checked against the driver's)."""
+    """What the driver needs of these silos: their sizes, the definition's
+    signature (checked against the driver's) and the recipe's info."""
     return dict(train_sizes=self.data.train_sizes, test_sizes=self.data.test_sizes,
-                signature=_signature(self.definition))
+                signature=_signature(self.definition), info=self.info)
 
   def prepare(self, silo_inputs: Sequence[SiloInput]) -> None:
     """Stacks the silos' data with what the driver set per silo (noise, key,

@@ -97,6 +97,43 @@ def test_pandemic_rows_are_the_local_executors(tmp_path, cluster):
 
 
 @pytest.mark.cli
+def test_a_sharded_pandemic_run_on_the_cluster_is_the_unsharded_run(tmp_path, cluster):
+  """--shards=3: each actor loads and trains one client; the rows' AP and epsilon
+  are the unsharded run's. More shards than clients end in one line."""
+  generated = tmp_path / "generated"
+  args = ["--profile=tiny", "--final_week_rate=0.01", "--methods=mrmtl",
+          "--noise_multipliers=8", "--rounds=2", f"--generated_dir={generated}"]
+  on_ray = ["--executor=ray", f"--ray_address={cluster}"]
+  rows = {}
+  for name, extra in (("alone", []),
+                      ("sharded", [*on_ray, "--shards=3", "--ray_cpus_per_task=0.5"])):
+    done = binaries.run("pandemic", *args, *extra, f"--output_dir={tmp_path / name}")
+    assert done.returncode == 0, done.stderr[-3000:]
+    rows[name] = pd.read_csv(tmp_path / name / "pandemic.csv")
+  alone, sharded = rows["alone"], rows["sharded"]
+  assert len(alone) == len(sharded) == 1 and sharded.shards[0] == 3
+  assert sharded.average_precision[0] == pytest.approx(alone.average_precision[0],
+                                                       rel=1e-4)
+  for column in ("run_key", "epsilon_theorem", "epsilon_code", "scored", "silos"):
+    assert sharded[column][0] == alone[column][0], column
+  assert sharded.shard_peak_memory_mb[0] > 0
+  done = binaries.run("pandemic", *args, "--shards=4", f"--output_dir={tmp_path / 'bad'}")
+  assert done.returncode == 2 and done.stderr.strip() == (
+      "error: --shards=4 is more than the 3 clients of scenario01"), done.stderr[-2000:]
+
+
+def test_shards_that_cannot_all_fit_on_the_cluster_are_refused():
+  on_two_cpus = executors.RayCluster.__new__(executors.RayCluster)
+  on_two_cpus.cpus, on_two_cpus.gpus, on_two_cpus.total_cpus, on_two_cpus.total_gpus = (
+      1.0, 0.0, 2.0, 0.0)
+  on_two_cpus.check_shards(2)
+  with pytest.raises(UsageError, match=r"^--shards=3 actors of 1 CPU\(s\) and 0 GPU\(s\) "
+                     "each do not fit at once in the cluster's 2 CPUs and 0 GPUs: lower "
+                     "--ray_cpus_per_task"):
+    on_two_cpus.check_shards(3)
+
+
+@pytest.mark.cli
 def test_a_run_killed_on_the_cluster_exits_cleanly_and_resumes(tmp_path, cluster):
   """SIGTERM ends the driver through the binary's handler and atexit (Ray's own
   handler would dump a stack trace), the finished batches' rows kept; the same

@@ -28,6 +28,11 @@ def _run(*args):
     (["--data_dir=/nonexistent"], "error: --data_dir /nonexistent is not a directory"),
     (["--region_transmission=1,2"], "error: --region_transmission must give 3 factors"),
     (["--region_home_weight=1,0,1"], "error: --region_home_weight must be > 0; got 1,0,1"),
+    (["--shards=-1"], "error: --shards must be >= 0; got -1"),
+    (["--shards=2", "--backend=tff"], "error: --shards runs on the vectorized backend, "
+     "not --backend=tff"),
+    (["--shards=2", "--gradient_norms"], "error: --gradient_norms reads every silo in "
+     "this process"),
 ])
 def test_bad_flags_end_in_one_line(args, message):
   done = _run(*args)

@@ -8,17 +8,22 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from tff_silo import algorithms, simulation
+from tff_silo import algorithms, sharding, simulation
 from tff_silo.pandemic import features, pipeline, synth
 from tff_silo.privacy import PrivacyProtocol
 
 
 @pytest.fixture(scope="module")
-def scenario(tmp_path_factory):
+def data_dir(tmp_path_factory):
   out = str(tmp_path_factory.mktemp("pandemic"))
   synth.generate(out, "tiny", seed=0, final_week_rate=0.01,
                  scenarios=("scenario01",))
-  return pipeline.load_scenario(out, "scenario01", sample_size=20, mode="honest")
+  return out
+
+
+@pytest.fixture(scope="module")
+def scenario(data_dir):
+  return pipeline.load_scenario(data_dir, "scenario01", sample_size=20, mode="honest")
 
 
 @pytest.mark.parametrize("loss", ["focal", "bce"])
@@ -109,6 +114,26 @@ def test_node_level_mrmtl_trains_alike_on_both_backends(scenario):
   assert 0.15 * 2000 < scored["scored"] == held_out < 0.35 * 2000
   assert scored["positives"] == int(sum(y.sum() for y in silos.y_test)) > 0
   assert 0 < scored["average_precision"] <= 1 and math.isfinite(scored["lift"])
+
+
+@pytest.mark.parametrize("num_shards", [1, 2, 3])
+def test_the_forecaster_sharded_trains_what_it_trains_unsharded(data_dir, scenario,
+                                                                num_shards):
+  """Each shard loads its own clients' folders; the AP of the pooled predictions
+  (scored on the shards) and every silo's epsilon are the unsharded run's."""
+  settings = pipeline.Settings(method="mrmtl", noise_multiplier=2.0, clip=5.0,
+                               lam=0.001, batch_size=64, seed=4)
+  alone = pipeline.train(scenario, settings)
+  sharded = pipeline.train_sharded(
+      data_dir, "scenario01", settings,
+      lambda makes: [sharding.InProcess(m) for m in makes], num_shards)
+  assert scenario.silos.num_silos == 3 and sharded["shards"] == num_shards
+  assert sharded["average_precision"] == pytest.approx(alone["average_precision"],
+                                                       rel=1e-4)
+  for name in ("scored", "positives", "silos", "max_neighbourhoods", "epsilon_theorem",
+               "epsilon_code", "delta_max", "guarantee", "rounds"):
+    assert sharded[name] == alone[name], name
+  assert sharded["shard_peak_memory_mb"] > 0
 
 
 def test_the_small_profile_is_plausible_and_learnable(tmp_path):

@@ -92,6 +92,15 @@ def stack(graphs) -> NodeTables:
       np.concatenate([g.places for g in graphs]), offsets.astype(np.int64))
 
 
+def shapes_only(sample_size: int) -> NodeTables:
+  """Tables of no nodes with S1 = `sample_size`: a forecaster over them has the
+  weights of one over real tables (a sharded run's driver, which holds no data)."""
+  empty = lambda *shape, dtype=np.float32: np.zeros((0, *shape), dtype)
+  return NodeTables(empty(D_STATIC), empty(57, dtype=np.int8),
+                    empty(sample_size, dtype=np.int32), empty(sample_size, 2),
+                    empty(sample_size, dtype=np.int32), empty(8), np.zeros(0, np.int64))
+
+
 def labels(history: np.ndarray, starts: np.ndarray) -> np.ndarray:
   """Per node (rows of `history`) and window start: S on all 21 window days and I or
   R on some day of the 7 after."""

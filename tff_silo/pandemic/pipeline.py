@@ -34,8 +34,10 @@ examples, whatever their window).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import os
+import time
 from typing import Optional
 
 import numpy as np
@@ -65,12 +67,17 @@ class Scenario:
 
 
 def load_scenario(data_dir: str, scenario: str, *, sample_size: int = 20,
-                  mode: str = "honest", seed: int = 0) -> Scenario:
-  """Every client of `scenario` (or `centralized`: one silo of everyone): the graph
-  and tables of its training persons with a random training window each (a hash
-  of the seed and the pid), and those of its held-out persons with the last window
-  (days 36..56) and the target, for testing. DataError names a bad file."""
+                  mode: str = "honest", seed: int = 0,
+                  client_range: Optional[tuple] = None) -> Scenario:
+  """Every client of `scenario` (or `centralized`: one silo of everyone), or the
+  clients lo..hi of their sorted names (`client_range`,
+  (lo, hi): a shard's): the graph and tables
+  of its training persons with a random training window each (a hash of the seed
+  and the pid), and those of its held-out persons with the last window (days
+  36..56) and the target, for testing. DataError names a bad file."""
   clients = files.read_scenario(data_dir, scenario, "train")
+  if client_range is not None:   # only these clients' folders are read
+    clients = dict(list(clients.items())[slice(*client_range)])
   trained, scored = [], []
   for paths in clients.values():
     read = graph.read_client(paths)
@@ -171,11 +178,11 @@ class Settings:
     return self.noise_multiplier > 0
 
 
-def node_examples(scenario: Scenario) -> int:
+def node_examples(sample_size: int) -> int:
   """S, the most examples replacing one node of the capped graph changes: the S1 + 1
   that held it (its own and its kept neighbours') and the S1 that hold its
   replacement: 2 S1 + 1."""
-  return 2 * scenario.tables.sample_size + 1
+  return 2 * sample_size + 1
 
 
 def delta_for(num_nodes: int) -> float:
@@ -194,41 +201,125 @@ def train(scenario: Scenario, settings: Settings, *, backend: str = "vectorized"
   """Trains `settings.method` on the scenario's silos (the library's MR-MTL family
   on `backend`) and scores the pooled predictions; the measured figures."""
   model, result, epochs = fit(scenario, settings, backend=backend, progress=progress)
-  return _measured(scenario, model, result, epochs)
+  measured = evaluate(scores(model, result.silo_weights, scenario.silos),
+                      scenario.silos.y_test) if scenario.has_target else {}
+  return _measured(measured, result, epochs, scenario.silos.train_sizes,
+                   scenario.tables.sample_size, scenario.mode,
+                   max(scenario.max_neighbourhoods))
 
 
 def fit(scenario: Scenario, settings: Settings, *, backend: str = "vectorized",
         progress=None):
   """(the forecaster, its `simulation` result, local epochs per round) of
   `settings.method` trained on the scenario's silos."""
-  from tff_silo import algorithms, simulation   # pylint: disable=g-import-not-at-top
-  from tff_silo.privacy import PrivacyProtocol   # pylint: disable=g-import-not-at-top
+  from tff_silo import simulation   # pylint: disable=g-import-not-at-top
   centralized = settings.method == "centralized"
   if centralized != (scenario.silos.num_silos == 1 and scenario.name == "centralized"):
     raise ValueError("the centralized method trains the `centralized` folder, the "
                      "others a scenario's clients")
-  model = features.forecaster(scenario.tables, architecture=settings.architecture,
-                              loss=settings.loss, alpha=settings.alpha,
-                              feature_set=settings.feature_set)
+  model = _forecaster(scenario.tables, settings)
+  definition, rounds, epochs = _definition(model, settings, scenario.mode)
+  result = simulation.run_simulation(
+      definition, scenario.silos, rounds=rounds, seed=settings.seed, backend=backend,
+      progress=progress, **_privacy(settings, scenario.silos.train_sizes,
+                                    scenario.tables.sample_size))
+  return model, result, epochs
+
+
+def _forecaster(tables: features.NodeTables, settings: Settings):
+  return features.forecaster(tables, architecture=settings.architecture,
+                             loss=settings.loss, alpha=settings.alpha,
+                             feature_set=settings.feature_set)
+
+
+def _definition(model, settings: Settings, mode: str) -> tuple:
+  """(the library's definition of `settings.method` over `model`, rounds, local
+  epochs per round)."""
+  from tff_silo import algorithms   # pylint: disable=g-import-not-at-top
+  centralized = settings.method == "centralized"
   epochs, rounds = (2, 1) if centralized else (1, settings.rounds)
-  sampling = "without_replacement" if scenario.mode == "honest" else "shuffle"
+  sampling = "without_replacement" if mode == "honest" else "shuffle"
   definition = algorithms.silo_definition(
       "local" if centralized else settings.method, model, (2,),
       client_learning_rate=settings.learning_rate, batch_size=settings.batch_size,
       rounds=rounds, lam=settings.lam, local_epochs=epochs,
       l2_norm_clip=settings.clip if settings.private else None,
       sampling=sampling if settings.private else "poisson")
-  sizes = scenario.silos.train_sizes
-  s = node_examples(scenario)
-  run = {}
-  if settings.private:   # the given noise; each silo's ledger says what it spends
-    run = dict(noise_multiplier=settings.noise_multiplier,
-               target_delta=np.array([delta_for(m) for m in sizes]),
-               protocol=PrivacyProtocol("replace_one", node_examples=s))
-  result = simulation.run_simulation(definition, scenario.silos, rounds=rounds,
-                                     seed=settings.seed, backend=backend,
-                                     progress=progress, **run)
-  return model, result, epochs
+  return definition, rounds, epochs
+
+
+def _privacy(settings: Settings, sizes, sample_size: int) -> dict:
+  """What a private run's simulation takes: the given noise (each silo's ledger says
+  what it spends), delta 1/(10 n) per silo, node-level accounting."""
+  from tff_silo.privacy import PrivacyProtocol   # pylint: disable=g-import-not-at-top
+  if not settings.private:
+    return {}
+  return dict(noise_multiplier=settings.noise_multiplier,
+              target_delta=np.array([delta_for(m) for m in sizes]),
+              protocol=PrivacyProtocol("replace_one",
+                                       node_examples=node_examples(sample_size)))
+
+
+def shard(data_dir: str, scenario: str, lo: int, hi: int, settings: Settings, *,
+          sample_size: int, mode: str, data_seed: int) -> tuple:
+  """A shard's recipe (`tff_silo.sharding`), run where the shard is: the clients
+  lo..hi of `scenario` loaded from their folders alone, the definition over their
+  tables, and what a row reports of them."""
+  scenario = load_scenario(data_dir, scenario, sample_size=sample_size, mode=mode,
+                           seed=data_seed, client_range=(lo, hi))
+  definition, _, _ = _definition(_forecaster(scenario.tables, settings), settings, mode)
+  return definition, scenario.silos, dict(
+      max_neighbourhoods=max(scenario.max_neighbourhoods),
+      has_target=scenario.has_target)
+
+
+def _shard_scores(on_shard, weights) -> tuple:
+  """(each silo's test predictions, its labels), on a shard with its silos' models."""
+  return (scores(on_shard.definition.model, weights, on_shard.data),
+          list(on_shard.data.y_test))
+
+
+def train_sharded(data_dir: str, scenario: str, settings: Settings, make_shards,
+                  num_shards: int, *, sample_size: int = 20, mode: str = "honest",
+                  data_seed: int = 0, progress=None) -> dict:
+  """`train` with the scenario's clients split across `num_shards` shards
+  (`tff_silo.sharding`), each loading its own clients' folders where it runs
+  (`make_shards(recipes)` -> shards: `sharding.InProcess`, or Ray actors); this
+  process holds their sizes, the server model and the ledgers. The same figures as
+  `train` (to float32 rounding), with `shard_peak_memory_mb` (the largest shard
+  process's peak; `shard_peaks_mb` each one's, "/"-joined) and `load_seconds` (until every shard has loaded)."""
+  from tff_silo import sharding   # pylint: disable=g-import-not-at-top
+  names = files.read_scenario(data_dir, scenario, "train")
+  edges = sharding.bounds(len(names), num_shards)
+  if (settings.method == "centralized") != (scenario == "centralized"):
+    raise ValueError("the centralized method trains the `centralized` folder, the "
+                     "others a scenario's clients")
+  start = time.perf_counter()
+  shards = make_shards([functools.partial(
+      shard, data_dir, scenario, lo, hi, settings, sample_size=sample_size, mode=mode,
+      data_seed=data_seed) for lo, hi in edges])
+  described = sharding.gather(shards, "describe")   # once each has loaded its clients
+  load_seconds = time.perf_counter() - start
+  sizes = np.concatenate([d["train_sizes"] for d in described])
+  definition, rounds, epochs = _definition(
+      _forecaster(features.shapes_only(sample_size), settings), settings, mode)
+  result = sharding.run_sharded(
+      definition, shards, rounds=rounds, seed=settings.seed, progress=progress,
+      name=f"pandemic_{scenario}", **_privacy(settings, sizes, sample_size))
+  measured = {}
+  if all(d["info"]["has_target"] for d in described):
+    starts = np.cumsum([0] + [len(d["train_sizes"]) for d in described])
+    parts = sharding.gather(shards, "apply", [_shard_scores] * len(shards),
+                            [result.silo_weights[a:b]
+                             for a, b in zip(starts[:-1], starts[1:])])
+    measured = evaluate([p for part in parts for p in part[0]],
+                        [y for part in parts for y in part[1]])
+  memory = sharding.gather(shards, "peak_memory_mb")
+  return dict(_measured(measured, result, epochs, sizes, sample_size, mode,
+                        max(d["info"]["max_neighbourhoods"] for d in described)),
+              shards=len(shards), shard_peak_memory_mb=max(memory),
+              shard_peaks_mb="/".join(f"{m:.0f}" for m in memory),
+              load_seconds=load_seconds)
 
 
 def gradient_norms(model, silo_weights, silos: SiloData, chunk: int = 8192) -> list:
@@ -250,28 +341,25 @@ def gradient_norms(model, silo_weights, silos: SiloData, chunk: int = 8192) -> l
   return out
 
 
-def _measured(scenario, model, result, epochs) -> dict:
-  """A `train` row's figures: AP and the privacy each silo spent."""
+def _measured(measured: dict, result, epochs: int, sizes, sample_size: int, mode: str,
+              max_neighbourhoods: int) -> dict:
+  """A `train` row's figures: the AP (`measured`) and the privacy each silo spent."""
   from tff_silo.privacy import node_level   # pylint: disable=g-import-not-at-top
-  s = node_examples(scenario)
-  sizes = scenario.silos.train_sizes
-  measured = evaluate(scores(model, result.silo_weights, scenario.silos),
-                      scenario.silos.y_test) if scenario.has_target else {}
+  s = node_examples(sample_size)
   privacy = result.privacy
   out = dict(measured, rounds=result.rounds, epochs=epochs,
-             train_seconds=result.wall_seconds, silos=scenario.silos.num_silos,
-             max_neighbourhoods=max(scenario.max_neighbourhoods), node_examples=s,
+             train_seconds=result.wall_seconds, silos=len(sizes),
+             max_neighbourhoods=max_neighbourhoods, node_examples=s,
              delta_rule="1/(10 n)", scored_on="held-out households")
   if privacy is None:
     return dict(out, epsilon_theorem=math.inf, epsilon_code=math.inf,
                 noise_multiplier=0.0, guarantee="none (no DP)")
-  own = scenario.tables.sample_size + 1   # adding or removing a node: S1 + 1
+  own = sample_size + 1   # adding or removing a node: S1 + 1
   code = [node_level.epsilon(z, int(m), own, int(round(q * m)), int(t), d,
                              neighbouring="add_remove")
           for z, q, t, m, d in zip(privacy.noise_multipliers, privacy.sampling_rates,
                                    privacy.steps, sizes, privacy.target_delta)]
-  bounded = (scenario.mode == "honest"
-             and max(scenario.max_neighbourhoods) <= scenario.tables.sample_size + 1)
+  bounded = mode == "honest" and max_neighbourhoods <= sample_size + 1
   epsilon = float(np.max(privacy.epsilon_spent))
   guarantee = (GUARANTEE.format(s=s) if bounded else "none: the accountant's figure "
                "for an uncapped in-degree, fitted statistics and shuffled batches "

@@ -222,6 +222,27 @@ def define_executor_flags() -> None:
   define_bounds(ray_cpus_per_task="> 0", ray_gpus_per_task=">= 0")
 
 
+def define_shards_flag(silos: str) -> None:
+  """--shards (`tff_silo.sharding`): one run's `silos` across shards."""
+  flags.DEFINE_integer("shards", 0, f"0: each run trains in one process. N >= 1: each "
+                       f"run's {silos} are split into N shards that load and train "
+                       "their own where they run (tff_silo.sharding; with "
+                       "--executor=ray, Ray actors spread over the cluster's machines; "
+                       "with local, in this process), this process keeping the server "
+                       "model and the ledgers: the same rows, to float32 rounding. "
+                       f"Vectorized backend; at most the run's {silos}.")
+  define_bounds(shards=">= 0")
+
+
+def check_shards_flag(backend: str) -> None:
+  """A one-line error for --shards out of bounds or with another backend than the
+  vectorized one (`backend`: the one the run resolved)."""
+  check_bounds("shards")
+  if FLAGS.shards and backend != "vectorized":
+    raise UsageError(f"--shards runs on the vectorized backend, not "
+                     f"--backend={FLAGS.backend}")
+
+
 def executor(workers: int = 1, thread_scope=None):
   """The executor the flags name (`workers` and `thread_scope`: the local one's;
   `benchmarks.executors`), a cluster joined now: a one-line UsageError for a

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import importlib
 import os
 import signal
@@ -90,6 +91,11 @@ class Local:
   @staticmethod
   def check_shards(num_shards: int) -> None:
     del num_shards   # any number fits (they share this process)
+
+  @staticmethod
+  def recipe(work: Work, spec) -> Callable:
+    """A shard's recipe (`tff_silo.sharding`): `work(spec)`, here."""
+    return functools.partial(work, spec)
 
   @staticmethod
   def shards(makes: list) -> list:
@@ -198,6 +204,12 @@ class RayCluster:
           f"GPU(s) each do not fit at once in the cluster's {self.total_cpus:g} CPUs "
           f"and {self.total_gpus:g} GPUs: lower --ray_cpus_per_task or "
           "--ray_gpus_per_task, or add machines")
+
+  @staticmethod
+  def recipe(work: Work, spec) -> Callable:
+    """A shard's recipe (`tff_silo.sharding`): `work(spec)` on the shard's worker, as
+    a batch runs there (the driver's flags set, the data checked; `_on_worker`)."""
+    return functools.partial(_on_worker, _travelling(work), spec, None)
 
   def shards(self, makes: list) -> list:
     """One run's shards (`tff_silo.sharding`) as Ray actors of the tasks' resources,

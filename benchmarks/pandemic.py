@@ -73,13 +73,7 @@ flags.DEFINE_list("feature_sets", ["node+contact+location"], "Thesis Table 2.3's
                   "location: the place's coordinates and type flags; self: no "
                   "neighbour, the person's own 11 features).")
 flags.DEFINE_list("seeds", ["0"], "Training seeds (windows, batches, noise).")
-flags.DEFINE_integer("shards", 0, "0: each run trains in one process. N >= 1: each "
-                     "run's clients are split into N shards that load and train their "
-                     "own clients where they run (tff_silo.sharding; with "
-                     "--executor=ray, Ray actors spread over the cluster's machines; "
-                     "with local, in this process), this process keeping the server "
-                     "model and the ledgers: the same rows, to float32 rounding. "
-                     "Vectorized backend; at most the scenario's clients.")
+common.define_shards_flag("clients")
 common.define_backend_flags("every method")
 common.define_output_flags(
     output=("pandemic.csv", "CSV rows are appended to."),
@@ -103,7 +97,7 @@ flags.DEFINE_bool("gradient_norms", False, "Instead of rows, thesis Fig. 2.9: ev
                   "and --clip beside it. Reads private data without noise.")
 common.define_bounds(
     sample_sizes=">= 1", noise_multipliers=">= 0", lams=">= 0", alphas="(0, 1)",
-    rounds=">= 1", batch_size=">= 1", clip="> 0", shards=">= 0", lr="> 0", final_week_rate="(0, 0.5)",
+    rounds=">= 1", batch_size=">= 1", clip="> 0", lr="> 0", final_week_rate="(0, 0.5)",
     region_transmission="> 0", region_home_weight="> 0")
 flags.adopt_module_key_flags(common)   # --help lists the shared flags too
 
@@ -156,10 +150,7 @@ class Settings:
     common.check_among("architectures", FLAGS.architectures, choices.ARCHITECTURES)
     common.check_among("feature_sets", FLAGS.feature_sets, choices.FEATURE_SETS)
     common.check_backend(FLAGS.backend, FLAGS.device, FLAGS.xla)
-    common.check_bounds("shards")
-    if FLAGS.shards and common.backend_for(FLAGS.backend) != "vectorized":
-      raise UsageError(f"--shards runs on the vectorized backend, not "
-                       f"--backend={FLAGS.backend}")
+    common.check_shards_flag(common.backend_for(FLAGS.backend))
     if FLAGS.shards and FLAGS.gradient_norms:
       raise UsageError("--gradient_norms reads every silo in this process: leave "
                        "out --shards")

@@ -37,6 +37,7 @@ plain means runs on TFF's runtime.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import os
 import time
@@ -155,6 +156,7 @@ flags.DEFINE_float("hypothesis_init_std", None, "dprivate_clustering: hypothesis
                    "starts at the model's initialization for seed + j plus N(0, std^2) "
                    "noise (default: the preset's; two_cluster 1, else 0.01).")
 common.define_backend_flags("every algorithm here")
+common.define_shards_flag("silos")
 common.define_output_flags(output=("run.csv", "CSV file rows are appended to."))
 flags.DEFINE_bool("resume", True, "Skip runs whose row (same settings, algorithm, "
                   "lambda and seed) is already in --output.")
@@ -208,6 +210,7 @@ class Settings:
   patience: int | None
   kmeans_iterations: int
   hypothesis_init_std: float
+  shards: int
   backend: str
   device: str
   xla: bool
@@ -260,6 +263,7 @@ class Settings:
     _check_data_flags(preset)
     common.check_output(FLAGS.output, SIGNATURE)
     common.check_save_models()
+    common.check_shards_flag(common.backend_for(FLAGS.backend))
     return cls(
         **values, seeds=tuple(common.parse_seeds(FLAGS.seeds)), protocol=protocol,
         sampling=sampling, standardize=_standardize(),
@@ -270,8 +274,8 @@ class Settings:
             "outside_guarantee_metrics", "finetune_fraction", "corrupt_silos",
             "corruption", "mask_probability", "eval_every", "selection_fraction",
             "selection_budget_share", "nu", "leakage_cap",
-            "patience", "kmeans_iterations", "backend", "device", "xla", "output",
-            "resume", "save_models"))
+            "patience", "kmeans_iterations", "shards", "backend", "device", "xla",
+            "output", "resume", "save_models"))
 
 
 # The flags a row records as given (its `flags` column).
@@ -669,24 +673,31 @@ def _print_table(rows, s):
 def _stack_key(run, s, backend):
   """Runs stacked into one program (`simulation.run_simulations`): on the
   vectorized backend, consecutive seeds of one (algorithm, lambda) of the MR-MTL
-  family (not with --ledger_csv, whose rows name no seed); every other run alone."""
+  family (not with --ledger_csv, whose rows name no seed, nor --shards); every
+  other run alone."""
   _, algorithm, lam = run.spec
-  if (backend == "vectorized" and s.ledger_csv is None
+  if (backend == "vectorized" and s.ledger_csv is None and not s.shards
       and algorithm not in IFCA_ALGORITHMS and algorithm != "dprivate_clustering"):
     return algorithm, lam
   return None
 
 
-def _batch_rows(s, batch, progress):
+def _batch_rows(s, batch, progress, shards_on=None):
   """The rows of a batch of runs (stacked by `_stack_key`), its models saved under
-  --save_models: the plan's work, in this process or on a Ray worker."""
+  --save_models: the plan's work, in this process or on a Ray worker; with
+  --shards, in this process with each run's silos on shards of the executor
+  `shards_on` (`_sharded`)."""
   backend = common.backend_for(s.backend, s.aggregator)
   device = common.device_scope(s.device, backend, s.xla)[1]
   rows = []
-  for run, result in zip(batch, _simulate(batch, s, progress, backend)):
+  results = (_sharded(batch, s, progress, shards_on) if s.shards
+             else _simulate(batch, s, progress, backend))
+  for run, result in zip(batch, results):
     seed, algorithm, lam = run.spec
     silos = _load(seed, s)[0]
     row = _row(result, seed, algorithm, lam, s, silos, backend, device)
+    if s.shards:
+      row["shards"] = s.shards
     if s.save_models:
       row["saved_to"] = _save(result, seed, algorithm, lam, s, silos, row)
     rows.append(row)
@@ -711,17 +722,51 @@ def _simulate(batch, s, progress, backend):
         seed=_run_seed(seed, algorithm, lam, s),
         leakage_cap=s.leakage_cap, validation=validation, patience=s.patience,
         progress=progress, backend=backend)]
-  private = s.private
-  runs = [simulation.Run(
-      process(run), _load(seed, s)[0], target_epsilon=s.epsilon,
-      target_delta=s.delta if private else None,
-      seed=_run_seed(seed, algorithm, lam, s),
-      protocol=s.protocol if private else None, ledger_csv=s.ledger_csv,
-      preprocessing_events=_load(seed, s)[1])
-          for run in batch for seed, algorithm, lam in [run.spec]]
+  runs = [simulation.Run(process(run), _load(run.spec[0], s)[0],
+                         **_run_options(run, s, _load(run.spec[0], s)[1]))
+          for run in batch]
   return simulation.run_simulations(runs, rounds=s.rounds,
                                     eval_every=s.eval_every, progress=progress,
                                     backend=backend)
+
+
+def _run_options(run, s, preprocessing_events) -> dict:
+  """What `simulation.Run` takes of a run besides its process and silos."""
+  seed, algorithm, lam = run.spec
+  private = s.private
+  return dict(target_epsilon=s.epsilon, target_delta=s.delta if private else None,
+              seed=_run_seed(seed, algorithm, lam, s),
+              protocol=s.protocol if private else None, ledger_csv=s.ledger_csv,
+              preprocessing_events=preprocessing_events)
+
+
+def _sharded(batch, s, progress, executor):
+  """The results of a batch of one run with its silos on `s.shards` shards of
+  `executor` (`tff_silo.sharding`), each loading its share of the data from the
+  recipe where it runs (`_shard_problem`)."""
+  from tff_silo import sharding
+  (run,) = batch
+  seed, algorithm, lam = run.spec
+  silos, events = _load(seed, s)
+  work = executors.Work(_shard_problem, s, "benchmarks.run", data=(
+      datasets.travelling(datasets.load, _recipe(seed, s)),)
+      if executor.name == "ray" else ())
+  shards = executor.shards([executor.recipe(work, (run.spec, lo, hi)) for lo, hi in
+                            sharding.bounds(silos.num_silos, s.shards)])
+  return [sharding.run_sharded(
+      _build(algorithm, lam, seed, silos, s), shards, rounds=s.rounds,
+      eval_every=s.eval_every, progress=progress, name=silos.name,
+      **_run_options(run, s, events))]
+
+
+def _shard_problem(s, shard, progress):
+  """A shard's recipe (`executors.recipe`), run where the shard is: (the run's
+  definition, its silos lo..hi)."""
+  del progress
+  from tff_silo import sharding
+  (seed, algorithm, lam), lo, hi = shard
+  silos = _load(seed, s)[0]
+  return _build(algorithm, lam, seed, silos, s), sharding.silo_data(silos, lo, hi)
 
 
 def _aggregator(s, silos):
@@ -748,6 +793,12 @@ def _check(run, silos, s):
       and s.num_clusters > silos.num_silos):
     raise UsageError(f"--num_clusters={s.num_clusters} is more than the "
                      f"{silos.num_silos} silos")
+  if s.shards:
+    if s.shards > silos.num_silos:
+      raise UsageError(f"--shards={s.shards} is more than the {silos.num_silos} silos")
+    from tff_silo import sharding
+    with common.usage_errors():
+      sharding.shard_runner(process)
   return process
 
 
@@ -775,7 +826,11 @@ def main(argv):
   backend = common.backend_for(s.backend, s.aggregator)
   work = executors.Work(_batch_rows, s, "benchmarks.run", data=tuple(
       datasets.travelling(datasets.load, _recipe(seed, s))
-      for seed in loaded) if executor.name == "ray" else ())
+      for seed in loaded) if executor.name == "ray" and not s.shards else ())
+  if s.shards:   # the runs one by one here, each with its shards on the executor
+    executor.check_shards(s.shards)
+    work = work._replace(function=functools.partial(_batch_rows, shards_on=executor))
+    executor = executors.Local()
   rows = todo.execute(
       work, rounds=s.rounds, stack_key=lambda run: _stack_key(run, s, backend),
       batch_tag=lambda batch: f"{batch[0].spec[1]} lam={batch[0].spec[2]} seeds="

@@ -132,6 +132,12 @@ def _cases(binary, f):
         (["--dataset=vehicle", f"--data_dir={folder('vehicle_bad_bytes')}", out],
          "is not valid JSON"),
         (["--lr=inf", out], "--lr must be a finite number"),
+        (["--shards=-1", out], "--shards must be >= 0; got -1"),
+        (["--shards=2", "--backend=tff", out], "--shards runs on the vectorized "
+         "backend, not --backend=tff"),
+        (["--dataset=synthetic", "--shards=99", out], "--shards=99 is more than the "),
+        (["--dataset=synthetic", "--methods=mocha", "--shards=2", out],
+         "mocha cannot run sharded"),
         (["--epsilon=1", "--clip=inf", out], "--clip must be a finite number"),
         (["--epsilon=1e300", out], "--epsilon must be at most 1000"),
         (["--epsilon=nan", out], "--epsilon must be a finite number"),

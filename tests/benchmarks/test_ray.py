@@ -70,6 +70,25 @@ def test_run_rows_are_the_local_executors(tmp_path, cluster):
 
 
 @pytest.mark.cli
+def test_a_sharded_run_on_the_cluster_is_the_unsharded_run(tmp_path, cluster):
+  """--shards=2: MR-MTL and IFCA (private selections) with each half of the silos
+  on an actor; the rows' metrics and epsilons are the unsharded run's."""
+  args = ["--dataset=synthetic", "--methods=mrmtl,ifca", "--seeds=0", "--rounds=3",
+          "--epsilon=3"]
+  rows = {}
+  for name, extra in (("alone", []), ("sharded", ["--executor=ray",
+                                                  f"--ray_address={cluster}",
+                                                  "--shards=2", "--ray_cpus_per_task=1"])):
+    done = binaries.run("run", *args, *extra, f"--output={tmp_path / name}.csv")
+    assert done.returncode == 0, done.stderr[-3000:]
+    rows[name] = pd.read_csv(tmp_path / f"{name}.csv").sort_values("algorithm")
+  alone, sharded = (rows[n].reset_index(drop=True) for n in ("alone", "sharded"))
+  assert list(sharded.shards) == [2, 2] and list(sharded.run_key) == list(alone.run_key)
+  np.testing.assert_allclose(sharded.test_metric, alone.test_metric, rtol=1e-5)
+  np.testing.assert_array_equal(sharded.epsilon_spent_max, alone.epsilon_spent_max)
+
+
+@pytest.mark.cli
 def test_compare_rows_are_the_local_executors(tmp_path, cluster):
   """A grid's trial and selected rows, private tuning's noisy scores included."""
   rows = _both("compare", tmp_path, cluster, "--preset=quick", "--methods=mrmtl,fedavg",

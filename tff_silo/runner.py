@@ -11,7 +11,9 @@ never needs it); the drivers ask `runner_for` and never switch on types.
 
 The protocol (`Runner`) is what the driver (`tff_silo.simulation`) calls. A family
 may add what its own driver needs (d-private clustering's `sampled`, the
-hypernetwork's `next(state, sampled, data)`), documented on its runners.
+hypernetwork's `next(state, sampled, data)`), documented on its runners; the
+vectorized runners that can run a run's silos on shards (`tff_silo.sharding`: the
+MR-MTL family, IFCA) split `next` into `shard_round` and `server_round`.
 """
 
 from __future__ import annotations

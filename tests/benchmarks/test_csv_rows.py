@@ -49,7 +49,7 @@ def test_a_failed_write_leaves_the_old_file_whole(tmp_path, monkeypatch):
 def _run(out, *extra):
   return subprocess.Popen(
       [sys.executable, "-m", "benchmarks.run", "--dataset=synthetic",
-       "--methods=local,fedavg,mrmtl", "--lams=1", "--rounds=400", f"--output={out}",
+       "--methods=local,fedavg,mrmtl", "--lams=1", "--rounds=1200", f"--output={out}",
        *extra],
       cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
       env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"})

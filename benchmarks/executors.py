@@ -194,7 +194,6 @@ class RayCluster:
       for ref in pending:   # the driver stopped: nothing runs on without it
         ray.cancel(ref, force=True)
 
-
   def check_shards(self, num_shards: int) -> None:
     """A one-line error unless `num_shards` actors of a task's resources fit in the
     cluster at once (they live as long as the run: more would wait forever)."""
@@ -224,13 +223,22 @@ class RayCluster:
 
 
 class _ShardActor:
-  """A Ray actor holding one `tff_silo.sharding.SiloShard`."""
+  """A Ray actor holding one `tff_silo.sharding.SiloShard`. An error building it
+  (data not the driver's, a bad file) is kept and raised by the first call, where
+  it arrives as the task's error (an actor that dies in its constructor loses the
+  error's type)."""
 
   def __init__(self, make):
     from tff_silo import sharding   # pylint: disable=g-import-not-at-top
-    self._shard = sharding.SiloShard(make)
+    self._shard, self._error = None, None
+    try:
+      self._shard = sharding.SiloShard(make)
+    except Exception as e:   # pylint: disable=broad-except
+      self._error = e
 
   def call(self, method: str, *args):
+    if self._error is not None:
+      raise self._error
     return getattr(self._shard, method)(*args)
 
 

@@ -245,9 +245,7 @@ def _run_rows(s, batch, progress, shards_on=None):
   data_dir, meta = _data_dir(s, generate=False)
   data_key = _data_key(data_dir, meta)
   if _run_key(run, data_key, s) != planned.key:
-    from benchmarks import datasets
-    raise datasets.DataMismatch(f"the data in {data_dir} is not the driver's: give "
-                                "every machine the same files")
+    raise _not_the_drivers(data_dir)
   backend = common.backend_for(s.backend)
   device = common.device_scope(s.device, backend, s.xla)[1]
   name = "centralized" if run["method"] == "centralized" else s.scenario
@@ -257,8 +255,11 @@ def _run_rows(s, batch, progress, shards_on=None):
       seed=common.run_seed(run["seed"], _run_key(run, data_key["files"], s)))
   load_seconds = 0.0
   if s.shards:
+    checked = executors.Work(_shard, s, "benchmarks.pandemic")
     measured = pipeline.train_sharded(
-        data_dir, name, settings, shards_on.shards, s.shards,
+        data_dir, name, settings,
+        lambda makes: shards_on.shards([shards_on.recipe(checked, (data_key, make))
+                                        for make in makes]), s.shards,
         sample_size=run["sample_size"], mode=run["mode"], data_seed=run["seed"],
         progress=progress)
     load_seconds = measured.pop("load_seconds")
@@ -283,6 +284,24 @@ def _run_rows(s, batch, progress, shards_on=None):
   from tff_silo.backends.vectorized import programs
   programs.release_programs()   # each run's model captures its own tables
   return [row]
+
+
+def _shard(s, spec, progress):
+  """A shard's recipe (`executors.recipe`), run where the shard is: its machine's
+  data folder checked against the driver's (`_data_key`: the generator's SHA-256),
+  then `make()` (`pipeline.shard`: its clients loaded)."""
+  del progress
+  expected, make = spec
+  data_dir, meta = _data_dir(s, generate=False)
+  if _data_key(data_dir, meta) != expected:
+    raise _not_the_drivers(data_dir)
+  return make()
+
+
+def _not_the_drivers(data_dir: str):
+  from benchmarks import datasets
+  return datasets.DataMismatch(f"the data in {data_dir} is not the driver's: give "
+                               "every machine the same files")
 
 
 def _runs(s):

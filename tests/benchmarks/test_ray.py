@@ -118,7 +118,8 @@ def test_pandemic_rows_are_the_local_executors(tmp_path, cluster):
 @pytest.mark.cli
 def test_a_sharded_pandemic_run_on_the_cluster_is_the_unsharded_run(tmp_path, cluster):
   """--shards=3: each actor loads and trains one client; the rows' AP and epsilon
-  are the unsharded run's. More shards than clients end in one line."""
+  are the unsharded run's. A shard whose machine holds other data is refused; more
+  shards than clients end in one line."""
   generated = tmp_path / "generated"
   args = ["--profile=tiny", "--final_week_rate=0.01", "--methods=mrmtl",
           "--noise_multipliers=8", "--rounds=2", f"--generated_dir={generated}"]
@@ -136,9 +137,41 @@ def test_a_sharded_pandemic_run_on_the_cluster_is_the_unsharded_run(tmp_path, cl
   for column in ("run_key", "epsilon_theorem", "epsilon_code", "scored", "silos"):
     assert sharded[column][0] == alone[column][0], column
   assert sharded.shard_peak_memory_mb[0] > 0
+  script = ("from absl import flags\n"
+            "from benchmarks import pandemic\n"
+            f"flags.FLAGS(['pandemic', *{args!r}, '--output={tmp_path / 'c.csv'}'])\n"
+            "s = pandemic.Settings.from_flags()\n"
+            "folder, meta = pandemic._data_dir(s, generate=False)\n"
+            "mine = pandemic._data_key(folder, meta)\n"
+            "print(pandemic._shard(s, (mine, lambda: 'loaded'), None))\n"
+            "try:\n"
+            "  pandemic._shard(s, (dict(mine, files='another'), None), None)\n"
+            "except ValueError as e:\n"
+            "  print(type(e).__name__, e)\n")
+  checked = subprocess.run([sys.executable, "-c", script], cwd=binaries.ROOT,
+                           capture_output=True, text=True, timeout=300)
+  assert checked.stdout.splitlines() == [
+      "loaded", f"DataMismatch the data in {generated / 'tiny-seed0-rate0.01'} is not "
+      "the driver's: give every machine the same files"], checked.stderr[-2000:]
   done = binaries.run("pandemic", *args, "--shards=4", f"--output_dir={tmp_path / 'bad'}")
   assert done.returncode == 2 and done.stderr.strip() == (
       "error: --shards=4 is more than the 3 clients of scenario01"), done.stderr[-2000:]
+
+
+def _other_data():
+  raise datasets.DataMismatch("the data in /x is not the driver's")
+
+
+@pytest.mark.cli
+def test_a_shard_that_cannot_load_its_data_ends_the_run_in_one_line(cluster):
+  """The actor keeps its constructor's error, so the driver sees its type (a
+  ValueError: a one-line usage error) and message, not a dead actor's traceback."""
+  from tff_silo import sharding
+  on_ray = executors.RayCluster(address=cluster, cpus=0.5)
+  shards = on_ray.shards([_other_data])
+  with pytest.raises(ValueError) as raised:
+    sharding.gather(shards, "describe")
+  assert str(raised.value) == "DataMismatch: the data in /x is not the driver's"
 
 
 def test_shards_that_cannot_all_fit_on_the_cluster_are_refused():

@@ -142,13 +142,12 @@ flags.DEFINE_string("trials_output", None, "--tuning=private: also write every t
 flags.DEFINE_string("table", None, "Markdown table path (default: "
                     "--output_dir/compare_<preset>[_private].md).")
 flags.DEFINE_integer("concurrent_batches", 2, "With --executor=local, on the "
-                     "vectorized backend, how many "
-                     "batches of stacked trials run at once, each in its own thread "
-                     "(rows written in order; the same numbers as one at a time). A "
-                     "round keeps about one core busy, so 2 uses a 2-core machine "
-                     "(1.1x on School's grid, 1.6x on the quick preset) at up to "
-                     "twice the memory. TFF's runtime "
-                     "runs one batch at a time.")
+                     "vectorized backend, how many batches of stacked trials run at "
+                     "once, each in its own thread (rows written in order; the same "
+                     "numbers as one at a time). A round keeps about one core busy, so "
+                     "2 uses a 2-core machine (1.1x on School's grid, 1.6x on the quick "
+                     "preset) at up to twice the memory. TFF's runtime runs one batch "
+                     "at a time.")
 common.define_bounds(
     lrs="> 0", lams="> 0", rounds=">= 1", batch_size=">= 1", clip="> 0",
     delta="(0, 1)", validation_fraction="(0, 1)", tuning_eta="> -1",

@@ -16,7 +16,7 @@ at 1, 2 and 3 shards).
 A shard is built where it runs, from `make()` -> (definition, `SiloData` of its
 silos): its data never passes through the driver, which holds the silos' sizes,
 the server state and the ledgers. Shards run here (`InProcess`) or as Ray actors
-(`benchmarks.executors.ray_shards`); both answer `call(method, *args)` with a
+(`benchmarks.executors.RayCluster.shards`); both answer `call(method, *args)` with a
 future (`.result()`), so the shards of a round work at once.
 """
 
@@ -243,13 +243,15 @@ class ShardedRunner:
 
 
 def run_sharded(definition, shards: Sequence, *, rounds: int, eval_every: int = 0,
-                progress=None, name: str = "sharded", **run) -> simulation.SimulationResult:
+                progress=None, name: str = "sharded", described: Optional[list] = None,
+                **run) -> simulation.SimulationResult:
   """`simulation.run_simulation` of `definition` (its vectorized runner; the driver's
   copy, of the shards' signature) with the silos of `shards`, in order (each built
-  from a `make()` by `InProcess` or `benchmarks.executors.ray_shards`); `run`: what
-  `run_simulation` takes besides (target_epsilon, target_delta, seed, protocol,
-  ledger_csv, preprocessing_events, noise_multiplier)."""
-  described = gather(shards, "describe")
+  from a `make()` by `InProcess` or `benchmarks.executors.RayCluster.shards`);
+  `described`: their `describe()` answers, if the caller asked for them already;
+  `run`: what `run_simulation` takes besides (target_epsilon, target_delta, seed,
+  protocol, ledger_csv, preprocessing_events, noise_multiplier)."""
+  described = described or gather(shards, "describe")
   expected = _signature(definition)
   for i, d in enumerate(described):
     if d["signature"] != expected:

@@ -70,11 +70,10 @@ def load_scenario(data_dir: str, scenario: str, *, sample_size: int = 20,
                   mode: str = "honest", seed: int = 0,
                   client_range: Optional[tuple] = None) -> Scenario:
   """Every client of `scenario` (or `centralized`: one silo of everyone), or the
-  clients lo..hi of their sorted names (`client_range`,
-  (lo, hi): a shard's): the graph and tables
-  of its training persons with a random training window each (a hash of the seed
-  and the pid), and those of its held-out persons with the last window (days
-  36..56) and the target, for testing. DataError names a bad file."""
+  clients lo..hi of their sorted names (`client_range` (lo, hi): a shard's): the
+  graph and tables of its training persons with a random training window each (a
+  hash of the seed and the pid), and those of its held-out persons with the last
+  window (days 36..56) and the target, for testing. DataError names a bad file."""
   clients = files.read_scenario(data_dir, scenario, "train")
   if client_range is not None:   # only these clients' folders are read
     clients = dict(list(clients.items())[slice(*client_range)])
@@ -213,10 +212,8 @@ def fit(scenario: Scenario, settings: Settings, *, backend: str = "vectorized",
   """(the forecaster, its `simulation` result, local epochs per round) of
   `settings.method` trained on the scenario's silos."""
   from tff_silo import simulation   # pylint: disable=g-import-not-at-top
-  centralized = settings.method == "centralized"
-  if centralized != (scenario.silos.num_silos == 1 and scenario.name == "centralized"):
-    raise ValueError("the centralized method trains the `centralized` folder, the "
-                     "others a scenario's clients")
+  _check_folder(settings, scenario.silos.num_silos == 1
+                and scenario.name == "centralized")
   model = _forecaster(scenario.tables, settings)
   definition, rounds, epochs = _definition(model, settings, scenario.mode)
   result = simulation.run_simulation(
@@ -224,6 +221,12 @@ def fit(scenario: Scenario, settings: Settings, *, backend: str = "vectorized",
       progress=progress, **_privacy(settings, scenario.silos.train_sizes,
                                     scenario.tables.sample_size))
   return model, result, epochs
+
+
+def _check_folder(settings: Settings, centralized_folder: bool) -> None:
+  if (settings.method == "centralized") != centralized_folder:
+    raise ValueError("the centralized method trains the `centralized` folder, the "
+                     "others a scenario's clients")
 
 
 def _forecaster(tables: features.NodeTables, settings: Settings):
@@ -287,13 +290,12 @@ def train_sharded(data_dir: str, scenario: str, settings: Settings, make_shards,
   (`make_shards(recipes)` -> shards: `sharding.InProcess`, or Ray actors); this
   process holds their sizes, the server model and the ledgers. The same figures as
   `train` (to float32 rounding), with `shard_peak_memory_mb` (the largest shard
-  process's peak; `shard_peaks_mb` each one's, "/"-joined) and `load_seconds` (until every shard has loaded)."""
+  process's peak; `shard_peaks_mb` each one's, "/"-joined) and `load_seconds`
+  (until every shard has loaded)."""
   from tff_silo import sharding   # pylint: disable=g-import-not-at-top
   names = files.read_scenario(data_dir, scenario, "train")
   edges = sharding.bounds(len(names), num_shards)
-  if (settings.method == "centralized") != (scenario == "centralized"):
-    raise ValueError("the centralized method trains the `centralized` folder, the "
-                     "others a scenario's clients")
+  _check_folder(settings, scenario == "centralized")
   start = time.perf_counter()
   shards = make_shards([functools.partial(
       shard, data_dir, scenario, lo, hi, settings, sample_size=sample_size, mode=mode,
@@ -305,7 +307,8 @@ def train_sharded(data_dir: str, scenario: str, settings: Settings, make_shards,
       _forecaster(features.shapes_only(sample_size), settings), settings, mode)
   result = sharding.run_sharded(
       definition, shards, rounds=rounds, seed=settings.seed, progress=progress,
-      name=f"pandemic_{scenario}", **_privacy(settings, sizes, sample_size))
+      name=f"pandemic_{scenario}", described=described,
+      **_privacy(settings, sizes, sample_size))
   measured = {}
   if all(d["info"]["has_target"] for d in described):
     starts = np.cumsum([0] + [len(d["train_sizes"]) for d in described])

@@ -35,7 +35,9 @@ backends alternating within each repeat, so drift of the machine hits both alike
   with its useful FLOP/s (`cnn.training_flops`) as a share of that rate; beside it
   the same network's plain step (one model, no DP, a DP step's silos x B examples
   as one batch): what TensorFlow's kernels reach for its layers without
-  per-example work.
+  per-example work, and `dp_over_plain`, the DP round's time per example over the
+  plain step's; and the same round without DP (its silos' stacked models, the
+  same examples), `dp_over_plain_round` the DP round's time over it.
 - `sampling`: in a fresh process, DP local training of one silo of n rows (a linear
   model on 20 features, batch 64, public size n, `SAMPLING_STEPS` steps) for each n of
   `SAMPLING_SIZES` (up to a 130,000-person pandemic silo), Poisson and without
@@ -419,21 +421,27 @@ def _cnn_share_in_process():
              if per_silo is None
              else _random_image_silos(name, num_silos, per_silo, 10, shape))
     model = models.small_cnn(shape, silos.num_classes, channels=channels, hidden=hidden)
-    definition = algorithms.mrmtl_algorithm(model, shape, client_learning_rate=0.05,
-                                            batch_size=batch, lam=1.0, l2_norm_clip=1.0)
-    result = run_simulation(definition, silos, rounds=2, target_epsilon=4.0,
-                            target_delta=1e-5, backend="vectorized",
-                            protocol=PrivacyProtocol(public_silo_sizes=True))
+    rounds = {}
+    for clip in (1.0, None):   # the DP round, then the same round without DP
+      definition = algorithms.mrmtl_algorithm(model, shape, client_learning_rate=0.05,
+                                              batch_size=batch, lam=1.0, l2_norm_clip=clip)
+      privacy = dict(target_epsilon=4.0, target_delta=1e-5) if clip else {}
+      rounds[clip] = float(run_simulation(
+          definition, silos, rounds=2, backend="vectorized",
+          protocol=PrivacyProtocol(public_silo_sizes=True), **privacy).round_seconds[-1])
     sizes = np.asarray(silos.train_sizes)
     examples = float(np.sum(np.maximum(1, sizes // batch) * np.minimum(batch, sizes)))
-    seconds = float(result.round_seconds[-1])
+    seconds = rounds[1.0]
     achieved = examples * cnn.training_flops(shape, model.weight_shapes) / seconds
     step_examples = num_silos * batch   # a DP step's, as one batch
     plain = step_examples * cnn.training_flops(shape, model.weight_shapes) / (
         _plain_step_seconds(model, shape, step_examples))
     out["workloads"][name] = dict(round_seconds=seconds, examples=examples,
                                   gflops=achieved / 1e9, share_of_gemm=achieved / gemm,
-                                  plain_share_of_gemm=plain / gemm)
+                                  plain_share_of_gemm=plain / gemm,
+                                  dp_over_plain=plain / achieved,
+                                  plain_round_seconds=rounds[None],
+                                  dp_over_plain_round=seconds / rounds[None])
   out["peak_memory_mb"] = common.peak_memory_mb()
   print(json.dumps(out))
 
@@ -811,12 +819,18 @@ def main(argv):
               examples_per_round=w["examples"], gflops=w["gflops"],
               gemm_gflops=result["gemm_gflops"], share_of_gemm=w["share_of_gemm"],
               plain_share_of_gemm=w["plain_share_of_gemm"],
+              dp_over_plain=w["dp_over_plain"],
+              plain_round_seconds=w["plain_round_seconds"],
+              dp_over_plain_round=w["dp_over_plain_round"],
               peak_memory_mb=result["peak_memory_mb"], rounds=1)
       print(f"cnn_share {name}: DP round {w['round_seconds']:.2f} s, "
             f"{w['gflops']:.2f} GFLOP/s useful = {w['share_of_gemm']:.1%} of the "
             f"GEMM rate ({result['gemm_gflops']:.1f} GFLOP/s; the plain step "
-            f"{w['plain_share_of_gemm']:.1%}), peak "
-            f"{result['peak_memory_mb']:.0f} MB", flush=True)
+            f"{w['plain_share_of_gemm']:.1%}), dp_over_plain="
+            f"{w['dp_over_plain']:.2f}; the round without DP "
+            f"{w['plain_round_seconds']:.2f} s (DP round / it: "
+            f"{w['dp_over_plain_round']:.2f}), peak {result['peak_memory_mb']:.0f} MB",
+            flush=True)
   if "sampling" in s.parts:
     seconds, result = _speed_child("sampling part", os.environ, "--sampling_child")
     for step in result["steps"]:

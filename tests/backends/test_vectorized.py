@@ -312,6 +312,63 @@ def test_stacked_cnn_applies_each_models_own_weights(hidden, shape):
                                rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("hidden, shape", [(None, (8, 8, 1)), (12, (28, 28, 3))])
+def test_stacked_cnn_gradients_equal_each_models_own_convolutions(hidden, shape):
+  """The gradients of three stacked models' summed loss (their convolutions as
+  patches times filters, the patches' own gradient) equal each model's through
+  `tf.nn.conv2d` alone (SAME and VALID padding)."""
+  cnn = models.small_cnn(shape, 5, channels=(3, 4), hidden=hidden)
+  stacked = [tf.constant(np.stack([w + 0.1 * k for k in range(3)]))
+             for w in cnn.initial_weights(0)]
+  x = tf.constant(RNG.normal(size=(3, 4, *shape)).astype(np.float32))
+  y = tf.constant(RNG.integers(0, 5, (3, 4)).astype(np.float32))
+  with tf.GradientTape() as tape:
+    tape.watch(stacked)
+    loss = tf.reduce_sum(cnn.loss_fn(cnn.stacked_apply_fn(stacked, x), y))
+  got = tape.gradient(loss, stacked)
+  for k in range(3):
+    own = [w[k] for w in stacked]
+    with tf.GradientTape() as tape:
+      tape.watch(own)
+      loss = tf.reduce_sum(cnn.per_example_loss(own, x[k], y[k]))
+    for g, want in zip(got, tape.gradient(loss, own)):
+      np.testing.assert_allclose(g[k].numpy(), want.numpy(), rtol=1e-4, atol=1e-5)
+
+
+_CNN_ROUNDS = """
+import numpy as np
+from tff_silo import algorithms, data, models
+from tff_silo.privacy import PrivacyProtocol
+from tff_silo.simulation import run_simulation
+images = data.load_rotated_masked_digits(num_silos=4, seed=0)
+silos = data.make_silos("digits", images.task, [x[:24] for x in images.x_train],
+                        [y[:24] for y in images.y_train], [x[:6] for x in images.x_test],
+                        [y[:6] for y in images.y_test], num_classes=images.num_classes)
+cnn = models.small_cnn(silos.feature_shape, silos.num_classes, channels=(4, 8))
+for privacy in ({}, dict(target_epsilon=4.0, target_delta=1e-3,
+                        protocol=PrivacyProtocol(public_silo_sizes=True))):
+  definition = algorithms.mrmtl_algorithm(cnn, silos.feature_shape, lam=0.3,
+                                          client_learning_rate=0.1, batch_size=8,
+                                          l2_norm_clip=1.0 if privacy else None)
+  result = run_simulation(definition, silos, rounds=2, backend="vectorized", **privacy)
+  assert all(np.isfinite(w).all() for s in result.silo_weights for w in s)
+print("ok")
+"""
+
+
+@pytest.mark.cli
+def test_cnn_rounds_run_without_onednn():
+  """The digits CNN's rounds with and without DP on the vectorized backend, in a
+  process with TensorFlow's oneDNN kernels off, as on CPUs without AVX-512 (a
+  grouped convolution's gradient exists only in those kernels: this crashed)."""
+  done = subprocess.run([sys.executable, "-c", _CNN_ROUNDS], capture_output=True,
+                        text=True, timeout=300,
+                        env={**os.environ, "TF_ENABLE_ONEDNN_OPTS": "0",
+                             "TF_CPP_MIN_LOG_LEVEL": "2"})
+  assert done.returncode == 0, done.stderr[-2000:]
+  assert done.stdout.strip().endswith("ok")
+
+
 # IFCA: (algorithm options, run options). Selection in every round with a share
 # large enough that the private choices vary between silos and seeds; and the
 # preconditioned methods after half the rounds.

@@ -147,6 +147,41 @@ def test_clipped_stacked_sums_equal_clipping_the_formed_gradients():
   assert all(np.all(np.isfinite(g.numpy())) for g in got)
 
 
+@pytest.mark.parametrize("positions, fan_in, fan_out, forms", [
+    (25, 4, 3, True),    # T in out = 300 < T^2 (in + out) = 4,375: formed
+    (3, 12, 10, False),  # 360 > 198: the Gram matrices' norms, never formed
+])
+def test_clipped_stacked_sums_of_convolutions_equal_clipping_the_formed_gradients(
+    positions, fan_in, fan_out, forms):
+  """A convolution's factored per-example gradients (each example's patches [T, in]
+  and output gradients [T, out], a kernel [in, out] shaped (2, in / 2, out)), three
+  groups of five examples, each shifted by its group's offset before clipping: under
+  and over the clip, a masked example, a non-finite one, one whose gradient nearly
+  cancels its offset. Whichever way the shapes choose, the sums equal `clipped_sum`
+  of the formed gradients."""
+  rng = np.random.default_rng(11)
+  a = rng.normal(size=(3, 5, positions, fan_in)).astype(np.float32)
+  d = rng.normal(size=(3, 5, positions, fan_out)).astype(np.float32) * 0.1
+  d[0, 1] *= 1e-3   # under the clip
+  a[2, 3, 1, 0] = np.inf
+  g = dp_sgd.OuterProduct(tf.constant(a), tf.constant(d))
+  assert dp_sgd.forms_cheaper(g) == forms
+  kernels = np.einsum("sbti,sbto->sbio", a, d)
+  offsets = rng.normal(size=(3, fan_in, fan_out)).astype(np.float32) * 0.05
+  offsets[1] = -kernels[1, 2] + 1e-3   # example (1, 2): |g + o| tiny
+  shape = (3, 2, fan_in // 2, fan_out)
+  mask = np.ones((3, 5), np.float32)
+  mask[0, 4] = 0
+  got = dp_sgd.clipped_stacked_sums([g], [tf.constant(offsets.reshape(shape))],
+                                    tf.constant(mask), 1.0)[0].numpy()
+  assert got.shape == shape and np.all(np.isfinite(got))
+  for s in range(3):
+    kept = mask[s] > 0
+    want = dp_sgd.clipped_sum([tf.constant(kernels[s][kept] + offsets[s])], 1.0)[0]
+    np.testing.assert_allclose(got[s].reshape(fan_in, fan_out), want.numpy(),
+                               rtol=1e-5, atol=1e-6)
+
+
 @pytest.mark.parametrize("bias", [True, False])
 @pytest.mark.parametrize("segmented", [True, False])
 def test_clipped_linear_sums_equal_clipping_the_formed_gradients(bias, segmented):
@@ -189,8 +224,8 @@ def test_expanded_norms_never_clip_too_little():
   """Gradients and offsets of norm ~3e4 that cancel to a norm of 1.5 (clip 1):
   float32's expanded |g + o|^2 rounds by thousands there, so without its rounding
   bound many such examples kept factor 1 (norm 1.5). Each example alone in its
-  segment (linear) or group (outer product); each clipped sum's norm, in float64, is
-  at most the clip (its own float32 rounding aside)."""
+  segment (linear) or group (outer product, convolution); each clipped sum's norm,
+  in float64, is at most the clip (its own float32 rounding aside)."""
   rng = np.random.default_rng(7)
   m, d = 200, 28
   x = rng.normal(size=(m, d)) * 6e3
@@ -204,7 +239,19 @@ def test_expanded_norms_never_clip_too_little():
   outer = dp_sgd.clipped_stacked_sums(
       [dp_sgd.OuterProduct(tf.constant(x[:, None], tf.float32), tf.ones([m, 1, 1]))],
       [tf.constant(offsets[:, :, None])], tf.ones([m, 1]), 1.0)[0].numpy()[:, :, 0]
-  for sums in (linear, outer):
+  # A convolution's (two positions, 14 x 4 kernel: the Gram matrices' norms).
+  patches = rng.normal(size=(m, 1, 2, 14)) * 6e3
+  out_grads = rng.normal(size=(m, 1, 2, 4))
+  kernels = np.einsum("mbti,mbto->mio", patches, out_grads)
+  gap = rng.normal(size=kernels.shape)
+  gap *= 1.5 / np.linalg.norm(gap, axis=(1, 2), keepdims=True)
+  conv = dp_sgd.OuterProduct(tf.constant(patches, tf.float32),
+                             tf.constant(out_grads, tf.float32))
+  assert not dp_sgd.forms_cheaper(conv)
+  convolution = dp_sgd.clipped_stacked_sums(
+      [conv], [tf.constant(-kernels + gap, tf.float32)], tf.ones([m, 1]),
+      1.0)[0].numpy().reshape(m, -1)
+  for sums in (linear, outer, convolution):
     norms = np.linalg.norm(sums.astype(np.float64), axis=1)
     assert norms.max() <= 1.0 + 1e-2, norms.max()
 

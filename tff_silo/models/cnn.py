@@ -20,9 +20,12 @@ KERNEL = 3
 POOL = 2
 
 
+def _conv_out(size: int, padding: str) -> int:
+  return size if padding == "SAME" else size - KERNEL + 1
+
+
 def _stage_out(size: int, padding: str) -> int:
-  conv = size if padding == "SAME" else size - KERNEL + 1
-  return conv // POOL
+  return _conv_out(size, padding) // POOL
 
 
 def _padding_for(size: int) -> str:
@@ -46,6 +49,11 @@ def small_cnn(input_shape, num_classes: int, *, channels=(32, 64),
   out_w = _stage_out(_stage_out(w, padding), padding)
   c1, c2 = channels
   flat = out_h * out_w * c2
+  # Each convolution's output positions and patch size (its factored gradients').
+  positions = (_conv_out(h, padding) * _conv_out(w, padding),
+               _conv_out(_stage_out(h, padding), padding)
+               * _conv_out(_stage_out(w, padding), padding))
+  patch_sizes = (KERNEL * KERNEL * c, KERNEL * KERNEL * c1)
   dense = ((flat, num_classes), (num_classes,)) if hidden is None else (
       (flat, hidden), (hidden,), (hidden, num_classes), (num_classes,))
   shapes = ((KERNEL, KERNEL, c, c1), (c1,), (KERNEL, KERNEL, c1, c2), (c2,)) + dense
@@ -75,11 +83,13 @@ def small_cnn(input_shape, num_classes: int, *, channels=(32, 64),
     return tf.matmul(y, dense_weights[-2]) + dense_weights[-1]
 
   def stacked_apply_fn(weights, x):
-    """S models at once: each convolution is one grouped convolution over the S
-    models' channels, the dense layers batched matmuls."""
+    """S models at once: each convolution a batched matmul of the S models'
+    patches and filters (`_stacked_conv`), the dense layers batched matmuls."""
     k1, b1, k2, b2, *dense_weights = weights
-    y = _stacked_pool(tf.nn.relu(_stacked_conv(x, k1, padding) + b1[:, None, None, None]))
-    y = _stacked_pool(tf.nn.relu(_stacked_conv(y, k2, padding) + b2[:, None, None, None]))
+    y = x
+    for kernel, bias in ((k1, b1), (k2, b2)):
+      y = _stacked_pool(tf.nn.relu(_stacked_conv(_patches(y, padding), kernel)
+                                   + bias[:, None, None, None]))
     y = tf.reshape(y, [tf.shape(y)[0], tf.shape(y)[1], flat])
     for i in range(0, len(dense_weights) - 2, 2):
       y = tf.nn.relu(tf.matmul(y, dense_weights[i]) + dense_weights[i + 1][:, None])
@@ -87,18 +97,19 @@ def small_cnn(input_shape, num_classes: int, *, channels=(32, 64),
 
   def stacked_per_example_gradients_fn(weights, x, y):
     """Per-example gradients of S models with b examples each, from one forward
-    pass per model (grouped convolutions, batched matmuls) and the gradients of the
-    summed loss at each layer's output (example i's are its own): a convolution's
-    kernel gradient is example i's patches^T times its output gradients (a batched
-    matmul), a dense kernel's an `OuterProduct`, a bias's its output gradients
-    summed over positions."""
+    pass per model (patches times filters, batched matmuls) and the gradients of
+    the summed loss at each layer's output (example i's are its own), kept
+    factored: a convolution's kernel gradient is example i's patches^T times its
+    output gradients, a dense kernel's its input times its output gradient (both
+    an `OuterProduct`, never formed here), a bias's its output gradients summed
+    over positions."""
     k1, b1, k2, b2, *dense_weights = weights
     layer_inputs, layer_outputs = [], []
     with tf.GradientTape() as tape:
       h = x
       for kernel, bias in ((k1, b1), (k2, b2)):
-        layer_inputs.append(h)
-        z = _stacked_conv(h, kernel, padding) + bias[:, None, None, None]
+        layer_inputs.append(_patches(h, padding))
+        z = _stacked_conv(layer_inputs[-1], kernel) + bias[:, None, None, None]
         tape.watch(z)
         layer_outputs.append(z)
         h = _stacked_pool(tf.nn.relu(z))
@@ -113,8 +124,8 @@ def small_cnn(input_shape, num_classes: int, *, channels=(32, 64),
     for i, (inputs, out_grads) in enumerate(zip(layer_inputs,
                                                 tape.gradient(loss, layer_outputs))):
       if i < 2:
-        grads += [_per_example_kernel_gradients(inputs, out_grads, padding,
-                                                shapes[2 * i][2:]),
+        grads += [OuterProduct(_positions(inputs, positions[i], patch_sizes[i]),
+                               _positions(out_grads, positions[i], channels[i])),
                   tf.reduce_sum(out_grads, [2, 3])]
       else:
         grads += [OuterProduct(inputs, out_grads), out_grads]
@@ -147,41 +158,51 @@ def training_flops(input_shape, weight_shapes) -> int:
   return int(sum(2 * m * p for m, p in zip(multiply_adds, passes)))
 
 
-def _stacked_conv(x, kernels, padding):
-  """x [S, b, H, W, C] convolved with kernels [S, k, k, C, C'] model by model, as
-  one convolution with S groups: [S, b, H', W', C']."""
-  s, b, h, w, c = (tf.shape(x)[i] for i in range(5))
+def _stacked_conv(patches, kernels):
+  """S models' convolutions as one batched matmul: `patches` [S, b, H', W', k*k*C]
+  (`_patches`) times `kernels` [S, k, k, C, C'] -> [S, b, H', W', C']. Its forward
+  and gradients are matmuls, slices and pads, which every TensorFlow CPU build has
+  (a grouped convolution's gradient is in the oneDNN kernels alone, on by default
+  only on AVX-512 CPUs)."""
+  shape = tf.shape(patches)
   c_out = tf.shape(kernels)[-1]
-  grouped = tf.reshape(tf.transpose(x, [1, 2, 3, 0, 4]), [b, h, w, s * c])
-  kernel = tf.reshape(tf.transpose(kernels, [1, 2, 3, 0, 4]),
-                      [KERNEL, KERNEL, c, s * c_out])
-  y = tf.nn.conv2d(grouped, kernel, 1, padding)
-  shape = tf.shape(y)
-  return tf.transpose(tf.reshape(y, [b, shape[1], shape[2], s, c_out]), [3, 0, 1, 2, 4])
+  y = tf.matmul(tf.reshape(patches, [shape[0], -1, shape[4]]),
+                tf.reshape(kernels, [tf.shape(kernels)[0], -1, c_out]))
+  return tf.reshape(y, tf.concat([shape[:4], [c_out]], 0))
 
 
 def _patches(x, padding):
   """[..., H, W, C] -> [..., H', W', k*k*C]: each output position's k x k input
-  window, in a kernel's (row, column, channel) order (shifted slices: cheaper here
-  than `tf.image.extract_patches`)."""
+  window, in a kernel's (row, column, channel) order (`_windows`, after SAME's
+  zero padding)."""
   if padding == "SAME":
     x = tf.pad(x, [[0, 0]] * (len(x.shape) - 3) + [[KERNEL // 2] * 2] * 2 + [[0, 0]])
+  return _windows(x)
+
+
+@tf.custom_gradient
+def _windows(x):
+  """The k x k windows of x [..., H, W, C] (static rank and C) as shifted slices
+  (cheaper here than `tf.image.extract_patches`), and their gradient as each
+  shift's part padded back to its place and summed (TensorFlow's own gradient of
+  the slices, a StridedSliceGrad each, was ~6x slower)."""
   h, w = tf.shape(x)[-3] - KERNEL + 1, tf.shape(x)[-2] - KERNEL + 1
-  return tf.concat([x[..., i:i + h, j:j + w, :]
-                    for i in range(KERNEL) for j in range(KERNEL)], -1)
+  shifts = [(i, j) for i in range(KERNEL) for j in range(KERNEL)]
+  windows = tf.concat([x[..., i:i + h, j:j + w, :] for i, j in shifts], -1)
+
+  def grad(upstream):
+    lead = [[0, 0]] * (len(x.shape) - 3)
+    return tf.add_n([
+        tf.pad(part, lead + [[i, KERNEL - 1 - i], [j, KERNEL - 1 - j], [0, 0]])
+        for part, (i, j) in zip(tf.split(upstream, len(shifts), axis=-1), shifts)])
+
+  return windows, grad
 
 
-def _per_example_kernel_gradients(inputs, out_grads, padding, channels):
-  """Each example's convolution kernel gradient from its layer input [S, b, H, W, C]
-  and output gradients [S, b, H', W', C'] (`channels` = (C, C')): patches^T
-  out_grads, a batched matmul over the S * b examples -> [S, b, k, k, C, C']."""
-  c, c_out = channels
-  lead = tf.shape(inputs)[:2]
-  positions = tf.shape(out_grads)[2] * tf.shape(out_grads)[3]
-  kernel = tf.matmul(tf.reshape(_patches(inputs, padding),
-                                [-1, positions, KERNEL * KERNEL * c]),
-                     tf.reshape(out_grads, [-1, positions, c_out]), transpose_a=True)
-  return tf.reshape(kernel, tf.concat([lead, [KERNEL, KERNEL, c, c_out]], 0))
+def _positions(t, positions: int, size: int):
+  """[S, b, H', W', size] -> [S, b, positions = H' W', size] (static): a
+  convolution layer's values per output position, on one axis."""
+  return tf.reshape(t, tf.concat([tf.shape(t)[:2], [positions, size]], 0))
 
 
 def _stacked_pool(y):

@@ -43,9 +43,11 @@ class SiloModel:
       over per-silo weights would be slow (convolutions).
     stacked_per_example_gradients_fn: optional `(weights [S, ...], x [S, b, ...],
       y [S, b]) -> per-example gradients`, one per weight: a tensor [S, b, *shape]
-      or a `privacy.dp_sgd.OuterProduct` of [S, b, in] and [S, b, out]; S models' forward passes
-      with b examples each (GEMM-sized), each example's gradient from its layers'
-      inputs and output gradients. DP-SGD uses it on both backends.
+      or a `privacy.dp_sgd.OuterProduct` (a dense kernel's inputs [S, b, in] and
+      output gradients [S, b, out]; a convolution's patches [S, b, T, in] and
+      output gradients [S, b, T, out]); S models' forward passes with b examples
+      each (GEMM-sized), each example's gradient from its layers' inputs and output
+      gradients. DP-SGD uses it on both backends.
     linear_form_fn: optional `(weights, x, y) -> (features [m, d], slopes [m])` of
       a linear model (outputs o_i = features_i . w + b, weights (w [d], b []) or
       (w,)): each example's gradient is slope_i (features_i, 1), slope_i = d loss_i

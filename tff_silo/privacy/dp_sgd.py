@@ -25,10 +25,39 @@ from tff_silo.privacy import gaussian
 _TINY = 1e-12
 
 OuterProduct = collections.namedtuple("OuterProduct", ["inputs", "output_grads"])
-OuterProduct.__doc__ = """Per-example gradients of a dense kernel kept factored: example i's
-gradient is the outer product inputs_i (x) output_grads_i (inputs [..., in],
-output_grads [..., out]); `clipped_stacked_sums` clips and sums them without
-forming them (Goodfellow 2015's per-example norms)."""
+OuterProduct.__doc__ = """Per-example gradients of a kernel kept factored: example i's
+gradient is sum_t inputs_it (x) output_grads_it, reshaped to the kernel's shape; a
+dense kernel has one position (inputs [S, b, in], output_grads [S, b, out]), a
+convolution one per output position (inputs [S, b, T, in]: each position's input
+patch; output_grads [S, b, T, out]). `clipped_stacked_sums` clips and sums them
+with the fewer multiply-adds of two ways: formed (a batched matmul per example,
+T in out each) or never formed (Goodfellow 2015's norms for T = 1; for T > 1 the
+Gram matrices' product, T^2 (in + out) each: Li et al. 2021's ghost clipping), then
+the clipped sum as one weighted matmul (Bu et al. 2023's book-keeping)."""
+
+
+def formed(g):
+  """An `OuterProduct`'s per-example gradients, formed: [S, b, in, out] (a kernel's
+  shape after a reshape); a tensor as it is."""
+  if not isinstance(g, OuterProduct):
+    return g
+  a, d = g
+  if len(a.shape) == 3:
+    return a[..., :, None] * d[..., None, :]
+  return tf.matmul(a, d, transpose_a=True)
+
+
+def forms_cheaper(g) -> bool:
+  """Whether forming the `OuterProduct` `g`'s per-example gradients (T in out
+  multiply-adds each) costs less than their norms from the Gram matrices of the
+  positions (T^2 (in + out)), from the static shapes (unknown: formed)."""
+  a, d = g
+  if len(a.shape) == 3:
+    return False
+  positions, fan_in, fan_out = a.shape[-2], a.shape[-1], d.shape[-1]
+  if None in (positions, fan_in, fan_out):
+    return True
+  return positions * fan_in * fan_out <= positions ** 2 * (fan_in + fan_out)
 
 
 def _per_example(grads):
@@ -78,20 +107,26 @@ def clipped_stacked_sums(per_example, offsets, mask, l2_norm_clip):
   gradient, added before clipping) -> [S, ...] per weight.
 
   `per_example`: one entry per weight, a tensor [S, b, *shape] or an `OuterProduct`
-  of [S, b, in] and [S, b, out] (never formed: its norm is |a| |d|, its inner product
-  with o is a^T o d, its clipped sum A^T diag(c) D; its norm bounded above for
-  float32's rounding, `_expanded_bound`); `offsets` [S, *shape]; `mask` [S, b] in
-  {0, 1}. As `clip_per_example`, a non-finite example contributes zero.
+  (formed where `forms_cheaper`; else never formed: its squared norm is the sum of
+  the positions' Gram matrices' product (|a| |d| squared for one position), its
+  inner product with o is sum_t a_t^T o d_t, its clipped sum A^T diag(c) D over all
+  positions; its norm bounded above for float32's rounding, `_expanded_bound`);
+  `offsets` [S, *shape]; `mask` [S, b] in {0, 1}. As `clip_per_example`, a
+  non-finite example contributes zero.
   """
+  per_example = [formed(g) if isinstance(g, OuterProduct) and forms_cheaper(g) else g
+                 for g in per_example]
   sq, magnitude, length = 0.0, 0.0, 0
   for g, o in zip(per_example, offsets):
     if isinstance(g, OuterProduct):
+      g2, cross, bound = _factored_terms(g, o)
+      o2 = tf.reduce_sum(tf.reshape(tf.square(o), [tf.shape(o)[0], -1]), 1)[:, None]
+      sq += g2 + 2.0 * cross + o2
+      magnitude += tf.square(bound) + 2.0 * bound * tf.sqrt(o2) + o2
       a, d = g
-      a2, d2 = tf.reduce_sum(tf.square(a), -1), tf.reduce_sum(tf.square(d), -1)
-      o2 = tf.reduce_sum(tf.square(o), [1, 2])[:, None]
-      sq += a2 * d2 + 2.0 * tf.reduce_sum(tf.matmul(a, o) * d, -1) + o2
-      magnitude += a2 * d2 + 2.0 * tf.sqrt(a2) * tf.sqrt(d2) * tf.sqrt(o2) + o2
       length += tf.cast(tf.shape(a)[-1] + tf.shape(d)[-1], tf.float32)
+      if len(a.shape) == 4:   # and the sums over pairs of positions
+        length += tf.cast(tf.square(tf.shape(a)[-2]), tf.float32)
     else:
       flat = tf.reshape(g, tf.concat([tf.shape(g)[:2], [-1]], 0))
       direct = tf.reduce_sum(tf.square(flat + tf.reshape(o, [tf.shape(o)[0], 1, -1])), -1)
@@ -104,14 +139,36 @@ def clipped_stacked_sums(per_example, offsets, mask, l2_norm_clip):
   for g, o in zip(per_example, offsets):
     shift = tf.reshape(kept, [-1] + [1] * (len(o.shape) - 1)) * o
     if isinstance(g, OuterProduct):
-      a, d = (tf.where(finite[..., None], t, 0.0) for t in g)
-      sums.append(tf.matmul(a * factor[..., None], d, transpose_a=True) + shift)
+      a, d = (tf.where(tf.reshape(finite, tf.concat([tf.shape(finite), tf.ones(
+          [len(t.shape) - 2], tf.int32)], 0)), t, 0.0) for t in g)
+      weights = tf.reshape(factor, tf.concat([tf.shape(factor), tf.ones(
+          [len(a.shape) - 2], tf.int32)], 0))
+      flat = lambda t: tf.reshape(t, tf.stack([tf.shape(t)[0], -1, tf.shape(t)[-1]]))
+      total = tf.matmul(flat(a * weights), flat(d), transpose_a=True)
     else:
       weighted = tf.math.multiply_no_nan(
           g, tf.reshape(factor, tf.concat([tf.shape(factor), tf.ones([len(g.shape) - 2],
                                                                      tf.int32)], 0)))
-      sums.append(tf.reduce_sum(weighted, 1) + shift)
+      total = tf.reduce_sum(weighted, 1)
+    sums.append(tf.reshape(total, tf.shape(o)) + shift)
   return sums
+
+
+def _factored_terms(g, o):
+  """For an `OuterProduct` g never formed and an offset o [S, *shape]: each
+  example's |g_i|^2, g_i . o and an upper bound of |g_i| (sum_t |a_t| |d_t|, which
+  bounds every partial sum's magnitude for `_expanded_bound`), each [S, b]."""
+  a, d = g
+  o = tf.reshape(o, tf.stack([tf.shape(o)[0], tf.shape(a)[-1], tf.shape(d)[-1]]))
+  products = tf.reduce_sum(tf.square(a), -1) * tf.reduce_sum(tf.square(d), -1)
+  if len(a.shape) == 3:
+    return products, tf.reduce_sum(tf.matmul(a, o) * d, -1), tf.sqrt(products)
+  gram = lambda t: tf.matmul(t, t, transpose_b=True)   # [S, b, T, T]
+  g2 = tf.reduce_sum(gram(a) * gram(d), [-2, -1])
+  shape = tf.shape(a)
+  ao = tf.reshape(tf.matmul(tf.reshape(a, tf.stack([shape[0], -1, shape[-1]])), o),
+                  tf.shape(d))
+  return g2, tf.reduce_sum(ao * d, [-2, -1]), tf.reduce_sum(tf.sqrt(products), -1)
 
 
 def clipped_linear_sums(features, slopes, offsets, l2_norm_clip, segment_ids=None,

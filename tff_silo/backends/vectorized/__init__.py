@@ -19,7 +19,8 @@ permutations sort them last).
 
 Gradients without DP: a step's batches are [K', b] (the K' silos within their
 steps; b the widest, padded slots masked), through the model's `stacked_apply_fn`
-(the CNN: grouped convolutions) or `step_gradient` mapped over silos. Under DP a
+(the CNN: each convolution a batched matmul of patches and filters) or
+`step_gradient` mapped over silos. Under DP a
 step's examples of all silos are one flat list (Poisson batches vary, so its length
 is the sum of the batches, not K times the widest). A linear model's
 (`linear_form_fn`) are clipped and summed from each example's slope and features
@@ -27,9 +28,11 @@ is the sum of the batches, not K times the widest). A linear model's
 compiles even in an uncompiled round (the gathers, norms and per-silo sums fused;
 chunk lengths rounded up to a few sizes, so few compilations). With the model's
 `stacked_per_example_gradients_fn` (the CNN) the list is laid out one row per silo
-and each silo's forward pass is one grouped convolution or batched matmul over its
-examples; otherwise each example gets its own copy of its silo's weights. The
-clipped gradients are summed per silo. Memory:
+and each silo's forward pass is one batched matmul per layer over its examples,
+the per-example gradients kept factored (`dp_sgd.OuterProduct`: formed, or their
+norms from Gram matrices, whichever the layer's shape makes cheaper; the clipped
+sum one weighted matmul); otherwise each example gets its own copy of its silo's
+weights. The clipped gradients are summed per silo. Memory:
 about `WORKING_SET_STACKED` (or `WORKING_SET_PER_COPY`) x parameters floats per
 example; when a step's examples would pass `MEMORY_BUDGET_FLOATS` they go through in
 even chunks that fit (`chunk_examples`), one after another.

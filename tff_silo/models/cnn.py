@@ -88,7 +88,8 @@ def small_cnn(input_shape, num_classes: int, *, channels=(32, 64),
     k1, b1, k2, b2, *dense_weights = weights
     y = x
     for kernel, bias in ((k1, b1), (k2, b2)):
-      y = _stacked_pool(tf.nn.relu(_stacked_conv(_patches(y, padding), kernel)
+      y = _padded(y, padding)
+      y = _stacked_pool(tf.nn.relu(_stacked_conv(y, _windows(y), kernel)
                                    + bias[:, None, None, None]))
     y = tf.reshape(y, [tf.shape(y)[0], tf.shape(y)[1], flat])
     for i in range(0, len(dense_weights) - 2, 2):
@@ -108,8 +109,9 @@ def small_cnn(input_shape, num_classes: int, *, channels=(32, 64),
     with tf.GradientTape() as tape:
       h = x
       for kernel, bias in ((k1, b1), (k2, b2)):
-        layer_inputs.append(_patches(h, padding))
-        z = _stacked_conv(layer_inputs[-1], kernel) + bias[:, None, None, None]
+        h = _padded(h, padding)
+        layer_inputs.append(_windows(h))
+        z = _stacked_conv(h, layer_inputs[-1], kernel) + bias[:, None, None, None]
         tape.watch(z)
         layer_outputs.append(z)
         h = _stacked_pool(tf.nn.relu(z))
@@ -158,45 +160,50 @@ def training_flops(input_shape, weight_shapes) -> int:
   return int(sum(2 * m * p for m, p in zip(multiply_adds, passes)))
 
 
-def _stacked_conv(patches, kernels):
-  """S models' convolutions as one batched matmul: `patches` [S, b, H', W', k*k*C]
-  (`_patches`) times `kernels` [S, k, k, C, C'] -> [S, b, H', W', C']. Its forward
-  and gradients are matmuls, slices and pads, which every TensorFlow CPU build has
-  (a grouped convolution's gradient is in the oneDNN kernels alone, on by default
-  only on AVX-512 CPUs)."""
-  shape = tf.shape(patches)
-  c_out = tf.shape(kernels)[-1]
-  y = tf.matmul(tf.reshape(patches, [shape[0], -1, shape[4]]),
-                tf.reshape(kernels, [tf.shape(kernels)[0], -1, c_out]))
-  return tf.reshape(y, tf.concat([shape[:4], [c_out]], 0))
-
-
-def _patches(x, padding):
-  """[..., H, W, C] -> [..., H', W', k*k*C]: each output position's k x k input
-  window, in a kernel's (row, column, channel) order (`_windows`, after SAME's
-  zero padding)."""
-  if padding == "SAME":
-    x = tf.pad(x, [[0, 0]] * (len(x.shape) - 3) + [[KERNEL // 2] * 2] * 2 + [[0, 0]])
-  return _windows(x)
-
-
 @tf.custom_gradient
-def _windows(x):
-  """The k x k windows of x [..., H, W, C] (static rank and C) as shifted slices
-  (cheaper here than `tf.image.extract_patches`), and their gradient as each
-  shift's part padded back to its place and summed (TensorFlow's own gradient of
-  the slices, a StridedSliceGrad each, was ~6x slower)."""
-  h, w = tf.shape(x)[-3] - KERNEL + 1, tf.shape(x)[-2] - KERNEL + 1
-  shifts = [(i, j) for i in range(KERNEL) for j in range(KERNEL)]
-  windows = tf.concat([x[..., i:i + h, j:j + w, :] for i, j in shifts], -1)
+def _stacked_conv(x, patches, kernels):
+  """S models' convolutions as one batched matmul: the patches [S, b, H', W',
+  k*k*C] (`_windows` of x [S, b, H, W, C], already padded) times `kernels` [S, k,
+  k, C, C'] -> [S, b, H', W', C']. Its gradient: the kernels' patches^T times the
+  output gradients; x's each shift's output gradients times its filters^T, padded
+  back to its place and summed (nine matmuls: no patch-sized gradient to split);
+  none for `patches`, whose part is x's. Only matmuls, slices and pads, which every
+  TensorFlow CPU build has (a grouped convolution's gradient is in the oneDNN
+  kernels alone, on by default only on AVX-512 CPUs)."""
+  shape = tf.shape(patches)
+  s, c, c_out = tf.shape(kernels)[0], x.shape[-1], kernels.shape[-1]
+  flat_patches = tf.reshape(patches, [shape[0], -1, shape[4]])
+  y = tf.matmul(flat_patches, tf.reshape(kernels, [s, -1, c_out]))
 
   def grad(upstream):
+    flat = tf.reshape(upstream, [s, -1, c_out])
     lead = [[0, 0]] * (len(x.shape) - 3)
-    return tf.add_n([
-        tf.pad(part, lead + [[i, KERNEL - 1 - i], [j, KERNEL - 1 - j], [0, 0]])
-        for part, (i, j) in zip(tf.split(upstream, len(shifts), axis=-1), shifts)])
+    filters = tf.reshape(kernels, [s, KERNEL * KERNEL, c, c_out])
+    dx = tf.add_n([
+        tf.pad(tf.reshape(tf.matmul(flat, filters[:, i * KERNEL + j], transpose_b=True),
+                          tf.concat([shape[:4], [c]], 0)),
+               lead + [[i, KERNEL - 1 - i], [j, KERNEL - 1 - j], [0, 0]])
+        for i in range(KERNEL) for j in range(KERNEL)])
+    dk = tf.matmul(flat_patches, flat, transpose_a=True)
+    return dx, None, tf.reshape(dk, tf.shape(kernels))
 
-  return windows, grad
+  return tf.reshape(y, tf.concat([shape[:4], [c_out]], 0)), grad
+
+
+def _padded(x, padding):
+  """x [..., H, W, C] with SAME's zero border for a k x k window (VALID: as it is)."""
+  if padding == "VALID":
+    return x
+  return tf.pad(x, [[0, 0]] * (len(x.shape) - 3) + [[KERNEL // 2] * 2] * 2 + [[0, 0]])
+
+
+def _windows(x):
+  """[..., H, W, C] -> [..., H - k + 1, W - k + 1, k*k*C]: each k x k window of x,
+  in a kernel's (row, column, channel) order, as shifted slices (cheaper here than
+  `tf.image.extract_patches`)."""
+  h, w = tf.shape(x)[-3] - KERNEL + 1, tf.shape(x)[-2] - KERNEL + 1
+  return tf.concat([x[..., i:i + h, j:j + w, :]
+                    for i in range(KERNEL) for j in range(KERNEL)], -1)
 
 
 def _positions(t, positions: int, size: int):

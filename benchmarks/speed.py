@@ -37,7 +37,8 @@ backends alternating within each repeat, so drift of the machine hits both alike
   as one batch): what TensorFlow's kernels reach for its layers without
   per-example work, and `dp_over_plain`, the DP round's time per example over the
   plain step's; and the same round without DP (its silos' stacked models, the
-  same examples), `dp_over_plain_round` the DP round's time over it.
+  same examples), `dp_over_plain_round` the DP round's time over it; and the DP
+  round XLA-compiled (`--xla`'s path). Peak memory is the process's, after all.
 - `sampling`: in a fresh process, DP local training of one silo of n rows (a linear
   model on 20 features, batch 64, public size n, `SAMPLING_STEPS` steps) for each n of
   `SAMPLING_SIZES` (up to a 130,000-person pandemic silo), Poisson and without
@@ -411,6 +412,7 @@ def _cnn_share_in_process():
   examples expected) and its useful FLOP/s (`cnn.training_flops` per example)."""
   import numpy as np
   from tff_silo import algorithms, data, models
+  from tff_silo.backends.vectorized import programs
   from tff_silo.models import cnn
   from tff_silo.privacy import PrivacyProtocol
   from tff_silo.simulation import run_simulation
@@ -422,16 +424,21 @@ def _cnn_share_in_process():
              else _random_image_silos(name, num_silos, per_silo, 10, shape))
     model = models.small_cnn(shape, silos.num_classes, channels=channels, hidden=hidden)
     rounds = {}
-    for clip in (1.0, None):   # the DP round, then the same round without DP
+    # The DP round, the same round without DP, and the DP round XLA-compiled (the
+    # second round of each: traced, or compiled, in the first).
+    for key, clip, xla in (("dp", 1.0, False), ("plain", None, False),
+                           ("dp_xla", 1.0, True)):
       definition = algorithms.mrmtl_algorithm(model, shape, client_learning_rate=0.05,
                                               batch_size=batch, lam=1.0, l2_norm_clip=clip)
       privacy = dict(target_epsilon=4.0, target_delta=1e-5) if clip else {}
-      rounds[clip] = float(run_simulation(
-          definition, silos, rounds=2, backend="vectorized",
-          protocol=PrivacyProtocol(public_silo_sizes=True), **privacy).round_seconds[-1])
+      with programs.xla_rounds(xla):
+        rounds[key] = float(run_simulation(
+            definition, silos, rounds=2, backend="vectorized",
+            protocol=PrivacyProtocol(public_silo_sizes=True),
+            **privacy).round_seconds[-1])
     sizes = np.asarray(silos.train_sizes)
     examples = float(np.sum(np.maximum(1, sizes // batch) * np.minimum(batch, sizes)))
-    seconds = rounds[1.0]
+    seconds = rounds["dp"]
     achieved = examples * cnn.training_flops(shape, model.weight_shapes) / seconds
     step_examples = num_silos * batch   # a DP step's, as one batch
     plain = step_examples * cnn.training_flops(shape, model.weight_shapes) / (
@@ -440,8 +447,9 @@ def _cnn_share_in_process():
                                   gflops=achieved / 1e9, share_of_gemm=achieved / gemm,
                                   plain_share_of_gemm=plain / gemm,
                                   dp_over_plain=plain / achieved,
-                                  plain_round_seconds=rounds[None],
-                                  dp_over_plain_round=seconds / rounds[None])
+                                  plain_round_seconds=rounds["plain"],
+                                  dp_over_plain_round=seconds / rounds["plain"],
+                                  xla_round_seconds=rounds["dp_xla"])
   out["peak_memory_mb"] = common.peak_memory_mb()
   print(json.dumps(out))
 
@@ -822,6 +830,7 @@ def main(argv):
               dp_over_plain=w["dp_over_plain"],
               plain_round_seconds=w["plain_round_seconds"],
               dp_over_plain_round=w["dp_over_plain_round"],
+              xla_round_seconds=w["xla_round_seconds"],
               peak_memory_mb=result["peak_memory_mb"], rounds=1)
       print(f"cnn_share {name}: DP round {w['round_seconds']:.2f} s, "
             f"{w['gflops']:.2f} GFLOP/s useful = {w['share_of_gemm']:.1%} of the "
@@ -829,7 +838,8 @@ def main(argv):
             f"{w['plain_share_of_gemm']:.1%}), dp_over_plain="
             f"{w['dp_over_plain']:.2f}; the round without DP "
             f"{w['plain_round_seconds']:.2f} s (DP round / it: "
-            f"{w['dp_over_plain_round']:.2f}), peak {result['peak_memory_mb']:.0f} MB",
+            f"{w['dp_over_plain_round']:.2f}); the DP round XLA-compiled "
+            f"{w['xla_round_seconds']:.2f} s; peak {result['peak_memory_mb']:.0f} MB",
             flush=True)
   if "sampling" in s.parts:
     seconds, result = _speed_child("sampling part", os.environ, "--sampling_child")

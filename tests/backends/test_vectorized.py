@@ -16,7 +16,7 @@ from tff_silo.backends.tff import process_for
 from tff_silo.backends.vectorized import programs
 from tff_silo.backends.vectorized import training as vectorized_training
 from tff_silo.dprivate_simulation import run_dprivate_clustering
-from tff_silo.privacy import PrivacyProtocol, silo_accounts
+from tff_silo.privacy import PrivacyProtocol, dp_sgd, silo_accounts
 from tff_silo.simulation import Run, run_simulation, run_simulations
 
 RNG = np.random.default_rng(0)
@@ -269,6 +269,28 @@ def test_dp_cnn_examples_in_memory_chunks_compute_the_same(monkeypatch, path):
   assert vectorized_training.chunk_examples(cnn) == 3
   _assert_same(*_both(definition, small, rounds=2, target_epsilon=8.0,
                       target_delta=1e-3, protocol=PUBLIC), atol=1e-5)
+
+
+def test_dp_cnn_factored_clipping_equals_clipping_autodiff_gradients():
+  """A CNN whose first convolution's per-example gradients are formed and whose
+  second's norms come from the positions' Gram matrices (never formed): its DP
+  MR-MTL rounds equal those through each example's own copy of its silo's weights
+  (each per-example gradient by autodiff, formed and clipped), with the same keys,
+  batches and noise."""
+  small, _ = _small_digits()
+  cnn = models.small_cnn(small.feature_shape, small.num_classes, channels=(8, 32))
+  weights = [tf.constant(np.stack([w] * 2)) for w in cnn.initial_weights(0)]
+  x = tf.constant(np.stack([small.x_train[0][:3]] * 2))
+  factored = cnn.stacked_per_example_gradients_fn(weights, x, tf.zeros([2, 3]))
+  assert [dp_sgd.forms_cheaper(g) for g in factored[0:3:2]] == [True, False]
+  run = dict(rounds=2, seed=1, target_epsilon=8.0, target_delta=1e-3, protocol=PUBLIC,
+             backend="vectorized")
+  results = [run_simulation(algorithms.mrmtl_algorithm(
+      model, small.feature_shape, client_learning_rate=0.1, batch_size=4, lam=0.3,
+      l2_norm_clip=0.5), small, **run)
+             for model in (cnn, dataclasses.replace(
+                 cnn, stacked_per_example_gradients_fn=None))]
+  _assert_same(*results, atol=1e-5)
 
 
 def test_dp_linear_examples_in_compiled_padded_chunks_compute_the_same(monkeypatch):

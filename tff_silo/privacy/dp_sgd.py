@@ -95,7 +95,13 @@ def _expanded_bound(sq, magnitude, length):
   at most `length` products over the terms' `magnitude` (|g|^2 + 2 |g| |o| +
   |o|^2). The expansion may round far below the true norm where g is close to -o
   and both are large; a clip factor from the bound is never above the true norm's."""
-  return tf.maximum(sq, 0.0) + 2.0 * (length + 8.0) * _UNIT_ROUNDOFF * magnitude
+  return tf.maximum(sq, 0.0) + _rounding(magnitude, length)
+
+
+def _rounding(magnitude, length):
+  """float32's worst rounding of sums of at most `length` products (and a few more
+  additions) over terms of total `magnitude`."""
+  return 2.0 * (length + 8.0) * _UNIT_ROUNDOFF * magnitude
 
 
 _UNIT_ROUNDOFF = 2.0 ** -24   # float32's
@@ -110,30 +116,38 @@ def clipped_stacked_sums(per_example, offsets, mask, l2_norm_clip):
   (formed where `forms_cheaper`; else never formed: its squared norm is the sum of
   the positions' Gram matrices' product (|a| |d| squared for one position), its
   inner product with o is sum_t a_t^T o d_t, its clipped sum A^T diag(c) D over all
-  positions; its norm bounded above for float32's rounding, `_expanded_bound`);
-  `offsets` [S, *shape]; `mask` [S, b] in {0, 1}. As `clip_per_example`, a
-  non-finite example contributes zero.
+  positions; its norm bounded above for float32's rounding, `_expanded_bound`, a
+  convolution's products each with its own length); `offsets` [S, *shape]; `mask`
+  [S, b] in {0, 1}. As `clip_per_example`, a non-finite example contributes zero.
   """
   per_example = [formed(g) if isinstance(g, OuterProduct) and forms_cheaper(g) else g
                  for g in per_example]
-  sq, magnitude, length = 0.0, 0.0, 0
+  sq, magnitude, length, slack = 0.0, 0.0, 0, 0.0
   for g, o in zip(per_example, offsets):
     if isinstance(g, OuterProduct):
+      a, d = g
       g2, cross, bound = _factored_terms(g, o)
       o2 = tf.reduce_sum(tf.reshape(tf.square(o), [tf.shape(o)[0], -1]), 1)[:, None]
       sq += g2 + 2.0 * cross + o2
-      magnitude += tf.square(bound) + 2.0 * bound * tf.sqrt(o2) + o2
-      a, d = g
-      length += tf.cast(tf.shape(a)[-1] + tf.shape(d)[-1], tf.float32)
-      if len(a.shape) == 4:   # and the sums over pairs of positions
-        length += tf.cast(tf.square(tf.shape(a)[-2]), tf.float32)
+      fan_in, fan_out = tf.shape(a)[-1], tf.shape(d)[-1]
+      if len(a.shape) == 3:
+        magnitude += g2 + 2.0 * bound * tf.sqrt(o2) + o2
+        length += tf.cast(fan_in + fan_out, tf.float32)
+      else:   # the float64 Gram matrices' (`_factored_terms`) and g . o's own sums
+        positions = tf.shape(a)[-2]
+        magnitude += tf.abs(g2) + o2
+        slack += (_rounding(tf.square(bound) * _UNIT_ROUNDOFF,
+                            tf.cast(fan_in + fan_out + positions ** 2, tf.float32))
+                  + _rounding(2.0 * bound * tf.sqrt(o2),
+                              tf.cast(fan_in + positions * fan_out, tf.float32)))
     else:
       flat = tf.reshape(g, tf.concat([tf.shape(g)[:2], [-1]], 0))
       direct = tf.reduce_sum(tf.square(flat + tf.reshape(o, [tf.shape(o)[0], 1, -1])), -1)
       sq, magnitude = sq + direct, magnitude + direct
   finite = tf.math.is_finite(sq)
-  factor = mask * _clip_factors(tf.where(finite, _expanded_bound(sq, magnitude, length),
-                                         sq), finite, l2_norm_clip)
+  factor = mask * _clip_factors(
+      tf.where(finite, _expanded_bound(sq, magnitude, length) + slack, sq), finite,
+      l2_norm_clip)
   kept = tf.reduce_sum(factor, 1)
   sums = []
   for g, o in zip(per_example, offsets):
@@ -156,19 +170,27 @@ def clipped_stacked_sums(per_example, offsets, mask, l2_norm_clip):
 
 def _factored_terms(g, o):
   """For an `OuterProduct` g never formed and an offset o [S, *shape]: each
-  example's |g_i|^2, g_i . o and an upper bound of |g_i| (sum_t |a_t| |d_t|, which
-  bounds every partial sum's magnitude for `_expanded_bound`), each [S, b]."""
+  example's |g_i|^2, g_i . o and S1 = sum_t |a_t| |d_t| >= |g_i| (which bounds
+  every partial sum of both), each [S, b].
+
+  With one position |g_i|^2 = |a|^2 |d|^2. With T > 1 it is the sum of the Gram
+  matrices' product, whose terms may cancel: it is computed in float64 (the Gram
+  matrices are T^2 (in + out) multiply-adds, not the T in out of the other
+  products), so its rounding, below ~S1^2 2^-53 per product summed, costs the
+  bound almost nothing (in float32 a magnitude of S1^2, up to T |g_i|^2 where
+  nothing cancels, shrank clip factors by up to ~1e-3 on the digits CNN)."""
   a, d = g
   o = tf.reshape(o, tf.stack([tf.shape(o)[0], tf.shape(a)[-1], tf.shape(d)[-1]]))
   products = tf.reduce_sum(tf.square(a), -1) * tf.reduce_sum(tf.square(d), -1)
   if len(a.shape) == 3:
     return products, tf.reduce_sum(tf.matmul(a, o) * d, -1), tf.sqrt(products)
   gram = lambda t: tf.matmul(t, t, transpose_b=True)   # [S, b, T, T]
-  g2 = tf.reduce_sum(gram(a) * gram(d), [-2, -1])
+  g2 = tf.reduce_sum(gram(tf.cast(a, tf.float64)) * gram(tf.cast(d, tf.float64)), [-2, -1])
   shape = tf.shape(a)
   ao = tf.reshape(tf.matmul(tf.reshape(a, tf.stack([shape[0], -1, shape[-1]])), o),
                   tf.shape(d))
-  return g2, tf.reduce_sum(ao * d, [-2, -1]), tf.reduce_sum(tf.sqrt(products), -1)
+  return (tf.cast(g2, tf.float32), tf.reduce_sum(ao * d, [-2, -1]),
+          tf.reduce_sum(tf.sqrt(products), -1))
 
 
 def clipped_linear_sums(features, slopes, offsets, l2_norm_clip, segment_ids=None,

@@ -38,7 +38,9 @@ backends alternating within each repeat, so drift of the machine hits both alike
   per-example work, and `dp_over_plain`, the DP round's time per example over the
   plain step's; and the same round without DP (its silos' stacked models, the
   same examples), `dp_over_plain_round` the DP round's time over it; and the DP
-  round XLA-compiled (`--xla`'s path). Peak memory is the process's, after all.
+  round XLA-compiled (`--xla`'s path). A round's time is the median of
+  `CNN_TIMED_ROUNDS` after a traced one (one under XLA). Peak memory is the
+  process's, after all.
 - `sampling`: in a fresh process, DP local training of one silo of n rows (a linear
   model on 20 features, batch 64, public size n, `SAMPLING_STEPS` steps) for each n of
   `SAMPLING_SIZES` (up to a 130,000-person pandemic silo), Poisson and without
@@ -365,6 +367,8 @@ def _memory_in_process(budget: str):
 CNN_WORKLOADS = (("digits", 40, None, (8, 8, 1), (32, 64), None, 16),
                  ("fmnist_sized", 10, 1500, (28, 28, 1), (16, 32), 64, 64))
 GEMM_SIZE = 2048
+# Timed rounds of each cnn_share workload (after a traced one; one under XLA).
+CNN_TIMED_ROUNDS = 5
 
 
 def _median_seconds(call, repeats: int) -> float:
@@ -407,9 +411,10 @@ def _plain_step_seconds(model, shape, examples: int, repeats=10) -> float:
 
 
 def _cnn_share_in_process():
-  """The cnn_share part, run here: the GEMM rate, then for each workload one
-  traced and one timed DP MR-MTL round (public sizes: a silo's steps times B
-  examples expected) and its useful FLOP/s (`cnn.training_flops` per example)."""
+  """The cnn_share part, run here: the GEMM rate, then for each workload a traced
+  and `CNN_TIMED_ROUNDS` timed DP MR-MTL rounds (public sizes: a silo's steps times
+  B examples expected) and their useful FLOP/s (`cnn.training_flops` per example);
+  the same without DP, and XLA-compiled."""
   import numpy as np
   from tff_silo import algorithms, data, models
   from tff_silo.backends.vectorized import programs
@@ -424,18 +429,18 @@ def _cnn_share_in_process():
              else _random_image_silos(name, num_silos, per_silo, 10, shape))
     model = models.small_cnn(shape, silos.num_classes, channels=channels, hidden=hidden)
     rounds = {}
-    # The DP round, the same round without DP, and the DP round XLA-compiled (the
-    # second round of each: traced, or compiled, in the first).
+    # The DP round, the same round without DP, and the DP round XLA-compiled: the
+    # median of the rounds after the first (traced, or compiled, in it).
     for key, clip, xla in (("dp", 1.0, False), ("plain", None, False),
                            ("dp_xla", 1.0, True)):
       definition = algorithms.mrmtl_algorithm(model, shape, client_learning_rate=0.05,
                                               batch_size=batch, lam=1.0, l2_norm_clip=clip)
       privacy = dict(target_epsilon=4.0, target_delta=1e-5) if clip else {}
       with programs.xla_rounds(xla):
-        rounds[key] = float(run_simulation(
-            definition, silos, rounds=2, backend="vectorized",
-            protocol=PrivacyProtocol(public_silo_sizes=True),
-            **privacy).round_seconds[-1])
+        rounds[key] = float(np.median(run_simulation(
+            definition, silos, rounds=1 + (1 if xla else CNN_TIMED_ROUNDS),
+            backend="vectorized", protocol=PrivacyProtocol(public_silo_sizes=True),
+            **privacy).round_seconds[1:]))
     sizes = np.asarray(silos.train_sizes)
     examples = float(np.sum(np.maximum(1, sizes // batch) * np.minimum(batch, sizes)))
     seconds = rounds["dp"]

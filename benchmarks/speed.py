@@ -39,8 +39,8 @@ backends alternating within each repeat, so drift of the machine hits both alike
   plain step's; and the same round without DP (its silos' stacked models, the
   same examples), `dp_over_plain_round` the DP round's time over it; and the DP
   round XLA-compiled (`--xla`'s path). A round's time is the median of
-  `CNN_TIMED_ROUNDS` after a traced one (one under XLA). Peak memory is the
-  process's, after all.
+  `CNN_TIMED_ROUNDS` after a traced one (one under XLA). Then where a DP step's
+  time goes (`_step_pieces_ms`). Peak memory is the process's, after all.
 - `sampling`: in a fresh process, DP local training of one silo of n rows (a linear
   model on 20 features, batch 64, public size n, `SAMPLING_STEPS` steps) for each n of
   `SAMPLING_SIZES` (up to a 130,000-person pandemic silo), Poisson and without
@@ -410,6 +410,45 @@ def _plain_step_seconds(model, shape, examples: int, repeats=10) -> float:
   return _median_seconds(lambda: step(x, y).numpy(), repeats)
 
 
+def _step_pieces_ms(model, shape, num_silos: int, batch: int, repeats=10) -> dict:
+  """Where a DP step of `num_silos` silos x `batch` random images goes, each piece
+  the median of `repeats` calls (ms): the silos' stacked models' gradient without
+  DP (`stacked_plain`); their clipped penalized sums under DP (`clipped`); the
+  same with every silo padded to the widest of a Poisson step (`clipped_padded`,
+  the median widest of 200 draws); one step's noise (`noise`)."""
+  import numpy as np
+  import tensorflow as tf
+  from tff_silo.privacy import dp_sgd, gaussian
+  weights = [tf.constant(np.stack([w] * num_silos)) for w in model.initial_weights(0)]
+  penalty = [0.01 * w for w in weights]
+
+  def data(width):
+    x = tf.random.stateless_uniform([num_silos, width, *shape], seed=[0, 0])
+    y = tf.random.stateless_uniform([num_silos, width], [0, 1], 0, 10, tf.int32)
+    return x, tf.cast(y, tf.float32), tf.ones([num_silos, width])
+
+  @tf.function
+  def stacked_plain(x, y, mask):
+    with tf.GradientTape() as tape:
+      tape.watch(weights)
+      loss = tf.reduce_sum(model.loss_fn(model.stacked_apply_fn(weights, x), y) * mask)
+    return tf.add_n([tf.reduce_sum(g) for g in tape.gradient(loss, weights)])
+
+  @tf.function
+  def clipped(x, y, mask):
+    return tf.add_n([tf.reduce_sum(s) for s in dp_sgd.clipped_stacked_sums(
+        model.stacked_per_example_gradients_fn(weights, x, y), penalty, mask, 1.0)])
+
+  noise = tf.function(lambda key: tf.reduce_sum(gaussian.normal(key, model.num_parameters)))
+  widest = int(np.median([np.random.default_rng(i).poisson(batch, num_silos).max()
+                          for i in range(200)]))
+  time_ms = lambda fn, *args: 1e3 * _median_seconds(lambda: fn(*args).numpy(), repeats)
+  return dict(stacked_plain=time_ms(stacked_plain, *data(batch)),
+              clipped=time_ms(clipped, *data(batch)),
+              clipped_padded=time_ms(clipped, *data(widest)), widest=widest,
+              noise=time_ms(noise, tf.zeros([num_silos, 2], tf.int32)))
+
+
 def _cnn_share_in_process():
   """The cnn_share part, run here: the GEMM rate, then for each workload a traced
   and `CNN_TIMED_ROUNDS` timed DP MR-MTL rounds (public sizes: a silo's steps times
@@ -446,15 +485,19 @@ def _cnn_share_in_process():
     seconds = rounds["dp"]
     achieved = examples * cnn.training_flops(shape, model.weight_shapes) / seconds
     step_examples = num_silos * batch   # a DP step's, as one batch
-    plain = step_examples * cnn.training_flops(shape, model.weight_shapes) / (
-        _plain_step_seconds(model, shape, step_examples))
+    plain_seconds = _plain_step_seconds(model, shape, step_examples)
+    plain = step_examples * cnn.training_flops(shape, model.weight_shapes) / plain_seconds
     out["workloads"][name] = dict(round_seconds=seconds, examples=examples,
                                   gflops=achieved / 1e9, share_of_gemm=achieved / gemm,
                                   plain_share_of_gemm=plain / gemm,
                                   dp_over_plain=plain / achieved,
                                   plain_round_seconds=rounds["plain"],
                                   dp_over_plain_round=seconds / rounds["plain"],
-                                  xla_round_seconds=rounds["dp_xla"])
+                                  xla_round_seconds=rounds["dp_xla"],
+                                  plain_step_ms=1e3 * plain_seconds,
+                                  steps=float(np.max(np.maximum(1, sizes // batch))),
+                                  **{f"step_{k}": v for k, v in _step_pieces_ms(
+                                      model, shape, num_silos, batch).items()})
   out["peak_memory_mb"] = common.peak_memory_mb()
   print(json.dumps(out))
 
@@ -836,6 +879,7 @@ def main(argv):
               plain_round_seconds=w["plain_round_seconds"],
               dp_over_plain_round=w["dp_over_plain_round"],
               xla_round_seconds=w["xla_round_seconds"],
+              **{k: w[k] for k in w if k.startswith("step") or k == "plain_step_ms"},
               peak_memory_mb=result["peak_memory_mb"], rounds=1)
       print(f"cnn_share {name}: DP round {w['round_seconds']:.2f} s, "
             f"{w['gflops']:.2f} GFLOP/s useful = {w['share_of_gemm']:.1%} of the "
@@ -846,6 +890,12 @@ def main(argv):
             f"{w['dp_over_plain_round']:.2f}); the DP round XLA-compiled "
             f"{w['xla_round_seconds']:.2f} s; peak {result['peak_memory_mb']:.0f} MB",
             flush=True)
+      print(f"  a DP step's pieces: one model's plain step {w['plain_step_ms']:.0f} ms; "
+            f"the silos' stacked step without DP {w['step_stacked_plain']:.0f} ms; "
+            f"clipped {w['step_clipped']:.0f} ms, padded to the widest silo "
+            f"({w['step_widest']}) {w['step_clipped_padded']:.0f} ms; noise "
+            f"{w['step_noise']:.0f} ms; the DP round's step "
+            f"{1e3 * w['round_seconds'] / w['steps']:.0f} ms", flush=True)
   if "sampling" in s.parts:
     seconds, result = _speed_child("sampling part", os.environ, "--sampling_child")
     for step in result["steps"]:

@@ -29,11 +29,12 @@ OuterProduct.__doc__ = """Per-example gradients of a kernel kept factored: examp
 gradient is sum_t inputs_it (x) output_grads_it, reshaped to the kernel's shape; a
 dense kernel has one position (inputs [S, b, in], output_grads [S, b, out]), a
 convolution one per output position (inputs [S, b, T, in]: each position's input
-patch; output_grads [S, b, T, out]). `clipped_stacked_sums` clips and sums them
-with the fewer multiply-adds of two ways: formed (a batched matmul per example,
-T in out each) or never formed (Goodfellow 2015's norms for T = 1; for T > 1 the
-Gram matrices' product, T^2 (in + out) each: Li et al. 2021's ghost clipping), then
-the clipped sum as one weighted matmul (Bu et al. 2023's book-keeping)."""
+patch; output_grads [S, b, T, out]). `clipped_stacked_sums` takes their norms the
+cheaper of two ways (`forms_cheaper`): formed (a batched matmul per example, T in
+out each; then summed weighted by the clip factors) or never formed (Goodfellow
+2015's norms for T = 1; for T > 1 the Gram matrices' product, T^2 (in + out) each:
+Li et al. 2021's ghost clipping; then the clipped sum as one weighted matmul, Bu et
+al. 2023's book-keeping)."""
 
 
 def formed(g):

@@ -276,7 +276,7 @@ def test_dp_cnn_factored_clipping_equals_clipping_autodiff_gradients():
   second's norms come from the positions' Gram matrices (never formed): its DP
   MR-MTL rounds equal those through each example's own copy of its silo's weights
   (each per-example gradient by autodiff, formed and clipped), with the same keys,
-  batches and noise."""
+  batches and noise; and XLA-compiled (float64 Gram matrices included)."""
   small, _ = _small_digits()
   cnn = models.small_cnn(small.feature_shape, small.num_classes, channels=(8, 32))
   weights = [tf.constant(np.stack([w] * 2)) for w in cnn.initial_weights(0)]
@@ -291,6 +291,12 @@ def test_dp_cnn_factored_clipping_equals_clipping_autodiff_gradients():
              for model in (cnn, dataclasses.replace(
                  cnn, stacked_per_example_gradients_fn=None))]
   _assert_same(*results, atol=1e-5)
+  with programs.xla_rounds():
+    compiled = run_simulation(algorithms.mrmtl_algorithm(
+        cnn, small.feature_shape, client_learning_rate=0.1, batch_size=4, lam=0.3,
+        l2_norm_clip=0.5), small, **run)
+  programs.release_programs()
+  _assert_same(results[0], compiled, atol=1e-5)
 
 
 def test_dp_linear_examples_in_compiled_padded_chunks_compute_the_same(monkeypatch):

@@ -439,7 +439,8 @@ def _step_pieces_ms(model, shape, num_silos: int, batch: int, repeats=10) -> dic
     return tf.add_n([tf.reduce_sum(s) for s in dp_sgd.clipped_stacked_sums(
         model.stacked_per_example_gradients_fn(weights, x, y), penalty, mask, 1.0)])
 
-  noise = tf.function(lambda key: tf.reduce_sum(gaussian.normal(key, model.num_parameters)))
+  noise = tf.function(
+      lambda key: tf.reduce_sum(gaussian.normal(key, model.num_parameters)))
   widest = int(np.median([np.random.default_rng(i).poisson(batch, num_silos).max()
                           for i in range(200)]))
   time_ms = lambda fn, *args: 1e3 * _median_seconds(lambda: fn(*args).numpy(), repeats)
@@ -472,8 +473,9 @@ def _cnn_share_in_process():
     # median of the rounds after the first (traced, or compiled, in it).
     for key, clip, xla in (("dp", 1.0, False), ("plain", None, False),
                            ("dp_xla", 1.0, True)):
-      definition = algorithms.mrmtl_algorithm(model, shape, client_learning_rate=0.05,
-                                              batch_size=batch, lam=1.0, l2_norm_clip=clip)
+      definition = algorithms.mrmtl_algorithm(
+          model, shape, client_learning_rate=0.05, batch_size=batch, lam=1.0,
+          l2_norm_clip=clip)
       privacy = dict(target_epsilon=4.0, target_delta=1e-5) if clip else {}
       with programs.xla_rounds(xla):
         rounds[key] = float(np.median(run_simulation(

@@ -186,7 +186,8 @@ def _factored_terms(g, o):
   if len(a.shape) == 3:
     return products, tf.reduce_sum(tf.matmul(a, o) * d, -1), tf.sqrt(products)
   gram = lambda t: tf.matmul(t, t, transpose_b=True)   # [S, b, T, T]
-  g2 = tf.reduce_sum(gram(tf.cast(a, tf.float64)) * gram(tf.cast(d, tf.float64)), [-2, -1])
+  g2 = tf.reduce_sum(gram(tf.cast(a, tf.float64)) * gram(tf.cast(d, tf.float64)),
+                     [-2, -1])
   shape = tf.shape(a)
   ao = tf.reshape(tf.matmul(tf.reshape(a, tf.stack([shape[0], -1, shape[-1]])), o),
                   tf.shape(d))

@@ -154,19 +154,19 @@ def clipped_stacked_sums(per_example, offsets, mask, l2_norm_clip):
   for g, o in zip(per_example, offsets):
     shift = tf.reshape(kept, [-1] + [1] * (len(o.shape) - 1)) * o
     if isinstance(g, OuterProduct):
-      a, d = (tf.where(tf.reshape(finite, tf.concat([tf.shape(finite), tf.ones(
-          [len(t.shape) - 2], tf.int32)], 0)), t, 0.0) for t in g)
-      weights = tf.reshape(factor, tf.concat([tf.shape(factor), tf.ones(
-          [len(a.shape) - 2], tf.int32)], 0))
+      a, d = (tf.where(_by_example(finite, t), t, 0.0) for t in g)
       flat = lambda t: tf.reshape(t, tf.stack([tf.shape(t)[0], -1, tf.shape(t)[-1]]))
-      total = tf.matmul(flat(a * weights), flat(d), transpose_a=True)
+      total = tf.matmul(flat(a * _by_example(factor, a)), flat(d), transpose_a=True)
     else:
-      weighted = tf.math.multiply_no_nan(
-          g, tf.reshape(factor, tf.concat([tf.shape(factor), tf.ones([len(g.shape) - 2],
-                                                                     tf.int32)], 0)))
-      total = tf.reduce_sum(weighted, 1)
+      total = tf.reduce_sum(tf.math.multiply_no_nan(g, _by_example(factor, g)), 1)
     sums.append(tf.reshape(total, tf.shape(o)) + shift)
   return sums
+
+
+def _by_example(values, t):
+  """[S, b] `values` shaped to broadcast against `t` [S, b, ...]."""
+  return tf.reshape(values, tf.concat([tf.shape(values),
+                                       tf.ones([len(t.shape) - 2], tf.int32)], 0))
 
 
 def _factored_terms(g, o):

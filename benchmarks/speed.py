@@ -44,8 +44,9 @@ backends alternating within each repeat, so drift of the machine hits both alike
 - `sampling`: in a fresh process, DP local training of one silo of n rows (a linear
   model on 20 features, batch 64, public size n, `SAMPLING_STEPS` steps) for each n of
   `SAMPLING_SIZES` (up to a 130,000-person pandemic silo), Poisson and without
-  replacement: seconds per DP step (Poisson's geometric gaps keep it from growing
-  with n; a batch without replacement still draws n uniforms).
+  replacement: seconds per DP step (both draw a word or uniform per row: Poisson
+  sampling's exact inclusion test, `poisson_sampling`, and a batch without
+  replacement's permutation).
 - `xla`: the vectorized backend's rounds with and without --xla (XLA-compiled, static
   shapes), alternating, each a fresh process: the `school` run, --digits_rounds DP
   rounds of the digits CNN (MR-MTL, epsilon 4) and the `hypernet` run: seconds per

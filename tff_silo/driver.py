@@ -30,6 +30,7 @@ import numpy as np
 import tensorflow as tf
 
 from tff_silo import keys, runtime
+from tff_silo.algorithms import poisson_sampling
 from tff_silo.privacy.ledger import PrivacyLedger, leakages
 
 # Leakages are sums of floats: a cap met to this slack is met.
@@ -153,13 +154,17 @@ class UniformUsers:
 
 
 class PoissonUsers:
-  """Each of N users independently with probability q a round, from stateless TF
-  uniforms keyed derive(root, USER_SAMPLING, round - 1) (`tff_silo.keys`)."""
+  """Each of N users independently with probability floor(q 2^32) / 2^32 <= q a
+  round (a user kept when its 32-bit word is below that threshold,
+  `poisson_sampling.rate_threshold`), the words stateless TF draws keyed
+  derive(root, USER_SAMPLING, round - 1) (`tff_silo.keys`)."""
 
   def __init__(self, num_users: int, rate: float, seed: int):
     self.num_users, self.rate, self.seed = num_users, rate, seed
+    self._below = poisson_sampling.rate_threshold(rate)
 
   def sample(self, round_num: int) -> np.ndarray:
     key = keys.derive(keys.root_key(self.seed), keys.USER_SAMPLING, round_num - 1)
-    draws = tf.random.stateless_uniform([self.num_users], seed=key).numpy()
-    return np.flatnonzero(draws < self.rate)
+    words = tf.random.stateless_uniform([self.num_users], seed=key, minval=None,
+                                        maxval=None, dtype=tf.uint32)
+    return np.flatnonzero(poisson_sampling.kept(words, self._below).numpy())

@@ -1,6 +1,7 @@
-"""Poisson sampling by geometric gaps (`poisson_sampling`): the distribution of the
-sample (each example kept independently with probability q), the chunks' exact
-continuation, and the draws' cost."""
+"""Poisson sampling by a word per example (`poisson_sampling`): the distribution of
+the sample (each example kept independently with probability q), the exact
+inclusion rule and its probability against the accountant's q, silos alone and
+together, and the static mask of XLA-compiled rounds."""
 
 import numpy as np
 import pytest
@@ -15,8 +16,9 @@ from tff_silo.algorithms import poisson_sampling as ps
 def _masks(rate, n, trials, seed):
   """[trials, n] indicators of the kept examples of `trials` silos' samples."""
   silo_keys = tf.stack([tf.range(trials), tf.fill([trials], seed)], 1)
-  sampler = ps.PoissonSampler(tf.fill([trials], rate), tf.fill([trials], n))
-  silo, position = sampler.sample(br.uniform, br.fold_in, silo_keys)
+  sampler = ps.PoissonSampler(tf.fill([trials], ps.rate_threshold(rate)),
+                              tf.fill([trials], n))
+  silo, position = sampler.sample(br.random_bits, silo_keys)
   mask = np.zeros((trials, n))
   mask[silo.numpy(), position.numpy()] = 1.0
   assert mask.sum() == len(position)   # no example twice
@@ -48,62 +50,75 @@ def test_each_example_is_kept_independently_with_probability_q(rate, n):
   assert scipy.stats.chisquare(obs, exp).pvalue > 1e-4
 
 
-def test_chunks_continue_until_the_positions_pass_n():
-  # Zeros are gaps of 0: every example kept, through ceil(100 / 13) chunks of the
-  # chunk width 13 at q = 0.01; gaps of 2 (u at 1 - 0.5^2.5 for q = 0.5) keep
-  # every third example.
-  width = int(ps.chunk_width(tf.constant(0.01), tf.constant(100)))
-  assert width == 13
-  zeros = lambda key, w: tf.zeros([1, w])
-  silo, position = ps.PoissonSampler(tf.constant([0.01]), tf.constant([100])).sample(
-      zeros, br.fold_in, tf.constant([[0, 0]]))
-  np.testing.assert_array_equal(position, np.arange(100))
-  np.testing.assert_array_equal(silo, np.zeros(100))
-  u = 1 - 0.5 ** 2.5
-  sampler = ps.PoissonSampler(tf.constant([0.5, 0.5]), tf.constant([30, 10]))
-  _, position = sampler.sample(lambda key, w: tf.fill([2, w], u), br.fold_in,
-                               tf.zeros([2, 2], tf.int32))
-  np.testing.assert_array_equal(position, np.r_[np.arange(2, 30, 3), np.arange(2, 10, 3)])
+def test_an_example_is_kept_exactly_when_its_word_is_below_the_threshold():
+  """Row i of a silo is kept iff its own word w_i < floor(B 2^32 / m): words at the
+  threshold and one below, the extremes, B >= m (every row) and a silo of 0 rows."""
+  below = ps.threshold(tf.constant([3, 64, 5, 7]), tf.constant([10, 130_000, 5, 0]))
+  t = [3 * 2 ** 32 // 10, 64 * 2 ** 32 // 130_000]
+  np.testing.assert_array_equal(below, t + [2 ** 32, 0])
+  words = np.array([[t[0] - 1, t[0], 0, 2 ** 32 - 1, t[0] + 1],
+                    [t[1] - 1, t[1], 0, 2 ** 32 - 1, t[1] - 2],
+                    [2 ** 32 - 1] * 5, [0] * 5], np.uint32)
+  n = tf.constant([5, 4, 5, 0])
+  bits = lambda key, width: tf.constant(words[:, :width])
+  silo, position = ps.PoissonSampler(below, n).sample(bits, tf.zeros([4, 2], tf.int32))
+  np.testing.assert_array_equal(silo, [0, 0, 1, 1, 2, 2, 2, 2, 2])
+  np.testing.assert_array_equal(position, [0, 2, 0, 2, 0, 1, 2, 3, 4])
+  mask = ps.PoissonSampler(below, n).kept_mask(bits, tf.zeros([4, 2], tf.int32), 5)
+  np.testing.assert_array_equal(mask, [[1, 0, 1, 0, 0], [1, 0, 1, 0, 0], [1] * 5, [0] * 5])
+
+
+def test_every_silos_inclusion_probability_is_the_accounted_rate_within_1e_6():
+  """The exact inclusion probability of every row, floor(B 2^32 / m) / 2^32 (each row
+  its own uniform 32-bit word), is at most the accountant's q = B / m and within
+  1e-6 of it relative: every public size up to 20,000 at the presets' batches, and
+  every size up to a 130,000-person pandemic silo at batch 64 (q >= 4.9e-4) and at
+  the forecaster's batch."""
+  from benchmarks.configs import PRESETS
+  from tff_silo.pandemic.pipeline import BATCH_SIZE
+  batches = {p.batch_size for p in PRESETS.values()}
+  cases = [(b, np.arange(1, 20_001)) for b in sorted(batches)]
+  cases += [(b, np.arange(1, 130_001)) for b in (64, BATCH_SIZE)]
+  for batch, m in cases:
+    hazard = ps.threshold(tf.fill(m.shape, batch), tf.constant(m)).numpy() / 2 ** 32
+    q = np.minimum(batch, m) / m
+    assert (hazard <= q).all()
+    assert (hazard >= q * (1 - 1e-6)).all(), batch
+  # HyperNetFL's users: a float rate's own binary fraction, floored.
+  for rate in (0.3, 0.1, 0.05, 1.0, 1e-3):
+    assert rate * (1 - 1e-6) <= ps.rate_threshold(rate) / 2 ** 32 <= rate
+  with pytest.raises(ValueError, match="sampling rate"):
+    ps.rate_threshold(1.5)
 
 
 def test_silos_sample_alone_what_they_sample_together():
-  rates = tf.constant([0.5, 0.05, 1.0, 0.2])
   n = tf.constant([9, 300, 4, 0])
+  below = tf.constant([2 ** 31, 2 ** 32 // 20, 2 ** 32, 2 ** 32 // 5], tf.int64)
   silo_keys = tf.constant([[1, 2], [3, 4], [5, 6], [7, 8]])
   # each silo alone, as the TFF backend draws it (local_training.train_locally)
-  silo, position = ps.PoissonSampler(rates, n).sample(br.uniform, br.fold_in, silo_keys)
+  silo, position = ps.PoissonSampler(below, n).sample(br.random_bits, silo_keys)
   for k in range(4):
-    _, alone = ps.PoissonSampler(rates[k:k + 1], n[k:k + 1]).sample(
-        lambda key, w: tf.random.stateless_uniform([w], seed=key)[None], keys.fold_in,
+    _, alone = ps.PoissonSampler(below[k:k + 1], n[k:k + 1]).sample(
+        lambda key, w: tf.random.stateless_uniform(
+            [w], seed=key, minval=None, maxval=None, dtype=tf.uint32)[None],
         silo_keys[k])
     np.testing.assert_array_equal(position.numpy()[silo.numpy() == k], alone)
   assert (silo.numpy() == 2).sum() == 4 and (silo.numpy() == 3).sum() == 0
 
 
-def test_draws_grow_with_the_expected_batch_not_with_n():
-  # A 130,000-person silo with batch 64 draws ~100 uniforms a step, not 130,000.
-  widths = ps.chunk_width(tf.constant([64 / 130_000, 0.5, 1.0]),
-                          tf.constant([130_000, 10, 5])).numpy()
-  np.testing.assert_array_equal(widths, [104, 10, 5])
-
-
 @pytest.mark.parametrize("xla", [False, True])
 def test_the_static_mask_is_the_sample(xla):
   """`kept_mask` (static shapes, for XLA-compiled rounds) keeps what `sample` keeps:
-  200 silos of random rates and sizes (one empty, padded to 300 rows), and zeros
-  (gaps of 0) that need ceil(100 / 13) chunks; XLA-compiled as well."""
+  200 silos of random thresholds and sizes (one empty, padded to 300 rows), and one
+  that keeps everything; XLA-compiled as well."""
   rng = np.random.default_rng(5)
-  rates = tf.constant(np.r_[rng.uniform(0.01, 1.0, 199), 0.3], tf.float32)
+  below = tf.constant(np.r_[rng.integers(0, 2 ** 32, 198), 2 ** 32, 2 ** 30], tf.int64)
   n = tf.constant(np.r_[rng.integers(1, 301, 199), 0], tf.int32)
   silo_keys = tf.constant(rng.integers(-2 ** 31, 2 ** 31, (200, 2)), tf.int32)
-  cases = [(rates, n, silo_keys, br.uniform),
-           (tf.constant([0.01]), tf.constant([100]), tf.constant([[0, 0]]),
-            lambda key, w: tf.zeros([1, w]))]
-  for rate, size, key, uniform in cases:
-    sampler = ps.PoissonSampler(rate, size)
-    silo, position = sampler.sample(uniform, br.fold_in, key)
-    want = np.zeros((len(size), 300), np.float32)
-    want[silo.numpy(), position.numpy()] = 1.0
-    mask = tf.function(lambda r, s, k: ps.PoissonSampler(r, s).kept_mask(
-        uniform, br.fold_in, k, 300), jit_compile=xla)(rate, size, key)
-    np.testing.assert_array_equal(mask, want)
+  silo, position = ps.PoissonSampler(below, n).sample(br.random_bits, silo_keys)
+  want = np.zeros((200, 300), np.float32)
+  want[silo.numpy(), position.numpy()] = 1.0
+  assert want[198, :int(n[198])].all()
+  mask = tf.function(lambda b, s, k: ps.PoissonSampler(b, s).kept_mask(
+      br.random_bits, k, 300), jit_compile=xla)(below, n, silo_keys)
+  np.testing.assert_array_equal(mask, want)

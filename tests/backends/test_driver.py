@@ -5,8 +5,9 @@ import dataclasses
 
 import numpy as np
 import pytest
+import tensorflow as tf
 
-from tff_silo import driver
+from tff_silo import driver, keys
 
 
 def _loop(rounds, **hooks):
@@ -61,6 +62,12 @@ def test_poisson_users_take_part_at_their_rate_and_replay_from_the_seed():
   assert abs(np.mean(counts) / 200 - 0.3) < 0.02
   assert np.array_equal(users.sample(7), driver.PoissonUsers(200, 0.3, seed=5).sample(7))
   assert not np.array_equal(users.sample(7), users.sample(8))
+  # Exactly the users whose 32-bit words are below floor(0.3 2^32): P = that / 2^32.
+  key = keys.derive(keys.root_key(5), keys.USER_SAMPLING, 6)
+  words = tf.random.stateless_uniform([200], seed=key, minval=None, maxval=None,
+                                      dtype=tf.uint32).numpy()
+  np.testing.assert_array_equal(users.sample(7),
+                                np.flatnonzero(words < int(0.3 * 2 ** 32)))
 
 
 def test_every_driver_returns_the_common_fields():

@@ -12,8 +12,8 @@ as in the paper's code, so the whole step is one DP-SGD step on the silo's data.
 Batching under DP (`tff_silo.privacy.protocol`), with m the silo's *public size*
 (`size`: its n when sizes are public, else a size assumed for every silo; 0 means n):
 - `poisson` (add/remove-one; the default): every step includes each example
-  independently with probability q = min(B, m) / m (drawn as geometric gaps between
-  kept examples, `poisson_sampling`); the noisy gradient sum is divided by the
+  independently with probability floor(q 2^32) / 2^32 <= q = min(B, m) / m (a 32-bit
+  word per example below a threshold, `poisson_sampling`); the noisy gradient sum is divided by the
   expected batch size q m = min(B, m); max(1, floor(m / B)) steps per epoch.
   Nothing here depends on the silo's true n.
 - `without_replacement` (replace-one; n is public): every step draws min(B, n) of the
@@ -136,16 +136,17 @@ def public_size(size, n):
 
 
 def batch_plan(config: LocalTrainingConfig, n, size):
-  """(batch size, steps per epoch, steps per call, Poisson rate) of a silo with n
-  examples and public size `size` (0: n), elementwise over int32 `n` and float32
-  `size` (scalars, or one per silo in the vectorized backend): the accounting's
-  arithmetic (`tff_silo.privacy.batching`)."""
+  """(batch size, steps per epoch, steps per call, Poisson inclusion threshold) of a
+  silo with n examples and public size `size` (0: n), elementwise over int32 `n` and
+  float32 `size` (scalars, or one per silo in the vectorized backend): the
+  accounting's arithmetic (`tff_silo.privacy.batching`); an example is kept with
+  probability threshold / 2^32 <= batch / m (`poisson_sampling.threshold`)."""
   m, batch, per_epoch = batching.batch_plan(
       tf, config.batches, tf.constant(config.batch_size), n,
       tf.cast(public_size(size, n), tf.int32))
   total = (per_epoch * config.epochs if config.steps is None
            else tf.fill(tf.shape(n), tf.constant(config.steps)))
-  return batch, per_epoch, total, tf.cast(batch, tf.float32) / tf.cast(m, tf.float32)
+  return batch, per_epoch, total, poisson_sampling.threshold(batch, m)
 
 
 def per_example_gradients(model, weights, x, y):
@@ -269,7 +270,7 @@ def train_locally(model, config: LocalTrainingConfig, weights, anchor, lam, x, y
   check_trainable(model, config)
   weights = [tf.identity(w) for w in weights]
   n = tf.shape(y)[0]
-  batch, per_epoch, total_steps, rate = batch_plan(config, n, size)
+  batch, per_epoch, total_steps, below = batch_plan(config, n, size)
   poisson = config.batches == "poisson"
   without_replacement = config.batches == "without_replacement"
   expected_batch = tf.cast(batch, tf.float32)
@@ -279,7 +280,7 @@ def train_locally(model, config: LocalTrainingConfig, weights, anchor, lam, x, y
   shuffle_key = keys.derive(key, keys.SHUFFLE, pass_)
   noise_key = keys.derive(key, keys.DP_NOISE, pass_)
 
-  sampler = poisson_sampling.PoissonSampler(rate[None], n[None]) if poisson else None
+  sampler = poisson_sampling.PoissonSampler(below[None], n[None]) if poisson else None
 
   def epoch_permutation(step, previous):
     """The shuffled epoch's permutation: drawn at the epoch's first step, kept."""
@@ -291,8 +292,9 @@ def train_locally(model, config: LocalTrainingConfig, weights, anchor, lam, x, y
   def batch_indices(step, perm):
     if poisson:
       return sampler.sample(
-          lambda key, width: tf.random.stateless_uniform([width], seed=key)[None],
-          keys.fold_in, keys.fold_in(sampling_key, step))[1]
+          lambda key, width: tf.random.stateless_uniform(
+              [width], seed=key, minval=None, maxval=None, dtype=tf.uint32)[None],
+          keys.fold_in(sampling_key, step))[1]
     if without_replacement:
       return first_of_permutation(tf.random.stateless_uniform(
           [n], seed=keys.fold_in(sampling_key, step), dtype=tf.float64), batch)

@@ -70,8 +70,8 @@ def _examples(config, plan, n, num_rows, sampling_keys, perm, step, sampler, act
   `sampler`'s, the same draws as the silo alone, every silo's drawn at once), so the
   list is O(sum of the batches) long, not K times the widest."""
   if config.batches == "poisson":
-    return (*sampler.sample(br.uniform, br.fold_in, br.fold_in(sampling_keys, step),
-                            active), None)
+    return (*sampler.sample(br.random_bits, br.fold_in(sampling_keys, step), active),
+          None)
   idx, mask = _batches(config, plan, n, num_rows, sampling_keys, perm, step)
   kept = tf.cast(tf.where((mask > 0) & active[:, None]), tf.int32)
   return kept[:, 0], tf.gather_nd(idx, kept), None
@@ -84,8 +84,7 @@ def _static_examples(config, plan, n, num_rows, sampling_keys, perm, step, sampl
   examples of the `active` silos first and in `_examples`' order within each silo,
   the rest pointing at silo K (dropped) and row 0."""
   if config.batches == "poisson":
-    mask = sampler.kept_mask(br.uniform, br.fold_in, br.fold_in(sampling_keys, step),
-                             num_rows)
+    mask = sampler.kept_mask(br.random_bits, br.fold_in(sampling_keys, step), num_rows)
     idx = tf.broadcast_to(tf.range(num_rows)[None], tf.shape(mask))
   else:
     idx, mask = _batches(config, plan, n, num_rows, sampling_keys, perm, step, True)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import numbers
 import os
 import re
 import sys
@@ -582,6 +583,43 @@ def done_rows(path: str, resume: bool, signature=(), flag: str = "output") -> di
   return {key: row for key, row in zip(old.run_key, old.to_dict("records"))}
 
 
+# Columns measured while the run touched private data: times and memory follow the
+# silos' sizes and Poisson batch sizes, and how many runs stacked follows memory
+# estimates made from the sizes. No DP noise covers them.
+MEASURED_COLUMNS = ("wall_seconds", "seconds_per_round_median", "train_seconds",
+                    "load_seconds", "peak_memory_mb", "shard_peak_memory_mb",
+                    "shard_peaks_mb", "runs_stacked")
+
+
+# What a DP row's noise is (`tff_silo.privacy.gaussian`, TFF's normals in the DP
+# aggregators): the accountants treat it as the real-valued Gaussian; the float
+# grid of its draws (Mironov 2012) adds to delta what they do not charge (issue 53).
+NOISE_MECHANISM = ("idealized real-valued noise: the accountants' Gaussian (or "
+                   "Laplace) over the reals; the float grid of the draws adds to delta "
+                   "what is not accounted")
+
+
+def _spends_privacy(row: dict) -> bool:
+  """Whether a row reports privacy spent: a finite epsilon in a column named so."""
+  return any((name.startswith("epsilon") or name.endswith("epsilon_spent"))
+             and isinstance(value, numbers.Real) and not isinstance(value, bool)
+             and math.isfinite(value)
+             for name, value in row.items())
+
+
+def labelled(row: dict) -> dict:
+  """`row` with `outside_guarantee_columns` naming its `MEASURED_COLUMNS` (space-
+  separated), where it has any: they are outside every privacy guarantee a row
+  states; and, where it reports an epsilon, `noise_mechanism` (`NOISE_MECHANISM`)."""
+  out = dict(row)
+  measured = [name for name in MEASURED_COLUMNS if name in row]
+  if measured:
+    out["outside_guarantee_columns"] = " ".join(measured)
+  if _spends_privacy(row):
+    out["noise_mechanism"] = NOISE_MECHANISM
+  return out
+
+
 def append_row(path: str, row: dict) -> None:
   """`append_rows(path, [row])`."""
   append_rows(path, [row])
@@ -590,11 +628,12 @@ def append_row(path: str, row: dict) -> None:
 def append_rows(path: str, rows) -> None:
   """Appends rows at once, atomically: the new file (the old bytes and the rows, or,
   when they have other columns, the union of both) is written beside `path` and
-  renamed over it, so a kill at any moment leaves either the old or the new file."""
+  renamed over it, so a kill at any moment leaves either the old or the new file.
+  Each row is `labelled`."""
   import pandas as pd
   folder = os.path.dirname(os.path.abspath(path))
   os.makedirs(folder, exist_ok=True)
-  new = pd.DataFrame(list(rows))
+  new = pd.DataFrame([labelled(row) for row in rows])
   old_bytes, table = b"", new
   if os.path.exists(path):
     with open(path, "rb") as f:
@@ -607,7 +646,7 @@ def append_rows(path: str, rows) -> None:
       with warnings.catch_warnings():   # all-NA columns of either side are fine here
         warnings.simplefilter("ignore", FutureWarning)
         table = pd.concat([pd.read_csv(path, low_memory=False), new], ignore_index=True)
-  _replace(path, old_bytes + new.to_csv(header=False, index=False).encode()
+  write_atomically(path, old_bytes + new.to_csv(header=False, index=False).encode()
            if table is None else table.to_csv(index=False).encode())
 
 
@@ -622,10 +661,10 @@ def drop_rows(path: str, run_keys) -> None:
   if kept.empty:
     os.remove(path)
   elif len(kept) < len(table):
-    _replace(path, kept.to_csv(index=False).encode())
+    write_atomically(path, kept.to_csv(index=False).encode())
 
 
-def _replace(path: str, content: bytes) -> None:
+def write_atomically(path: str, content: bytes) -> None:
   """Writes `content` beside `path` and renames it over `path` (keeping its mode), so
   that a kill at any moment leaves either the old or the new file."""
   folder = os.path.dirname(os.path.abspath(path))

@@ -29,14 +29,20 @@ releasing the best trial is (epsilon, delta)-DP for every silo
 is that total, recomputed from what the trials ran. The theorem covers the best
 trial alone, with h hidden: so under private tuning the output, the table, the
 figures and --save_models hold the selected trial of each cell and nothing else
-(not h, not the trial's index or seed, not the cell's summed time).
+(not h, not the trial's index or seed, not the cell's summed time). Each cell's
+plan (h and the configurations drawn) comes from 128 bits of OS entropy kept in
+`<trials store>.plan_secret` (outside the guarantee, with the trials), not from
+the published seeds; the selected rows are written together once every cell is
+done, in (method, epsilon, seed) order, not as cells finish, and progress counts
+batches, not cells.
 --trials_output=PATH also writes every trial's row there, each marked
 `outside_guarantee` with `epsilon_if_released`, the epsilon of releasing every
 trial of its cell (their composition, h public); without it, finished trials wait
 in `<output>.trials.partial.csv` (outside the guarantee as well) only until their
-cell is selected, so that a killed run resumes, and the file goes when its cells
-are done. Non-private cells search the grid in full either way, and a method with
-one configuration (local and FedAvg at one learning rate) runs once, untuned.
+cell is selected, so that a killed run resumes, and the file and the plan secret
+go when its cells are done. Non-private cells search the grid in full either way,
+and a method with one configuration (local and FedAvg at one learning rate) runs
+once, untuned.
 
 --membership also attacks every trial's silo models (`attacks.membership`), so the
 selected rows, a second table and a figure show leakage beside utility; the attack
@@ -71,6 +77,7 @@ import contextlib
 import dataclasses
 import math
 import os
+import secrets
 import shutil
 import sys
 import time
@@ -90,6 +97,7 @@ SIGNATURE = ("row_type", "run_key", "method", "test_metric")
 # Private tuning: where finished trials wait for their cell's selection (beside
 # --output) when --trials_output is not given
 PARTIAL_TRIALS = ".trials.partial.csv"
+PLAN_SECRET = ".plan_secret"   # beside the trial store (`_plan_secret`)
 # ... and their saved models, under --save_models
 STAGED_MODELS = ".trials.partial"
 
@@ -433,8 +441,10 @@ def _hypernet(s, trial, silos, backend) -> _Outcome:
   z = (accounting.calibrate_noise_multiplier(trial["epsilon"], s.delta,
                                              h.sampling_rate, s.rounds)
        if private else 0.0)
+  # W: the preset's number of users, fixed by its recipe before training (public)
   settings = user_level.UserDPSettings(
-      h.sampling_rate, h.l2_norm_clip if private else None, z)
+      h.sampling_rate, h.l2_norm_clip if private else None, z,
+      public_user_count=silos.num_silos)
   target = models.model_for(silos)
   result, _ = hypernet.train(
       target, silos, settings, rounds=s.rounds, client_lr=h.client_lr,
@@ -621,7 +631,10 @@ def _select_ready(s, planned, released: set, loaded) -> None:
   if ours.empty:
     return
   rows = []
-  for row in grid.selected(s, ours, planned).to_dict("records"):
+  chosen = grid.selected(s, ours, planned).sort_values(
+      ["method", "epsilon", "seed"], kind="stable",
+      key=lambda c: c.map(METHODS.index) if c.name == "method" else c)
+  for row in chosen.to_dict("records"):
     if row["run_key"] in released:
       continue
     if s.tuning == "private":
@@ -668,12 +681,34 @@ def _publish(s, row, staged: str, loaded) -> str:
   return folder
 
 
+def _plan_secret(s) -> int:
+  """Private tuning's plans' seed (`grid.Settings.plan_secret`): 128 bits of OS
+  entropy, written beside the trial store on the first run (outside the guarantee,
+  as the trials are) and read back by a rerun, so that it resumes the same plans.
+  UsageError in one line for a file that is not such a number."""
+  path = s.trials_store + PLAN_SECRET
+  if os.path.exists(path):
+    with open(path) as f:
+      text = f.read().strip()
+    if not text.isdigit():
+      raise UsageError(f"{path} is not a plan secret (a decimal integer); remove it to "
+                       f"draw new plans (the trials in {s.trials_store} then rerun)")
+    return int(text)
+  secret = secrets.randbits(128)
+  common.write_atomically(path, f"{secret}\n".encode())
+  os.chmod(path, 0o600)   # the operator's alone
+  return secret
+
+
 def _forget_partial_trials(s, planned) -> None:
   """Private tuning without --trials_output: once every cell is selected, its trials
-  leave the partial store (and their staged models the save folder)."""
+  leave the partial store (and their staged models the save folder), and the plan
+  secret goes."""
   if s.tuning != "private" or s.trials_output is not None:
     return
   common.drop_rows(s.trials_store, {grid.trial_key(s, t) for t in planned})
+  with contextlib.suppress(FileNotFoundError):
+    os.remove(s.trials_store + PLAN_SECRET)
   if s.save_models:
     with contextlib.suppress(OSError):
       os.rmdir(os.path.join(s.save_models, STAGED_MODELS))
@@ -711,15 +746,19 @@ def _plots(s, trials, selected, chance):
                         every_trial=trials is not None, chance=chance)
 
 
-def _batch_done(s, trials, released, loaded, batch, i, batches, start, cell_trials):
+def _batch_done(s, trials, released, loaded, batch, i, batches, start):
   """After the i-th finished batch's rows are written (of `batches`): the cells now
-  complete selected, progress."""
-  _select_ready(s, trials, released, loaded)
+  complete selected (free tuning; private tuning selects all at the end), progress
+  (private tuning: no trial or cell counts, which would tell h)."""
   first = batch[0]
   elapsed = time.perf_counter() - start
   left = elapsed / i * (batches - i)
-  counts = (f"{len(released)}/{len(cell_trials)} cells selected"
-            if s.tuning == "private" else f"{len(batch)} trials")
+  if s.tuning == "private":
+    print(f"[{i}/{batches}] {elapsed:.0f} s, ~{left:.0f} s left", file=sys.stderr,
+          flush=True)
+    return
+  _select_ready(s, trials, released, loaded)
+  counts = f"{len(batch)} trials"
   configs_run = {(t["lam"], t["lr"]) for t in batch}
   what = (f"lam={first['lam']:g} lr={first['lr']:g}" if len(configs_run) == 1
           else f"{len(configs_run)} configurations stacked")
@@ -734,6 +773,8 @@ def main(argv):
   from tff_silo import runtime
   runtime.exit_cleanly_on_sigterm()
   private = s.tuning == "private"
+  if private:
+    s = dataclasses.replace(s, plan_secret=_plan_secret(s))
   trials = grid.trials(s)
   cell_trials = _cell_trials(s, trials)
   cell_keys = {grid.cell_key(s, *cell): cell for cell in cell_trials}
@@ -784,8 +825,7 @@ def main(argv):
         failed += 1
         continue
       common.append_rows(s.trials_store, rows)
-      _batch_done(s, trials, released, loaded, batches[i], done, len(batches), start,
-                  cell_trials)
+      _batch_done(s, trials, released, loaded, batches[i], done, len(batches), start)
   _select_ready(s, trials, released, loaded)   # cells finished before
   if failed:
     raise UsageError(f"{failed} of {len(batches)} batches failed (above); the others' "

@@ -68,6 +68,9 @@ class Settings:
   device: str = "auto"
   xla: bool = False
   concurrent_batches: int = 1   # the vectorized backend's batches running at once
+  # private tuning: the plans' seed, OS entropy kept beside the trial store
+  # (`compare._plan_secret`), so that h is not a function of the published seeds
+  plan_secret: int | None = None
   aggregator: object = None
 
 
@@ -84,7 +87,7 @@ RELEASED_COLUMNS = (
     "validation_metric", "noisy_validation_score",
     "test_metric", "epsilon_spent", "noise_multiplier", "score_noise_multiplier",
     "delta", "tuning", "backend", "device", "mia_auc", "mia_advantage",
-    "mia_inside_guarantee", "saved_to")
+    "mia_inside_guarantee", "saved_to", "noise_mechanism")
 
 TUNING_MODES = ("free", "private")
 TUNING = "free: best validation metric of the grid; validation and tuning not accounted"
@@ -107,9 +110,9 @@ def trials(s) -> list:
   configuration's trials (epsilons, seeds, draws) are consecutive.
   A cell of the full grid (free tuning, a non-private cell, a method with one
   configuration) has trial -1; a cell of private tuning has trials 0..h-1, the plan
-  (h and each trial's configuration) drawn from the cell's seed. The seed is the
-  data split's; each trial's keys come from its own `run_seed` (`_run_seed`)."""
-  from tff_silo import keys
+  (h and each trial's configuration) drawn from `plan_secret` and the cell. The
+  seed is the data split's; each trial's keys come from its own `run_seed`
+  (`_run_seed`)."""
   from tff_silo.privacy import tuning
   out = []
   for method in s.methods:
@@ -120,13 +123,24 @@ def trials(s) -> list:
           cell = [dict(method=method, epsilon=epsilon, seed=seed, lam=lam, lr=lr,
                        trial=-1) for lam, lr in options]
         else:
-          plan = tuning.draw_trials(tnb(s), len(options), np.random.default_rng(
-              keys.child_seed(seed, keys.TUNING, METHODS.index(method),
-                              round(epsilon * 1000), 0)))
+          plan = tuning.draw_trials(tnb(s), len(options),
+                                    _plan_generator(s, method, epsilon, seed))
           cell = [dict(method=method, epsilon=epsilon, seed=seed, lam=options[i][0],
                        lr=options[i][1], trial=j) for j, i in enumerate(plan)]
         out += [dict(t, run_seed=_run_seed(s, t)) for t in cell]
   return sorted(out, key=lambda t: (METHODS.index(t["method"]), t["lam"], t["lr"]))
+
+
+def _plan_generator(s, method, epsilon, seed):
+  """The generator of a private-tuning cell's plan: from the run's `plan_secret` (OS
+  entropy) and the cell, so that h and the configurations drawn are hidden from
+  whoever knows the seeds the rows publish (Papernot & Steinke's bound needs h
+  hidden)."""
+  from tff_silo import keys
+  if s.plan_secret is None:
+    raise ValueError("private tuning draws its plans from a plan_secret; none given")
+  return np.random.default_rng([s.plan_secret, keys.TUNING, METHODS.index(method),
+                                round(epsilon * 1000), seed])
 
 
 def _run_seed(s, trial) -> int:

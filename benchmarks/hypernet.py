@@ -55,6 +55,11 @@ flags.DEFINE_float("weight_cap", None, "w_hat in w_u = min(|D_u| / w_hat, 1); un
 flags.DEFINE_bool("public_user_sizes", False, "With --weight_cap: the mean's W = "
                   "sum w_u from the users' sizes, declared public (the paper's "
                   "assumption; rows say so). Without it W = N, the number of users.")
+flags.DEFINE_integer("public_user_count", None, "W of the mean's fixed denominator q W, "
+                     "a user count fixed before training and public (e.g. --num_users "
+                     "as declared). Unset (and without --public_user_sizes): W = N, "
+                     "read from the users present; rows then say the guarantee does "
+                     "not hold.")
 flags.DEFINE_float("delta", 1e-5, "delta of the reported user-level epsilon.")
 flags.DEFINE_integer("rounds", 200, "Rounds T.")
 flags.DEFINE_integer("local_steps", 20, "K, local SGD steps per sampled user and round.")
@@ -91,14 +96,15 @@ flags.adopt_module_key_flags(common)   # --help lists the shared flags too
 # Columns every row of this binary has: an existing --output without them is refused.
 SIGNATURE = ("run_key", "algorithm", "mean_user_accuracy")
 HYPERNET_FLAGS = ("sampling_rates", "clips", "noise_multipliers", "weight_cap",
-                  "public_user_sizes", "local_steps", "hypernet_lr", "embedding_lr",
-                  "hidden_width", "embedding_dim")
+                  "public_user_sizes", "public_user_count", "local_steps",
+                  "hypernet_lr", "embedding_lr", "hidden_width", "embedding_dim")
 FLAG_NAMES = ("methods", "dataset", "data_dir", "cache_dir", "num_users",
               "classes_per_user", "sampling_rates", "clips", "noise_multipliers",
-              "weight_cap", "public_user_sizes", "delta", "rounds", "local_steps",
-              "batch_size", "lr", "hypernet_lr", "embedding_lr", "hidden_width",
-              "embedding_dim", "channels", "dense", "fedavg_local_epochs", "seeds",
-              "eval_every", "plot", "backend", "device", "xla", "save_models")
+              "weight_cap", "public_user_sizes", "public_user_count", "delta",
+              "rounds", "local_steps", "batch_size", "lr", "hypernet_lr",
+              "embedding_lr", "hidden_width", "embedding_dim", "channels", "dense",
+              "fedavg_local_epochs", "seeds", "eval_every", "plot", "backend",
+              "device", "xla", "save_models")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -184,7 +190,8 @@ class Settings:
       try:
         grid.append(UserDPSettings(
             sampling_rate=q, l2_norm_clip=clip, noise_multiplier=z,
-            weight_cap=FLAGS.weight_cap, public_sizes=FLAGS.public_user_sizes))
+            weight_cap=FLAGS.weight_cap, public_sizes=FLAGS.public_user_sizes,
+            public_user_count=FLAGS.public_user_count))
       except ValueError as e:
         raise UsageError(str(e)) from None
     common.check_output(FLAGS.output, SIGNATURE)
@@ -256,8 +263,7 @@ def _run_hypernet(users, settings, seed, s, progress, backend):
       hidden_width=s.hidden_width, embedding_dim=s.embedding_dim,
       delta=s.delta, init_seed=seed, noise_seed=run_seed,
       eval_every=s.eval_every, progress=progress, backend=backend)
-  measured = _measured(result, private=settings.private, epsilon=result.epsilon,
-                       sigma=result.sigma,
+  measured = _measured(result, settings, epsilon=result.epsilon, sigma=result.sigma,
                        mean_users_per_round=float(result.users_per_round.mean()),
                        hypernet_parameters=hn.num_parameters)
   model = _model_spec(target, users, s)
@@ -294,15 +300,16 @@ def _model_spec(target, users, s) -> dict:
                          hidden=s.dense)
 
 
-def _measured(result, private=False, **extra):
+def _measured(result, settings=None, **extra):
   """A row's measured columns from a run's result (`tff_silo.driver.RunResult`: the
   hypernetwork's or FedAvg's); its history as (round, pooled test accuracy). With
   user-level noise the un-noised training accuracy is outside the guarantee and is
   named so; so are the test accuracies, each from a user's own embedding
-  (`user_level.COVERS`), which the row says."""
+  (`UserDPSettings.covers`, which also says when W is not public), which the row
+  says."""
   import numpy as np
-  from tff_silo.privacy import user_level
-  covers = (dict(accuracy_inside_guarantee=False, guarantee_covers=user_level.COVERS)
+  private = settings is not None and settings.private
+  covers = (dict(accuracy_inside_guarantee=False, guarantee_covers=settings.covers)
             if private else {})
   per_user = result.silo_test_metric
   return dict(test_accuracy=result.test_metric,
@@ -326,11 +333,12 @@ def _runs(s):
 def _privacy_columns(settings):
   if settings is None:
     return dict(sampling_rate=None, l2_norm_clip=None, noise_multiplier=None,
-                weight_cap=None, public_user_sizes=None)
+                weight_cap=None, public_user_sizes=None, public_user_count=None)
   return dict(sampling_rate=settings.sampling_rate, l2_norm_clip=settings.l2_norm_clip,
               noise_multiplier=settings.noise_multiplier, weight_cap=settings.weight_cap,
               public_user_sizes=(settings.public_sizes if settings.weight_cap is not None
-                                 else None))
+                                 else None),
+              public_user_count=settings.public_user_count)
 
 
 def _run_key(seed, algorithm, settings, s):
@@ -346,7 +354,8 @@ def _run_key(seed, algorithm, settings, s):
       delta=s.delta if settings is not None and settings.private else None,
       **(hypernet_only if algorithm == "hypernet" else
          dict(fedavg_local_epochs=s.fedavg_local_epochs)),
-      **_privacy_columns(settings)), sort_keys=True)
+      **{name: value for name, value in _privacy_columns(settings).items()
+         if name != "public_user_count" or value is not None}), sort_keys=True)
 
 
 def _row(seed, algorithm, settings, s, users, measured, backend, device):

@@ -260,8 +260,8 @@ def user_level_privacy(settings, epsilon: float, delta: float, num_users: int) -
   """The privacy of a user-level DP run (`user_level.UserDPSettings`, UDP-Alg):
   every user's epsilon is the run's, for adding or removing one user's data, and
   covers phi and the noised aggregates only (`covers`): the embeddings, the silo
-  weights (each user's generated model) and per-user metrics are `outside`."""
-  from tff_silo.privacy import user_level   # pylint: disable=g-import-not-at-top
+  weights (each user's generated model) and per-user metrics are `outside`; with W
+  not public, `covers` says the epsilon does not hold."""
   return dict(unit="user", neighbouring="add_remove_user",
               epsilon_spent=[float(epsilon)] * num_users,
               target_delta=[float(delta)] * num_users,
@@ -271,7 +271,8 @@ def user_level_privacy(settings, epsilon: float, delta: float, num_users: int) -
               weight_cap=settings.weight_cap,
               user_sizes_public=bool(settings.weight_cap is not None
                                      and settings.public_sizes),
-              covers=user_level.COVERS,
+              public_user_count=settings.public_user_count,
+              covers=settings.covers,
               outside=["hypernetwork/embeddings", "silo weights (generated models)",
                        "per-user metrics"])
 

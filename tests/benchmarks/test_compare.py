@@ -129,8 +129,11 @@ def test_a_killed_private_tuning_resumes_from_its_partial_trials(tmp_path):
   partial = tmp_path / "c.trials.partial.csv"
   waiting = pd.read_csv(partial)
   assert len(waiting) >= 1 and waiting.outside_guarantee.all()
+  secret = tmp_path / "c.trials.partial.csv.plan_secret"   # the plans' OS entropy
+  assert int(secret.read_text()) >= 0
   _, rows, selected = _finished(tmp_path, *flags)
-  assert len(rows) == len(selected) == 2 and not partial.exists()
+  assert len(rows) == len(selected) == 2
+  assert not partial.exists() and not secret.exists()
 
 
 @pytest.mark.cli
@@ -377,13 +380,22 @@ def test_every_trial_of_a_grid_has_keys_of_its_own(tuning):
       lams=(0.1, 1.0, 10.0), tuning=tuning, membership=False, seeds=(0, 1),
       methods=("local", "fedavg", "mrmtl", "ditto"), epsilons=(2.0, 4.0, math.inf),
       num_clusters=2, tuning_eta=1.0, mean_trials=4.0, score_budget_share=0.1,
-      score_clip=4.0)
+      score_clip=4.0, plan_secret=12345 if tuning == "private" else None)
   trials = grid.trials(s)
   seeds = [t["run_seed"] for t in trials]
   assert len(set(seeds)) == len(trials) > 40
   assert seeds == [t["run_seed"] for t in grid.trials(s)]
   other = dataclasses.replace(s, rounds=4)
   assert not set(seeds) & {t["run_seed"] for t in grid.trials(other)}
+  if tuning == "private":
+    # The plans (h and the configurations drawn) follow the secret, not the seeds.
+    plans = lambda secret: [(t["method"], t["epsilon"], t["seed"], t["lam"], t["lr"])
+                            for t in grid.trials(dataclasses.replace(
+                                s, plan_secret=secret))]
+    assert plans(12345) == plans(12345)
+    assert len({tuple(plans(secret)) for secret in range(5)}) == 5
+    with pytest.raises(ValueError, match="plan_secret"):
+      grid.trials(dataclasses.replace(s, plan_secret=None))
 
 
 @pytest.mark.cli

@@ -28,6 +28,22 @@ def test_append_keeps_old_bytes_and_adds_columns_by_union(tmp_path):
   assert not [p for p in os.listdir(tmp_path) if p.endswith(".tmp")]
 
 
+def test_rows_name_their_measured_columns_and_idealized_noise(tmp_path):
+  """Times, memory and stacking follow private sizes: a row names them in
+  `outside_guarantee_columns`; a row reporting an epsilon says its noise is the
+  idealized real-valued one; a non-private row says neither."""
+  path = str(tmp_path / "rows.csv")
+  common.append_rows(path, [
+      dict(run_key="a", epsilon=2.0, epsilon_spent=1.9, wall_seconds=3.0,
+           runs_stacked=4),
+      dict(run_key="b", epsilon=float("inf"), epsilon_spent=float("nan"),
+           wall_seconds=3.0, runs_stacked=4)])
+  table = pd.read_csv(path)
+  assert list(table.outside_guarantee_columns) == ["wall_seconds runs_stacked"] * 2
+  assert table.noise_mechanism[0] == common.NOISE_MECHANISM
+  assert table.noise_mechanism.isna()[1]
+
+
 def test_a_failed_write_leaves_the_old_file_whole(tmp_path, monkeypatch):
   path = str(tmp_path / "rows.csv")
   common.append_row(path, dict(run_key="a", x=1))

@@ -102,6 +102,7 @@ def test_tiny_grid_writes_rows_with_the_accounted_epsilon(tmp_path):
   done = _run("--rounds=2", "--num_users=6", "--sampling_rates=0.5",
               "--clips=0.1", "--noise_multipliers=0,2", "--channels=4,8",
               "--dense=8", "--hidden_width=8", "--local_steps=2", f"--output={out}",
+              "--public_user_count=6",
               f"--plot={tmp_path / 'grid.png'}", f"--save_models={tmp_path / 'saved'}")
   assert done.returncode == 0, done.stderr[-2000:]
   assert (tmp_path / "grid.png").stat().st_size > 0
@@ -127,11 +128,13 @@ def test_tiny_grid_writes_rows_with_the_accounted_epsilon(tmp_path):
   assert len(json.loads(noisy.user_accuracy)) == 6
   # the accuracies come from each user's un-noised embedding: outside the guarantee
   assert not noisy.accuracy_inside_guarantee and "embeddings" in noisy.guarantee_covers
+  assert noisy.public_user_count == 6 and pd.isna(rows.public_user_count[2])
   assert pd.isna(rows.accuracy_inside_guarantee[0])   # no noise: no guarantee at all
   assert "test_accuracy" in done.stdout and "rows appended" in done.stdout
   again = _run("--rounds=2", "--num_users=6", "--sampling_rates=0.5",
                "--clips=0.1", "--noise_multipliers=0,2", "--channels=4,8",
-               "--dense=8", "--hidden_width=8", "--local_steps=2", f"--output={out}")
+               "--dense=8", "--hidden_width=8", "--local_steps=2", f"--output={out}",
+               "--public_user_count=6")
   assert again.returncode == 0 and "skipped" in again.stderr
   assert len(pd.read_csv(out)) == 3
   _check_saved(rows, expected)

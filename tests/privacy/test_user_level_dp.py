@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import tensorflow_federated as tff
 
-from tff_silo.privacy import accounting
+from tff_silo.privacy import accounting, user_level
 from tff_silo.privacy.user_level import UserDPSettings, noise_stddev, user_weights
 from tff_silo.privacy.user_level_factory import UserLevelDPMeanFactory
 
@@ -140,3 +140,21 @@ def test_the_total_weight_is_public_or_the_number_of_users():
   public = dataclasses.replace(capped, public_sizes=True)
   assert public.total_weight(sizes) == pytest.approx(0.25 + 1 + 0.6 + 1)
   assert UserDPSettings(sampling_rate=0.5).total_weight(sizes) == 4.0
+
+
+def test_w_is_public_only_from_public_sizes_or_a_declared_user_count():
+  """W = N, the users present, moves when a user is added or removed: only public
+  sizes or a declared user count make it public, and the settings say whether the
+  printed epsilon holds (`covers`)."""
+  sizes = [5, 40, 12, 100]
+  plain = UserDPSettings(sampling_rate=0.5, l2_norm_clip=0.1, noise_multiplier=1.0)
+  assert not plain.total_weight_public and "no guarantee" in plain.covers
+  declared = dataclasses.replace(plain, public_user_count=10)
+  assert declared.total_weight(sizes) == 10.0   # whoever is present
+  assert declared.total_weight(sizes[:3]) == 10.0
+  assert declared.total_weight_public and declared.covers == user_level.COVERS
+  capped = dataclasses.replace(plain, weight_cap=20.0, public_sizes=True)
+  assert capped.total_weight_public and capped.covers == user_level.COVERS
+  for bad in (0, 2.5, -3):
+    with pytest.raises(ValueError, match="public_user_count"):
+      dataclasses.replace(plain, public_user_count=bad)

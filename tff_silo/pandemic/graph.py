@@ -28,7 +28,12 @@ Two modes:
             test_pandemic_data.py). The cap itself reads every person's contacts:
             removing a person's contacts can let other edges survive it, so the
             capping lies outside the node-level guarantee, whose unit is a node of
-            the capped graph (`pipeline`).
+            the capped graph (`pipeline`). The household size is the household
+            record's `hh_size`, a fixed attribute of the household (in the
+            generator, the size it was drawn with), not counted from its persons
+            in the files: removing a person leaves the other members'
+            records, `hh_size` included, unchanged, so it is part of each member's
+            own record under the node-level relation, not computed from others.
 
 Randomness is the node's own: an edge's place in the greedy order, a neighbour's
 slot and a person's training window are hashes of the seed and the persons' ids

@@ -30,9 +30,11 @@ a `node_level.NodeLevelDpEvent` (Theorem 2.4.4 as printed).
 
 The library's Gaussian noise (`gaussian`) has a support bound; the probability that
 it matters, `sampler_tail` of an event, is taken from delta before every conversion
-to epsilon here (and in `ledger`, `node_level`, `tuning`): a reported (epsilon,
-delta) holds for the noise actually drawn. Selections are `SelectionDpEvent`s
-(Gumbel noise, bounded in `selection`), outside that tail.
+to epsilon here (and in `ledger`, `node_level`, `tuning`). A reported (epsilon,
+delta) is the real-valued Gaussian's: the float grid of the draws (the radius's
+2^32-point grid, `gaussian`) adds to delta what no accountant here charges, and
+rows say so (`benchmarks.common.NOISE_MECHANISM`; issue 53). Selections are
+`SelectionDpEvent`s (Gumbel noise, bounded in `selection`), outside that tail.
 
 `calibrate_noise_multipliers` calibrates a run's distinct silo settings together:
 a bisection of the noise multiplier on `rdp_curves` (the RDP curves of all settings

@@ -14,9 +14,13 @@ neighbourhood is epsilon * ||delta|| = n / nu per participation; leakages of rep
 participations add up (Theorem 1).
 
 A radius is drawn as the sum of n Exp(1) draws, -ln(1 - u) of float64 uniforms (a
-Gamma of integer shape n, exactly; an Exp(1) draw reaches 36, where TF's float32
-uniforms would stop at 16), so the mechanism compiles under XLA, which has no Gamma
-kernel; the direction is `gaussian.normal`'s normals, normalized.
+Gamma of integer shape n; TF's float32 uniforms would stop at 16), so the mechanism
+compiles under XLA, which has no Gamma kernel; the direction is `gaussian.normal`'s
+normals, normalized. Outside the guarantee, not accounted: the uniforms lie on a
+2^-52 grid, so an Exp(1) draw stops at 52 ln 2 (~36.04; a draw past it has
+probability 2^-52, n 2^-52 a radius) and is itself on a grid (Mironov 2012); the
+leakage printed is the real-valued mechanism's. Negligible next to the leakages
+reported, but not zero: d-privacy here has no delta to charge it to.
 
 Keys: `seed` is an int32[2] key (`tff_silo.keys`), one per release; None draws from OS
 entropy. A fixed key is for reproducible simulation only. The batched forms

@@ -11,8 +11,8 @@ Neighbouring relations (`NEIGHBOURING`; the relation a run protects is chosen in
 
 The sampler tail (`sampler_tail`): the library's Gaussian noise (`gaussian`) has a
 support bound, and the probability that it matters is taken from delta before any
-conversion to epsilon (`delta_after_tail`), so a reported (epsilon, delta) holds for
-the noise actually drawn.
+conversion to epsilon (`delta_after_tail`). The float grid of the draws is not
+accounted: a reported (epsilon, delta) is the real-valued Gaussian's (`gaussian`).
 """
 
 from __future__ import annotations

@@ -19,8 +19,13 @@ words drawn under a key of its own, down to 2^-1025, so a pair's radius reaches
 `normal(keys, n)`: float32[K, n], row k drawn with int32[2] key k; the TFF process
 and the vectorized backend both draw with it (the same numbers, to float32 rounding:
 TF's sin and cos differ in the last bit between vector and scalar code), at the
-cost of TensorFlow's own normals. The floating-point grid of the outputs (Mironov
-2012) is not addressed here.
+cost of TensorFlow's own normals.
+
+Not addressed, and not accounted: the radius lies on the 2^32-point grid of w0, and
+where w0 < 2^16 (probability 1.5e-5 a pair) consecutive radii are further apart than
+float32 resolves a released value, so such a release can be one that a neighbouring
+dataset cannot produce (Mironov 2012, here on the radius grid). Rows label their
+noise an idealized real-valued Gaussian (`benchmarks.common.NOISE_MECHANISM`).
 """
 
 from __future__ import annotations

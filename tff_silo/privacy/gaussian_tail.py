@@ -17,9 +17,9 @@ released noise leaves the Gaussian's law where that matters:
 Outside that event the released density is the Gaussian's, so an (epsilon,
 delta)-DP Gaussian release is (epsilon, delta + tail)-DP with this sampler, and a
 run's tails add up (`accounting.sampler_tail`). Up to a shift of 24 noise
-deviations (a noise multiplier of 0.04; 0.08 under replace-one) a release costs the
-sampler's floor, 7e-41; one of 32 (a node in all 32 examples of a batch at sigma 2)
-9e-8.
+deviations (a noise multiplier of 0.04; 0.08 under replace-one) a release costs at
+most 9.1e-41 (the sampler's floor, 7.3e-41, plus g(24)); one of 32 (a node in all 32
+examples of a batch at sigma 2) 9e-8.
 """
 
 from __future__ import annotations

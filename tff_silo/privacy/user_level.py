@@ -25,8 +25,11 @@ weight is at most 1, so `max_weight=1` (the default) bounds the contribution of 
 user a neighbouring population could add; a smaller `max_weight` (the population's
 own maximum, as in the paper) only holds for neighbours whose weight does not exceed it.
 W from the users' sizes is public only when the sizes are (`UserDPSettings`'s
-`public_sizes`); otherwise W = N, the number of users (every w_u is at most 1), which
-scales the step by sum w_u / N against the paper's.
+`public_sizes`); otherwise W is a declared user count (`public_user_count`, every w_u
+being at most 1), which scales the step by sum w_u / W against the paper's. Without
+either, W = N, the number of users, which adding or removing a user changes: the
+scale of every aggregate then reads private data, and `UserDPSettings.covers` says
+the guarantee does not hold.
 
 What the user-level epsilon covers in HyperNetFL: the noised aggregates and phi.
 Each user's embedding moves with that user's un-noised update, so the embedding, the
@@ -168,7 +171,10 @@ class UserDPSettings:
     noise_multiplier: z; 0 adds no noise (then there is no DP guarantee).
     weight_cap: w_hat in w_u = min(|D_u| / w_hat, 1); None gives every user weight 1.
     public_sizes: with `weight_cap`, W = sum_u w_u from the users' sizes, which are
-      then declared public (the paper's assumption); False: W = N.
+      then declared public (the paper's assumption).
+    public_user_count: otherwise W, a user count fixed before training and public
+      (the population's declared size); None: W = N, the users present, which is
+      private under add/remove-one-user (`covers` says so).
   """
 
   sampling_rate: float
@@ -176,10 +182,30 @@ class UserDPSettings:
   noise_multiplier: float = 0.0
   weight_cap: Optional[float] = None
   public_sizes: bool = False
+  public_user_count: Optional[int] = None
 
   def __post_init__(self):
     _check(self.l2_norm_clip, self.noise_multiplier, self.sampling_rate, 1.0, 1.0)
     _check_weight_cap(self.weight_cap)
+    count = self.public_user_count
+    if count is not None and not (int(count) == count and count >= 1):
+      raise ValueError(f"public_user_count must be a positive integer, got {count}")
+
+  @property
+  def total_weight_public(self) -> bool:
+    """Whether W is public: from public sizes, or a declared user count."""
+    return (self.weight_cap is not None and self.public_sizes
+            ) or self.public_user_count is not None
+
+  @property
+  def covers(self) -> str:
+    """What the user-level epsilon covers (`COVERS`), or, with W = N read from the
+    population, that it covers nothing."""
+    if self.total_weight_public:
+      return COVERS
+    return ("no guarantee at the printed epsilon: W = N, the number of users present, "
+            "scales every aggregate and changes when a user is added or removed (give "
+            "a public user count)")
 
   @property
   def private(self) -> bool:
@@ -190,11 +216,14 @@ class UserDPSettings:
     return user_weights(num_examples, self.weight_cap)
 
   def total_weight(self, num_examples: Sequence[int]) -> float:
-    """W: the sum of the weights when they are public (no `weight_cap`, or
-    `public_sizes`), else N, the number of users (every w_u is at most 1)."""
+    """W: the sum of the weights when they are public (`public_sizes`), else the
+    declared `public_user_count`, else N, the number of users (every w_u is at most
+    1; without `weight_cap` the sum of the weights is N as well)."""
     weights = self.weights(num_examples)
-    if self.weight_cap is None or self.public_sizes:
+    if self.weight_cap is not None and self.public_sizes:
       return float(weights.sum())
+    if self.public_user_count is not None:
+      return float(self.public_user_count)
     return float(len(weights))
 
   def mean(self, num_examples: Sequence[int],

@@ -91,6 +91,7 @@ from benchmarks.grid import (LAMBDA_METHODS, METHODS, TUNING, TUNING_MODES,
                              TUNING_PRIVATE, UNTUNED)
 from benchmarks.common import UsageError
 from tff_silo.algorithms import method_names   # no TensorFlow imported
+from tff_silo.privacy.pld import ACCOUNTANTS
 
 PRESETS = tuple(configs.COMPARE_PRESETS)
 SIGNATURE = ("row_type", "run_key", "method", "test_metric")
@@ -127,6 +128,10 @@ flags.DEFINE_float("mask_probability", None, "digits, fmnist: the probability of
                    "of a silo's white patches (thesis Fig. 1.6: 0, 0.2, 0.4; default: "
                    "the dataset's 0.1).")
 flags.DEFINE_string("tuning", "free", f"One of {TUNING_MODES} (see the module doc).")
+flags.DEFINE_string("accountant", "rdp", "Private cells' accountant: rdp, or pld "
+                    "(privacy loss distributions where they express every query of a "
+                    "silo, the smaller bound; --tuning=free only, the hypernetwork stays "
+                    "on rdp). Rows say which.")
 flags.DEFINE_bool("membership", False, "Also attack every trial's silo models with "
                   "membership inference (attacks.membership, threshold attack: each "
                   "silo's training vs test examples); the selected rows and a table and "
@@ -212,6 +217,11 @@ def _settings() -> grid.Settings:
   common.check_one_of("tuning", FLAGS.tuning, TUNING_MODES)
   s["tuning"] = FLAGS.tuning
   s["membership"] = FLAGS.membership
+  common.check_one_of("accountant", FLAGS.accountant, ACCOUNTANTS)
+  if FLAGS.accountant == "pld" and FLAGS.tuning == "private":
+    raise UsageError("--accountant=pld with --tuning=private: the tuning's bound "
+                     "(Papernot & Steinke) is accounted in RDP; use --tuning=free")
+  s["accountant"] = FLAGS.accountant
   if FLAGS.tuning == "private":
     s.update(tuning_eta=FLAGS.tuning_eta, mean_trials=FLAGS.mean_trials,
              score_budget_share=FLAGS.score_budget_share,
@@ -318,7 +328,7 @@ def _scored(event, score_z):
 
 def _protocol(s):
   from tff_silo.privacy import PrivacyProtocol
-  return PrivacyProtocol(assumed_silo_size=s.assumed_silo_size)
+  return PrivacyProtocol(assumed_silo_size=s.assumed_silo_size, accountant=s.accountant)
 
 
 def _tuned_epsilons(s, privacy, score_z, num_trials=None) -> np.ndarray:
@@ -546,6 +556,8 @@ def _run_batch(s, batch, loaded, backend, device, cell_trials):
     rows.append(dict(
         row_type="trial", run_key=grid.trial_key(s, trial), preset=s.preset, **trial,
         privacy_unit=grid.privacy_unit(trial["method"]) if private else None,
+        accountant=(("rdp" if trial["method"] == "hypernet" else s.accountant)
+                    if private else None),
         test_metric_inside_guarantee=(grid.privacy_unit(trial["method"]) != "user"
                                       if private else None),
         rounds=outcome.rounds, metric=outcome.metric,

@@ -68,6 +68,7 @@ class Settings:
   device: str = "auto"
   xla: bool = False
   concurrent_batches: int = 1   # the vectorized backend's batches running at once
+  accountant: str = "rdp"   # private cells' (`tff_silo.privacy.pld`)
   # private tuning: the plans' seed, OS entropy kept beside the trial store
   # (`compare._plan_secret`), so that h is not a function of the published seeds
   plan_secret: int | None = None
@@ -178,6 +179,8 @@ def settings_key(s) -> dict:
         "tuning_eta", "mean_trials", "score_budget_share", "score_clip")})
   if s.membership:
     key.update(membership=True)
+  if s.accountant != "rdp":   # (the keys of rdp runs have none)
+    key.update(accountant=s.accountant)
   if s.mask_probability is not None:   # (the keys of the default have none)
     key.update(mask_probability=s.mask_probability)
   key.update(s.aggregator_key)   # empty for the default mean

@@ -48,6 +48,7 @@ from benchmarks import common, configs, datasets, executors, plan
 from benchmarks.common import UsageError
 from tff_silo.algorithms import method_names   # no TensorFlow imported
 from tff_silo.privacy.accounting import NEIGHBOURING   # no TensorFlow: dp_accounting
+from tff_silo.privacy.pld import ACCOUNTANTS
 
 IFCA_ALGORITHMS = tuple(method_names.IFCA_VARIANTS)
 ALGORITHMS = (*method_names.NAMES, "dprivate_clustering")
@@ -82,7 +83,8 @@ APPLIES_TO = {
         "hypothesis_init_std")},
 }
 # Flags of DP-SGD: giving one without --epsilon (a non-private run) is an error.
-DP_FLAGS = ("delta", "clip", "sampling", "ledger_csv", "outside_guarantee_metrics")
+DP_FLAGS = ("delta", "clip", "sampling", "ledger_csv", "outside_guarantee_metrics",
+            "accountant")
 
 FLAGS = flags.FLAGS
 flags.DEFINE_list("methods", ["local", "fedavg", "mrmtl"],
@@ -109,6 +111,10 @@ flags.DEFINE_bool("public_silo_sizes", False, "add_remove: declare the silos' si
                   "public (they set q_k = B / n_k and weigh the server mean).")
 flags.DEFINE_integer("assumed_silo_size", None, "add_remove with private sizes: the "
                      "public size m every silo samples with (default: the preset's).")
+flags.DEFINE_string("accountant", "rdp", "Under DP, how epsilon is computed and the "
+                    "noise calibrated: rdp (Renyi DP), or pld (privacy loss "
+                    "distributions, add_remove only: PLD where it expresses every query "
+                    "of a silo, RDP elsewhere; the smaller bound). Rows say which.")
 flags.DEFINE_string("protocol", "custom", f"One of {PROTOCOLS}: 'paper' runs the "
                     "paper's protocol (add_remove accounting, public sizes setting q_k "
                     "and weighing the mean; Poisson batches, or --sampling=shuffle as "
@@ -281,7 +287,7 @@ class Settings:
 # The flags a row records as given (its `flags` column).
 GIVEN = ("methods", "dataset", "data_dir", "rounds", "epsilon", "delta", "lams", "lr",
          "batch_size", "clip", "local_epochs", "sampling", "neighbouring",
-         "public_silo_sizes", "assumed_silo_size", "protocol", "standardize",
+         "public_silo_sizes", "assumed_silo_size", "protocol", "accountant", "standardize",
          "standardize_clip", "standardize_budget_share", "finetune_fraction",
          "aggregator", "silo_epsilon", "silo_delta", "aggregator_clip", "seeds",
          "mask_probability", "corrupt_silos", "corruption", "backend", "device", "xla",
@@ -291,13 +297,18 @@ GIVEN = ("methods", "dataset", "data_dir", "rounds", "epsilon", "delta", "lams",
 def _protocol_and_sampling(preset):
   """The privacy protocol and batch sampling the flags name; raises UsageError."""
   from tff_silo.privacy import protocol as protocol_lib
+  common.check_one_of("accountant", FLAGS.accountant, ACCOUNTANTS)
+  if FLAGS.accountant == "pld" and FLAGS.neighbouring != "add_remove":
+    raise UsageError("--accountant=pld accounts add_remove (Poisson) DP-SGD only; use "
+                     f"--accountant=rdp with --neighbouring={FLAGS.neighbouring}")
   if FLAGS.protocol == "paper":
     if FLAGS.neighbouring != "add_remove" or FLAGS.sampling not in (None, "poisson",
                                                                     "shuffle"):
       raise UsageError("--protocol=paper is add_remove with poisson (or, as the paper's "
                        "code runs, shuffle) sampling; drop --neighbouring or use "
                        "--protocol=custom")
-    protocol, sampling = protocol_lib.PAPER, FLAGS.sampling or "poisson"
+    protocol = dataclasses.replace(protocol_lib.PAPER, accountant=FLAGS.accountant)
+    sampling = FLAGS.sampling or "poisson"
   else:
     sampling = FLAGS.sampling or protocol_lib.SAMPLING_FOR[FLAGS.neighbouring][0]
     common.check_one_of("sampling", sampling, SAMPLING)
@@ -309,7 +320,7 @@ def _protocol_and_sampling(preset):
                        "give --assumed_silo_size or --public_silo_sizes")
     try:
       protocol = protocol_lib.PrivacyProtocol(FLAGS.neighbouring, FLAGS.public_silo_sizes,
-                                              size)
+                                              size, accountant=FLAGS.accountant)
     except ValueError as e:
       raise UsageError(str(e)) from None
   if FLAGS.epsilon is not None:
@@ -511,6 +522,8 @@ def _run_key(seed, algorithm, lam, s):
       batch_size=s.batch_size, clip=s.clip, local_epochs=s.local_epochs,
       sampling=s.sampling, **common.aggregator_key(),
       **_protocol_columns(s, private=s.private),
+      # pld runs only: the keys (and noise) of rdp runs stay those of before
+      **({"accountant": "pld"} if s.private and s.protocol.accountant == "pld" else {}),
       standardize=s.standardize,
       standardize_clip=s.standardize_clip if s.standardize == "dp" else None,
       standardize_budget_share=(s.standardize_budget_share
@@ -641,6 +654,7 @@ def _row(result, seed, algorithm, lam, s, silos, backend, device):
       clip=s.clip if privacy is not None else None, local_epochs=s.local_epochs,
       sampling=s.sampling if privacy is not None else None,
       **_protocol_columns(s, private=privacy is not None),
+      accountant=s.protocol.accountant if privacy is not None else None,
       standardize=s.standardize,
       standardize_inside_guarantee=(preprocessing.inside_guarantee(s.standardize)
                                     if privacy is not None and s.standardize else None),

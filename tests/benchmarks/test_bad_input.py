@@ -133,6 +133,10 @@ def _cases(binary, f):
          "is not valid JSON"),
         (["--lr=inf", out], "--lr must be a finite number"),
         (["--shards=-1", out], "--shards must be >= 0; got -1"),
+        (["--epsilon=2", "--accountant=moments", out], "--accountant must be one of"),
+        (["--epsilon=2", "--accountant=pld", "--neighbouring=replace_one", out],
+         "--accountant=pld accounts add_remove (Poisson) DP-SGD only"),
+        (["--accountant=pld", out], "--accountant applies to private runs only"),
         (["--shards=2", "--backend=tff", out], "--shards runs on the vectorized "
          "backend, not --backend=tff"),
         (["--dataset=synthetic", "--shards=99", out], "--shards=99 is more than the "),

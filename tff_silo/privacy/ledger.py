@@ -13,19 +13,24 @@ once (`rdp_curves`, dp_accounting's formulas vectorized; cached) and added `coun
 times, which gives the same curve as one `RdpAccountant` composing every event of
 the run (tests/privacy/test_ledger.py). The Gaussian sampler's tails of
 the charged events (`accounting.sampler_tail`) add up too, and epsilon is reported
-at delta less their sum.
+at delta less their sum. A ledger with `accountant="pld"` also counts its events'
+primitive mechanisms (`pld.primitives`) and reports the smaller of the RDP and the
+PLD epsilon while PLD expresses everything charged; its budget checks compose a PLD
+only when RDP alone would refuse, and not at all for a prefix of a run its
+calibration proved (`pld.known_bound`).
 """
 
 from __future__ import annotations
 
 import collections
 import functools
+import math
 from typing import Optional
 
 import dp_accounting
 import numpy as np
 
-from tff_silo.privacy import accounting, node_level, rdp_curves
+from tff_silo.privacy import accounting, node_level, pld, rdp_curves
 
 
 @functools.lru_cache(maxsize=4096)
@@ -63,11 +68,14 @@ class PrivacyLedger:
       leakage only.
     neighbouring: `add_remove` or `replace_one` (see `accounting.NEIGHBOURING`).
     budget: epsilon at `target_delta` the unit allows (None: no limit).
+    accountant: `rdp`, or `pld` (add_remove only; module docstring).
   """
 
   def __init__(self, target_delta: float, *, neighbouring: str = "add_remove",
-               budget: Optional[float] = None):
+               budget: Optional[float] = None, accountant: str = "rdp"):
     accounting.check_neighbouring(neighbouring)
+    if pld.check_accountant(accountant) == "pld" and neighbouring != "add_remove":
+      raise ValueError("a pld ledger accounts add_remove only")
     if target_delta is not None and not 0.0 < target_delta < 1.0:
       raise ValueError(f"target_delta must be in (0, 1), got {target_delta}")
     if budget is not None and not budget > 0:
@@ -79,6 +87,9 @@ class PrivacyLedger:
     self.sampler_tail = 0.0   # the Gaussian sampler's tails of every charge
     self.leakage = 0.0
     self.charges = collections.Counter()   # label -> number of charges
+    self.accountant = accountant
+    # pld: the primitive mechanisms charged (None once one is not expressible)
+    self._primitives = collections.Counter() if accountant == "pld" else None
 
   def _curve(self, event, count):
     """(RDP curve, sampler tail) of `count` runs of `event`."""
@@ -94,13 +105,32 @@ class PrivacyLedger:
     if int(count) != count or count < 0:
       raise ValueError(f"count must be a non-negative integer, got {count}")
     if count:
-      self._add(self._curve(event, count), label, int(count))
+      self._add(self._curve(event, count), label, event, int(count))
 
-  def _add(self, cost, label, count=1):
+  def _add(self, cost, label, event, count=1):
     curve, tail = cost
     self._rdp = self._rdp + curve
     self.sampler_tail += tail
     self.charges[label] += count
+    if self._primitives is not None:
+      self._primitives = pld.primitives(event, count, self._primitives)
+
+  def _pld_epsilon(self, event=None, within=None) -> float:
+    """The PLD epsilon of everything charged (and `event`, once), inf where PLD
+    does not express it; with `within` (a budget), a bound already proven when it
+    is within that (no new composition)."""
+    if self._primitives is None or self.target_delta is None:
+      return math.inf
+    counts, tail = collections.Counter(self._primitives), self.sampler_tail
+    if event is not None:
+      if pld.primitives(event, 1, counts) is None:
+        return math.inf
+      tail += accounting.sampler_tail(event, self.neighbouring)
+    delta = accounting.delta_after_tail(self.target_delta, tail)
+    known = pld.known_bound(counts, delta)
+    if within is not None and known <= within:
+      return known
+    return min(known, pld.epsilon(counts, delta))
 
   def charge_leakage(self, amount: float, label: str) -> None:
     """Adds a d-privacy leakage (epsilon times distance; not an (epsilon, delta))."""
@@ -121,7 +151,10 @@ class PrivacyLedger:
 
   def would_exceed(self, event: dp_accounting.DpEvent, count: int = 1) -> bool:
     """Whether charging `event` `count` times would take epsilon above the budget."""
-    return self.budget is not None and self._exceeds_with(self._curve(event, count))
+    if self.budget is None or not self._exceeds_with(self._curve(event, count)):
+      return False
+    return self.accountant != "pld" or self._pld_epsilon(
+        dp_accounting.SelfComposedDpEvent(event, int(count)), self.budget) > self.budget
 
   def _exceeds_with(self, cost) -> bool:
     curve, tail = cost
@@ -131,12 +164,17 @@ class PrivacyLedger:
 
 
 def epsilons(ledgers) -> np.ndarray:
-  """Each ledger's epsilon (an array; one vectorized conversion for all)."""
+  """Each ledger's epsilon (an array; one vectorized conversion for all; a pld
+  ledger's the smaller of that and its PLD epsilon)."""
   if not ledgers:
     return np.zeros(0)
-  return _epsilons([ledger._rdp for ledger in ledgers],   # pylint: disable=protected-access
-                   [ledger._checked_delta() for ledger in ledgers],   # pylint: disable=protected-access
-                   [ledger.sampler_tail for ledger in ledgers])
+  out = _epsilons([ledger._rdp for ledger in ledgers],   # pylint: disable=protected-access
+                  [ledger._checked_delta() for ledger in ledgers],   # pylint: disable=protected-access
+                  [ledger.sampler_tail for ledger in ledgers])
+  for i, ledger in enumerate(ledgers):
+    if ledger.accountant == "pld" and out[i] > 0:
+      out[i] = min(out[i], ledger._pld_epsilon())   # pylint: disable=protected-access
+  return out
 
 
 def leakages(ledgers) -> np.ndarray:
@@ -174,11 +212,15 @@ def over_budget(ledgers, events) -> list:
     return []
   curves, deltas, tails, budgets = zip(*candidates.values())
   exceeds = dict(zip(candidates, _epsilons(curves, deltas, tails) > np.array(budgets)))
-  return [i for i, key in owners if exceeds[key]]
+  refused = [i for i, key in owners if exceeds[key]]
+  # a pld ledger refuses only if its PLD epsilon exceeds the budget as well
+  return [i for i in refused if ledgers[i].accountant != "pld"
+          or ledgers[i]._pld_epsilon(events[i], ledgers[i].budget)   # pylint: disable=protected-access
+          > ledgers[i].budget]
 
 
 def charge_all(ledgers, events, label: str) -> None:
   """Charges each ledger its event (None: nothing), sharing equal events' curves."""
-  for ledger, curve in zip(ledgers, _curves(ledgers, events)):
+  for ledger, event, curve in zip(ledgers, events, _curves(ledgers, events)):
     if curve is not None:
-      ledger._add(curve, label)   # pylint: disable=protected-access
+      ledger._add(curve, label, event)   # pylint: disable=protected-access

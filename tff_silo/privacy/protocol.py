@@ -31,7 +31,7 @@ from typing import Optional, Sequence
 
 import numpy as np
 
-from tff_silo.privacy import accounting
+from tff_silo.privacy import accounting, pld
 
 # The samplings each relation's accounting holds for; `shuffle` has no bound in either.
 SAMPLING_FOR = {"add_remove": ("poisson", "shuffle"),
@@ -49,15 +49,23 @@ class PrivacyProtocol:
       samples with (q = min(B, m) / m) and is weighted by.
     node_examples: node-level DP: the most examples one protected node lies in
       (replace_one only); None: example-level DP.
+    accountant: `rdp`, or `pld` (add_remove only): privacy loss distributions where
+      they express every event of a silo, RDP elsewhere (`pld`); the smaller of the
+      two bounds is reported, and calibration uses it.
   """
 
   neighbouring: str = "add_remove"
   public_silo_sizes: bool = False
   assumed_silo_size: Optional[int] = None
   node_examples: Optional[int] = None
+  accountant: str = "rdp"
 
   def __post_init__(self):
     accounting.check_neighbouring(self.neighbouring)
+    pld.check_accountant(self.accountant)
+    if self.accountant == "pld" and self.neighbouring != "add_remove":
+      raise ValueError("accountant='pld' accounts add_remove (Poisson) DP-SGD only; "
+                       f"use accountant='rdp' under {self.neighbouring}")
     m = self.assumed_silo_size
     if m is not None and (int(m) != m or m < 1):
       raise ValueError(f"assumed_silo_size must be a positive integer, got {m}")
@@ -76,7 +84,7 @@ class PrivacyProtocol:
   @property
   def name(self) -> str:
     """`paper` for the paper's protocol, else the relation and what is public."""
-    if self == PAPER:
+    if dataclasses.replace(self, accountant="rdp") == PAPER:
       return "paper"
     if self.neighbouring == "replace_one":
       return ("replace_one" if self.node_examples is None

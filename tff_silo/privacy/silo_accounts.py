@@ -138,9 +138,9 @@ def calibrate_silos(train_sizes: Sequence[int], *, batch_size: int, epochs_per_r
       protocol.neighbouring, int(n), e, protocol.node_examples)
       for q, n_steps, d, s, n, e in zip(rates, steps, delta, select, sizes, extra)]
   if given is not None:
-    z, spent = given, accounting.epsilons_spent(given, settings)
+    z, spent = given, accounting.epsilons_spent(given, settings, protocol.accountant)
   else:
-    z, spent = accounting.calibrate_noise_multipliers(eps, settings)
+    z, spent = accounting.calibrate_noise_multipliers(eps, settings, protocol.accountant)
   return SiloPrivacy(z, rates, steps, delta, spent, select, num_selections, sizes,
                      protocol, sampling, tuple(extra))
 
@@ -203,7 +203,8 @@ class SiloAccounts:
       if settings not in distinct:
         ledger = ledger_lib.PrivacyLedger(
             float(privacy.target_delta[k]), neighbouring=privacy.protocol.neighbouring,
-            budget=None if budgets[k] is None else float(budgets[k]))
+            budget=None if budgets[k] is None else float(budgets[k]),
+            accountant=privacy.protocol.accountant)
         for event in privacy.preprocessing[k]:
           ledger.charge(event, "preprocessing")
         distinct[settings] = (ledger, k)

@@ -18,8 +18,8 @@ import sys
 from absl import app
 from absl import flags
 
-BINARIES = ("compare", "run", "hypernet", "attacks", "pandemic", "tuning_cost", "speed",
-            "summarize")
+BINARIES = ("compare", "run", "hypernet", "attacks", "pandemic", "audit", "tuning_cost",
+            "speed", "summarize")
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 README = os.path.join(ROOT, "benchmarks", "README.md")
 _TABLE = re.compile(r"(<!-- flags: (\w+) -->\n)(.*?)(<!-- end flags -->)", re.S)

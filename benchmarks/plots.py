@@ -223,6 +223,35 @@ def tuning_cost(rows, summary, title: str, path: str) -> None:
   _save(fig, path)
 
 
+# --- benchmarks.audit -------------------------------------------------------------------
+
+def audit(df, title: str, path: str) -> None:
+  """Per method, the epsilon a run reports (bar) and the lower bound the audit
+  proves (dot; one per mutation, the honest run's filled): a dot above its bar
+  refutes the report."""
+  plt = _pyplot()
+  methods = list(dict.fromkeys(df.method))
+  fig, ax = plt.subplots(figsize=(1.6 + 1.3 * len(methods), 4))
+  x = np.arange(len(methods))
+  honest = df[df.mutation == "none"].set_index("method")
+  ax.bar(x, [honest.epsilon_reported.get(m, np.nan) for m in methods], width=0.6,
+         color="lightgrey", edgecolor="black", label="reported (ledgers)")
+  markers = dict(none="o", noise_div4="v", rate_x2="s")
+  for mutation, part in df.groupby("mutation", sort=False):
+    part = part.set_index("method")
+    ax.plot(x, [part.epsilon_lower.get(m, np.nan) for m in methods],
+            marker=markers.get(mutation, "x"), ls="none", ms=8,
+            mfc="black" if mutation == "none" else "none", mec="black",
+            label=("audited lower bound" if mutation == "none"
+                   else f"audited, mutation {mutation} (reported as honest)"))
+  ax.set_xticks(x, methods)
+  ax.set_ylabel("epsilon")
+  ax.set_title(title, fontsize=9)
+  ax.legend(fontsize=7)
+  fig.tight_layout()
+  _save(fig, path)
+
+
 # --- benchmarks.hypernet ----------------------------------------------------------------
 
 def hypernet_accuracy(df, *, delta: float, num_classes: int, majority: float,

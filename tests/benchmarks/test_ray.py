@@ -48,11 +48,16 @@ def _same_rows(local_csv, ray_csv):
   return local
 
 
-def _both(binary, tmp_path, cluster, *args, output="--output", name="rows.csv"):
+def _both(binary, tmp_path, cluster, *args, output="--output", name="rows.csv",
+          plan_secret=None):
+  """Rows of the same command run with the local and the Ray executor (with
+  `plan_secret`, both private-tuning runs given that secret's plans)."""
   paths = {}
   for executor in ("local", "ray"):
     folder = tmp_path / executor
     folder.mkdir()
+    if plan_secret is not None:   # compare's secret beside its partial trial store
+      (folder / plan_secret[0]).write_text(f"{plan_secret[1]}\n")
     extra = [] if executor == "local" else ["--executor=ray", f"--ray_address={cluster}"]
     path = folder if output == "--output_dir" else folder / name
     done = binaries.run(binary, *args, *extra, f"{output}={path}")
@@ -94,7 +99,8 @@ def test_compare_rows_are_the_local_executors(tmp_path, cluster):
   rows = _both("compare", tmp_path, cluster, "--preset=quick", "--methods=mrmtl,fedavg",
                "--epsilons=1,inf", "--seeds=0", "--rounds=3", "--lams=0.1,1",
                "--lrs=0.1", "--tuning=private", "--mean_trials=2",
-               output="--output_dir", name="compare_quick.csv")
+               output="--output_dir", name="compare_quick.csv",
+               plan_secret=("compare_quick.trials.partial.csv.plan_secret", 2 ** 100 + 7))
   assert set(rows.method) == {"mrmtl", "fedavg"}
 
 

@@ -1,0 +1,227 @@
+"""An empirical lower bound on epsilon for the example-level DP methods, from one
+training run each (`attacks.audit`: Steinke, Nasr & Jagielski 2023).
+
+For each method, a DP run on silos with --canaries canaries (each included with
+probability 1/2 from the auditor's seed; data-level, one feature each, white-box on
+the final silo models' parameters), then the --guesses highest and lowest canary
+scores guessed in and out, and the largest epsilon those guesses refute at
+--confidence. A row: method, preset, epsilon_reported (the run's ledgers, the
+largest over silos), delta, epsilon_lower, confidence, canaries, guesses, correct,
+threat_model, mutation. The runs are calibrated at --delta, 1e-5 by default: the
+bound pays 2 m delta. epsilon_lower <= epsilon_reported is what a correct
+implementation shows; a lower bound above it is a bug. --mutations adds runs that
+are broken on purpose, behind the accountant's back, to show the audit bites:
+`noise_div4` trains with a quarter of the calibrated noise, `rate_x2` samples each
+example with twice the accounted rate (the ledgers still report the honest run's
+epsilon). Threat model and limits: a lower bound says that this attack, on these
+canaries, refutes smaller epsilons; it does not say the reported epsilon is tight,
+nor anything of other canaries, attacks or released quantities.
+
+    uv run python -m benchmarks.audit --preset=quick --mutations=noise_div4,rate_x2
+    uv run python -m benchmarks.audit --preset=school --data_dir=../shared/data
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import time
+
+from absl import flags
+
+from benchmarks import common, configs
+from benchmarks.common import UsageError
+
+FLAGS = flags.FLAGS
+PRESETS = ("quick", "school")
+METHODS = ("local", "fedavg", "mrmtl", "ditto", "finetune")
+MUTATIONS = ("noise_div4", "rate_x2")
+THREAT_MODEL = ("white-box, final silo models: one canary feature per canary example "
+                "(add/remove one example), its coordinate of its silo's model as score")
+flags.DEFINE_string("preset", "quick", f"One of {PRESETS}: the quick preset's synthetic "
+                    "linear-regression silos (all 60 training examples of each), or "
+                    "School (needs --data_dir); their batch size, clip, rounds and lr.")
+flags.DEFINE_string("data_dir", None, "--preset=school: the folder with school.mat.")
+flags.DEFINE_list("methods", ["local", "fedavg", "mrmtl", "ditto"],
+                  f"Methods audited, among {METHODS}.")
+flags.DEFINE_float("epsilon", 1.0, "Each silo's target epsilon.")
+flags.DEFINE_float("delta", 1e-5, "Each silo's delta. The bound pays 2 m delta (m the "
+                   "canaries): at 1,000 canaries a delta of 1e-3 leaves it nothing.")
+flags.DEFINE_integer("rounds", None, "Rounds (default: the preset's).")
+flags.DEFINE_float("lr", None, "Client learning rate (default: the preset's).")
+flags.DEFINE_float("lam", 1.0, "lambda of MR-MTL and Ditto.")
+flags.DEFINE_integer("canaries", 1000, "m, canaries (each included with probability 1/2).")
+flags.DEFINE_integer("guesses", 100, "k: the k highest scores are guessed in, the k "
+                     "lowest out (2k guesses).")
+flags.DEFINE_float("confidence", 0.95, "Confidence of the lower bound.")
+flags.DEFINE_integer("seed", 0, "Seed of the data, the canaries' inclusion and the runs.")
+flags.DEFINE_list("mutations", [], f"Deliberately broken runs to add, among {MUTATIONS} "
+                  "(their rows say so).")
+common.define_output_flags(output=("audit.csv", "CSV rows are appended to."),
+                           plot=("audit.png", "Figure: reported against audited epsilon."))
+common.define_bounds(epsilon="> 0", delta="(0, 1)", rounds=">= 1", lr="> 0", lam="> 0",
+                     canaries=">= 2", guesses=">= 1", confidence="(0, 1)")
+flags.adopt_module_key_flags(common)
+
+SIGNATURE = ("method", "epsilon_reported", "epsilon_lower")
+
+
+@dataclasses.dataclass(frozen=True)
+class Settings:
+  """`benchmarks.audit`'s flags, checked (`from_flags`)."""
+  preset: str
+  data_dir: str | None
+  methods: tuple
+  epsilon: float
+  delta: float
+  rounds: int
+  lr: float
+  lam: float
+  batch_size: int
+  clip: float
+  assumed_silo_size: int
+  canaries: int
+  guesses: int
+  confidence: float
+  seed: int
+  mutations: tuple
+  output: str
+  plot: str
+
+  @classmethod
+  def from_flags(cls) -> "Settings":
+    """Checks the flags; raises UsageError."""
+    common.check_one_of("preset", FLAGS.preset, PRESETS)
+    common.check_among("methods", FLAGS.methods, METHODS)
+    if FLAGS.mutations:
+      common.check_among("mutations", FLAGS.mutations, MUTATIONS)
+    common.check_epsilon("epsilon", FLAGS.epsilon, "the audit needs a private run")
+    if FLAGS.preset == "school" and not FLAGS.data_dir:
+      raise UsageError("--preset=school needs --data_dir (the folder with school.mat)")
+    if FLAGS.preset != "school" and FLAGS.data_dir:
+      raise UsageError("--data_dir applies to --preset=school only")
+    if 2 * FLAGS.guesses > FLAGS.canaries:
+      raise UsageError(f"--guesses must be at most --canaries / 2 "
+                       f"({FLAGS.canaries // 2}); got {FLAGS.guesses}")
+    common.check_output(FLAGS.output, SIGNATURE)
+    common.check_figure_path(FLAGS.plot)
+    if FLAGS.preset == "quick":   # the compare preset's, all training examples
+      preset = configs.COMPARE_PRESETS["quick"]
+      size, lr = int(configs.QUICK_DATA["num_examples"] * 0.75), preset.lrs[0]
+    else:
+      preset = configs.PRESETS["school"]
+      size, lr = preset.assumed_silo_size, preset.lr
+    return cls(
+        preset=FLAGS.preset, data_dir=FLAGS.data_dir, methods=tuple(FLAGS.methods),
+        epsilon=FLAGS.epsilon, delta=FLAGS.delta,
+        rounds=FLAGS.rounds or preset.rounds, lr=FLAGS.lr or lr, lam=FLAGS.lam,
+        batch_size=preset.batch_size, clip=preset.clip, assumed_silo_size=size,
+        canaries=FLAGS.canaries, guesses=FLAGS.guesses, confidence=FLAGS.confidence,
+        seed=FLAGS.seed, mutations=tuple(FLAGS.mutations), output=FLAGS.output,
+        plot=FLAGS.plot)
+
+
+def _silos(s):
+  from tff_silo import data
+  if s.preset == "quick":
+    return data.heterogeneous_linear_silos(**configs.QUICK_DATA, seed=s.seed)
+  try:
+    return data.load_school(s.data_dir, seed=s.seed, standardize="public")
+  except (OSError, ValueError) as e:
+    raise UsageError(str(e)) from None
+
+
+@contextlib.contextmanager
+def _mutated(mutation):
+  """The training broken behind the accountant's back (None: as it is): the
+  silos train with a quarter of their noise, or sample at twice the threshold."""
+  if mutation is None:
+    yield
+    return
+  from tff_silo import simulation
+  from tff_silo.algorithms import poisson_sampling
+  honest_accounts, honest_threshold = simulation.SiloAccounts, poisson_sampling.threshold
+
+  class QuarterNoise(honest_accounts):
+    def __init__(self, *args, **kwargs):
+      super().__init__(*args, **kwargs)
+      self.noise_multipliers = self.noise_multipliers / 4.0   # trained with, not charged
+
+  def doubled(batch, size):
+    import tensorflow as tf
+    return tf.minimum(2 * honest_threshold(batch, size), poisson_sampling.WORD)
+
+  try:
+    if mutation == "noise_div4":
+      simulation.SiloAccounts = QuarterNoise
+    else:
+      poisson_sampling.threshold = doubled
+    yield
+  finally:
+    simulation.SiloAccounts, poisson_sampling.threshold = honest_accounts, honest_threshold
+
+
+def _audit(s, method, silos, mutation):
+  """One DP run of `method` on the canaried silos and its row."""
+  import numpy as np
+  from attacks import audit
+  from tff_silo import algorithms, keys, models, simulation
+  from tff_silo.privacy.protocol import PrivacyProtocol
+  canaried, canaries = audit.canary_silos(silos, s.canaries, s.seed)
+  definition = algorithms.silo_definition(
+      method, models.model_for(canaried), canaried.feature_shape,
+      client_learning_rate=s.lr, batch_size=s.batch_size, rounds=s.rounds, lam=s.lam,
+      l2_norm_clip=s.clip, num_silos=canaried.num_silos)
+  start = time.perf_counter()
+  with _mutated(mutation):
+    result = simulation.run_simulation(
+        definition, canaried, rounds=s.rounds, target_epsilon=s.epsilon,
+        target_delta=s.delta, backend="vectorized",
+        seed=keys.run_seed(s.seed, dict(audit=method, mutation=mutation)),
+        protocol=PrivacyProtocol(assumed_silo_size=s.assumed_silo_size))
+  scores = audit.canary_scores(result.silo_weights, canaries)
+  r, v = audit.guesses(scores, canaries.included, s.guesses)
+  return dict(
+      method=method, preset=s.preset, silo="all", mutation=mutation or "none",
+      epsilon_reported=float(np.max(result.privacy.epsilon_spent)), delta=s.delta,
+      epsilon_lower=audit.epsilon_lower(s.canaries, r, v, s.delta, s.confidence),
+      confidence=s.confidence, canaries=s.canaries, guesses=r, correct=v,
+      included=int(canaries.included.sum()), threat_model=THREAT_MODEL,
+      noise_multiplier=float(np.min(result.privacy.noise_multipliers)),
+      rounds=s.rounds, lr=s.lr, lam=s.lam if method in ("mrmtl", "ditto") else None,
+      batch_size=s.batch_size, clip=s.clip, assumed_silo_size=s.assumed_silo_size,
+      seed=s.seed, test_metric=result.test_metric,
+      wall_seconds=time.perf_counter() - start)
+
+
+def main(argv):
+  if len(argv) > 1:
+    raise UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
+  s = Settings.from_flags()
+  silos = _silos(s)
+  rows = []
+  for mutation in (None, *s.mutations):
+    for method in s.methods:
+      rows.append(_audit(s, method, silos, mutation))
+      row = rows[-1]
+      print(f"{method} ({row['mutation']}): epsilon reported {row['epsilon_reported']:.3f}"
+            f", audited >= {row['epsilon_lower']:.3f} ({row['correct']}/{row['guesses']} "
+            "guesses right)", flush=True)
+  common.append_rows(s.output, rows)
+  import pandas as pd
+  from benchmarks import plots, tables
+  table = pd.DataFrame(rows)
+  plots.audit(table, f"{s.preset}: {s.canaries} canaries, {2 * s.guesses} guesses, "
+              f"{s.confidence:.0%} confidence", s.plot)
+  tables.print_frame(table[["method", "mutation", "epsilon_reported", "epsilon_lower",
+                            "correct", "guesses", "noise_multiplier", "test_metric"]],
+                     number=".4g")
+  honest = table[table.mutation == "none"]
+  broken = honest[honest.epsilon_lower > honest.epsilon_reported]
+  print(f"{len(rows)} row(s) appended to {s.output}; figure: {s.plot}")
+  if not broken.empty:
+    print(f"AUDIT FAILED: {', '.join(broken.method)} refute(s) the reported epsilon")
+
+
+if __name__ == "__main__":
+  common.run_main(main)

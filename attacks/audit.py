@@ -7,7 +7,8 @@ a key the auditor keeps); after training, a score per canary; the auditor guesse
 counts its correct guesses v. If the training is (epsilon, delta)-DP for adding or
 removing any one canary, then (Thm. 3.1 there)
 
-    P[v correct] <= P[Bin(r, p) >= v] + 2 m delta max_{1 <= i <= v} P[v > Bin(r, p) >= v - i] / i,
+    P[v right] <= P[Bin(r, p) >= v]
+                  + 2 m delta max_{1 <= i <= v} P[v > Bin(r, p) >= v - i] / i,
     p = e^eps / (1 + e^eps),
 
 so every epsilon whose bound falls below 1 - confidence is refuted, and the largest

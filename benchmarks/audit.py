@@ -50,15 +50,17 @@ flags.DEFINE_float("delta", 1e-5, "Each silo's delta. The bound pays 2 m delta (
 flags.DEFINE_integer("rounds", None, "Rounds (default: the preset's).")
 flags.DEFINE_float("lr", None, "Client learning rate (default: the preset's).")
 flags.DEFINE_float("lam", 1.0, "lambda of MR-MTL and Ditto.")
-flags.DEFINE_integer("canaries", 1000, "m, canaries (each included with probability 1/2).")
+flags.DEFINE_integer("canaries", 1000, "m, canaries (each included with probability "
+                     "1/2).")
 flags.DEFINE_integer("guesses", 100, "k: the k highest scores are guessed in, the k "
                      "lowest out (2k guesses).")
 flags.DEFINE_float("confidence", 0.95, "Confidence of the lower bound.")
 flags.DEFINE_integer("seed", 0, "Seed of the data, the canaries' inclusion and the runs.")
 flags.DEFINE_list("mutations", [], f"Deliberately broken runs to add, among {MUTATIONS} "
                   "(their rows say so).")
-common.define_output_flags(output=("audit.csv", "CSV rows are appended to."),
-                           plot=("audit.png", "Figure: reported against audited epsilon."))
+common.define_output_flags(
+    output=("audit.csv", "CSV rows are appended to."),
+    plot=("audit.png", "Figure: reported against audited epsilon."))
 common.define_bounds(epsilon="> 0", delta="(0, 1)", rounds=">= 1", lr="> 0", lam="> 0",
                      canaries=">= 2", guesses=">= 1", confidence="(0, 1)")
 flags.adopt_module_key_flags(common)
@@ -158,7 +160,8 @@ def _mutated(mutation):
       poisson_sampling.threshold = doubled
     yield
   finally:
-    simulation.SiloAccounts, poisson_sampling.threshold = honest_accounts, honest_threshold
+    simulation.SiloAccounts = honest_accounts
+    poisson_sampling.threshold = honest_threshold
 
 
 def _audit(s, method, silos, mutation):
@@ -204,9 +207,9 @@ def main(argv):
     for method in s.methods:
       rows.append(_audit(s, method, silos, mutation))
       row = rows[-1]
-      print(f"{method} ({row['mutation']}): epsilon reported {row['epsilon_reported']:.3f}"
-            f", audited >= {row['epsilon_lower']:.3f} ({row['correct']}/{row['guesses']} "
-            "guesses right)", flush=True)
+      print(f"{method} ({row['mutation']}): epsilon reported "
+            f"{row['epsilon_reported']:.3f}, audited >= {row['epsilon_lower']:.3f} "
+            f"({row['correct']}/{row['guesses']} guesses right)", flush=True)
   common.append_rows(s.output, rows)
   import pandas as pd
   from benchmarks import plots, tables

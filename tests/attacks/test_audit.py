@@ -25,7 +25,8 @@ def test_perfect_guesses_without_delta_refute_where_the_binomial_tail_is_alpha()
   # delta only weakens it; chance-level guessing refutes nothing
   assert audit.epsilon_lower(1000, 200, 200, 1e-5) < eps
   assert audit.epsilon_lower(1000, 200, 100, 1e-5) == 0.0
-  assert audit.epsilon_lower(1000, 200, 200, 1e-3) < audit.epsilon_lower(1000, 200, 200, 1e-5)
+  assert (audit.epsilon_lower(1000, 200, 200, 1e-3)
+          < audit.epsilon_lower(1000, 200, 200, 1e-5))
 
 
 def test_the_bound_refutes_a_true_epsilon_at_most_one_time_in_twenty():

@@ -67,7 +67,8 @@ def test_settings_pld_cannot_express_stay_on_rdp():
 def test_primitives_count_steps_and_prefixes_inherit_a_proven_bound():
   step = dp_accounting.PoissonSampledDpEvent(0.1, dp_accounting.GaussianDpEvent(1.0))
   stats = dp_accounting.GaussianDpEvent(5.0)
-  run = dp_accounting.ComposedDpEvent([stats, dp_accounting.SelfComposedDpEvent(step, 50)])
+  run = dp_accounting.ComposedDpEvent([stats,
+                                      dp_accounting.SelfComposedDpEvent(step, 50)])
   counts = pld.primitives(run, 2)
   assert counts == {stats: 2, step: 100}
   eps = pld.epsilon(counts, 1e-5)
@@ -95,9 +96,11 @@ def test_a_pld_calibrated_run_finishes_on_pld_ledgers_and_no_further():
   assert active == [True]
   spent = ledger_lib.epsilons(accounts.ledgers)
   assert (spent <= 2.0).all() and (spent > 1.99).all()
-  assert (ledger_lib.PrivacyLedger.epsilon(accounts.ledgers[0]) == spent).all()
   ledger = accounts.ledgers[0]
-  assert ledger._pld_epsilon() < float(ledger_lib._epsilons(   # pylint: disable=protected-access
-      [ledger._rdp], [ledger.target_delta], [ledger.sampler_tail])[0])   # pylint: disable=protected-access
+  assert ledger.epsilon() == spent[0]
+  rdp = ledger_lib.PrivacyLedger(ledger.target_delta)   # the same charges, RDP alone
+  for r in range(1, rounds + 1):
+    rdp.charge(accounts.round_charges(r)[0][1], "training_round")
+  assert spent[0] < 2.0 < rdp.epsilon()
   charge_round([accounts], active, rounds + 1)
   assert active == [False] and accounts.stopped_because == "budget"

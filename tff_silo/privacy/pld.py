@@ -46,8 +46,8 @@ def _expressible(event) -> bool:
           and type(event.event) is dp_accounting.GaussianDpEvent)
 
 
-def primitives(event, count: int = 1,
-               into: Optional[collections.Counter] = None) -> Optional[collections.Counter]:
+def primitives(event, count: int = 1, into: Optional[collections.Counter] = None
+               ) -> Optional[collections.Counter]:
   """`count` runs of `event` as a Counter of primitive mechanisms (Gaussian and
   Poisson-subsampled Gaussian events) to their counts; None when PLD cannot express
   one of them."""

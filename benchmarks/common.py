@@ -647,7 +647,7 @@ def append_rows(path: str, rows) -> None:
         warnings.simplefilter("ignore", FutureWarning)
         table = pd.concat([pd.read_csv(path, low_memory=False), new], ignore_index=True)
   write_atomically(path, old_bytes + new.to_csv(header=False, index=False).encode()
-           if table is None else table.to_csv(index=False).encode())
+                   if table is None else table.to_csv(index=False).encode())
 
 
 def drop_rows(path: str, run_keys) -> None:

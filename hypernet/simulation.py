@@ -1,10 +1,11 @@
 """The HyperNetFL driver: Poisson user sampling, rounds, evaluation, privacy spent.
 
 It runs the one round loop (`tff_silo.driver.run_rounds`). Every round each user
-takes part independently with probability at most q, within 2^-32 (`driver.PoissonUsers`:
-a 32-bit word per user below floor(q 2^32), keyed by derive(root, USER_SAMPLING,
-round), `tff_silo.keys`), as the sampled Gaussian mechanism's accounting assumes; a round in which nobody is sampled
-still runs, so the aggregator adds its noise. Each user is evaluated on its own test
+takes part independently with probability at most q, within 2^-32
+(`driver.PoissonUsers`: a 32-bit word per user below floor(q 2^32), keyed by
+derive(root, USER_SAMPLING, round), `tff_silo.keys`), as the sampled Gaussian
+mechanism's accounting assumes; a round in which nobody is sampled still runs, so
+the aggregator adds its noise. Each user is evaluated on its own test
 data with its generated model theta_u = h(phi, v_u) (no local fine-tuning, as in
 pFedHN).
 """

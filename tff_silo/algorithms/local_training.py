@@ -12,9 +12,10 @@ as in the paper's code, so the whole step is one DP-SGD step on the silo's data.
 Batching under DP (`tff_silo.privacy.protocol`), with m the silo's *public size*
 (`size`: its n when sizes are public, else a size assumed for every silo; 0 means n):
 - `poisson` (add/remove-one; the default): every step includes each example
-  independently with probability floor(q 2^32) / 2^32 <= q = min(B, m) / m (a 32-bit
-  word per example below a threshold, `poisson_sampling`); the noisy gradient sum is divided by the
-  expected batch size q m = min(B, m); max(1, floor(m / B)) steps per epoch.
+  independently with probability floor(q 2^32) / 2^32 <= q = min(B, m) / m (a
+  32-bit word per example below a threshold, `poisson_sampling`); the noisy gradient
+  sum is divided by the expected batch size q m = min(B, m); max(1, floor(m / B))
+  steps per epoch.
   Nothing here depends on the silo's true n.
 - `without_replacement` (replace-one; n is public): every step draws min(B, n) of the
   n examples uniformly without replacement; max(1, floor(n / B)) steps per epoch.

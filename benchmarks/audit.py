@@ -1,5 +1,6 @@
-"""An empirical lower bound on epsilon for the example-level DP methods, from one
-training run each (`attacks.audit`: Steinke, Nasr & Jagielski 2023).
+"""An empirical lower bound on epsilon for the example-level DP methods (local,
+FedAvg, MR-MTL, Ditto, finetuning, IFCA with its private selections on 2 clusters),
+from one training run each (`attacks.audit`: Steinke, Nasr & Jagielski 2023).
 
 For each method, a DP run on silos with --canaries canaries (each included with
 probability 1/2 from the auditor's seed; data-level, one feature each, white-box on
@@ -34,7 +35,8 @@ from benchmarks.common import UsageError
 
 FLAGS = flags.FLAGS
 PRESETS = ("quick", "school")
-METHODS = ("local", "fedavg", "mrmtl", "ditto", "finetune")
+METHODS = ("local", "fedavg", "mrmtl", "ditto", "finetune", "ifca", "ifca_mrmtl")
+NUM_CLUSTERS = 2   # IFCA's clusters (the quick silos have none; School's are unknown)
 MUTATIONS = ("noise_div4", "rate_x2")
 THREAT_MODEL = ("white-box, final silo models: one canary feature per canary example "
                 "(add/remove one example), its coordinate of its silo's model as score")
@@ -174,7 +176,8 @@ def _audit(s, method, silos, mutation):
   definition = algorithms.silo_definition(
       method, models.model_for(canaried), canaried.feature_shape,
       client_learning_rate=s.lr, batch_size=s.batch_size, rounds=s.rounds, lam=s.lam,
-      l2_norm_clip=s.clip, num_silos=canaried.num_silos)
+      l2_norm_clip=s.clip, num_silos=canaried.num_silos,
+      num_clusters=NUM_CLUSTERS if method.startswith("ifca") else None)
   start = time.perf_counter()
   with _mutated(mutation):
     result = simulation.run_simulation(
@@ -191,7 +194,8 @@ def _audit(s, method, silos, mutation):
       confidence=s.confidence, canaries=s.canaries, guesses=r, correct=v,
       included=int(canaries.included.sum()), threat_model=THREAT_MODEL,
       noise_multiplier=float(np.min(result.privacy.noise_multipliers)),
-      rounds=s.rounds, lr=s.lr, lam=s.lam if method in ("mrmtl", "ditto") else None,
+      rounds=s.rounds, lr=s.lr,
+      lam=s.lam if method in ("mrmtl", "ditto", "ifca_mrmtl") else None,
       batch_size=s.batch_size, clip=s.clip, assumed_silo_size=s.assumed_silo_size,
       seed=s.seed, test_metric=result.test_metric,
       wall_seconds=time.perf_counter() - start)

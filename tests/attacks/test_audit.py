@@ -70,11 +70,13 @@ def test_canaries_are_one_feature_examples_included_by_the_auditors_seed():
 @pytest.mark.cli
 def test_honest_runs_stay_below_their_epsilon_and_a_quarter_noise_does_not(tmp_path):
   out = tmp_path / "audit.csv"
-  done = binaries.run("audit", "--methods=local", "--mutations=noise_div4",
+  done = binaries.run("audit", "--methods=local,ifca", "--mutations=noise_div4",
                       f"--output={out}", f"--plot={tmp_path / 'audit.png'}")
   assert done.returncode == 0, done.stderr[-2000:]
-  rows = pd.read_csv(out).set_index("mutation")
-  honest, broken = rows.loc["none"], rows.loc["noise_div4"]
+  rows = pd.read_csv(out).set_index(["method", "mutation"])
+  ifca = rows.loc[("ifca", "none")]   # its private selections in the ledgers
+  assert ifca.epsilon_lower <= ifca.epsilon_reported <= 1.0
+  honest, broken = rows.loc[("local", "none")], rows.loc[("local", "noise_div4")]
   assert honest.epsilon_reported == pytest.approx(1.0, abs=1e-3)
   assert honest.epsilon_lower <= honest.epsilon_reported
   # the same reported epsilon, refuted

@@ -185,3 +185,36 @@ def test_keys_of_the_refinement_are_their_own():
   a key any other purpose uses."""
   assert keys.GAUSSIAN_TAIL not in {v for k, v in keys.PURPOSES.items()
                                     if k != "gaussian_tail"}
+
+
+def test_the_radius_grid_lets_a_known_centre_tell_neighbours_apart_so_rows_say_so():
+  """Issue 53, item 1, not fixed: the radius of a pair lies on the 2^32-point grid of
+  its first word. Where that word is below 2^13, a test that knows the centre c of
+  a release accepts every release of c (its radius is consistent with a grid word,
+  within float32 rounding) and rejects most releases of the neighbour c + 1 (one
+  noise deviation away): an event no epsilon pays for. While this holds, every row
+  that reports an epsilon labels its noise as idealized (`common.NOISE_MECHANISM`);
+  the integer mechanism that closes it must turn this test around."""
+  from benchmarks import common
+  rng = np.random.default_rng(0)
+  pairs = 2000
+  words = np.stack([rng.integers(1, 2 ** 13, pairs), rng.integers(0, 2 ** 32, pairs)],
+                   -1).astype(np.uint32)[None]
+  noise = gaussian.normals_of(tf.constant([[1, 2]]), tf.constant(words)).numpy()
+  noise = noise.reshape(pairs, 2).astype(np.float64)
+  centre = 3.0
+
+  def consistent(release):
+    """Whether each pair's radius about `centre` is a grid radius, within what the
+    sampler's and the release's float32 rounding can move it (4e-6 absolute)."""
+    offset = release.astype(np.float64) - centre
+    radius = np.sqrt((offset ** 2).sum(1))
+    word = np.exp(-radius ** 2 / 2) * 2.0 ** 32 - 0.5
+    slack = radius * (word + 0.5) * 4e-6
+    return np.abs(word - np.round(word)) <= slack
+
+  same = (centre + noise).astype(np.float32)
+  shifted = (centre + np.array([1.0, 0.0]) + noise).astype(np.float32)
+  assert consistent(same).all()
+  assert consistent(shifted).mean() < 0.5
+  assert "idealized" in common.labelled(dict(epsilon_spent=1.0))["noise_mechanism"]

@@ -193,6 +193,9 @@ def _audit(s, method, silos, mutation):
       epsilon_lower=audit.epsilon_lower(s.canaries, r, v, s.delta, s.confidence),
       confidence=s.confidence, canaries=s.canaries, guesses=r, correct=v,
       included=int(canaries.included.sum()), threat_model=THREAT_MODEL,
+      guarantee=("example-level (add/remove, Poisson), each silo's; the largest"
+                 if mutation is None else f"none: broken on purpose ({mutation}); "
+                 "epsilon_reported is what its ledgers say, as for an honest run"),
       noise_multiplier=float(np.min(result.privacy.noise_multipliers)),
       rounds=s.rounds, lr=s.lr,
       lam=s.lam if method in ("mrmtl", "ditto", "ifca_mrmtl") else None,

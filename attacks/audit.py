@@ -48,6 +48,11 @@ class Canaries(NamedTuple):
   first: int
 
 
+def inclusions(num_canaries: int, seed: int) -> np.ndarray:
+  """Which canaries are in: Bernoulli(1/2) each, from the auditor's `seed`."""
+  return np.random.default_rng([seed, 0x0A0D17]).random(num_canaries) < 0.5
+
+
 def canary_silos(silos, num_canaries: int, seed: int):
   """(`silos` with `num_canaries` canary features appended (zero for the real
   examples) and the included canaries added to their silos' training data,
@@ -59,8 +64,7 @@ def canary_silos(silos, num_canaries: int, seed: int):
                      f"{silos.task} with features {silos.feature_shape}")
   if num_canaries < 2:
     raise ValueError(f"num_canaries must be >= 2, got {num_canaries}")
-  rng = np.random.default_rng([seed, 0x0A0D17])
-  included = rng.random(num_canaries) < 0.5
+  included = inclusions(num_canaries, seed)
   silo = np.arange(num_canaries) % silos.num_silos
   first = silos.feature_shape[0]
   width = first + num_canaries
@@ -126,3 +130,40 @@ def epsilon_lower(m: int, r: int, v: int, delta: float, confidence: float = 0.95
     mid = (lo + hi) / 2.0
     lo, hi = (mid, hi) if p_value(m, r, v, mid, delta) < alpha else (lo, mid)
   return lo
+
+
+def user_level_scores(settings, rounds: int, included, real_users: int, seed: int,
+                      sampling_rate=None, noise_scale: float = 1.0) -> np.ndarray:
+  """UDP-Alg's server step audited with user canaries (white-box on every round's
+  released aggregate f_t, the quantity its user-level epsilon covers): canary user j
+  contributes the clip S along its own coordinate j (a Dirac canary), each of
+  `real_users` a random direction in the other coordinates; users are sampled as
+  HyperNetFL samples them (`driver.PoissonUsers`, at `sampling_rate`, default the
+  settings'), f_t is `user_level.noised_mean` of their clipped, weighted sum with
+  the settings' W and noise (times `noise_scale`: 1 but in a deliberately broken
+  run), and canary j's score is the sum over rounds of f_t's coordinate j."""
+  import tensorflow as tf
+  from tff_silo import driver, keys
+  from tff_silo.privacy import user_level
+  m = len(included)
+  present = np.concatenate([np.flatnonzero(included), m + np.arange(real_users)])
+  rng = np.random.default_rng([seed, 0x05E25])
+  directions = rng.standard_normal((real_users, real_users + 1))
+  mean = settings.mean([1] * len(present), seed=seed)
+  users = driver.PoissonUsers(len(present), settings.sampling_rate
+                              if sampling_rate is None else sampling_rate, seed)
+  root = keys.root_key(seed)
+  clip = settings.l2_norm_clip
+  scores = np.zeros(m)
+  for t in range(1, rounds + 1):
+    ids = present[users.sample(t)]
+    rows = np.zeros((len(ids), m + real_users + 1), np.float32)
+    canary = ids < m
+    rows[np.flatnonzero(canary), ids[canary]] = clip
+    rows[np.flatnonzero(~canary), m:] = directions[ids[~canary] - m] * clip
+    total = user_level.weighted_clipped_sum([tf.constant(rows)],
+                                            tf.ones([len(ids)]), clip)
+    released = user_level.noised_mean(total, mean.normalizer,
+                                      mean.sigma * noise_scale, root, t)[0]
+    scores += released.numpy()[:m]
+  return scores

@@ -1,6 +1,9 @@
 """An empirical lower bound on epsilon for the example-level DP methods (local,
 FedAvg, MR-MTL, Ditto, finetuning, IFCA with its private selections on 2 clusters),
-from one training run each (`attacks.audit`: Steinke, Nasr & Jagielski 2023).
+from one training run each (`attacks.audit`: Steinke, Nasr & Jagielski 2023), and
+for HyperNetFL's user-level mechanism (`hypernet_udp`: UDP-Alg's server step over
+--rounds rounds, user canaries contributing along coordinates of their own, scored
+on every round's released aggregate).
 
 For each method, a DP run on silos with --canaries canaries (each included with
 probability 1/2 from the auditor's seed; data-level, one feature each, white-box on
@@ -35,7 +38,13 @@ from benchmarks.common import UsageError
 
 FLAGS = flags.FLAGS
 PRESETS = ("quick", "school")
-METHODS = ("local", "fedavg", "mrmtl", "ditto", "finetune", "ifca", "ifca_mrmtl")
+METHODS = ("local", "fedavg", "mrmtl", "ditto", "finetune", "ifca", "ifca_mrmtl",
+           "hypernet_udp")
+# hypernet_udp: UDP-Alg's user-level mean with user canaries (`audit.user_level_scores`)
+USER_SAMPLING_RATE, REAL_USERS, USER_CLIP = 0.3, 100, 1.0
+USER_THREAT_MODEL = ("white-box, every round's released aggregate f_t of UDP-Alg's "
+                     "server step: a canary user contributes the clip along its own "
+                     "coordinate (add/remove one user)")
 NUM_CLUSTERS = 2   # IFCA's clusters (the quick silos have none; School's are unknown)
 MUTATIONS = ("noise_div4", "rate_x2")
 THREAT_MODEL = ("white-box, final silo models: one canary feature per canary example "
@@ -166,6 +175,36 @@ def _mutated(mutation):
     poisson_sampling.threshold = honest_threshold
 
 
+def _audit_user_level(s, mutation):
+  """UDP-Alg's user-level mean audited with user canaries, and its row: W the
+  declared population (every real user and canary), q = USER_SAMPLING_RATE."""
+  import numpy as np
+  from attacks import audit
+  from tff_silo.privacy import accounting, user_level
+  z = accounting.calibrate_noise_multiplier(s.epsilon, s.delta, USER_SAMPLING_RATE,
+                                            s.rounds)
+  settings = user_level.UserDPSettings(USER_SAMPLING_RATE, USER_CLIP, z,
+                                       public_user_count=REAL_USERS + s.canaries)
+  included = audit.inclusions(s.canaries, s.seed)
+  start = time.perf_counter()
+  scores = audit.user_level_scores(
+      settings, s.rounds, included, REAL_USERS, s.seed,
+      sampling_rate=min(1.0, 2 * USER_SAMPLING_RATE) if mutation == "rate_x2" else None,
+      noise_scale=0.25 if mutation == "noise_div4" else 1.0)
+  r, v = audit.guesses(scores, included, s.guesses)
+  return dict(
+      method="hypernet_udp", preset="users", silo="all", mutation=mutation or "none",
+      epsilon_reported=settings.epsilon(s.rounds, s.delta), delta=s.delta,
+      epsilon_lower=audit.epsilon_lower(s.canaries, r, v, s.delta, s.confidence),
+      confidence=s.confidence, canaries=s.canaries, guesses=r, correct=v,
+      included=int(included.sum()), threat_model=USER_THREAT_MODEL,
+      guarantee=("user-level (add/remove one user), Poisson users" if mutation is None
+                 else f"none: broken on purpose ({mutation}); epsilon_reported is "
+                 "what its accountant says, as for an honest run"),
+      noise_multiplier=z, rounds=s.rounds, sampling_rate=USER_SAMPLING_RATE,
+      clip=USER_CLIP, seed=s.seed, wall_seconds=time.perf_counter() - start)
+
+
 def _audit(s, method, silos, mutation):
   """One DP run of `method` on the canaried silos and its row."""
   import numpy as np
@@ -212,7 +251,8 @@ def main(argv):
   rows = []
   for mutation in (None, *s.mutations):
     for method in s.methods:
-      rows.append(_audit(s, method, silos, mutation))
+      rows.append(_audit_user_level(s, mutation) if method == "hypernet_udp"
+                  else _audit(s, method, silos, mutation))
       row = rows[-1]
       print(f"{method} ({row['mutation']}): epsilon reported "
             f"{row['epsilon_reported']:.3f}, audited >= {row['epsilon_lower']:.3f} "
@@ -223,9 +263,9 @@ def main(argv):
   table = pd.DataFrame(rows)
   plots.audit(table, f"{s.preset}: {s.canaries} canaries, {2 * s.guesses} guesses, "
               f"{s.confidence:.0%} confidence", s.plot)
-  tables.print_frame(table[["method", "mutation", "epsilon_reported", "epsilon_lower",
-                            "correct", "guesses", "noise_multiplier", "test_metric"]],
-                     number=".4g")
+  shown = ["method", "mutation", "epsilon_reported", "epsilon_lower", "correct",
+           "guesses", "noise_multiplier", "test_metric"]
+  tables.print_frame(table[[c for c in shown if c in table]], number=".4g")
   honest = table[table.mutation == "none"]
   broken = honest[honest.epsilon_lower > honest.epsilon_reported]
   print(f"{len(rows)} row(s) appended to {s.output}; figure: {s.plot}")

@@ -1,7 +1,8 @@
 """One-run privacy auditing (`attacks.audit`, `benchmarks.audit`; issue 53 item 5):
 the bound's closed form, its validity on the extreme epsilon-DP guesser, the
-canaries, and the binary: honest runs stay below their epsilon, a run with a
-quarter of its noise behind the accountant's back does not."""
+canaries, and the binary: honest runs (example-level, and UDP-Alg's user-level
+mean) stay below their epsilon, a run with a quarter of its noise behind the
+accountant's back does not."""
 
 import math
 
@@ -70,12 +71,17 @@ def test_canaries_are_one_feature_examples_included_by_the_auditors_seed():
 @pytest.mark.cli
 def test_honest_runs_stay_below_their_epsilon_and_a_quarter_noise_does_not(tmp_path):
   out = tmp_path / "audit.csv"
-  done = binaries.run("audit", "--methods=local,ifca", "--mutations=noise_div4",
-                      f"--output={out}", f"--plot={tmp_path / 'audit.png'}")
+  done = binaries.run("audit", "--methods=local,ifca,hypernet_udp",
+                      "--mutations=noise_div4", f"--output={out}",
+                      f"--plot={tmp_path / 'audit.png'}")
   assert done.returncode == 0, done.stderr[-2000:]
   rows = pd.read_csv(out).set_index(["method", "mutation"])
   ifca = rows.loc[("ifca", "none")]   # its private selections in the ledgers
   assert ifca.epsilon_lower <= ifca.epsilon_reported <= 1.0
+  # UDP-Alg's user-level mean, user canaries: honest below, a quarter noise above
+  users = rows.loc["hypernet_udp"]
+  assert users.loc["none"].epsilon_lower <= users.loc["none"].epsilon_reported
+  assert users.loc["noise_div4"].epsilon_lower > users.loc["noise_div4"].epsilon_reported
   honest, broken = rows.loc[("local", "none")], rows.loc[("local", "noise_div4")]
   assert honest.epsilon_reported == pytest.approx(1.0, abs=1e-3)
   assert honest.epsilon_lower <= honest.epsilon_reported

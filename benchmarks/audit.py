@@ -175,10 +175,17 @@ def _mutated(mutation):
     poisson_sampling.threshold = honest_threshold
 
 
+def _guarantee(mutation, honest: str) -> str:
+  """A row's `guarantee`: `honest`'s, or none for a run broken on purpose."""
+  if mutation is None:
+    return honest
+  return (f"none: broken on purpose ({mutation}); epsilon_reported is what its "
+          "accounting says, as for an honest run")
+
+
 def _audit_user_level(s, mutation):
   """UDP-Alg's user-level mean audited with user canaries, and its row: W the
   declared population (every real user and canary), q = USER_SAMPLING_RATE."""
-  import numpy as np
   from attacks import audit
   from tff_silo.privacy import accounting, user_level
   z = accounting.calibrate_noise_multiplier(s.epsilon, s.delta, USER_SAMPLING_RATE,
@@ -198,9 +205,7 @@ def _audit_user_level(s, mutation):
       epsilon_lower=audit.epsilon_lower(s.canaries, r, v, s.delta, s.confidence),
       confidence=s.confidence, canaries=s.canaries, guesses=r, correct=v,
       included=int(included.sum()), threat_model=USER_THREAT_MODEL,
-      guarantee=("user-level (add/remove one user), Poisson users" if mutation is None
-                 else f"none: broken on purpose ({mutation}); epsilon_reported is "
-                 "what its accountant says, as for an honest run"),
+      guarantee=_guarantee(mutation, "user-level (add/remove one user), Poisson users"),
       noise_multiplier=z, rounds=s.rounds, sampling_rate=USER_SAMPLING_RATE,
       clip=USER_CLIP, seed=s.seed, wall_seconds=time.perf_counter() - start)
 
@@ -232,9 +237,8 @@ def _audit(s, method, silos, mutation):
       epsilon_lower=audit.epsilon_lower(s.canaries, r, v, s.delta, s.confidence),
       confidence=s.confidence, canaries=s.canaries, guesses=r, correct=v,
       included=int(canaries.included.sum()), threat_model=THREAT_MODEL,
-      guarantee=("example-level (add/remove, Poisson), each silo's; the largest"
-                 if mutation is None else f"none: broken on purpose ({mutation}); "
-                 "epsilon_reported is what its ledgers say, as for an honest run"),
+      guarantee=_guarantee(
+          mutation, "example-level (add/remove, Poisson), each silo's; the largest"),
       noise_multiplier=float(np.min(result.privacy.noise_multipliers)),
       rounds=s.rounds, lr=s.lr,
       lam=s.lam if method in ("mrmtl", "ditto", "ifca_mrmtl") else None,

@@ -287,11 +287,11 @@ class Settings:
 # The flags a row records as given (its `flags` column).
 GIVEN = ("methods", "dataset", "data_dir", "rounds", "epsilon", "delta", "lams", "lr",
          "batch_size", "clip", "local_epochs", "sampling", "neighbouring",
-         "public_silo_sizes", "assumed_silo_size", "protocol", "accountant", "standardize",
-         "standardize_clip", "standardize_budget_share", "finetune_fraction",
-         "aggregator", "silo_epsilon", "silo_delta", "aggregator_clip", "seeds",
-         "mask_probability", "corrupt_silos", "corruption", "backend", "device", "xla",
-         *CLUSTER_FLAGS, *DPRIVATE_FLAGS)
+         "public_silo_sizes", "assumed_silo_size", "protocol", "accountant",
+         "standardize", "standardize_clip", "standardize_budget_share",
+         "finetune_fraction", "aggregator", "silo_epsilon", "silo_delta",
+         "aggregator_clip", "seeds", "mask_probability", "corrupt_silos", "corruption",
+         "backend", "device", "xla", *CLUSTER_FLAGS, *DPRIVATE_FLAGS)
 
 
 def _protocol_and_sampling(preset):

@@ -74,11 +74,16 @@ def _key(counts: collections.Counter) -> tuple:
 
 @functools.lru_cache(maxsize=4096)
 def _epsilon(key: tuple, delta: float) -> float:
+  """One PLD composition, remembered once in `_PROVEN` (a cached repeat adds
+  nothing)."""
   accountant = pld_privacy_accountant.PLDAccountant(
       value_discretization_interval=VALUE_DISCRETIZATION)
   for event, count in key:
     accountant.compose(dp_accounting.SelfComposedDpEvent(event, count))
-  return float(accountant.get_epsilon(delta))
+  eps = float(accountant.get_epsilon(delta))
+  _PROVEN.append((dict(key), delta, eps))
+  del _PROVEN[:-256]
+  return eps
 
 
 def epsilon(counts: collections.Counter, delta: float) -> float:
@@ -89,10 +94,7 @@ def epsilon(counts: collections.Counter, delta: float) -> float:
   key = _key(counts)
   if not key:
     return 0.0
-  eps = _epsilon(key, float(delta))
-  _PROVEN.append((dict(key), float(delta), eps))
-  del _PROVEN[:-256]
-  return eps
+  return _epsilon(key, float(delta))
 
 
 # (counts, delta, epsilon) of recent PLD compositions: any prefix of one, at a delta

@@ -158,7 +158,8 @@ def _mutated(mutation):
   class QuarterNoise(honest_accounts):
     def __init__(self, *args, **kwargs):
       super().__init__(*args, **kwargs)
-      self.noise_multipliers = self.noise_multipliers / 4.0   # trained with, not charged
+      # trained with, not charged
+      self.process_noise_multipliers = self.process_noise_multipliers / 4.0
 
   def doubled(batch, size):
     import tensorflow as tf

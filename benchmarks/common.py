@@ -591,32 +591,58 @@ MEASURED_COLUMNS = ("wall_seconds", "seconds_per_round_median", "train_seconds",
                     "shard_peaks_mb", "runs_stacked")
 
 
-# What a DP row's noise is (`tff_silo.privacy.gaussian`, TFF's normals in the DP
-# aggregators): the accountants treat it as the real-valued Gaussian; the float
-# grid of its draws (Mironov 2012) adds to delta what they do not charge (issue 53).
+# What a DP row's noise is. `noise` = integer (DP-SGD's default,
+# `tff_silo.privacy.integer_gaussian`): integer sums and rounded-Gaussian noise, the
+# guarantee the numbers computed have, certified up to `integer_law.EPSILON_CEILING`;
+# other releases of such a run (DP standardization, DP aggregators, validation
+# scores, user-level noise) still draw float noise. Otherwise (`gaussian`, TFF's
+# normals in the DP aggregators) the accountants treat it as the real-valued
+# Gaussian; the float grid of its draws (Mironov 2012) adds to delta what they do
+# not charge (issue 53).
 NOISE_MECHANISM = ("idealized real-valued noise: the accountants' Gaussian (or "
                    "Laplace) over the reals; the float grid of the draws adds to delta "
                    "what is not accounted")
+INTEGER_NOISE_MECHANISM = (
+    "integer: DP-SGD's releases are integer sums plus rounded-Gaussian noise, private "
+    "for the numbers computed (epsilon certified up to {ceiling:g}); any other release "
+    "of the run (standardization, aggregator, validation scores) idealized real-valued")
+OUTSIDE_INTEGER_CEILING = (
+    "integer, epsilon above {ceiling:g}: outside what the sampler's table is certified "
+    "for (its tail is charged at epsilon {ceiling:g}); the epsilon is the exact "
+    "mechanism's")
+
+
+def _spent_epsilons(row: dict) -> list:
+  """The finite epsilons a row reports, in columns named so."""
+  return [value for name, value in row.items()
+          if (name.startswith("epsilon") or name.endswith("epsilon_spent"))
+          and isinstance(value, numbers.Real) and not isinstance(value, bool)
+          and math.isfinite(value)]
 
 
 def _spends_privacy(row: dict) -> bool:
   """Whether a row reports privacy spent: a finite epsilon in a column named so."""
-  return any((name.startswith("epsilon") or name.endswith("epsilon_spent"))
-             and isinstance(value, numbers.Real) and not isinstance(value, bool)
-             and math.isfinite(value)
-             for name, value in row.items())
+  return bool(_spent_epsilons(row))
 
 
 def labelled(row: dict) -> dict:
   """`row` with `outside_guarantee_columns` naming its `MEASURED_COLUMNS` (space-
   separated), where it has any: they are outside every privacy guarantee a row
-  states; and, where it reports an epsilon, `noise_mechanism` (`NOISE_MECHANISM`)."""
+  states; and, where it reports an epsilon, `noise_mechanism`: its `noise`'s
+  (`INTEGER_NOISE_MECHANISM`, or `OUTSIDE_INTEGER_CEILING` above the ceiling), else
+  `NOISE_MECHANISM`."""
+  from tff_silo.privacy.integer_law import EPSILON_CEILING   # no TensorFlow
   out = dict(row)
   measured = [name for name in MEASURED_COLUMNS if name in row]
   if measured:
     out["outside_guarantee_columns"] = " ".join(measured)
   if _spends_privacy(row):
-    out["noise_mechanism"] = NOISE_MECHANISM
+    if row.get("noise") != "integer":
+      out["noise_mechanism"] = NOISE_MECHANISM
+    elif max(_spent_epsilons(row)) > EPSILON_CEILING:
+      out["noise_mechanism"] = OUTSIDE_INTEGER_CEILING.format(ceiling=EPSILON_CEILING)
+    else:
+      out["noise_mechanism"] = INTEGER_NOISE_MECHANISM.format(ceiling=EPSILON_CEILING)
   return out
 
 

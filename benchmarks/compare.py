@@ -386,7 +386,8 @@ def _definition(s, trial, silos):
       client_learning_rate=trial["lr"], batch_size=s.batch_size, rounds=s.rounds,
       lam=trial["lam"], l2_norm_clip=None if math.isinf(trial["epsilon"]) else s.clip,
       aggregator=s.aggregator.factory, num_clusters=s.num_clusters,
-      cluster_init_seed=trial["seed"], num_silos=silos.num_silos)
+      cluster_init_seed=trial["seed"], num_silos=silos.num_silos,
+      noise=grid.DP_SGD_NOISE)
 
 
 class _Outcome(NamedTuple):
@@ -558,6 +559,8 @@ def _run_batch(s, batch, loaded, backend, device, cell_trials):
         privacy_unit=grid.privacy_unit(trial["method"]) if private else None,
         accountant=(("rdp" if trial["method"] == "hypernet" else s.accountant)
                     if private else None),
+        noise=(grid.DP_SGD_NOISE if private and trial["method"] != "hypernet"
+               else None),
         test_metric_inside_guarantee=(grid.privacy_unit(trial["method"]) != "user"
                                       if private else None),
         rounds=outcome.rounds, metric=outcome.metric,

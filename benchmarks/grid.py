@@ -88,7 +88,7 @@ RELEASED_COLUMNS = (
     "validation_metric", "noisy_validation_score",
     "test_metric", "epsilon_spent", "noise_multiplier", "score_noise_multiplier",
     "delta", "tuning", "backend", "device", "mia_auc", "mia_advantage",
-    "mia_inside_guarantee", "saved_to", "noise_mechanism")
+    "mia_inside_guarantee", "saved_to", "noise", "noise_mechanism")
 
 TUNING_MODES = ("free", "private")
 TUNING = "free: best validation metric of the grid; validation and tuning not accounted"
@@ -168,6 +168,10 @@ def recipe(s, seed) -> dict:
   return out
 
 
+# The noise of every DP-SGD trial (`local_training.LocalTrainingConfig.noise`).
+DP_SGD_NOISE = "integer"
+
+
 def settings_key(s) -> dict:
   """What every trial of the run `s` shares and its results depend on."""
   key = dict(preset=s.preset, rounds=s.rounds, batch_size=s.batch_size,
@@ -184,6 +188,7 @@ def settings_key(s) -> dict:
   if s.mask_probability is not None:   # (the keys of the default have none)
     key.update(mask_probability=s.mask_probability)
   key.update(s.aggregator_key)   # empty for the default mean
+  key.update(noise=DP_SGD_NOISE)   # (keys without it: trials of idealized noise)
   return key
 
 

@@ -48,6 +48,7 @@ from benchmarks import common, configs, datasets, executors, plan
 from benchmarks.common import UsageError
 from tff_silo.algorithms import method_names   # no TensorFlow imported
 from tff_silo.privacy.accounting import NEIGHBOURING   # no TensorFlow: dp_accounting
+from tff_silo.privacy.integer_law import NOISE_MECHANISMS   # no TensorFlow
 from tff_silo.privacy.pld import ACCOUNTANTS
 
 IFCA_ALGORITHMS = tuple(method_names.IFCA_VARIANTS)
@@ -84,7 +85,7 @@ APPLIES_TO = {
 }
 # Flags of DP-SGD: giving one without --epsilon (a non-private run) is an error.
 DP_FLAGS = ("delta", "clip", "sampling", "ledger_csv", "outside_guarantee_metrics",
-            "accountant")
+            "accountant", "noise")
 
 FLAGS = flags.FLAGS
 flags.DEFINE_list("methods", ["local", "fedavg", "mrmtl"],
@@ -115,6 +116,11 @@ flags.DEFINE_string("accountant", "rdp", "Under DP, how epsilon is computed and 
                     "noise calibrated: rdp (Renyi DP), or pld (privacy loss "
                     "distributions, add_remove only: PLD where it expresses every query "
                     "of a silo, RDP elsewhere; the smaller bound). Rows say which.")
+flags.DEFINE_string("noise", "integer", "Under DP, DP-SGD's noise: integer (each "
+                    "clipped gradient rounded to an integer grid, integer sums, "
+                    "rounded-Gaussian noise: the guarantee holds for the numbers "
+                    "computed), or idealized (float32 Gaussian noise, whose guarantee "
+                    "holds for real numbers only). Rows say which.")
 flags.DEFINE_string("protocol", "custom", f"One of {PROTOCOLS}: 'paper' runs the "
                     "paper's protocol (add_remove accounting, public sizes setting q_k "
                     "and weighing the mean; Poisson batches, or --sampling=shuffle as "
@@ -198,6 +204,7 @@ class Settings:
   num_clusters: int
   protocol: object   # tff_silo.privacy.protocol.PrivacyProtocol
   sampling: str
+  noise: str
   standardize: str | None
   standardize_clip: float | None
   standardize_budget_share: float
@@ -237,6 +244,7 @@ class Settings:
     common.check_among("methods", FLAGS.methods, ALGORITHMS)
     common.check_one_of("neighbouring", FLAGS.neighbouring, NEIGHBOURING)
     common.check_one_of("protocol", FLAGS.protocol, PROTOCOLS)
+    common.check_one_of("noise", FLAGS.noise, NOISE_MECHANISMS)
     common.check_backend(FLAGS.backend, FLAGS.device, FLAGS.xla)
     common.check_aggregator_flags()
     for name, algorithms in APPLIES_TO.items():
@@ -275,7 +283,7 @@ class Settings:
         sampling=sampling, standardize=_standardize(),
         given=json.dumps(common.flag_values(*GIVEN)),
         **common.flag_values(
-            "methods", "dataset", "data_dir", "epsilon", "local_epochs",
+            "methods", "dataset", "data_dir", "epsilon", "local_epochs", "noise",
             "standardize_clip", "standardize_budget_share", "ledger_csv",
             "outside_guarantee_metrics", "finetune_fraction", "corrupt_silos",
             "corruption", "mask_probability", "eval_every", "selection_fraction",
@@ -287,7 +295,7 @@ class Settings:
 # The flags a row records as given (its `flags` column).
 GIVEN = ("methods", "dataset", "data_dir", "rounds", "epsilon", "delta", "lams", "lr",
          "batch_size", "clip", "local_epochs", "sampling", "neighbouring",
-         "public_silo_sizes", "assumed_silo_size", "protocol", "accountant",
+         "public_silo_sizes", "assumed_silo_size", "protocol", "accountant", "noise",
          "standardize", "standardize_clip", "standardize_budget_share",
          "finetune_fraction", "aggregator", "silo_epsilon", "silo_delta",
          "aggregator_clip", "seeds", "mask_probability", "corrupt_silos", "corruption",
@@ -485,7 +493,7 @@ def _build(algorithm, lam, seed, silos, s):
       finetune_fraction=s.finetune_fraction, num_clusters=s.num_clusters,
       selection_fraction=s.selection_fraction,
       selection_budget_share=s.selection_budget_share, cluster_init_seed=seed,
-      num_silos=silos.num_silos)
+      num_silos=silos.num_silos, noise=s.noise)
 
 
 def _runs(s):
@@ -524,6 +532,7 @@ def _run_key(seed, algorithm, lam, s):
       **_protocol_columns(s, private=s.private),
       # pld runs only: the keys (and noise) of rdp runs stay those of before
       **({"accountant": "pld"} if s.private and s.protocol.accountant == "pld" else {}),
+      noise=s.noise if s.private else None,   # private keys changed with the default
       standardize=s.standardize,
       standardize_clip=s.standardize_clip if s.standardize == "dp" else None,
       standardize_budget_share=(s.standardize_budget_share
@@ -655,6 +664,8 @@ def _row(result, seed, algorithm, lam, s, silos, backend, device):
       sampling=s.sampling if privacy is not None else None,
       **_protocol_columns(s, private=privacy is not None),
       accountant=s.protocol.accountant if privacy is not None else None,
+      noise=s.noise if privacy is not None and algorithm != "dprivate_clustering"
+      else None,
       standardize=s.standardize,
       standardize_inside_guarantee=(preprocessing.inside_guarantee(s.standardize)
                                     if privacy is not None and s.standardize else None),

@@ -211,10 +211,12 @@ def _set_up(process, run: Run, rounds: int):
       sampling=process.config.sampling, target_epsilon=run.target_epsilon,
       target_delta=run.target_delta, noise_multiplier=run.noise_multiplier,
       protocol=run.protocol, preprocessing_events=run.preprocessing_events,
-      ledger_csv=run.ledger_csv)
+      ledger_csv=run.ledger_csv,
+      integer_coordinates=(process.model.num_parameters if process.config.integer_noise
+                           else 0))
   inputs = [SiloInput(x, y, np.float32(z), key, np.float32(s), np.float32(m))
             for x, y, z, key, s, m in zip(
-                data.x_train, data.y_train, accounts.noise_multipliers,
+                data.x_train, data.y_train, accounts.process_noise_multipliers,
                 keys.unit_keys(run.seed, data.num_silos), accounts.selection_epsilons,
                 accounts.sizes)]
   return accounts, inputs

@@ -49,9 +49,21 @@ def test_full_batch_step_is_gradient_descent(lam):
 def test_dp_step_without_noise_is_clipped_gradient_descent(sampling):
   # B >= n: q = 1, every example is in the one batch; no noise; per-example clip 0.5.
   config = LocalTrainingConfig(learning_rate=0.1, batch_size=100, l2_norm_clip=0.5,
-                               sampling=sampling)
+                               sampling=sampling, noise="idealized")
   for got, want in zip(_run(config, lam=0.7), _gd_step(0.1, 0.7, clip=0.5)):
     np.testing.assert_allclose(got, want, rtol=1e-5)
+
+
+def test_an_integer_noise_step_is_clipped_gradient_descent_plus_its_noise():
+  """The integer mechanism's step (default noise) at z = 1e-3: clipped gradient
+  descent, off by the noise alone (within 6 of its standard deviations, z C lr / n
+  a coordinate: the grid's rounding, z C / 2^14 per example, is far below)."""
+  config = LocalTrainingConfig(learning_rate=0.1, batch_size=100, l2_norm_clip=0.5)
+  assert config.integer_noise
+  z, n = 1e-3, len(Y)
+  for got, want in zip(_run(config, lam=0.7, noise=z), _gd_step(0.1, 0.7, clip=0.5)):
+    np.testing.assert_allclose(got, want, atol=6 * z * 0.5 * 0.1 / n)
+    assert not np.allclose(got, want, rtol=1e-7, atol=0)   # the noise is there
 
 
 def test_closed_form_per_example_gradients_match_vectorized_map():

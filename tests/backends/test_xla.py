@@ -25,18 +25,44 @@ def _run(case, folder, xla):
   return result
 
 
-def _assert_close(want, got):
+# Cases whose DP-SGD gradients XLA computes with other roundings (an MLP's or a CNN's
+# per-example gradients: fused multiply-adds, other summation orders; the linear
+# models' are compiled in both): their integer noise rounds a value that lies within those
+# roundings of a half-integer of its grid one way traced and the other compiled, a
+# grid step apart. Each such flip moves a step's update by lr grid / B per example
+# and coordinate, so the models agree within steps * lr * grid (all B examples
+# flipping), twice for what later steps inherit; (lr, clip, B) of the case. That
+# stays below half of one step's noise (lr z C / B), a wrong draw's smallest effect.
+GRID_FLIPS = {"pandemic_mlp_node_dp": (0.1, 1.0, 16), "mrmtl_dp_cnn": (0.1, 1.0, 4)}
+
+
+def _grid_tolerance(case, result) -> float:
+  from tff_silo.privacy import integer_law
+  if case not in GRID_FLIPS:
+    return 0.0
+  lr, clip, batch = GRID_FLIPS[case]
+  privacy = result.privacy
+  z = [integer_law.grid_noise_multiplier(float(v), privacy.integer_coordinates)
+       for v in privacy.noise_multipliers]
+  tolerance = 2.0 * float(privacy.steps.max()) * lr * max(z) * clip / integer_law.SIGMA
+  assert tolerance < 0.5 * lr * min(z) * clip / batch
+  return tolerance
+
+
+def _assert_close(want, got, grid_atol=0.0):
   """Silo models, server models (the hypernetwork's phi and embeddings), test
-  metrics; epsilons and clusters equal."""
+  metrics; epsilons and clusters equal. `grid_atol`: what integer noise's grid
+  flips may add (`GRID_FLIPS`)."""
   server = lambda r: tuple(getattr(r, "server_weights", ())) + (
       (tuple(r.phi) + (r.embeddings,),) if hasattr(r, "phi") else ())
   assert len(want.silo_weights) == len(got.silo_weights)
   assert len(server(want)) == len(server(got))
   for a, b in zip(want.silo_weights + server(want), got.silo_weights + server(got)):
     for x, y in zip(a, b):
-      np.testing.assert_allclose(y, x, rtol=1e-5, atol=1e-6)
-  np.testing.assert_allclose(got.silo_test_metric, want.silo_test_metric, rtol=1e-5,
-                             atol=1e-6)
+      np.testing.assert_allclose(y, x, rtol=1e-5, atol=1e-6 + grid_atol)
+  if not grid_atol:   # (metrics of models within grid_atol: the models' check)
+    np.testing.assert_allclose(got.silo_test_metric, want.silo_test_metric,
+                               rtol=1e-5, atol=1e-6)
   for name in ("privacy", "clusters"):
     if getattr(want, name, None) is not None:
       values = lambda r: (r.privacy.epsilon_spent if name == "privacy" else r.clusters)
@@ -45,8 +71,9 @@ def _assert_close(want, got):
 
 @pytest.mark.parametrize("case", COMPILED)
 def test_an_xla_round_computes_what_the_traced_round_computes(case, tmp_path):
-  _assert_close(_run(case, str(tmp_path / "a"), False),
-                _run(case, str(tmp_path / "b"), True))
+  want = _run(case, str(tmp_path / "a"), False)
+  grid_atol = _grid_tolerance(case, want)
+  _assert_close(want, _run(case, str(tmp_path / "b"), True), grid_atol)
 
 
 def test_xla_hypernetwork_rounds_pad_the_users_they_sample(tmp_path, monkeypatch):
@@ -93,7 +120,7 @@ def test_an_xla_dp_step_in_static_chunks_computes_the_same(case, tmp_path, monke
   over static chunks several times, the last chunk padded."""
   want = _run(case, str(tmp_path / "a"), False)
   monkeypatch.setattr(vectorized_training, "STATIC_CHUNK_EXAMPLES", 3)
-  _assert_close(want, _run(case, str(tmp_path / "b"), True))
+  _assert_close(want, _run(case, str(tmp_path / "b"), True), _grid_tolerance(case, want))
 
 
 @pytest.mark.parametrize("n", [0, 1, 127, 128, 129, 28_000, 40_000])

@@ -44,6 +44,17 @@ def test_rows_name_their_measured_columns_and_idealized_noise(tmp_path):
   assert table.noise_mechanism.isna()[1]
 
 
+def test_rows_of_integer_noise_say_so_and_where_it_is_not_certified():
+  """A row of integer DP-SGD noise says so; above the sampler's ceiling (epsilon 32)
+  it says the guarantee is outside what the sampler is certified for."""
+  inside = common.labelled(dict(noise="integer", epsilon=8.0, epsilon_spent=7.9))
+  outside = common.labelled(dict(noise="integer", epsilon=50.0, epsilon_spent=49.9))
+  assert inside["noise_mechanism"].startswith("integer: DP-SGD")
+  assert "outside what the sampler" in outside["noise_mechanism"]
+  assert common.labelled(dict(noise="idealized", epsilon_spent=1.0))[
+      "noise_mechanism"] == common.NOISE_MECHANISM
+
+
 def test_a_failed_write_leaves_the_old_file_whole(tmp_path, monkeypatch):
   path = str(tmp_path / "rows.csv")
   common.append_row(path, dict(run_key="a", x=1))

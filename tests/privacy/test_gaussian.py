@@ -192,9 +192,9 @@ def test_the_radius_grid_lets_a_known_centre_tell_neighbours_apart_so_rows_say_s
   its first word. Where that word is below 2^13, a test that knows the centre c of
   a release accepts every release of c (its radius is consistent with a grid word,
   within float32 rounding) and rejects most releases of the neighbour c + 1 (one
-  noise deviation away): an event no epsilon pays for. While this holds, every row
-  that reports an epsilon labels its noise as idealized (`common.NOISE_MECHANISM`);
-  the integer mechanism that closes it must turn this test around."""
+  noise deviation away): an event no epsilon pays for. A row whose noise is this
+  sampler's labels it idealized (`common.NOISE_MECHANISM`); DP-SGD's default, the
+  integer mechanism, passes the same test (`test_integer_gaussian`'s grid test)."""
   from benchmarks import common
   rng = np.random.default_rng(0)
   pairs = 2000

@@ -27,8 +27,9 @@ def _rounded_gaussian_mass(k: int):
 
 def test_the_table_is_the_rounded_gaussian_within_its_accounted_gap():
   """Entries' probabilities (exact integers over 2^126) against mpmath's erfc: within
-  1e-28 absolute wherever the law has mass (the claimed relative error is 1e-22),
-  the cut's mass below the gap, and the gap ~3e-22 (what `tail` charges)."""
+  1e-37 absolute (the masses' relative error is claimed below 1e-38, the table's
+  rounding below 2^-124), the cut's mass below the gap, and the gap ~1.3e-32 (what
+  `release_tail` charges, times 1 + e^32)."""
   entries = law.table_integers()
   assert entries[-1] == 2 ** law.TABLE_BITS and all(
       a <= b for a, b in zip(entries, entries[1:]))
@@ -39,9 +40,10 @@ def test_the_table_is_the_rounded_gaussian_within_its_accounted_gap():
               9 * law.SIGMA, law.HALF_WIDTH - 1, law.HALF_WIDTH):
       got = mpmath.mpf(entries[k] - (entries[k - 1] if k else 0)) / 2 ** law.TABLE_BITS
       want = _rounded_gaussian_mass(k) * (1 if k == 0 else 2) / inside
-      assert abs(got - want) < 1e-28, k
+      assert abs(got - want) < 1e-37, k
     assert float(1 - inside) < law.sampler_gap()
-  assert 1e-22 < law.sampler_gap() < 1e-21
+  assert 1e-33 < law.sampler_gap() < 2e-32
+  assert law.release_tail(1) < 2e-18
 
 
 def test_the_search_counts_the_entries_at_or_below_the_uniform():
@@ -151,5 +153,6 @@ def test_the_grid_test_that_the_float_gaussian_fails_passes_for_the_integer_one(
     mine, theirs = pmf[m - centre + law.HALF_WIDTH], pmf[m - centre - v + law.HALF_WIDTH]
     loss = np.log(mine / theirs)
     gaussian_loss = ((m - centre - v + 0.5 * np.sign(m - centre - v)) ** 2
-                     - (m - centre - 0.5 * np.sign(m - centre)) ** 2) / (2.0 * law.SIGMA ** 2)
+                     - (m - centre - 0.5 * np.sign(m - centre)) ** 2) / (
+                         2.0 * law.SIGMA ** 2)
     assert (loss <= gaussian_loss + 1e-9).all()

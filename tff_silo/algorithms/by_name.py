@@ -4,6 +4,7 @@ benchmark binaries (`benchmarks.run`, `benchmarks.compare`) turn settings into a
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Optional
 
 from tff_silo.algorithms import ditto, fedavg, finetune, ifca, local, mocha, mrmtl
@@ -19,7 +20,8 @@ def silo_definition(name: str, model, feature_shape, *, client_learning_rate: fl
                     num_clusters: Optional[int] = None,
                     selection_fraction: Optional[float] = None,
                     selection_budget_share: Optional[float] = None,
-                    cluster_init_seed: int = 0, num_silos: Optional[int] = None):
+                    cluster_init_seed: int = 0, num_silos: Optional[int] = None,
+                    noise: str = "integer"):
   """The TF-only definition of method `name` (one of `NAMES`) for `rounds` rounds.
 
   `lam` is used by `LAMBDA_NAMES` only, `finetune_fraction` by the finetuning
@@ -27,7 +29,21 @@ def silo_definition(name: str, model, feature_shape, *, client_learning_rate: fl
   models) by IFCA's, `num_silos` (the run's K) by Mocha, which needs it; None keeps
   the algorithm's default. The MR-MTL family and Mocha start from the model's
   initial weights of seed 0 whatever the run's seed, so a sweep's seeds stack into
-  one program."""
+  one program. `noise`: DP-SGD's mechanism, `integer` or `idealized`
+  (`local_training.NOISE_MECHANISMS`)."""
+  definition = _definition(name, model, feature_shape, client_learning_rate,
+                           batch_size, rounds, lam, l2_norm_clip, local_epochs, sampling,
+                           aggregator, finetune_fraction, num_clusters,
+                           selection_fraction, selection_budget_share,
+                           cluster_init_seed, num_silos)
+  return dataclasses.replace(definition,
+                             config=dataclasses.replace(definition.config, noise=noise))
+
+
+def _definition(name, model, feature_shape, client_learning_rate, batch_size, rounds,
+                lam, l2_norm_clip, local_epochs, sampling, aggregator, finetune_fraction,
+                num_clusters, selection_fraction, selection_budget_share,
+                cluster_init_seed, num_silos):
   if name not in NAMES:
     raise ValueError(f"unknown method {name!r}; one of {', '.join(NAMES)}")
   if name in UNAGGREGATED_NAMES and aggregator not in (None, "mean"):

@@ -26,6 +26,14 @@ Without DP the batches are shuffled as in `shuffle`.
 `steps` replaces the epoch count by a fixed number of SGD steps (HyperNetFL's K local
 steps, Nemala et al. Algorithm 1, lines 9-11); shuffled epochs follow one another.
 
+Noise (`noise`): `integer` (the default): each clipped contribution rounded to an
+integer grid and summed in integers, rounded-Gaussian noise in integers
+(`privacy.integer_gaussian`; exactly as private as the Gaussian mechanism, for the
+numbers computed); `idealized`: float32 Gaussian noise (`privacy.gaussian`), whose
+privacy holds for real numbers only (its radius grid, issue 53). The integer path
+forms every per-example gradient (the linear and stacked forms' shortcut sums do
+not round each example).
+
 Randomness: `key` is the silo's key for the round (`tff_silo.keys`); batches of step
 s of pass p use derive(key, SAMPLING, p, s) (or SHUFFLE and the epoch; a Poisson
 step's further chunks derive(key, SAMPLING, p, s, c), c >= 1), and the DP noise of
@@ -37,11 +45,13 @@ from __future__ import annotations
 import dataclasses
 from typing import Optional
 
+import numpy as np
 import tensorflow as tf
 
 from tff_silo import keys
 from tff_silo.algorithms import poisson_sampling
-from tff_silo.privacy import batching, dp_sgd
+from tff_silo.privacy import batching, dp_sgd, integer_gaussian
+from tff_silo.privacy.integer_law import NOISE_MECHANISMS
 
 SAMPLING_MODES = ("poisson", "without_replacement", "shuffle")
 
@@ -58,6 +68,7 @@ class LocalTrainingConfig:
     l2_norm_clip: per-example clip C; None trains without DP.
     sampling: `poisson`, `without_replacement` or `shuffle` (module docstring).
     steps: if set, run exactly this many steps per call instead of `epochs` epochs.
+    noise: `integer` or `idealized` (module docstring).
   """
 
   learning_rate: float
@@ -66,6 +77,7 @@ class LocalTrainingConfig:
   l2_norm_clip: float | None = None
   sampling: str = "poisson"
   steps: int | None = None
+  noise: str = "integer"
 
   def program_settings(self) -> tuple:
     """Every setting but the learning rate, as (name, value) pairs: what a traced
@@ -86,10 +98,17 @@ class LocalTrainingConfig:
       raise ValueError(f"local steps must be a positive integer or None, got {self.steps}")
     if self.sampling not in SAMPLING_MODES:
       raise ValueError(f"sampling must be one of {SAMPLING_MODES}, got {self.sampling!r}")
+    if self.noise not in NOISE_MECHANISMS:
+      raise ValueError(f"noise must be one of {NOISE_MECHANISMS}, got {self.noise!r}")
 
   @property
   def private(self) -> bool:
     return self.l2_norm_clip is not None
+
+  @property
+  def integer_noise(self) -> bool:
+    """Whether DP-SGD releases integer sums with integer noise."""
+    return self.private and self.noise == "integer"
 
   @property
   def batches(self) -> str:
@@ -99,11 +118,12 @@ class LocalTrainingConfig:
 
 
 def make_config(client_learning_rate: float, batch_size: int, local_epochs: int,
-                l2_norm_clip: Optional[float], sampling: str) -> LocalTrainingConfig:
+                l2_norm_clip: Optional[float], sampling: str,
+                noise: str = "integer") -> LocalTrainingConfig:
   """The `LocalTrainingConfig` of an `<algo>_algorithm`'s arguments."""
   return LocalTrainingConfig(learning_rate=client_learning_rate, batch_size=batch_size,
                              epochs=local_epochs, l2_norm_clip=l2_norm_clip,
-                             sampling=sampling)
+                             sampling=sampling, noise=noise)
 
 
 def random_permutation(values):
@@ -200,6 +220,47 @@ def linear_clipped_penalized_sums(model, config: LocalTrainingConfig, weights, p
                                     silo_of, num_silos)
 
 
+def integer_penalized_sums(config: LocalTrainingConfig, per_example, penalty, grid,
+                           bound, silo_of=None, num_silos=None):
+  """`clipped_penalized_sum` for the integer mechanism: each example's clipped
+  penalized gradient, flattened (the weights' coordinates in order) and rounded to
+  its silo's grid (`grid`, `bound`: scalars, or [m] with `silo_of`), summed in
+  int64: [D], or [num_silos, D]."""
+  own = ([p[None] for p in penalty] if silo_of is None
+         else [tf.gather(p, silo_of) for p in penalty])
+  clipped = dp_sgd.clip_per_example([g + p for g, p in zip(per_example, own)],
+                                    config.l2_norm_clip)
+  flat = tf.concat([tf.reshape(g, [tf.shape(g)[0], -1]) for g in clipped], 1)
+  return integer_gaussian.integer_sums(flat, grid, bound, silo_of, num_silos)
+
+
+def linear_integer_penalized_sums(model, config: LocalTrainingConfig, weights, penalty,
+                                  x, y, grid, bound, silo_of=None, num_silos=None):
+  """`integer_penalized_sums` of a model with a `linear_form_fn`: its clipped
+  per-example gradients formed from the linear form
+  (`dp_sgd.clipped_linear_contributions`)."""
+  own = weights if silo_of is None else [tf.gather(w, silo_of) for w in weights]
+  features, slopes = model.linear_form_fn(own, x, y)
+  flat = dp_sgd.clipped_linear_contributions(features, slopes, penalty,
+                                             config.l2_norm_clip, silo_of)
+  return integer_gaussian.integer_sums(flat, grid, bound, silo_of, num_silos)
+
+
+def integer_step(sums, draws, grid, shapes, normalizer):
+  """DP-SGD's gradient from integer sums ([D] or [K, D]) and their noise `draws`:
+  the release grid (sums + draws) (`integer_gaussian.release`), cut into the
+  weights' `shapes` ([K, *shape] when stacked) and divided by `normalizer` (a
+  scalar, or [K])."""
+  flat = integer_gaussian.release(sums, draws, grid)
+  normalizer = tf.convert_to_tensor(normalizer, tf.float32)
+  flat = flat / (normalizer[:, None] if normalizer.shape.rank else normalizer)
+  sizes = [int(np.prod(s, dtype=np.int64)) for s in shapes]
+  lead = tf.shape(flat)[:-1]
+  return [tf.reshape(part, tf.concat([lead, list(s)], 0)) if s else
+          tf.reshape(part, lead)
+          for part, s in zip(tf.split(flat, sizes, axis=-1), shapes)]
+
+
 def noised_step(sums, noise, normalizer):
   """DP-SGD's gradient from clipped sums: `noise` (N(0, (z C)^2), drawn by the
   caller with the step's key) added, divided by `normalizer` (the expected batch
@@ -218,7 +279,10 @@ def step_gradient(model, config: LocalTrainingConfig, weights, anchor, lam, xb, 
   [b] floats in {0, 1}, marks the batch's real examples when it is padded). Under
   DP: the clipped penalized sum of the per-example gradients (`clipped_penalized_sum`;
   `linear_clipped_penalized_sums` or `stacked_clipped_penalized_sums` for a model
-  with a linear or stacked form) with noise, normalized (`noised_step`).
+  with a linear or stacked form) with noise, normalized (`noised_step`); with
+  integer noise (`noise` an `integer_gaussian.IntegerNoise`) the integer sums
+  (`integer_penalized_sums`, `linear_integer_penalized_sums`) released by
+  `integer_step`.
   """
   weights = list(weights)
   penalty = [lam * (w - a) for w, a in zip(weights, anchor)]
@@ -229,6 +293,19 @@ def step_gradient(model, config: LocalTrainingConfig, weights, anchor, lam, xb, 
     return [g + p for g, p in zip(tape.gradient(loss, weights), penalty)]
   if mask is not None:   # a DP step's examples are its batch, never padded
     raise ValueError("step_gradient: mask is for batches without DP")
+
+  if config.integer_noise:
+    def integer_sums():
+      if model.linear_form_fn is not None:
+        return linear_integer_penalized_sums(model, config, weights, penalty, xb, yb,
+                                             noise.grid, noise.bound)
+      return integer_penalized_sums(config, per_example_gradients(model, weights, xb, yb),
+                                    penalty, noise.grid, noise.bound)
+
+    sums = tf.cond(tf.size(yb) > 0, integer_sums,
+                   lambda: tf.zeros_like(noise.draws))
+    return integer_step(sums, noise.draws, noise.grid,
+                        [tuple(w.shape) for w in weights], normalizer)
 
   def clipped_sums():
     if model.linear_form_fn is not None:
@@ -282,6 +359,7 @@ def train_locally(model, config: LocalTrainingConfig, weights, anchor, lam, x, y
   noise_key = keys.derive(key, keys.DP_NOISE, pass_)
 
   sampler = poisson_sampling.PoissonSampler(below[None], n[None]) if poisson else None
+  dimension = sum(int(w.shape.num_elements()) for w in weights)
 
   def epoch_permutation(step, previous):
     """The shuffled epoch's permutation: drawn at the epoch's first step, kept."""
@@ -306,9 +384,14 @@ def train_locally(model, config: LocalTrainingConfig, weights, anchor, lam, x, y
     if config.batches == "shuffle":
       perm = epoch_permutation(step, perm)
     idx = batch_indices(step, perm)
-    noise = (dp_sgd.gaussian_noise_like(w, noise_multiplier * config.l2_norm_clip,
-                                        keys.fold_in(noise_key, step))
-             if config.private else None)
+    noise = None
+    if config.integer_noise:
+      noise = integer_gaussian.step_noise(keys.fold_in(noise_key, step)[None], dimension,
+                                          noise_multiplier, config.l2_norm_clip)
+      noise = noise._replace(draws=noise.draws[0])
+    elif config.private:
+      noise = dp_sgd.gaussian_noise_like(w, noise_multiplier * config.l2_norm_clip,
+                                         keys.fold_in(noise_key, step))
     grads = step_gradient(model, config, w, anchor, lam, tf.gather(x, idx),
                           tf.gather(y, idx), noise, expected_batch)
     return step + 1, [wi - lr * gi for wi, gi in zip(w, grads)], perm

@@ -30,11 +30,14 @@ a `node_level.NodeLevelDpEvent` (Theorem 2.4.4 as printed).
 
 The library's Gaussian noise (`gaussian`) has a support bound; the probability that
 it matters, `sampler_tail` of an event, is taken from delta before every conversion
-to epsilon here (and in `ledger`, `node_level`, `tuning`). A reported (epsilon,
-delta) is the real-valued Gaussian's: the float grid of the draws (the radius's
-2^32-point grid, `gaussian`) adds to delta what no accountant here charges, and
-rows say so (`benchmarks.common.NOISE_MECHANISM`; issue 53). Selections are
-`SelectionDpEvent`s (Gumbel noise, bounded in `selection`), outside that tail.
+to epsilon here (and in `ledger`, `node_level`, `tuning`). For that sampler a
+reported (epsilon, delta) is the real-valued Gaussian's: the float grid of the
+draws (the radius's 2^32-point grid, `gaussian`) adds to delta what no accountant
+here charges, and rows say so (`benchmarks.common.NOISE_MECHANISM`; issue 53).
+DP-SGD with integer noise (`integer_coordinates`, `integer_gaussian`) has no grid:
+it is the Gaussian mechanism post-processed, its sampler's gap an
+`IntegerNoiseTail`. Selections are `SelectionDpEvent`s (Gumbel noise, bounded in
+`selection`), outside that tail.
 
 `calibrate_noise_multipliers` calibrates a run's distinct silo settings together:
 a bisection of the noise multiplier on `rdp_curves` (the RDP curves of all settings
@@ -61,7 +64,8 @@ from tff_silo.privacy import node_level, pld, rdp_curves
 # The events and relations every accountant shares (`events`), part of this API too.
 from tff_silo.privacy.events import (  # pylint: disable=unused-import
     NEIGHBOURING, REPLACE_ONE_SENSITIVITY_FACTOR, SelectionDpEvent, check_neighbouring,
-    delta_after_tail, neighbouring_relation, sampler_tail, selection_event)
+    IntegerNoiseTail, delta_after_tail, neighbouring_relation, sampler_tail,
+    selection_event)
 
 # Orders used by the RDP accountant: every integer order up to 64 plus larger ones
 # up to 256 (optimal for epsilons down to ~0.05), and a few fractional orders below 2
@@ -89,12 +93,20 @@ def _check_common(sampling_rate, steps, target_delta, selection_epsilon, num_sel
 def dp_sgd_event(noise_multiplier: float, sampling_rate: float, steps: int, *,
                  neighbouring: str = "add_remove",
                  dataset_size: Optional[int] = None,
-                 node_examples: Optional[int] = None) -> dp_accounting.DpEvent:
+                 node_examples: Optional[int] = None,
+                 integer_coordinates: int = 0) -> dp_accounting.DpEvent:
   """`steps` DP-SGD steps with noise std z C: Poisson-subsampled Gaussians at rate q
   (`add_remove`), or round(q n) of the `dataset_size` n examples sampled without
   replacement, multiplier z / 2 (`replace_one`); with `node_examples` S, node-level
-  steps (`node_level`, replace_one)."""
+  steps (`node_level`, replace_one). With `integer_coordinates` d > 0 the steps
+  release d coordinates of integer noise each (`integer_gaussian`; z its effective
+  multiplier): the same Gaussian events, beside the sampler's `IntegerNoiseTail`."""
   check_neighbouring(neighbouring)
+  if integer_coordinates:   # contributions clipped to sqrt(bound), noise SIGMA: z_eff
+    return dp_accounting.ComposedDpEvent([
+        dp_sgd_event(noise_multiplier, sampling_rate, steps, neighbouring=neighbouring,
+                     dataset_size=dataset_size, node_examples=node_examples),
+        IntegerNoiseTail(int(steps) * int(integer_coordinates))])
   if node_examples is not None:
     if neighbouring != "replace_one" or dataset_size is None:
       raise ValueError("node-level accounting (node_examples) needs replace_one and "
@@ -135,14 +147,17 @@ def silo_event(noise_multiplier: float, sampling_rate: float, steps: int, *,
                selection_epsilon: Optional[float] = None, num_selections: int = 0,
                neighbouring: str = "add_remove", dataset_size: Optional[int] = None,
                extra_events: tuple = (),
-               node_examples: Optional[int] = None) -> dp_accounting.DpEvent:
-  """Everything one silo's data is queried for: DP-SGD (when it runs steps), private
+               node_examples: Optional[int] = None,
+               integer_coordinates: int = 0) -> dp_accounting.DpEvent:
+  """Everything one silo's data is queried for: DP-SGD (when it runs steps; integer
+  noise over `integer_coordinates` coordinates when that is > 0), private
   selections and `extra_events` (Gaussian mechanisms, e.g. standardization)."""
   events = list(extra_events)
   if steps > 0:
     events.append(dp_sgd_event(noise_multiplier, sampling_rate, steps,
                                neighbouring=neighbouring, dataset_size=dataset_size,
-                               node_examples=node_examples))
+                               node_examples=node_examples,
+                               integer_coordinates=integer_coordinates))
   if num_selections > 0:
     events.append(selection_event(selection_epsilon, num_selections))
   return dp_accounting.ComposedDpEvent(events)
@@ -151,14 +166,16 @@ def silo_event(noise_multiplier: float, sampling_rate: float, steps: int, *,
 @functools.lru_cache(maxsize=65536)
 def _epsilon(noise_multiplier, sampling_rate, steps, target_delta, selection_epsilon,
              num_selections, neighbouring="add_remove", dataset_size=None,
-             extra_events=(), node_examples=None, orders=RDP_ORDERS) -> float:
+             extra_events=(), node_examples=None, integer_coordinates=0,
+             orders=RDP_ORDERS) -> float:
   """dp_accounting's own epsilon (its RDP accountant at `orders`)."""
   accountant = node_level.NodeLevelRdpAccountant(list(orders),
                                                  neighbouring_relation(neighbouring))
   event = silo_event(noise_multiplier, sampling_rate, steps,
                      selection_epsilon=selection_epsilon, num_selections=num_selections,
                      neighbouring=neighbouring, dataset_size=dataset_size,
-                     extra_events=extra_events, node_examples=node_examples)
+                     extra_events=extra_events, node_examples=node_examples,
+                     integer_coordinates=integer_coordinates)
   accountant.compose(event)
   delta = delta_after_tail(target_delta, sampler_tail(event, neighbouring))
   return float(accountant.get_epsilon(delta)) if delta > 0 else math.inf
@@ -176,20 +193,25 @@ class SiloSetting(NamedTuple):
   dataset_size: Optional[int]
   extra_events: tuple
   node_examples: Optional[int]
+  integer_coordinates: int = 0
 
 
 def silo_setting(sampling_rate, steps, target_delta, selection_epsilon=None,
                  num_selections=0, neighbouring="add_remove", dataset_size=None,
-                 extra_events=(), node_examples=None) -> SiloSetting:
+                 extra_events=(), node_examples=None,
+                 integer_coordinates=0) -> SiloSetting:
   """The checked `SiloSetting` of one silo's queries (arguments as `epsilon_spent`'s)."""
   _check_common(sampling_rate, steps, target_delta, selection_epsilon, num_selections)
   _check_extra(extra_events)
+  if int(integer_coordinates) != integer_coordinates or integer_coordinates < 0:
+    raise ValueError("integer_coordinates must be a non-negative integer, got "
+                     f"{integer_coordinates}")
   return SiloSetting(
       float(sampling_rate), int(steps), float(target_delta),
       None if selection_epsilon is None else float(selection_epsilon),
       int(num_selections), check_neighbouring(neighbouring),
       None if dataset_size is None else int(dataset_size), tuple(extra_events),
-      None if node_examples is None else int(node_examples))
+      None if node_examples is None else int(node_examples), int(integer_coordinates))
 
 
 def epsilon_spent(noise_multiplier: float, sampling_rate: float, steps: int,
@@ -231,7 +253,8 @@ def _pld_epsilon(noise_multiplier: float, setting) -> float:
   """The PLD epsilon of a setting's whole run (`pld.epsilon`), at its delta less
   the sampler's tail."""
   event = silo_event(noise_multiplier, setting.sampling_rate, setting.steps,
-                     extra_events=setting.extra_events)
+                     extra_events=setting.extra_events,
+                     integer_coordinates=setting.integer_coordinates)
   delta = delta_after_tail(setting.target_delta, sampler_tail(event))
   return pld.epsilon(pld.primitives(event), delta)
 
@@ -398,7 +421,8 @@ def _curves(noise_multipliers, settings, orders) -> tuple:
   deltas = [delta_after_tail(s.target_delta, sampler_tail(silo_event(
       zi, s.sampling_rate, s.steps, selection_epsilon=s.selection_epsilon,
       num_selections=s.num_selections, neighbouring=s.neighbouring,
-      dataset_size=s.dataset_size, extra_events=s.extra_events), s.neighbouring))
+      dataset_size=s.dataset_size, extra_events=s.extra_events,
+      integer_coordinates=s.integer_coordinates), s.neighbouring))
             for zi, s in zip(z, settings)]
   return rdp, deltas
 

@@ -210,16 +210,45 @@ def clipped_linear_sums(features, slopes, offsets, l2_norm_clip, segment_ids=Non
   `clip_per_example`, a non-finite example contributes zero.
   """
   if segment_ids is None:
-    own = lambda t: t
     total = lambda t: tf.reduce_sum(t, 0)
   else:
-    own = lambda t: tf.gather(t, segment_ids)
     total = lambda t: tf.math.unsorted_segment_sum(t, segment_ids, num_segments)
+  factor, finite, o_w, bias_grads = _linear_clip_factors(
+      features, slopes, offsets, l2_norm_clip, segment_ids)
+  kept = total(factor)
+  sums = [total(tf.math.multiply_no_nan(features,
+                                        tf.where(finite, factor * slopes, 0.0)[:, None]))
+          + tf.math.multiply_no_nan(o_w, kept[..., None])]
+  if bias_grads is not None:
+    sums.append(total(tf.where(finite, factor * bias_grads, 0.0)))
+  return sums
+
+
+def clipped_linear_contributions(features, slopes, offsets, l2_norm_clip,
+                                 segment_ids=None):
+  """The clipped per-example gradients of `clipped_linear_sums`, formed and flat:
+  [m, d (+ 1 with a bias)], the kernel's coordinates then the bias (the integer
+  mechanism rounds each, `integer_gaussian`); zero for a non-finite example."""
+  factor, finite, o_w, bias_grads = _linear_clip_factors(
+      features, slopes, offsets, l2_norm_clip, segment_ids)
+  own_w = o_w if segment_ids is None else tf.gather(o_w, segment_ids)
+  own_w = tf.broadcast_to(own_w, tf.shape(features))
+  kernel = tf.math.multiply_no_nan(slopes[:, None] * features + own_w, factor[:, None])
+  parts = [tf.where(finite[:, None], kernel, 0.0)]
+  if bias_grads is not None:
+    parts.append(tf.where(finite, factor * bias_grads, 0.0)[:, None])
+  return tf.concat(parts, 1)
+
+
+def _linear_clip_factors(features, slopes, offsets, l2_norm_clip, segment_ids):
+  """(clip factor [m], finite [m], o_w, each example's bias gradient or None)."""
+  own = (lambda t: t) if segment_ids is None else (lambda t: tf.gather(t, segment_ids))
   o_w = offsets[0]
   g2 = tf.square(slopes) * tf.reduce_sum(tf.square(features), -1)
   o2 = own(tf.reduce_sum(tf.square(o_w), -1))
   sq = g2 + 2.0 * slopes * tf.reduce_sum(features * own(o_w), -1) + o2
   magnitude = g2 + 2.0 * tf.sqrt(g2) * tf.sqrt(o2) + o2
+  bias_grads = None
   if len(offsets) > 1:
     bias_grads = slopes + own(offsets[1])
     sq += tf.square(bias_grads)
@@ -229,13 +258,7 @@ def clipped_linear_sums(features, slopes, offsets, l2_norm_clip, segment_ids=Non
       tf.where(finite, _expanded_bound(sq, magnitude, tf.cast(tf.shape(features)[-1],
                                                               tf.float32)), sq),
       finite, l2_norm_clip)
-  kept = total(factor)
-  sums = [total(tf.math.multiply_no_nan(features,
-                                        tf.where(finite, factor * slopes, 0.0)[:, None]))
-          + tf.math.multiply_no_nan(o_w, kept[..., None])]
-  if len(offsets) > 1:
-    sums.append(total(tf.where(finite, factor * bias_grads, 0.0)))
-  return sums
+  return factor, finite, o_w, bias_grads
 
 
 def gaussian_noise_like(tensors, stddev, key=None):

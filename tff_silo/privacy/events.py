@@ -11,8 +11,11 @@ Neighbouring relations (`NEIGHBOURING`; the relation a run protects is chosen in
 
 The sampler tail (`sampler_tail`): the library's Gaussian noise (`gaussian`) has a
 support bound, and the probability that it matters is taken from delta before any
-conversion to epsilon (`delta_after_tail`). The float grid of the draws is not
+conversion to epsilon (`delta_after_tail`). The float grid of those draws is not
 accounted: a reported (epsilon, delta) is the real-valued Gaussian's (`gaussian`).
+The integer Gaussian mechanism (`integer_gaussian`) has no grid: its DP-SGD steps
+are Gaussian events (they are as private as the Gaussian mechanism) beside an
+`IntegerNoiseTail` that carries its sampler's gap (`integer_law.release_tail`).
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ from __future__ import annotations
 import attr
 import dp_accounting
 
-from tff_silo.privacy import gaussian_tail
+from tff_silo.privacy import gaussian_tail, integer_law
 
 NEIGHBOURING = ("add_remove", "replace_one")
 # Replacing one example moves a sum of vectors clipped to C by up to 2C.
@@ -64,6 +67,15 @@ def selection_event(selection_epsilon: float, num_selections: int) -> dp_account
       SelectionDpEvent(2.0 / selection_epsilon), int(num_selections))
 
 
+@attr.s(frozen=True, slots=True)
+class IntegerNoiseTail(dp_accounting.NoOpDpEvent):
+  """Releases of `coordinates` integer-noise coordinates in all: nothing for the
+  accountants' curves (the releases' own Gaussian events carry their privacy), their
+  sampler's gap for `sampler_tail`, whatever the sampling (the gap is the
+  sampler's, in every release, the differing example's or not)."""
+  coordinates = attr.ib(type=int)
+
+
 def sampler_tail(event: dp_accounting.DpEvent,
                  neighbouring: str = "add_remove") -> float:
   """The probability, over the releases `event` describes, that the library's
@@ -73,7 +85,10 @@ def sampler_tail(event: dp_accounting.DpEvent,
   its sensitivity over the noise's std (1 / z of its `GaussianDpEvent`); an event of
   the library's own kind (`node_level.NodeLevelDpEvent`) says its own
   (`event.sampler_tail`). Selections and non-Gaussian events add nothing; the sum
-  may exceed 1."""
+  may exceed 1. An `IntegerNoiseTail` says its sampler's gap (a Gaussian event of
+  integer noise beside it adds its support tail too: an upper bound)."""
+  if isinstance(event, IntegerNoiseTail):
+    return integer_law.release_tail(event.coordinates)
   if isinstance(event, SelectionDpEvent) or isinstance(event, (
       dp_accounting.NoOpDpEvent, dp_accounting.NonPrivateDpEvent,
       dp_accounting.LaplaceDpEvent)):

@@ -24,8 +24,9 @@ cost of TensorFlow's own normals.
 Not addressed, and not accounted: the radius lies on the 2^32-point grid of w0, and
 where w0 < 2^16 (probability 1.5e-5 a pair) consecutive radii are further apart than
 float32 resolves a released value, so such a release can be one that a neighbouring
-dataset cannot produce (Mironov 2012, here on the radius grid). Rows label their
-noise an idealized real-valued Gaussian (`benchmarks.common.NOISE_MECHANISM`).
+dataset cannot produce (Mironov 2012, here on the radius grid). Rows label such
+noise an idealized real-valued Gaussian (`benchmarks.common.NOISE_MECHANISM`);
+DP-SGD draws integer noise instead by default (`integer_gaussian`).
 """
 
 from __future__ import annotations

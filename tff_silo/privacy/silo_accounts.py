@@ -22,7 +22,7 @@ from typing import Optional, Sequence
 import dp_accounting
 import numpy as np
 
-from tff_silo.privacy import accounting, batching, ledger as ledger_lib
+from tff_silo.privacy import accounting, batching, integer_law, ledger as ledger_lib
 from tff_silo.privacy.protocol import PrivacyProtocol
 
 
@@ -43,6 +43,7 @@ class SiloPrivacy:
   sampling: str = "poisson"
   preprocessing: tuple = ()       # per silo: the DpEvents spent before training
   stopped_because: str = "rounds"
+  integer_coordinates: int = 0    # integer noise: coordinates a step releases
 
   @property
   def bounded(self) -> bool:
@@ -58,7 +59,8 @@ class SiloPrivacy:
         num_selections=self.num_selections if self.selection_epsilon[silo] else 0,
         neighbouring=self.protocol.neighbouring, dataset_size=int(self.sizes[silo]),
         extra_events=self.preprocessing[silo] if self.preprocessing else (),
-        node_examples=self.protocol.node_examples)
+        node_examples=self.protocol.node_examples,
+        integer_coordinates=self.integer_coordinates)
 
   def round_event(self, silo: int, epochs_steps: int, selecting: bool):
     """The queries silo `silo` makes in one round: `epochs_steps` DP-SGD steps and a
@@ -67,15 +69,25 @@ class SiloPrivacy:
         float(self.noise_multipliers[silo]), float(self.sampling_rates[silo]),
         int(epochs_steps), self.protocol.neighbouring, int(self.sizes[silo]),
         float(self.selection_epsilon[silo]) if selecting else None,
-        self.protocol.node_examples)
+        self.protocol.node_examples, self.integer_coordinates)
+
+  def process_noise_multipliers(self) -> np.ndarray:
+    """The multiplier each silo's noise is drawn with: its accounted one, or under
+    integer noise the grid's, whose effective multiplier is at least that
+    (`integer_law.grid_noise_multiplier`)."""
+    if not self.integer_coordinates:
+      return self.noise_multipliers
+    return np.array([integer_law.grid_noise_multiplier(float(z), self.integer_coordinates)
+                     if z > 0 else 0.0 for z in self.noise_multipliers])
 
 
 @functools.lru_cache(maxsize=4096)
 def _round_event(noise_multiplier, rate, steps, neighbouring, size, selection_epsilon,
-                 node_examples=None):
+                 node_examples=None, integer_coordinates=0):
   events = [accounting.dp_sgd_event(noise_multiplier, rate, steps,
                                     neighbouring=neighbouring, dataset_size=size,
-                                    node_examples=node_examples)]
+                                    node_examples=node_examples,
+                                    integer_coordinates=integer_coordinates)]
   if selection_epsilon is not None:
     events.append(accounting.selection_event(selection_epsilon, 1))
   return dp_accounting.ComposedDpEvent(events)
@@ -96,7 +108,7 @@ def calibrate_silos(train_sizes: Sequence[int], *, batch_size: int, epochs_per_r
                     protocol: Optional[PrivacyProtocol] = None,
                     sampling: str = "poisson",
                     preprocessing_events: Optional[Sequence] = None,
-                    noise_multiplier=None) -> SiloPrivacy:
+                    noise_multiplier=None, integer_coordinates: int = 0) -> SiloPrivacy:
   """Silo k's noise multiplier for its own (epsilon_k, delta_k), its sampling rate
   min(B, m_k) / m_k and T * epochs * max(1, floor(m_k / min(B, m_k))) steps, where
   m_k is the size the protocol makes public (n_k, or the assumed size for every silo)
@@ -108,7 +120,9 @@ def calibrate_silos(train_sizes: Sequence[int], *, batch_size: int, epochs_per_r
   per silo, e.g. DP standardization), DP-SGD gets what they leave (RDP composition).
   `noise_multiplier` (a scalar or one per silo) instead of `target_epsilon`: the
   silos train with that noise and spend what it costs (inf, if no epsilon bounds
-  it); no selections then."""
+  it); no selections then. `integer_coordinates` d > 0: the steps release d
+  coordinates of integer noise (`integer_gaussian`), whose multipliers here are the
+  effective ones (`SiloPrivacy.process_noise_multipliers` draws them)."""
   protocol = PrivacyProtocol() if protocol is None else protocol
   protocol.check_sampling(sampling)
   sizes = protocol.silo_sizes(train_sizes)
@@ -135,14 +149,15 @@ def calibrate_silos(train_sizes: Sequence[int], *, batch_size: int, epochs_per_r
     raise ValueError(f"preprocessing_events must have one entry per silo ({k})")
   settings = [accounting.silo_setting(
       q, int(n_steps), d, float(s) if num_selections else None, num_selections,
-      protocol.neighbouring, int(n), e, protocol.node_examples)
+      protocol.neighbouring, int(n), e, protocol.node_examples, integer_coordinates)
       for q, n_steps, d, s, n, e in zip(rates, steps, delta, select, sizes, extra)]
   if given is not None:
     z, spent = given, accounting.epsilons_spent(given, settings, protocol.accountant)
   else:
     z, spent = accounting.calibrate_noise_multipliers(eps, settings, protocol.accountant)
   return SiloPrivacy(z, rates, steps, delta, spent, select, num_selections, sizes,
-                     protocol, sampling, tuple(extra))
+                     protocol, sampling, tuple(extra),
+                     integer_coordinates=int(integer_coordinates))
 
 
 class SiloAccounts:
@@ -161,7 +176,7 @@ class SiloAccounts:
                target_epsilon=None, target_delta=None, noise_multiplier=None,
                protocol: Optional[PrivacyProtocol] = None,
                preprocessing_events: Optional[Sequence] = None,
-               ledger_csv: Optional[str] = None):
+               ledger_csv: Optional[str] = None, integer_coordinates: int = 0):
     """Checks the DP arguments against `private` (whether the run clips: DP-SGD),
     calibrates every silo (`calibrate_silos`) and opens their ledgers, charging
     each its preprocessing first."""
@@ -180,6 +195,7 @@ class SiloAccounts:
     self.stopped_because, self.rounds_done = "rounds", 0
     self.privacy, self.ledgers, self.units = None, [], []
     self.noise_multipliers = self.selection_epsilons = np.zeros(num_silos)
+    self.process_noise_multipliers = self.noise_multipliers
     self.sizes = np.asarray(train_sizes)
     if not private:
       return
@@ -188,10 +204,11 @@ class SiloAccounts:
         rounds=rounds, target_epsilon=target_epsilon, target_delta=target_delta,
         num_selections=num_selections, selection_budget_share=selection_budget_share,
         protocol=protocol, sampling=sampling, preprocessing_events=preprocessing_events,
-        noise_multiplier=noise_multiplier)
+        noise_multiplier=noise_multiplier, integer_coordinates=integer_coordinates)
     self.privacy = privacy
     self.noise_multipliers, self.selection_epsilons, self.sizes = (
         privacy.noise_multipliers, privacy.selection_epsilon, privacy.sizes)
+    self.process_noise_multipliers = privacy.process_noise_multipliers()
     self._round_steps = privacy.steps // rounds
     budgets = (per_silo(target_epsilon, num_silos, "target_epsilon")
                if not given else [None] * num_silos)

@@ -19,7 +19,7 @@ from tff_silo import keys, xla
 from tff_silo.algorithms import local_training as lt
 from tff_silo.algorithms import poisson_sampling as ps
 from tff_silo.backends.vectorized.stacking import StackedSilos, rows
-from tff_silo.privacy import gaussian
+from tff_silo.privacy import gaussian, integer_gaussian
 
 
 def _epoch_permutations(plan, n, num_rows, shuffle_keys, step, previous):
@@ -180,9 +180,12 @@ def _compiled_linear_sums(model, config):
   chunk shape (`_bucket` keeps them few)."""
 
   @tf.function(jit_compile=True, autograph=False)
-  def sums(weights, penalty, x, y, ids, chunk_rows):
+  def sums(weights, penalty, x, y, ids, chunk_rows, grid=None, bound=None):
     num_segments = tf.shape(weights[0])[0]
     examples = _rows_of(x, y, tf.minimum(ids, num_segments - 2), chunk_rows)
+    if grid is not None:   # integer noise: grid and bound per example
+      return lt.linear_integer_penalized_sums(model, config, weights, penalty,
+                                              *examples, grid, bound, ids, num_segments)
     return lt.linear_clipped_penalized_sums(model, config, weights, penalty,
                                             *examples, ids, num_segments)
 
@@ -202,16 +205,32 @@ def _dp_gradients(model, config, weights, anchor, lam, silos, silo_of, row, nois
   num_silos = tf.shape(silos.n)[0]
   penalty = [rows(lam, w) * (w - a) for w, a in zip(weights, anchor)]
   most = chunk_examples(model, static=count is not None)
+  if config.integer_noise:
+    most = min(most, integer_gaussian.MAX_SUMMED)
   extra = lambda t: tf.pad(t, [[0, 1]] + [[0, 0]] * (len(t.shape) - 1))   # silo K
   weights, penalty = [extra(w) for w in weights], [extra(p) for p in penalty]
 
   linear = model.linear_form_fn is not None
+  integer = config.integer_noise
   if linear:
     linear_sums = _compiled_linear_sums(model, config)
+  if integer:   # the extra silo's examples round to its grid and are dropped
+    grid = tf.concat([noise.grid, [1.0]], 0)
+    bound = tf.concat([noise.bound, tf.zeros([1], tf.int64)], 0)
 
   def chunk_sums(ids, chunk_rows):
+    if linear and integer:
+      return [linear_sums(weights, penalty, silos.x, silos.y, ids, chunk_rows,
+                          tf.gather(grid, ids), tf.gather(bound, ids))]
     if linear:
       return linear_sums(weights, penalty, silos.x, silos.y, ids, chunk_rows)
+    if integer:   # every example's gradient formed, to round it
+      per_example = _own_copy_gradients(
+          model, [tf.gather(w, ids) for w in weights],
+          *_rows_of(silos.x, silos.y, tf.minimum(ids, num_silos - 1), chunk_rows))
+      return [lt.integer_penalized_sums(config, per_example, penalty,
+                                        tf.gather(grid, ids), tf.gather(bound, ids),
+                                        ids, num_silos + 1)]
     if model.stacked_per_example_gradients_fn is not None:
       return _by_silo_sums(model, config, weights, penalty, silos, ids, chunk_rows,
                            static=count is not None)
@@ -223,7 +242,8 @@ def _dp_gradients(model, config, weights, anchor, lam, silos, silo_of, row, nois
   def add_chunk(sums, chunk):
     return [s + p for s, p in zip(sums, chunk_sums(*chunk))]
 
-  zeros = [tf.zeros_like(w) for w in weights]
+  zeros = ([tf.zeros([num_silos + 1, sum(w.shape[1:].num_elements() for w in weights)],
+                     tf.int64)] if integer else [tf.zeros_like(w) for w in weights])
   if count is None:
     if linear:   # a few compiled shapes, not one per step's example count
       most = _bucket_below(most)
@@ -247,6 +267,9 @@ def _dp_gradients(model, config, weights, anchor, lam, silos, silo_of, row, nois
         lambda start, sums: (start + most, add_chunk(
             sums, (tf.slice(silo_of, [start], [most]), tf.slice(row, [start], [most])))),
         (tf.constant(0), zeros))
+  if integer:
+    return lt.integer_step(sums[0][:num_silos], noise.draws, noise.grid,
+                           [tuple(w.shape[1:]) for w in weights], normalizer)
   return lt.noised_step([s[:num_silos] for s in sums], noise, normalizer)
 
 
@@ -367,6 +390,9 @@ def train_silos(model, config, weights, anchor, lam, silos: StackedSilos, round_
   static = xla.compiling()
 
   def noise(step):
+    if config.integer_noise:
+      return integer_gaussian.step_noise(br.fold_in(noise_keys, step), sum(sizes),
+                                         silos.noise_multiplier, config.l2_norm_clip)
     stddev = silos.noise_multiplier * config.l2_norm_clip
     flat = gaussian.normal(br.fold_in(noise_keys, step), sum(sizes)) * stddev[:, None]
     return [tf.reshape(part, [-1, *s]) for part, s in zip(tf.split(flat, sizes, 1), shapes)]

@@ -559,8 +559,7 @@ def _run_batch(s, batch, loaded, backend, device, cell_trials):
         privacy_unit=grid.privacy_unit(trial["method"]) if private else None,
         accountant=(("rdp" if trial["method"] == "hypernet" else s.accountant)
                     if private else None),
-        noise=(grid.DP_SGD_NOISE if private and trial["method"] != "hypernet"
-               else None),
+        noise=grid.dp_sgd_noise(trial["method"], trial["epsilon"]),
         test_metric_inside_guarantee=(grid.privacy_unit(trial["method"]) != "user"
                                       if private else None),
         rounds=outcome.rounds, metric=outcome.metric,

@@ -172,6 +172,19 @@ def recipe(s, seed) -> dict:
 DP_SGD_NOISE = "integer"
 
 
+def dp_sgd_noise(method, epsilon):
+  """The DP-SGD noise a trial of `method` at `epsilon` draws: DP_SGD_NOISE for a
+  private trial of an example-level method, None otherwise (no DP-SGD noise)."""
+  return DP_SGD_NOISE if not math.isinf(epsilon) and method != "hypernet" else None
+
+
+def _noise_settings(method, epsilon) -> dict:
+  """A key's noise: only where a trial draws DP-SGD noise (keys without it, of
+  private trials: float noise)."""
+  noise = dp_sgd_noise(method, epsilon)
+  return {} if noise is None else dict(noise=noise)
+
+
 def settings_key(s) -> dict:
   """What every trial of the run `s` shares and its results depend on."""
   key = dict(preset=s.preset, rounds=s.rounds, batch_size=s.batch_size,
@@ -188,7 +201,6 @@ def settings_key(s) -> dict:
   if s.mask_probability is not None:   # (the keys of the default have none)
     key.update(mask_probability=s.mask_probability)
   key.update(s.aggregator_key)   # empty for the default mean
-  key.update(noise=DP_SGD_NOISE)   # (keys without it: trials of idealized noise)
   return key
 
 
@@ -204,7 +216,9 @@ def _method_settings(s, method) -> dict:
 def trial_key(s, trial) -> str:
   """A trial's row key: a rerun finding it skips the trial."""
   return json.dumps(dict(settings_key(s), row_type="trial", **trial,
-                         **_method_settings(s, trial["method"])), sort_keys=True)
+                         **_method_settings(s, trial["method"]),
+                         **_noise_settings(trial["method"], trial["epsilon"])),
+                    sort_keys=True)
 
 
 def cell_key(s, method, epsilon, seed) -> str:
@@ -214,7 +228,8 @@ def cell_key(s, method, epsilon, seed) -> str:
                          lrs=([s.hypernet.client_lr] if method == "hypernet"
                               else s.lrs),
                          lams=s.lams if method in LAMBDA_METHODS else None,
-                         **_method_settings(s, method)), sort_keys=True)
+                         **_method_settings(s, method),
+                         **_noise_settings(method, epsilon)), sort_keys=True)
 
 
 # The trial rows' yes/no columns (None where they do not apply).

@@ -532,7 +532,8 @@ def _run_key(seed, algorithm, lam, s):
       **_protocol_columns(s, private=s.private),
       # pld runs only: the keys (and noise) of rdp runs stay those of before
       **({"accountant": "pld"} if s.private and s.protocol.accountant == "pld" else {}),
-      noise=s.noise if s.private else None,   # private keys changed with the default
+      # private runs only: the keys of runs without DP stay those of before
+      **({"noise": s.noise} if s.private else {}),
       standardize=s.standardize,
       standardize_clip=s.standardize_clip if s.standardize == "dp" else None,
       standardize_budget_share=(s.standardize_budget_share

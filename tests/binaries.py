@@ -42,6 +42,19 @@ for line in sys.stdin:
 """ % _MARK
 
 _drivers = {}
+# What a binary's runs compile stays in its driver (they reached 2 GB each, up to
+# six a test worker): a driver past DRIVER_MEMORY_LIMIT is replaced after its run,
+# and a test worker keeps its MAX_DRIVERS most recently used drivers.
+DRIVER_MEMORY_LIMIT = 1536 << 20
+MAX_DRIVERS = 3
+
+
+def _resident_bytes(pid) -> int:
+  try:
+    with open(f"/proc/{pid}/statm") as f:
+      return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+  except (OSError, ValueError, IndexError):   # not Linux, or the driver is gone
+    return 0
 
 
 def _needs_own_process(binary, args) -> bool:
@@ -59,13 +72,15 @@ def _fresh(binary, args, timeout):
 
 
 def _driver(binary):
-  driver = _drivers.get(binary)
+  driver = _drivers.pop(binary, None)   # (re-inserted last: the most recent)
   if driver is None or driver.poll() is not None:
+    while len(_drivers) >= MAX_DRIVERS:
+      _stop(next(iter(_drivers)))
     driver = subprocess.Popen(
         [sys.executable, "-c", _DRIVER, binary], cwd=ROOT, stdin=subprocess.PIPE,
         stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
         env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"})
-    _drivers[binary] = driver
+  _drivers[binary] = driver
   return driver
 
 
@@ -99,6 +114,8 @@ def run(binary, *args, timeout=600, fresh=False):
       for line in lines:   # anything else the driver's libraries print is dropped
         if line.startswith(mark):
           code, out, err = json.loads(line[len(mark):])
+          if _resident_bytes(driver.pid) > DRIVER_MEMORY_LIMIT:
+            _stop(binary)
           return subprocess.CompletedProcess([binary, *args], code, out, err)
       if not selector.select(max(0.0, deadline - time.monotonic())):
         _stop(binary)

@@ -28,6 +28,7 @@ silo's released model (`canary_scores`): the final model, no intermediate update
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from typing import NamedTuple
 
@@ -139,17 +140,21 @@ def user_level_scores(settings, rounds: int, included, real_users: int, seed: in
   contributes the clip S along its own coordinate j (a Dirac canary), each of
   `real_users` a random direction in the other coordinates; users are sampled as
   HyperNetFL samples them (`driver.PoissonUsers`, at `sampling_rate`, default the
-  settings'), f_t is `user_level.noised_mean` of their clipped, weighted sum with
-  the settings' W and noise (times `noise_scale`: 1 but in a deliberately broken
-  run), and canary j's score is the sum over rounds of f_t's coordinate j."""
+  settings'), f_t is `user_level.integer_mean` of their clipped, weighted sum with
+  the settings' W and noise multiplier (times `noise_scale`: 1 but in a
+  deliberately broken run), and canary j's score is the sum over rounds of f_t's
+  coordinate j."""
   import tensorflow as tf
   from tff_silo import driver, keys
-  from tff_silo.privacy import user_level
+  from tff_silo.privacy import integer_gaussian, user_level
   m = len(included)
   present = np.concatenate([np.flatnonzero(included), m + np.arange(real_users)])
   rng = np.random.default_rng([seed, 0x05E25])
   directions = rng.standard_normal((real_users, real_users + 1))
-  mean = settings.mean([1] * len(present), seed=seed)
+  mean = dataclasses.replace(settings.mean([1] * len(present), seed=seed),
+                             noise_multiplier=settings.noise_multiplier * noise_scale)
+  like = [tf.zeros([m + real_users + 1])]
+  grid, bound = mean.integer_grid(m + real_users + 1)
   users = driver.PoissonUsers(len(present), settings.sampling_rate
                               if sampling_rate is None else sampling_rate, seed)
   root = keys.root_key(seed)
@@ -161,9 +166,8 @@ def user_level_scores(settings, rounds: int, included, real_users: int, seed: in
     canary = ids < m
     rows[np.flatnonzero(canary), ids[canary]] = clip
     rows[np.flatnonzero(~canary), m:] = directions[ids[~canary] - m] * clip
-    total = user_level.weighted_clipped_sum([tf.constant(rows)],
-                                            tf.ones([len(ids)]), clip)
-    released = user_level.noised_mean(total, mean.normalizer,
-                                      mean.sigma * noise_scale, root, t)[0]
+    flat = user_level.flat_contributions([tf.constant(rows)], tf.ones([len(ids)]), clip)
+    total = integer_gaussian.integer_sums(flat, grid, bound)
+    released = user_level.integer_mean(total, grid, mean.normalizer, root, t, like)[0]
     scores += released.numpy()[:m]
   return scores

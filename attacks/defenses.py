@@ -58,11 +58,14 @@ class Defense:
     return {"none": 0.0, "dp_sgd": self.noise_multiplier, "clip": self.l2_norm_clip,
             "laplace": self.nu}[self.name]
 
-  def epsilon(self, delta: float) -> float:
-    """(epsilon at `delta`) of dp_sgd's one step; inf for none and clip; NaN for
-    laplace (its guarantee is the leakage, not (epsilon, delta))."""
+  def epsilon(self, delta: float, model: tf.keras.Model) -> float:
+    """(epsilon at `delta`) of dp_sgd's one step on `model` (integer noise over its
+    trainable coordinates); inf for none and clip; NaN for laplace (its guarantee is
+    the leakage, not (epsilon, delta))."""
     if self.name == "dp_sgd":
-      return accounting.epsilon_spent(self.noise_multiplier, 1.0, 1, delta)
+      coordinates = sum(int(tf.size(v)) for v in model.trainable_variables)
+      return accounting.epsilon_spent(self.noise_multiplier, 1.0, 1, delta,
+                                      integer_coordinates=coordinates)
     return math.nan if self.name == "laplace" else math.inf
 
   def leakage(self, model: tf.keras.Model) -> float:

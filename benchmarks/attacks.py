@@ -283,8 +283,12 @@ def _attack_key(method, defense, batch, s):
       iterations=s.iterations, attack_lr=s.attack_lr,
       batch_size=s.batch_size, batch=batch, defense=defense.name,
       parameter=defense.parameter, l2_norm_clip=defense.l2_norm_clip,
-      clip_aware=s.clip_aware,
-      client_lr=s.lr), sort_keys=True)
+      clip_aware=s.clip_aware, client_lr=s.lr, **_noise(defense)), sort_keys=True)
+
+
+def _noise(defense):
+  """dp_sgd's noise (integer: `dp_sgd.privatize`), for its key and rows."""
+  return dict(noise="integer") if defense.name == "dp_sgd" else {}
 
 
 def _image_path(key, s):
@@ -325,7 +329,7 @@ def _attack_rows(s, model, x, y, method, defense, batch, learning_rate=None,
       defense=defense.name, parameter=defense.parameter,
       l2_norm_clip=defense.l2_norm_clip, noise_multiplier=defense.noise_multiplier,
       nu=defense.nu, clip_aware=s.clip_aware, client_lr=learning_rate,
-      epsilon=defense.epsilon(s.delta), delta=s.delta,
+      epsilon=defense.epsilon(s.delta, model), delta=s.delta, **_noise(defense),
       leakage=defense.leakage(model), final_matching_loss=float(result.loss_curve[-1]),
       seconds=seconds, seed=s.seed, batch=batch, images_file=path, run_key=key)
   common_columns.update(saved or {})

@@ -202,12 +202,14 @@ def _audit_user_level(s, mutation):
   r, v = audit.guesses(scores, included, s.guesses)
   return dict(
       method="hypernet_udp", preset="users", silo="all", mutation=mutation or "none",
-      epsilon_reported=settings.epsilon(s.rounds, s.delta), delta=s.delta,
+      epsilon_reported=settings.epsilon(s.rounds, s.delta, s.canaries + REAL_USERS + 1),
+      delta=s.delta,
       epsilon_lower=audit.epsilon_lower(s.canaries, r, v, s.delta, s.confidence),
       confidence=s.confidence, canaries=s.canaries, guesses=r, correct=v,
       included=int(included.sum()), threat_model=USER_THREAT_MODEL,
       guarantee=_guarantee(mutation, "user-level (add/remove one user), Poisson users"),
-      noise_multiplier=z, rounds=s.rounds, sampling_rate=USER_SAMPLING_RATE,
+      noise_multiplier=z, noise="integer", rounds=s.rounds,
+      sampling_rate=USER_SAMPLING_RATE,
       clip=USER_CLIP, seed=s.seed, wall_seconds=time.perf_counter() - start)
 
 
@@ -241,7 +243,7 @@ def _audit(s, method, silos, mutation):
       guarantee=_guarantee(
           mutation, "example-level (add/remove, Poisson), each silo's; the largest"),
       noise_multiplier=float(np.min(result.privacy.noise_multipliers)),
-      rounds=s.rounds, lr=s.lr,
+      noise=definition.config.noise, rounds=s.rounds, lr=s.lr,
       lam=s.lam if method in ("mrmtl", "ditto", "ifca_mrmtl") else None,
       batch_size=s.batch_size, clip=s.clip, assumed_silo_size=s.assumed_silo_size,
       seed=s.seed, test_metric=result.test_metric,

@@ -603,9 +603,10 @@ NOISE_MECHANISM = ("idealized real-valued noise: the accountants' Gaussian (or "
                    "Laplace) over the reals; the float grid of the draws adds to delta "
                    "what is not accounted")
 INTEGER_NOISE_MECHANISM = (
-    "integer: DP-SGD's releases are integer sums plus rounded-Gaussian noise, private "
-    "for the numbers computed (epsilon certified up to {ceiling:g}); any other release "
-    "of the run (standardization, aggregator, validation scores) idealized real-valued")
+    "integer: the Gaussian releases (DP-SGD, DP standardization, validation scores, "
+    "user-level means) are integer sums plus rounded-Gaussian noise, private for the "
+    "numbers computed (epsilon certified up to {ceiling:g}); a DP aggregator's (TFF's "
+    "factories) and private selections' noise idealized real-valued")
 OUTSIDE_INTEGER_CEILING = (
     "integer, epsilon above {ceiling:g}: outside what the sampler's table is certified "
     "for (its tail is charged at epsilon {ceiling:g}); the epsilon is the exact "

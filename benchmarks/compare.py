@@ -321,9 +321,12 @@ def _trial_privacy(s, definition, silos, epsilon):
 
 
 def _scored(event, score_z):
-  """A trial's release: its training's queries and its noisy validation score."""
+  """A trial's release: its training's queries and its noisy validation score (one
+  coordinate of integer noise: its `IntegerNoiseTail`)."""
   import dp_accounting
-  return dp_accounting.ComposedDpEvent([event, dp_accounting.GaussianDpEvent(score_z)])
+  from tff_silo.privacy import events
+  return dp_accounting.ComposedDpEvent([event, dp_accounting.GaussianDpEvent(score_z),
+                                        events.IntegerNoiseTail(1)])
 
 
 def _protocol(s):
@@ -361,21 +364,19 @@ def _validation_metric(model, weights, x_val, y_val) -> float:
 
 
 def _noisy_score(s, model, weights, x_val, y_val, run_seed, score_z) -> float:
-  """Each silo's sum of per-example validation metrics clipped to [0, score_clip]
-  plus N(0, (score_z x score_clip)^2) (the library's sampler, `privacy.gaussian`),
-  fresh for every trial and silo; their mean over silos (a sum per silo, not a
-  per-example mean: no silo's private count enters it; a silo without validation
-  examples adds its noise)."""
+  """Each silo's sum of per-example validation metrics clipped to [0, score_clip],
+  released by the integer Gaussian mechanism at multiplier score_z
+  (`integer_gaussian.sum_release`), fresh for every trial and silo; their mean over
+  silos (a sum per silo, not a per-example mean: no silo's private count enters it;
+  a silo without validation examples releases its noise)."""
   from tff_silo import keys
-  from tff_silo.privacy import gaussian
-  noise = gaussian.normal(np.stack([
-      keys.derive(keys.root_key(run_seed), keys.VALIDATION_SCORE, k).numpy()
-      for k in range(len(y_val))]), 1).numpy()[:, 0]
+  from tff_silo.privacy import integer_gaussian
   total = 0.0
   for k, (x, y) in enumerate(zip(x_val, y_val)):
     values = model.metric_values([np.asarray(w) for w in weights[k]], x, y).numpy()
-    total += (np.clip(values, 0.0, s.score_clip).sum()
-              + score_z * s.score_clip * float(noise[k]))
+    key = keys.derive(keys.root_key(run_seed), keys.VALIDATION_SCORE, k)
+    total += float(integer_gaussian.sum_release(
+        np.clip(values, 0.0, s.score_clip)[:, None], s.score_clip, score_z, key)[0])
   return total / len(y_val)
 
 
@@ -387,7 +388,7 @@ def _definition(s, trial, silos):
       lam=trial["lam"], l2_norm_clip=None if math.isinf(trial["epsilon"]) else s.clip,
       aggregator=s.aggregator.factory, num_clusters=s.num_clusters,
       cluster_init_seed=trial["seed"], num_silos=silos.num_silos,
-      noise=grid.DP_SGD_NOISE)
+      noise=grid.TRIAL_NOISE)
 
 
 class _Outcome(NamedTuple):
@@ -559,7 +560,7 @@ def _run_batch(s, batch, loaded, backend, device, cell_trials):
         privacy_unit=grid.privacy_unit(trial["method"]) if private else None,
         accountant=(("rdp" if trial["method"] == "hypernet" else s.accountant)
                     if private else None),
-        noise=grid.dp_sgd_noise(trial["method"], trial["epsilon"]),
+        noise=grid.trial_noise(trial["epsilon"]),
         test_metric_inside_guarantee=(grid.privacy_unit(trial["method"]) != "user"
                                       if private else None),
         rounds=outcome.rounds, metric=outcome.metric,

@@ -26,6 +26,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import math
 
 TABULAR = ("school", "vehicle", "gleam")
 
@@ -215,4 +216,6 @@ def _dp_standardized(silos, recipe):
   standardized = preprocessing.standardize_silos(
       silos, "dp", clip=recipe["standardize_clip"], noise_multipliers=[z] * silos.num_silos,
       seed=recipe["seed"])
-  return standardized, [preprocessing.dp_event(z, recipe["neighbouring"])] * silos.num_silos
+  features = int(math.prod(silos.feature_shape))
+  event = preprocessing.dp_event(z, features, recipe["neighbouring"])
+  return standardized, [event] * silos.num_silos

@@ -168,20 +168,21 @@ def recipe(s, seed) -> dict:
   return out
 
 
-# The noise of every DP-SGD trial (`local_training.LocalTrainingConfig.noise`).
-DP_SGD_NOISE = "integer"
+# The noise of every private trial: DP-SGD's (`local_training.LocalTrainingConfig.
+# noise`) and HyperNetFL's user-level mean's (`user_level.integer_mean`).
+TRIAL_NOISE = "integer"
 
 
-def dp_sgd_noise(method, epsilon):
-  """The DP-SGD noise a trial of `method` at `epsilon` draws: DP_SGD_NOISE for a
-  private trial of an example-level method, None otherwise (no DP-SGD noise)."""
-  return DP_SGD_NOISE if not math.isinf(epsilon) and method != "hypernet" else None
+def trial_noise(epsilon):
+  """The noise a trial at `epsilon` draws: TRIAL_NOISE for a private trial, None
+  otherwise (no noise)."""
+  return None if math.isinf(epsilon) else TRIAL_NOISE
 
 
-def _noise_settings(method, epsilon) -> dict:
-  """A key's noise: only where a trial draws DP-SGD noise (keys without it, of
-  private trials: float noise)."""
-  noise = dp_sgd_noise(method, epsilon)
+def _noise_settings(epsilon) -> dict:
+  """A key's noise: only where a trial draws noise (keys of private trials without
+  it: float noise, a hypernet trial's until integer user-level noise)."""
+  noise = trial_noise(epsilon)
   return {} if noise is None else dict(noise=noise)
 
 
@@ -217,7 +218,7 @@ def trial_key(s, trial) -> str:
   """A trial's row key: a rerun finding it skips the trial."""
   return json.dumps(dict(settings_key(s), row_type="trial", **trial,
                          **_method_settings(s, trial["method"]),
-                         **_noise_settings(trial["method"], trial["epsilon"])),
+                         **_noise_settings(trial["epsilon"])),
                     sort_keys=True)
 
 
@@ -229,7 +230,7 @@ def cell_key(s, method, epsilon, seed) -> str:
                               else s.lrs),
                          lams=s.lams if method in LAMBDA_METHODS else None,
                          **_method_settings(s, method),
-                         **_noise_settings(method, epsilon)), sort_keys=True)
+                         **_noise_settings(epsilon)), sort_keys=True)
 
 
 # The trial rows' yes/no columns (None where they do not apply).

@@ -331,6 +331,8 @@ def _runs(s):
 
 
 def _privacy_columns(settings):
+  """The run's user-level DP columns (in its key too), with `noise` (integer, the
+  user-level mean's: `user_level.integer_mean`) where it adds noise."""
   if settings is None:
     return dict(sampling_rate=None, l2_norm_clip=None, noise_multiplier=None,
                 weight_cap=None, public_user_sizes=None, public_user_count=None)
@@ -338,7 +340,8 @@ def _privacy_columns(settings):
               noise_multiplier=settings.noise_multiplier, weight_cap=settings.weight_cap,
               public_user_sizes=(settings.public_sizes if settings.weight_cap is not None
                                  else None),
-              public_user_count=settings.public_user_count)
+              public_user_count=settings.public_user_count,
+              **(dict(noise="integer") if settings.private else {}))
 
 
 def _run_key(seed, algorithm, settings, s):

@@ -277,7 +277,7 @@ def _run_rows(s, batch, progress, shards_on=None):
              profile=meta.get("profile", {}).get("name", "given files"),
              persons=stats.get("persons"), contacts=stats.get("contacts"),
              scenario=name, **{"feature_set": FEATURE_SETS[0], **run},
-             clip=s.clip if run["sigma"] else None,
+             clip=s.clip if run["sigma"] else None, **_noise(run),
              **measured, load_seconds=load_seconds, backend=backend, device=device,
              peak_memory_mb=common.peak_memory_mb(),
              finished=time.strftime("%Y-%m-%dT%H:%M:%S"))
@@ -331,7 +331,13 @@ PIPELINE = dict(scored_on="held-out households", delta_rule="1/(10 n)",
 def _run_key(run, data_key, s) -> str:
   return json.dumps(dict(run, data=data_key, scenario=s.scenario, clip=s.clip,
                          rounds=s.rounds, batch_size=s.batch_size, lr=s.lr,
-                         **PIPELINE), sort_keys=True)
+                         **PIPELINE, **_noise(run)), sort_keys=True)
+
+
+def _noise(run) -> dict:
+  """A private run's DP-SGD noise (the library's default, integer), for its key
+  and row."""
+  return dict(noise="integer") if run["sigma"] else {}
 
 
 # Table 2.6 (thesis, real Virginia data, Smoke): sigma -> the epsilon it prints

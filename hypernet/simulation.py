@@ -130,7 +130,7 @@ def run_hypernet(process, data: SiloData, *, rounds: int,
     def after(r):
       del r
       if ledger is not None:   # noise is added every round, sampled or not
-        ledger.charge(settings.round_event(), "user_level_round")
+        ledger.charge(settings.round_event(hn.num_parameters), "user_level_round")
       users_per_round.append(len(sampled))
 
     log = run_rounds(rounds, step, before=before, after=after,

@@ -7,10 +7,11 @@ theta_u for all sampled users at once (`Hypernetwork.generate_many`), their K lo
 steps through `tff_silo.backends.vectorized.training.train_silos` (the users' keys, shuffled batches
 and step gradients of `train_locally`), each user's vector-Jacobian products
 (`Hypernetwork.vjp`, mapped over users), and the user-level DP mean
-(`user_level.weighted_clipped_sum`, `noised_mean`: the same clip, weights, q W and
-noise key of the round as the TFF factory). Only the default aggregator runs here;
-another `tff.aggregators` factory is a one-line error naming backend=tff. Parity with
-the TFF process: tests/hypernet/test_hypernet.py.
+(`user_level.flat_contributions` rounded and summed in integers, `integer_mean`:
+the same clip, weights, grid, q W and noise key of the round as the TFF factory).
+Only the default aggregator runs here; another `tff.aggregators` factory is a
+one-line error naming backend=tff. Parity with the TFF process:
+tests/hypernet/test_hypernet.py.
 """
 
 from __future__ import annotations
@@ -24,7 +25,9 @@ from hypernet.algorithm import HypernetAlgorithm, server_update
 from tff_silo import batched_random as br
 from tff_silo import keys, xla
 from tff_silo.algorithms.rounds import SiloInput
-from tff_silo.privacy.user_level import noised_mean, weighted_clipped_sum
+from tff_silo.privacy import integer_gaussian
+from tff_silo.privacy.user_level import (flat_contributions, integer_mean,
+                                         weighted_clipped_sum)
 from tff_silo import runner
 from tff_silo.backends.vectorized.programs import compiling_rounds, padded_ids, round_program
 from tff_silo.backends.vectorized.stacking import StackedSilos, stack_silos
@@ -54,17 +57,18 @@ def unsupported_reason(algorithm: HypernetAlgorithm) -> str | None:
 
 def _program_key(algorithm: HypernetAlgorithm) -> tuple:
   """What the round's program depends on besides tensors: the noise's constants (S,
-  sigma, q W, root key) are tensors, so a grid over (q, S, z) and seeds traces it
-  once per clip-or-not."""
+  its grid and bound, q W, root key) are tensors, so a grid over (q, S, z) and
+  seeds traces it once per clip-or-not and noise-or-not."""
   return ("hypernet", algorithm.hypernetwork.computation_key, algorithm.config,
           algorithm.hypernet_learning_rate, algorithm.embedding_learning_rate,
-          algorithm.mean.l2_norm_clip is not None)
+          algorithm.mean.l2_norm_clip is not None, algorithm.mean.noise_multiplier > 0)
 
 
 def _round_fn(algorithm: HypernetAlgorithm):
   """The round of `algorithm` (traced by `round_program`)."""
   hn, config = algorithm.hypernetwork, algorithm.config
   clipped = algorithm.mean.l2_norm_clip is not None
+  integer = algorithm.mean.noise_multiplier > 0
 
   def contributions(phi, embeddings, round_num, users, data: StackedUsers):
     """Each sampled user's (phi part, embedding part), [U, ...]."""
@@ -80,7 +84,7 @@ def _round_fn(algorithm: HypernetAlgorithm):
     return list(phi_parts), v_parts
 
   def round_fn(phi, embeddings, round_num, users, real, data: StackedUsers, clip,
-               sigma, normalizer, root):
+               grid, bound, normalizer, root):
     """`users` the sampled ids, `real` (float32 [U]) 0 for padding (XLA: `next`)."""
     phi = list(phi)
     if xla.compiling():   # padded: at least one user
@@ -99,9 +103,14 @@ def _round_fn(algorithm: HypernetAlgorithm):
     phi_parts = [tf.where(tf.reshape(kept, [-1] + [1] * (len(p.shape) - 1)), p, 0.0)
                  for p in phi_parts]
     v_parts = tf.where(kept[:, None], v_parts, 0.0)
-    total = weighted_clipped_sum(phi_parts, tf.gather(data.weight, users) * real,
-                                 clip if clipped else None)
-    phi_step = noised_mean(total, normalizer, sigma, root, round_num)
+    weights = tf.gather(data.weight, users) * real
+    if integer:
+      flat = flat_contributions(phi_parts, weights, clip)
+      phi_step = integer_mean(integer_gaussian.integer_sums(flat, grid, bound), grid,
+                              normalizer, root, round_num, phi)
+    else:
+      total = weighted_clipped_sum(phi_parts, weights, clip if clipped else None)
+      phi_step = [t / normalizer for t in total]
     embedding_steps = tf.scatter_nd(users[:, None], v_parts, tf.shape(embeddings))
     new_phi, new_embeddings = server_update(algorithm, phi, embeddings, phi_step,
                                             embedding_steps)
@@ -124,8 +133,10 @@ class VectorizedHypernet:
     self.hypernetwork, self.settings = algorithm.hypernetwork, algorithm.settings
     self.user_weights = np.array(algorithm.user_weights)
     mean = algorithm.mean
+    grid, bound = (mean.integer_grid(self.hypernetwork.num_parameters)
+                   if mean.noise_multiplier > 0 else (0.0, 0))
     self._constants = (tf.constant(mean.l2_norm_clip or 0.0, tf.float32),
-                       tf.constant(mean.sigma, tf.float32),
+                       tf.constant(grid, tf.float32), tf.constant(bound, tf.int64),
                        tf.constant(mean.normalizer, tf.float32),
                        tf.constant(keys.root_key(mean.seed), tf.int32))
     self._round = round_program(_program_key(algorithm), lambda: _round_fn(algorithm))

@@ -185,8 +185,8 @@ def test_dp_sgd_noise_is_seeded_and_accounted(lenet, digits):
                                    defense=defense, seed=s) for s in [(0, 1), (0, 1), (0, 2)]]
   np.testing.assert_array_equal(runs[0][0], runs[1][0])
   assert not np.array_equal(runs[0][0], runs[2][0])
-  assert 0 < defense.epsilon(1e-5) < math.inf
-  assert defenses.Defense().epsilon(1e-5) == math.inf
+  assert 0 < defense.epsilon(1e-5, lenet) < math.inf
+  assert defenses.Defense().epsilon(1e-5, lenet) == math.inf
 
 
 @pytest.mark.parametrize("kwargs, message", [

@@ -49,7 +49,7 @@ def test_rows_of_integer_noise_say_so_and_where_it_is_not_certified():
   it says the guarantee is outside what the sampler is certified for."""
   inside = common.labelled(dict(noise="integer", epsilon=8.0, epsilon_spent=7.9))
   outside = common.labelled(dict(noise="integer", epsilon=50.0, epsilon_spent=49.9))
-  assert inside["noise_mechanism"].startswith("integer: DP-SGD")
+  assert inside["noise_mechanism"].startswith("integer: the Gaussian releases")
   assert "outside what the sampler" in outside["noise_mechanism"]
   assert common.labelled(dict(noise="idealized", epsilon_spent=1.0))[
       "noise_mechanism"] == common.NOISE_MECHANISM

@@ -9,29 +9,31 @@ from tff_silo import algorithms, data, keys, models
 from tff_silo import batched_random as br
 from tff_silo.backends.tff import process_for
 from tff_silo.data import preprocessing
-from tff_silo.privacy import PrivacyProtocol, accounting, gaussian
+from tff_silo.privacy import PrivacyProtocol, accounting, integer_gaussian, integer_law
 from tff_silo.simulation import run_simulation
 
 
-def test_dp_sums_noise_has_the_calibrated_std():
-  """dp_sums' noise is z sqrt(3) times the sampler's normals under the release's key
-  (exactly, for a few keys); over 4,000 release keys those releases have std
-  z sqrt(3) and mean the exact sums (drawn in one batch of keys: the same numbers
-  as 4,000 calls, at a fraction of the eager cost)."""
+def test_dp_sums_are_the_integer_gaussian_mechanism():
+  """dp_sums' noise is sqrt(3) times the integer mechanism's: grid z_g / 2^14 times
+  the integer draws of the release's key (z_g the grid multiplier of z = 1.5 over
+  7 coordinates), up to the contributions' rounding (50 rows, half a grid each);
+  over 4,000 release keys those draws have std z_g sqrt(3) >= z sqrt(3)."""
   x = np.random.default_rng(0).normal(size=(50, 3))
   exact = preprocessing.dp_sums(x, 2.0, 0.0, keys.fold_in([0, 0], 0))
+  z_g = integer_law.grid_noise_multiplier(1.5, 7)
+  grid = np.float32(z_g) / np.float32(integer_law.SIGMA)
   for i in range(4):
     key = keys.fold_in([0, 0], i)
-    np.testing.assert_allclose(
-        preprocessing.dp_sums(x, 2.0, 1.5, key) - exact,
-        1.5 * np.sqrt(3.0) * gaussian.normal([key], 7).numpy()[0].astype(np.float64),
-        rtol=1e-9, atol=1e-12)
+    draws = integer_gaussian.noise(np.asarray(key)[None], 7).numpy()[0]
+    noise = np.sqrt(3.0) * grid * draws
+    np.testing.assert_allclose(preprocessing.dp_sums(x, 2.0, 1.5, key) - exact, noise,
+                               rtol=1e-5, atol=50 * grid * np.sqrt(3.0) / 2 + 1e-4)
   release_keys = br.fold_in(np.zeros([4000, 2], np.int32), np.arange(4000))
   np.testing.assert_array_equal(release_keys[3], keys.fold_in([0, 0], 3))
-  draws = exact + 1.5 * np.sqrt(3.0) * gaussian.normal(release_keys, 7).numpy()
+  draws = np.sqrt(3.0) * grid * integer_gaussian.noise(release_keys, 7).numpy()
   # 4,000 draws per coordinate: the sample std has relative s.e. 1.1%; 5% is 4.4 s.e.
   np.testing.assert_allclose(draws.std(0), 1.5 * np.sqrt(3.0), rtol=0.05)
-  np.testing.assert_allclose(draws.mean(0), exact, atol=4 * 1.5 * np.sqrt(3) / 63)
+  assert z_g >= 1.5 and np.all(np.abs(draws.mean(0)) < 4 * 1.5 * np.sqrt(3) / 63)
   assert exact[-1] == 50 and np.all(exact[:3] * 2.0 <= 50 * 2.0)
 
 
@@ -52,9 +54,10 @@ def test_dp_statistics_are_close_with_little_noise():
 def test_dp_noise_multiplier_spends_the_share():
   z = preprocessing.dp_noise_multiplier(6.0, 1e-3, 0.05)
   accountant = dp_accounting.rdp.RdpAccountant(list(accounting.RDP_ORDERS))
-  accountant.compose(preprocessing.dp_event(z))
+  accountant.compose(preprocessing.dp_event(z, 4))
   assert 0.99 * 0.3 < accountant.get_epsilon(1e-3) <= 0.3
-  assert preprocessing.dp_event(z, "replace_one").noise_multiplier == pytest.approx(z / 2)
+  gaussian, tail = preprocessing.dp_event(z, 4, "replace_one").events
+  assert gaussian.noise_multiplier == pytest.approx(z / 2) and tail.coordinates == 9
 
 
 def test_school_modes(shared_data):
@@ -84,7 +87,7 @@ def test_dp_standardization_is_charged_and_composed():
       algorithms.mrmtl_algorithm(
 models.linear_regression(3), silos.feature_shape, client_learning_rate=0.1,
 batch_size=8, l2_norm_clip=1.0))
-  events = [preprocessing.dp_event(z)] * 3
+  events = [preprocessing.dp_event(z, 3)] * 3
   result = run_simulation(process, standardized, rounds=2, target_epsilon=2.0,
                           target_delta=1e-4, protocol=PrivacyProtocol(assumed_silo_size=30),
                           preprocessing_events=events)

@@ -158,7 +158,10 @@ def test_run_reports_the_accounted_epsilon_and_learns_without_noise():
   result = hypernet.run_hypernet(_process(users, noisy), users, rounds=3,
                                  target_delta=1e-5, seed=1)
   # The ledger adds three rounds; epsilon() composes them at once: same RDP sum.
-  assert result.epsilon == pytest.approx(noisy.epsilon(3, 1e-5), rel=1e-12)
+  phi_size = hypernet.Hypernetwork(   # _process's: its phi, the noisy coordinates
+      small_cnn(users.feature_shape, 10, channels=(4, 8), hidden=16), users.num_silos,
+      3, hidden_width=8).num_parameters
+  assert result.epsilon == pytest.approx(noisy.epsilon(3, 1e-5, phi_size), rel=1e-12)
   assert result.sigma == pytest.approx(2.0 * 0.1 / (0.5 * 6), rel=1e-6)
   assert len(result.silo_test_metric) == 6 and len(result.users_per_round) == 3
   with pytest.raises(ValueError, match="give target_delta"):

@@ -112,7 +112,8 @@ def test_tiny_grid_writes_rows_with_the_accounted_epsilon(tmp_path):
   assert (rows.peak_memory_mb > 0).all()
   noisy = rows[rows.noise_multiplier == 2].iloc[0]
   expected = UserDPSettings(sampling_rate=0.5, l2_norm_clip=0.1,
-                            noise_multiplier=2.0).epsilon(2, 1e-5)
+                            noise_multiplier=2.0).epsilon(2, 1e-5,
+                                                          noisy.hypernet_parameters)
   assert noisy.epsilon == pytest.approx(expected, rel=1e-9)
   assert noisy.sigma == pytest.approx(2.0 * 0.1 / (0.5 * 6), rel=1e-6)
   # a round's signal-to-noise bound, q W / (z sqrt(P)) without a weight cap

@@ -87,6 +87,35 @@ def test_draws_follow_the_table_and_are_the_same_compiled_one_key_or_many():
   np.testing.assert_array_equal(ig.noise(KEYS[2:3], 1_000).numpy()[0], draws[2, :1_000])
 
 
+def test_a_draw_begins_every_longer_draw_of_its_key():
+  """`noise` draws n as its bucket and cuts: the first n coordinates of any longer
+  draw (coordinate j is Philox block j of its key)."""
+  keys = np.array([[1, 2], [3, -4]], np.int32)
+  longest = ig.noise(keys, 300).numpy()
+  for n in (1, 16, 17, 29, 200, 299):
+    assert ig._bucket(n) >= n and ig._bucket(n) <= max(16, 1.125 * n)
+    np.testing.assert_array_equal(ig.noise(keys, n).numpy(), longest[:, :n])
+
+
+def test_sum_release_is_the_grid_times_the_integer_sum_and_its_draws():
+  """One sum's release: grid (sum of round(x / grid) + the key's draws), the grid
+  z_g C / 2^14 of the grid multiplier z_g >= z; zero rows add nothing."""
+  rng = np.random.default_rng(3)
+  x = rng.normal(size=(37, 5)).astype(np.float32)
+  norms = np.linalg.norm(x, axis=1, keepdims=True)
+  x *= (2.0 / np.maximum(1.0, norms)).astype(np.float32)   # norms <= 2
+  key = np.array([5, 9], np.int32)
+  z_g = law.grid_noise_multiplier(1.3, 5)
+  grid = np.float32(z_g) * np.float32(2.0) / np.float32(law.SIGMA)
+  integers = np.round(x * (np.float32(1.0) / grid)).astype(np.int64).sum(0)
+  expected = grid * (integers + ig.noise(key[None], 5).numpy()[0]).astype(np.float64)
+  released = ig.sum_release(x, 2.0, 1.3, key).numpy()
+  np.testing.assert_allclose(released, expected, rtol=1e-6)
+  padded = np.concatenate([x, np.zeros([20, 5], np.float32)])
+  np.testing.assert_array_equal(ig.sum_release(padded, 2.0, 1.3, key).numpy(), released)
+  assert z_g >= 1.3
+
+
 def test_rounding_keeps_every_contribution_within_the_integer_bound():
   """A contribution of norm C rounds within `bound_sq`; a larger one (a clip that
   failed) and a non-finite one count as zero; the grid is z C / SIGMA."""

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from tff_silo.privacy import accounting, dp_sgd
+from tff_silo.privacy import accounting, dp_sgd, integer_law
 from tff_silo.privacy import calibrate_noise_multiplier, epsilon_spent
 
 
@@ -257,13 +257,17 @@ def test_expanded_norms_never_clip_too_little():
 
 
 def test_dp_sgd_noise_statistics():
-  # Zero gradients: the output is pure noise N(0, (z C / normalizer)^2) per coordinate.
+  # Zero gradients: the output is pure integer noise, std z_g C / normalizer per
+  # coordinate at the grid multiplier z_g >= z (rounding's price over 20,000
+  # coordinates: 0.65%).
   grads = [tf.zeros([5, 20000])]
   out = dp_sgd.privatize(grads, l2_norm_clip=2.0, noise_multiplier=1.5, normalizer=4.0,
                          seed=tf.constant([1, 2]))[0].numpy()
+  z_g = integer_law.grid_noise_multiplier(1.5, 20000)
+  assert 1.5 < z_g < 1.5 * 1.01
   # 20,000 draws: the sample std has relative std error 1/sqrt(2*20000) = 0.5%, the
   # mean has std 0.75/141 = 0.0053; tolerances are ~4 standard errors.
-  assert np.std(out) == pytest.approx(1.5 * 2.0 / 4.0, rel=0.02)
+  assert np.std(out) == pytest.approx(z_g * 2.0 / 4.0, rel=0.02)
   assert abs(np.mean(out)) < 0.02
   again = dp_sgd.privatize(grads, l2_norm_clip=2.0, noise_multiplier=1.5, normalizer=4.0,
                            seed=tf.constant([1, 2]))[0].numpy()

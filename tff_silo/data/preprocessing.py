@@ -11,7 +11,9 @@ Modes (`STANDARDIZE`):
   the second moment. Under add/remove-one the query's sensitivity is sqrt(3); noise
   of standard deviation z sqrt(3) is a Gaussian mechanism with multiplier z (under
   replace-one the sensitivity is at most 2 sqrt(2) < 2 sqrt(3): multiplier z / 2).
-  The event is charged to the silo's ledger and composed with its DP-SGD.
+  The noise is the integer Gaussian mechanism's (`integer_gaussian.sum_release`), as
+  private as that Gaussian for the numbers computed; the event, with its sampler's
+  tail, is charged to the silo's ledger and composed with its DP-SGD.
 - `silo`: each silo's exact training mean and standard deviation, as the papers do.
   Adding one example moves every other standardized example, so the per-example
   clip of DP-SGD no longer bounds the sensitivity: this mode is outside the
@@ -26,11 +28,10 @@ from typing import Optional, Sequence
 
 import dp_accounting
 import numpy as np
-import tensorflow as tf
 
 from tff_silo import keys
 from tff_silo.data.silos import SiloData, standardize
-from tff_silo.privacy import accounting, gaussian
+from tff_silo.privacy import accounting, events, integer_gaussian
 
 STANDARDIZE = ("none", "public", "dp", "silo")
 # Contribution (c / R, c^2 / R^2, 1) of one example: L2 norm at most sqrt(3).
@@ -63,10 +64,14 @@ class PublicRanges:
     return (x - self.low) / span
 
 
-def dp_event(noise_multiplier: float, neighbouring: str = "add_remove"):
-  """The `DpEvent` of one silo's DP statistics with noise std z sqrt(3)."""
+def dp_event(noise_multiplier: float, features: int, neighbouring: str = "add_remove"):
+  """The `DpEvent` of one silo's DP statistics of `features` features with noise std
+  z sqrt(3): the Gaussian mechanism's, beside its 2 d + 1 integer-noise coordinates'
+  `IntegerNoiseTail` (a tuple of events: hashable, as the ledgers' cache needs)."""
   factor = 1.0 if neighbouring == "add_remove" else 2.0
-  return dp_accounting.GaussianDpEvent(noise_multiplier / factor)
+  return dp_accounting.ComposedDpEvent((
+      dp_accounting.GaussianDpEvent(noise_multiplier / factor),
+      events.IntegerNoiseTail(2 * int(features) + 1)))
 
 
 def dp_noise_multiplier(target_epsilon: float, target_delta: float, share: float,
@@ -81,7 +86,9 @@ def dp_noise_multiplier(target_epsilon: float, target_delta: float, share: float
 
 def dp_sums(x: np.ndarray, clip: float, noise_multiplier: float, key) -> np.ndarray:
   """The noisy sums of (c / R, c^2 / R^2, 1) over the rows of `x` ([2 d + 1]): the
-  Gaussian mechanism with noise std z sqrt(3).
+  integer Gaussian mechanism on the contributions scaled to norm 1 (by 1 / sqrt(3)),
+  scaled back: as private as noise of std z sqrt(3) on the sums. z = 0: the exact
+  sums (no release).
 
   Args:
     x: the silo's training features `[n, d]`.
@@ -91,10 +98,13 @@ def dp_sums(x: np.ndarray, clip: float, noise_multiplier: float, key) -> np.ndar
   """
   x = np.asarray(x, np.float64)
   norms = np.linalg.norm(x, axis=1, keepdims=True)
-  c = x * np.minimum(1.0, clip / np.maximum(norms, 1e-12))
-  sums = np.concatenate([(c / clip).sum(0), (c * c / clip ** 2).sum(0), [len(x)]])
-  noise = gaussian.normal(tf.convert_to_tensor(key, tf.int32)[None], len(sums))[0]
-  return sums + noise_multiplier * DP_SENSITIVITY * noise.numpy().astype(np.float64)
+  c = x * np.minimum(1.0, clip / np.maximum(norms, 1e-12)) / clip
+  rows = np.concatenate([c, c * c, np.ones([len(x), 1])], axis=1)
+  if noise_multiplier == 0:
+    return rows.sum(0)
+  released = integer_gaussian.sum_release(rows / DP_SENSITIVITY, 1.0, noise_multiplier,
+                                          key)
+  return DP_SENSITIVITY * released.numpy().astype(np.float64)
 
 
 def dp_statistics(x: np.ndarray, clip: float, noise_multiplier: float, key):

@@ -21,7 +21,7 @@ Neighbouring relations (`NEIGHBOURING`, `events`):
   multiplier z / 2 relative to the sensitivity.
 
 Other queries (standardization statistics) come as `extra_events`: Gaussian
-mechanisms composed with the rest.
+mechanisms composed with the rest, and the `IntegerNoiseTail` of their integer noise.
 
 Node-level DP (`node_examples` = S, replace_one only): the protected unit is a node
 that lies in at most S of the silo's examples (a neighbourhood and its neighbours'
@@ -139,8 +139,9 @@ def epsilon_from_rdp(orders, rdp, target_delta: float, tail: float = 0.0) -> flo
 
 def _check_extra(extra_events):
   for event in extra_events:
-    if not isinstance(event, dp_accounting.GaussianDpEvent):
-      raise TypeError(f"extra_events must be GaussianDpEvents, got {event}")
+    if not isinstance(event, (dp_accounting.GaussianDpEvent, IntegerNoiseTail)):
+      raise TypeError("extra_events must be GaussianDpEvents or IntegerNoiseTails, got "
+                      f"{event}")
 
 
 def silo_event(noise_multiplier: float, sampling_rate: float, steps: int, *,
@@ -218,12 +219,14 @@ def epsilon_spent(noise_multiplier: float, sampling_rate: float, steps: int,
                   target_delta: float, *, selection_epsilon: Optional[float] = None,
                   num_selections: int = 0, neighbouring: str = "add_remove",
                   dataset_size: Optional[int] = None, extra_events: tuple = (),
-                  node_examples: Optional[int] = None) -> float:
-  """Epsilon at `target_delta` of DP-SGD, selections and `extra_events`; inf when
-  DP-SGD runs steps without noise; 0 when nothing is queried."""
+                  node_examples: Optional[int] = None,
+                  integer_coordinates: int = 0) -> float:
+  """Epsilon at `target_delta` of DP-SGD (integer noise over `integer_coordinates`
+  coordinates when > 0), selections and `extra_events`; inf when DP-SGD runs steps
+  without noise; 0 when nothing is queried."""
   setting = silo_setting(sampling_rate, steps, target_delta, selection_epsilon,
                          num_selections, neighbouring, dataset_size, extra_events,
-                         node_examples)
+                         node_examples, integer_coordinates)
   return float(epsilons_spent([noise_multiplier], [setting])[0])
 
 
@@ -416,8 +419,9 @@ def _curves(noise_multipliers, settings, orders) -> tuple:
     if s.num_selections > 0:   # selections: Gaussians of multiplier 2 / eps (`events`)
       rdp[i] += s.num_selections * rdp_curves.gaussian([2.0 / s.selection_epsilon],
                                                        orders)[0]
-    for event in s.extra_events:
-      rdp[i] += rdp_curves.gaussian([event.noise_multiplier], orders)[0]
+    for event in s.extra_events:   # (an IntegerNoiseTail adds only to the tail)
+      if isinstance(event, dp_accounting.GaussianDpEvent):
+        rdp[i] += rdp_curves.gaussian([event.noise_multiplier], orders)[0]
   deltas = [delta_after_tail(s.target_delta, sampler_tail(silo_event(
       zi, s.sampling_rate, s.steps, selection_epsilon=s.selection_epsilon,
       num_selections=s.num_selections, neighbouring=s.neighbouring,

@@ -5,22 +5,24 @@ tensors, summed, and Gaussian noise N(0, (noise_multiplier * l2_norm_clip)^2 I) 
 added to the sum; the result is divided by the normalizer (the expected batch size
 q * n under Poisson sampling, the batch size otherwise).
 
-Noise comes from the library's Gaussian sampler (`gaussian`, whose support bound the
-accountants charge), keyed by a 64-bit key (`tff_silo.keys`): one key per release,
-never reused. Without a key the noise is drawn from OS entropy; a fixed key is for
-reproducible simulation only. An example whose gradient is not finite
-contributes zero (it would otherwise turn the release into NaN and so reveal that it
-was sampled).
+`privatize`'s noise is the integer Gaussian mechanism's (`integer_gaussian`); the
+training loops draw theirs there too, or, behind the explicit `idealized` setting,
+from the float sampler (`gaussian`, `gaussian_noise_like`). Noise is keyed by a
+64-bit key (`tff_silo.keys`): one key per release, never reused. Without a key the
+noise is drawn from OS entropy; a fixed key is for reproducible simulation only. An
+example whose gradient is not finite contributes zero (it would otherwise turn the
+release into NaN and so reveal that it was sampled).
 """
 
 from __future__ import annotations
 
 import collections
 
+import numpy as np
 import tensorflow as tf
 
 from tff_silo import keys
-from tff_silo.privacy import gaussian
+from tff_silo.privacy import gaussian, integer_gaussian
 
 _TINY = 1e-12
 
@@ -285,9 +287,16 @@ def clipped_sum(per_example_grads, l2_norm_clip, segment_ids=None, num_segments=
 
 def privatize(per_example_grads, *, l2_norm_clip, noise_multiplier, normalizer,
               seed=None):
-  """Clip, sum, add noise, normalize: the DP-SGD gradient estimate. `seed`: the
-  release's int32[2] key (`tff_silo.keys`); None draws from OS entropy (a fixed key
-  is for simulation only)."""
-  sums = clipped_sum(per_example_grads, l2_norm_clip)
-  noise = gaussian_noise_like(sums, noise_multiplier * l2_norm_clip, seed)
-  return [(s + z) / normalizer for s, z in zip(sums, noise)]
+  """Clip, sum, add noise, normalize: the DP-SGD gradient estimate, its noise the
+  integer Gaussian mechanism's on the flattened gradients
+  (`integer_gaussian.sum_release`); z = 0 adds none. `seed`: the release's int32[2]
+  key (`tff_silo.keys`); None draws from OS entropy (a fixed key is for simulation
+  only)."""
+  clipped = clip_per_example(per_example_grads, l2_norm_clip)
+  if noise_multiplier == 0:
+    return [tf.reduce_sum(g, 0) / normalizer for g in clipped]
+  sizes = [int(np.prod(g.shape[1:])) for g in clipped]
+  flat = tf.concat([tf.reshape(g, [-1, n]) for g, n in zip(clipped, sizes)], 1)
+  released = integer_gaussian.sum_release(flat, l2_norm_clip, noise_multiplier,
+                                          keys.key_or_fresh(seed)) / normalizer
+  return [tf.reshape(p, g.shape[1:]) for p, g in zip(tf.split(released, sizes), clipped)]

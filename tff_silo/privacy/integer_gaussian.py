@@ -15,6 +15,8 @@ as the Gaussian mechanism: `integer_law`; issue 53, item 1).
 - `integer_sums(contributions, grid, bound_sq, segment_ids, num_segments)`: the
   rounded contributions summed (per segment: a silo's examples), in int64.
 - `release(sums, draws, grid)`: grid (integer sums + noise), float32.
+- `sum_release(contributions, C, z, key)`: the whole mechanism on one sum, for the
+  releases outside DP-SGD (standardization, validation scores, user-level means).
 """
 
 from __future__ import annotations
@@ -47,10 +49,23 @@ def _table():
 
 def noise(keys, n: int):
   """int64[K, n] draws of round(N(0, SIGMA^2)), row k from int32[2] key k (`keys`
-  [K, 2])."""
+  [K, 2]). Coordinate j takes Philox block j of its key, so a longer draw begins
+  with a shorter one: n is drawn as its `_bucket` and cut (one compiled program
+  serves every n of a bucket; each program holds ~13 MB)."""
   if int(n) != n or n < 0:
     raise ValueError(f"n must be a non-negative integer, got {n}")
-  return _compiled_noise(int(n))(tf.convert_to_tensor(keys, tf.int32), *_table())
+  n = int(n)
+  drawn = _compiled_noise(_bucket(n))(tf.convert_to_tensor(keys, tf.int32), *_table())
+  return drawn[:, :n]
+
+
+def _bucket(n: int) -> int:
+  """n rounded up to 16 or to m 2^e with 8 <= m < 16: at most 12.5% more draws (the
+  vectorized backend's chunk buckets, `training._bucket`, in Python)."""
+  if n <= 16:
+    return 16
+  shift = n.bit_length() - 4
+  return -(-n >> shift) << shift
 
 
 @functools.lru_cache(maxsize=64)
@@ -151,26 +166,23 @@ def rounded(contributions, grid, bound_sq):
   return tf.where(keep, integer, tf.zeros_like(integer))
 
 
-MAX_SUMMED = 2 ** 20   # examples one `integer_sums` call sums exactly
+MAX_SUMMED = 2 ** 20   # examples one `integer_sums` call sums exactly per segment
 
 
 def integer_sums(contributions, grid, bound_sq, segment_ids=None, num_segments=None):
-  """The sum of the `rounded` contributions ([m, D], m <= MAX_SUMMED; `grid` and
-  `bound_sq` [m] or scalars) in int64: [D], or with `segment_ids` ([m] int32) one
-  sum per segment [num_segments, D]. Every |r| <= sqrt(bound) <= 2^30, so r + 2^30
-  splits into three limbs of at most 11 bits, each summed exactly in int32 (the
-  only integer segment sum GPUs have) and joined in int64."""
+  """The sum of the `rounded` contributions ([m, D]; `grid` and `bound_sq` [m] or
+  scalars) in int64: [D], an int64 reduction (exact: every |r| <= sqrt(bound) <=
+  2^30), or with `segment_ids` ([m] int32, m <= MAX_SUMMED) one sum per segment
+  [num_segments, D]: r + 2^30 split into three limbs of at most 11 bits, each summed
+  exactly in int32 (the only integer segment sum GPUs have) and joined in int64."""
   bound_sq = tf.convert_to_tensor(bound_sq, tf.int64)
   r = rounded(contributions, grid, bound_sq[:, None] if bound_sq.shape.rank else bound_sq)
-  m = tf.shape(r)[0]
-  single = segment_ids is None
-  if single:
-    segment_ids, num_segments = tf.zeros([m], tf.int32), 1
+  if segment_ids is None:
+    return tf.reduce_sum(r, 0)
   # (XLA drops the check: its chunks are STATIC_CHUNK_EXAMPLES)
-  tf.debugging.assert_less_equal(m, MAX_SUMMED, "integer_sums sums at most 2^20 "
-                                 "examples a call")
-  total = _limb_sums(r, segment_ids, tf.convert_to_tensor(num_segments, tf.int32))
-  return total[0] if single else total
+  tf.debugging.assert_less_equal(tf.shape(r)[0], MAX_SUMMED, "integer_sums sums at "
+                                 "most 2^20 examples a call per segment")
+  return _limb_sums(r, segment_ids, tf.convert_to_tensor(num_segments, tf.int32))
 
 
 @tf.function(input_signature=[tf.TensorSpec([None, None], tf.int64),
@@ -199,3 +211,20 @@ def release(sums, draws, grid):
   if grid.shape.rank:
     grid = grid[..., None]
   return tf.cast(sums + draws, tf.float32) * grid
+
+
+def sum_release(contributions, l2_norm_clip: float, noise_multiplier: float, key):
+  """The integer Gaussian mechanism on one sum: float32 [D], as private as the sum of
+  `contributions` ([m, D], each of L2 norm at most `l2_norm_clip`)
+  plus N(0, (z C)^2 I) with z = `noise_multiplier`, the multiplier the caller's
+  accountant charges (drawn at `integer_law.grid_noise_multiplier(z, D)`, whose
+  effective multiplier is at least z), beside `events.IntegerNoiseTail(D)`; `key`:
+  the release's int32[2] key. A contribution's rounding moves the sum by at most
+  grid / 2 = z C / 2^15 a coordinate (systematically at worst: m z C / 2^15 in all)."""
+  x = tf.convert_to_tensor(contributions, tf.float32)
+  dimension = int(x.shape[-1])
+  z = law.grid_noise_multiplier(float(noise_multiplier), dimension)
+  grid, bound = grid_and_bound(z, float(l2_norm_clip), dimension)
+  sums = integer_sums(x, grid, bound)
+  draws = noise(tf.convert_to_tensor(key, tf.int32)[None], dimension)[0]
+  return release(sums, draws, grid)

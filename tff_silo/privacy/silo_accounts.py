@@ -26,6 +26,16 @@ from tff_silo.privacy import accounting, batching, integer_law, ledger as ledger
 from tff_silo.privacy.protocol import PrivacyProtocol
 
 
+def _events_of(event) -> tuple:
+  """A silo's preprocessing event (None, an event, or a composition of events) as
+  the tuple of events its ledger charges."""
+  if event is None:
+    return ()
+  if isinstance(event, dp_accounting.ComposedDpEvent):
+    return tuple(event.events)
+  return (event,)
+
+
 @dataclasses.dataclass(frozen=True)
 class SiloPrivacy:
   """Per-silo DP-SGD and selection settings and the privacy they spend, composed
@@ -116,8 +126,9 @@ def calibrate_silos(train_sizes: Sequence[int], *, batch_size: int, epochs_per_r
   training takes); epsilon spent is recomputed from it.
 
   With `num_selections` private cluster selections of epsilon
-  share * epsilon_k each, and `preprocessing_events` (one Gaussian `DpEvent` or None
-  per silo, e.g. DP standardization), DP-SGD gets what they leave (RDP composition).
+  share * epsilon_k each, and `preprocessing_events` (per silo None, a Gaussian
+  `DpEvent`, or one composed with its `IntegerNoiseTail`, e.g. DP standardization),
+  DP-SGD gets what they leave (RDP composition).
   `noise_multiplier` (a scalar or one per silo) instead of `target_epsilon`: the
   silos train with that noise and spend what it costs (inf, if no epsilon bounds
   it); no selections then. `integer_coordinates` d > 0: the steps release d
@@ -144,7 +155,7 @@ def calibrate_silos(train_sizes: Sequence[int], *, batch_size: int, epochs_per_r
   rates = batch / followed
   steps = per_epoch * epochs_per_round * rounds
   extra = ([()] * k if preprocessing_events is None
-           else [() if e is None else (e,) for e in preprocessing_events])
+           else [_events_of(e) for e in preprocessing_events])
   if len(extra) != k:
     raise ValueError(f"preprocessing_events must have one entry per silo ({k})")
   settings = [accounting.silo_setting(

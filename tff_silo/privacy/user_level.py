@@ -16,7 +16,12 @@ Gaussian noise with standard deviation
 
 makes every round a Poisson-sampled Gaussian mechanism with noise multiplier z and
 sampling rate q; `accounting.epsilon_spent(z, q, T, delta)` composes T of them into the
-user-level (epsilon, delta) (Theorem 3.2).
+user-level (epsilon, delta) (Theorem 3.2). The noise is the integer Gaussian
+mechanism's (`integer_gaussian`): each w_u clip(Delta_u, S) rounded to the grid of
+z's grid multiplier (`UserLevelMean.integer_grid`), the sum exact in int64, integer
+noise added, then scaled by the grid and 1 / (q W) (`integer_mean`): as private as
+the Gaussian at z for the numbers computed, the table's gap charged per coordinate
+(`round_event`).
 
 The guarantee assumes what the paper assumes: users are Poisson-sampled with
 probability q (the caller's job), W and max(w) are fixed before training and public,
@@ -47,7 +52,7 @@ import numpy as np
 import tensorflow as tf
 
 from tff_silo import keys
-from tff_silo.privacy import accounting, dp_sgd
+from tff_silo.privacy import accounting, dp_sgd, integer_gaussian, integer_law
 
 
 COVERS = ("the noised aggregates and the hypernetwork's shared weights phi; not the "
@@ -139,6 +144,15 @@ class UserLevelMean:
     """q W, the fixed denominator of eq. 3."""
     return self.sampling_rate * self.total_weight
 
+  def integer_grid(self, dimension: int):
+    """(grid, bound) of the noise over `dimension` coordinates when z > 0: the
+    integer Gaussian mechanism (`integer_gaussian.grid_and_bound`) for contributions
+    of norm at most max(w) S, drawn at z's grid multiplier
+    (`integer_law.grid_noise_multiplier`), as private as eq. 4's Gaussian at z."""
+    z = integer_law.grid_noise_multiplier(self.noise_multiplier, int(dimension))
+    return integer_gaussian.grid_and_bound(z, self.max_weight * self.l2_norm_clip,
+                                           int(dimension))
+
 
 def weighted_clipped_sum(contributions, weights, l2_norm_clip):
   """sum_u w_u clip(Delta_u, S), eq. 3's numerator: `contributions` are tensors with
@@ -149,16 +163,26 @@ def weighted_clipped_sum(contributions, weights, l2_norm_clip):
           for c in contributions]
 
 
-def noised_mean(total, normalizer, sigma, root, round_num):
-  """f = total / (q W) + N(0, sigma^2 I) (eq. 3, Algorithm 1 line 15), the noise of
-  round `round_num` keyed by derive(root, AGGREGATOR_NOISE, round_num); no noise
-  when `sigma` is the Python number 0."""
-  tensors = [t / normalizer for t in total]
-  if isinstance(sigma, (int, float)) and sigma == 0:
-    return tensors
-  noise_key = keys.derive(root, keys.AGGREGATOR_NOISE, round_num)
-  return [t + n for t, n in zip(tensors, dp_sgd.gaussian_noise_like(tensors, sigma,
-                                                                     noise_key))]
+def flat_contributions(contributions, weights, l2_norm_clip):
+  """[U, D]: each user's w_u clip(Delta_u, S) (`contributions` with a leading user
+  axis, `weights` [U]), its tensors flattened and concatenated."""
+  if l2_norm_clip is not None:
+    contributions = dp_sgd.clip_per_example(contributions, l2_norm_clip)
+  flat = tf.concat([tf.reshape(c, [tf.shape(c)[0], int(np.prod(c.shape[1:]))])
+                    for c in contributions], 1)
+  return flat * tf.cast(weights, tf.float32)[:, None]
+
+
+def integer_mean(total, grid, normalizer, root, round_num, like):
+  """Eq. 3 and 4 on the integer grid: grid (total + noise) / (q W) in the structure
+  of `like` (tensors of static shapes, no user axis), `total` the int64 [D] sum of
+  the users' rounded `flat_contributions`; round `round_num`'s draws keyed by
+  derive(root, AGGREGATOR_NOISE, round_num)."""
+  sizes = [int(np.prod(t.shape)) for t in like]
+  key = keys.derive(root, keys.AGGREGATOR_NOISE, round_num)
+  draws = integer_gaussian.noise(tf.convert_to_tensor(key, tf.int32)[None], sum(sizes))
+  flat = integer_gaussian.release(total, draws[0], grid) / normalizer
+  return [tf.reshape(p, t.shape) for p, t in zip(tf.split(flat, sizes), like)]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -234,11 +258,14 @@ class UserDPSettings:
     return UserLevelMean(self.l2_norm_clip, self.noise_multiplier, self.sampling_rate,
                          self.total_weight(num_examples), seed=seed)
 
-  def round_event(self):
-    """One round's `DpEvent`: the Poisson-sampled Gaussian mechanism (q, z)."""
-    return accounting.dp_sgd_event(self.noise_multiplier, self.sampling_rate, 1)
+  def round_event(self, coordinates: int):
+    """One round's `DpEvent`: the Poisson-sampled Gaussian mechanism (q, z), with
+    the `IntegerNoiseTail` of its `coordinates` noisy coordinates (phi's size)."""
+    return accounting.dp_sgd_event(self.noise_multiplier, self.sampling_rate, 1,
+                                   integer_coordinates=int(coordinates))
 
-  def epsilon(self, rounds: int, target_delta: float) -> float:
-    """User-level epsilon at `target_delta` after `rounds` rounds (inf without noise)."""
+  def epsilon(self, rounds: int, target_delta: float, coordinates: int) -> float:
+    """User-level epsilon at `target_delta` after `rounds` rounds releasing
+    `coordinates` noisy coordinates each (inf without noise)."""
     return accounting.epsilon_spent(self.noise_multiplier, self.sampling_rate, rounds,
-                                    target_delta)
+                                    target_delta, integer_coordinates=int(coordinates))

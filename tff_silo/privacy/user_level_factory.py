@@ -12,13 +12,17 @@ import tensorflow as tf
 import tensorflow_federated as tff
 
 from tff_silo import keys
+from tff_silo.privacy import integer_gaussian
 from tff_silo.privacy.user_level import (
-    UserDPSettings, UserLevelMean, noised_mean, weighted_clipped_sum)
+    UserDPSettings, UserLevelMean, flat_contributions, integer_mean, weighted_clipped_sum)
 
 
 class UserLevelDPMeanFactory(tff.aggregators.WeightedAggregationFactory):
   """Clipped, weighted, noised mean of user contributions (`user_level.UserLevelMean`:
-  its arguments, its noise keys). Measurements: `sigma` (public)."""
+  its arguments, its noise keys). With noise, each client sends its contribution
+  rounded to the integer grid (int64, the structure's tensors), the sum is exact
+  and the server adds integer noise (`user_level.integer_mean`). Measurements:
+  `sigma` (public)."""
 
   def __init__(self, *, l2_norm_clip: Optional[float], noise_multiplier: float,
                sampling_rate: float, total_weight: float, max_weight: float = 1.0,
@@ -50,6 +54,7 @@ class UserLevelDPMeanFactory(tff.aggregators.WeightedAggregationFactory):
       raise TypeError(f"weights must be float32 scalars, got {weight_type}")
     mean = self.mean
     root = keys.root_key(mean.seed)
+    integer = mean.noise_multiplier > 0   # clients round, the server adds the noise
 
     @tff.tensorflow.computation
     def initial_round():
@@ -58,13 +63,25 @@ class UserLevelDPMeanFactory(tff.aggregators.WeightedAggregationFactory):
     @tff.tensorflow.computation(value_type, weight_type)
     def weigh(value, weight):
       tensors = [t[None] for t in tf.nest.flatten(value)]
-      return tf.nest.pack_sequence_as(
-          value, weighted_clipped_sum(tensors, weight[None], mean.l2_norm_clip))
+      if not integer:
+        return tf.nest.pack_sequence_as(
+            value, weighted_clipped_sum(tensors, weight[None], mean.l2_norm_clip))
+      flat = flat_contributions(tensors, weight[None], mean.l2_norm_clip)
+      grid, bound = mean.integer_grid(flat.shape[1])
+      rounded = integer_gaussian.rounded(flat, grid, bound)[0]
+      sizes = [int(np.prod(t.shape[1:])) for t in tensors]
+      return tf.nest.pack_sequence_as(value, [
+          tf.reshape(r, t.shape[1:]) for r, t in zip(tf.split(rounded, sizes), tensors)])
 
-    @tff.tensorflow.computation(np.int32, value_type)
+    @tff.tensorflow.computation(np.int32, weigh.type_signature.result)
     def release(round_num, total):
-      tensors = noised_mean(tf.nest.flatten(total), mean.normalizer, mean.sigma, root,
-                            round_num)
+      parts = tf.nest.flatten(total)
+      if integer:
+        flat = tf.concat([tf.reshape(t, [-1]) for t in parts], 0)
+        grid, _ = mean.integer_grid(flat.shape[0])
+        tensors = integer_mean(flat, grid, mean.normalizer, root, round_num, parts)
+      else:
+        tensors = [t / mean.normalizer for t in parts]
       return (tf.nest.pack_sequence_as(total, tensors), round_num + 1,
               tf.constant(mean.sigma, tf.float32))
 

@@ -353,7 +353,10 @@ def aggregator_key() -> dict:
   dp = FLAGS.aggregator in aggregators.DP_BUILTINS
   return dict(aggregator=FLAGS.aggregator,
               **({name: FLAGS[name].value for name in
-                  ("silo_epsilon", "silo_delta", "aggregator_clip")} if dp else {}))
+                  ("silo_epsilon", "silo_delta", "aggregator_clip")} if dp else {}),
+              # (dp_fixed's noise became integer: rows of its float noise not reused)
+              **({"aggregator_noise": "integer"} if FLAGS.aggregator == "dp_fixed"
+                 else {}))
 
 
 def aggregator_columns(choice, rounds_run: int, measurements: dict,
@@ -361,7 +364,7 @@ def aggregator_columns(choice, rounds_run: int, measurements: dict,
   """A row's aggregator: its name, parameters and last measurements (where TFF
   reports them), and for a DP aggregator its silo-level guarantee over the rounds
   run (of a `dimension`-value aggregate), in columns of its own: epsilon at
-  silo_delta for exact Gaussian noise, the delta TF's bounded normals add, and what
+  silo_delta for exact Gaussian noise, the delta its sampler adds, and what
   the guarantee covers."""
   import json
   from tff_silo import aggregators
@@ -591,12 +594,13 @@ MEASURED_COLUMNS = ("wall_seconds", "seconds_per_round_median", "train_seconds",
                     "shard_peaks_mb", "runs_stacked")
 
 
-# What a DP row's noise is. `noise` = integer (DP-SGD's default,
+# What a DP row's noise is. `noise` = integer (the default,
 # `tff_silo.privacy.integer_gaussian`): integer sums and rounded-Gaussian noise, the
-# guarantee the numbers computed have, certified up to `integer_law.EPSILON_CEILING`;
-# other releases of such a run (DP standardization, DP aggregators, validation
-# scores, user-level noise) still draw float noise. Otherwise (`gaussian`, TFF's
-# normals in the DP aggregators) the accountants treat it as the real-valued
+# guarantee the numbers computed have, certified up to `integer_law.EPSILON_CEILING`,
+# for every Gaussian release of the library (DP-SGD, DP standardization, validation
+# scores, user-level means, dp_fixed); dp_adaptive (TFF's factory, TensorFlow's
+# normals) and the selections' Gumbel noise still draw float noise. Otherwise
+# (`gaussian`, `--noise=idealized`) the accountants treat it as the real-valued
 # Gaussian; the float grid of its draws (Mironov 2012) adds to delta what they do
 # not charge (issue 53).
 NOISE_MECHANISM = ("idealized real-valued noise: the accountants' Gaussian (or "
@@ -604,9 +608,9 @@ NOISE_MECHANISM = ("idealized real-valued noise: the accountants' Gaussian (or "
                    "what is not accounted")
 INTEGER_NOISE_MECHANISM = (
     "integer: the Gaussian releases (DP-SGD, DP standardization, validation scores, "
-    "user-level means) are integer sums plus rounded-Gaussian noise, private for the "
-    "numbers computed (epsilon certified up to {ceiling:g}); a DP aggregator's (TFF's "
-    "factories) and private selections' noise idealized real-valued")
+    "user-level means, dp_fixed) are integer sums plus rounded-Gaussian noise, private "
+    "for the numbers computed (epsilon certified up to {ceiling:g}); dp_adaptive's "
+    "(TFF's factory) and private selections' noise idealized real-valued")
 OUTSIDE_INTEGER_CEILING = (
     "integer, epsilon above {ceiling:g}: outside what the sampler's table is certified "
     "for (its tail is charged at epsilon {ceiling:g}); the epsilon is the exact "

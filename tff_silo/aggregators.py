@@ -7,11 +7,12 @@ only):
   unweighted_mean  every silo weighs the same;
   robust           `tff.learning.robust_aggregator`: adaptive zeroing of updates with
                    outsized norms and adaptive norm clipping around the weighted mean;
-  dp_fixed         central Gaussian DP over silos with a fixed clip
-                   (`DifferentiallyPrivateFactory.gaussian_fixed`);
-  dp_adaptive      the same with its clip adapted to a quantile of the update norms
-                   (`gaussian_adaptive`; its noise multiplier covers the clipped-count
-                   queries too);
+  dp_fixed         central Gaussian DP over silos with a fixed clip (what
+                   `DifferentiallyPrivateFactory.gaussian_fixed` computes, on the
+                   integer mechanism: `user_level_factory.DPMeanFactory`);
+  dp_adaptive      TFF's `gaussian_adaptive`: the same with its clip adapted to a
+                   quantile of the update norms (its noise multiplier covers the
+                   clipped-count queries too; float noise);
   compressed       the weighted mean of updates whose every tensor is quantized to
                    8 bits (uniform, stochastic rounding: TFF's
                    `EncodedSumFactory.quantize_above_threshold` with threshold 0;
@@ -25,8 +26,11 @@ multiplier z, accounted with dp_accounting's RDP (`AggregatorChoice.silo_epsilon
 What that covers: the server's aggregates (the global model) and whatever is
 computed from them alone; not the personalized models each silo computes from its
 own data on top, nor their metrics or saved weights (`SILO_GUARANTEE_COVERS`).
-TFF's factories draw TensorFlow's normals, whose support stops at 5.68 standard
-deviations (`privacy.gaussian`): the delta that costs,
+dp_fixed's noise is integer (`integer_gaussian`: as private as the Gaussian for the
+numbers computed, the table's gap per coordinate its delta tail); dp_adaptive is
+TFF's factory, which draws TensorFlow's normals, whose support stops at 5.68
+standard deviations (`privacy.gaussian`): the delta that costs is its tail, and
+their grid is not accounted (rows label it idealized). The tail,
 `AggregatorChoice.silo_delta_tail`, is added to the silo-level delta a run reports.
 """
 
@@ -89,13 +93,18 @@ class AggregatorChoice:
     return _epsilon(self.noise_multiplier, rounds, delta)
 
   def silo_delta_tail(self, rounds: int, dimension: int) -> float:
-    """What TF's bounded normals add to the silo-level delta over `rounds` releases
-    of a `dimension`-value aggregate (and dp_adaptive's clipped count): per round,
-    a union over noise pairs of a radius above 5.678 - 1/z (where a silo's shift of
-    at most 1/z deviations meets the bound) and of the 1e-7 clamped mass."""
+    """What the noise's sampler adds to the silo-level delta over `rounds` releases
+    of a `dimension`-value aggregate: dp_fixed, the integer table's gap
+    (`integer_law.release_tail`); dp_adaptive, TF's bounded normals (and its
+    clipped count's): per round, a union over noise pairs of a radius above
+    5.678 - 1/z (where a silo's shift of at most 1/z deviations meets the bound)
+    and of the 1e-7 clamped mass."""
     if not self.silo_level_dp:
       return 0.0
-    pairs = -(-int(dimension) // 2) + (self.name == "dp_adaptive")
+    if self.name == "dp_fixed":
+      from tff_silo.privacy import integer_law   # pylint: disable=g-import-not-at-top
+      return min(1.0, integer_law.release_tail(int(rounds) * int(dimension)))
+    pairs = -(-int(dimension) // 2) + 1   # (the count's pair)
     shift = 1.0 / self.noise_multiplier
     if shift >= TF_NORMAL_RADIUS:
       return 1.0
@@ -165,7 +174,9 @@ def choose(spec: str, *, num_silos: int, rounds: int, silo_epsilon=None,
   z = silo_noise_multiplier(silo_epsilon, rounds, silo_delta)
   dp = tff.aggregators.DifferentiallyPrivateFactory
   if spec == "dp_fixed":
-    factory = dp.gaussian_fixed(z, clients_per_round=num_silos, clip=clip)
+    from tff_silo.privacy import user_level_factory  # pylint: disable=g-import-not-at-top
+    factory = user_level_factory.DPMeanFactory(noise_multiplier=z,
+                                               clients_per_round=num_silos, clip=clip)
   else:
     # The clipped-count query's noise std z (multiplier 2z: a count's sensitivity
     # is 1/2) leaves the values z / sqrt(3/4); together they compose to z.

@@ -10,6 +10,7 @@ from scipy import optimize, stats
 import tensorflow_federated as tff
 
 from tff_silo import aggregators, algorithms, data, models
+from tff_silo.privacy import integer_law, user_level_factory
 from tff_silo.simulation import run_simulation
 
 SILOS = data.heterogeneous_linear_silos(num_silos=6, num_examples=40, dim=3, tau=0.5,
@@ -40,32 +41,51 @@ def test_the_silo_level_calibration_meets_its_target_by_the_exact_gaussian_bound
   assert exact <= z < 1.15 * exact
 
 
-def test_tfs_bounded_normals_add_their_tail_to_the_silo_level_delta():
-  """TF's normals stop at 5.678 deviations (its 1e-7 clamp): per round a union over
-  the aggregate's noise pairs (dp_adaptive: one more, its count) of a radius above
-  5.678 - 1/z and of the clamped mass; none without DP."""
-  for name, extra in (("dp_fixed", 0), ("dp_adaptive", 1)):
-    choice = aggregators.choose(name, num_silos=10, rounds=50, silo_epsilon=2.0,
-                                silo_delta=1e-3)
-    z = choice.noise_multiplier
-    radius = math.sqrt(-2 * math.log(1e-7))
-    per_round = (15 + extra) * (math.exp(-(radius - 1 / z) ** 2 / 2) + 1e-7)
-    assert choice.silo_delta_tail(50, 29) == pytest.approx(50 * per_round, rel=1e-12)
+def test_each_samplers_tail_is_added_to_the_silo_level_delta():
+  """dp_adaptive (TF's normals, which stop at 5.678 deviations: its 1e-7 clamp):
+  per round a union over the aggregate's noise pairs and its count of a radius
+  above 5.678 - 1/z and of the clamped mass; dp_fixed (integer noise): the table's
+  gap over every coordinate released; none without DP."""
+  choice = aggregators.choose("dp_adaptive", num_silos=10, rounds=50, silo_epsilon=2.0,
+                              silo_delta=1e-3)
+  z = choice.noise_multiplier
+  radius = math.sqrt(-2 * math.log(1e-7))
+  per_round = 16 * (math.exp(-(radius - 1 / z) ** 2 / 2) + 1e-7)
+  assert choice.silo_delta_tail(50, 29) == pytest.approx(50 * per_round, rel=1e-12)
+  fixed = aggregators.choose("dp_fixed", num_silos=10, rounds=50, silo_epsilon=2.0,
+                             silo_delta=1e-3)
+  assert fixed.silo_delta_tail(50, 29) == integer_law.release_tail(50 * 29)
   assert aggregators.choose("mean", num_silos=10, rounds=50).silo_delta_tail(50, 29) == 0
 
 
 def test_dp_fixed_adds_the_noise_it_is_accounted_for():
-  """The mean of 6 zero updates: N(0, (z clip / 6)^2) in every coordinate."""
+  """The mean of 6 zero updates: integer noise of std z_g clip / 6 in every
+  coordinate, z_g >= z the grid multiplier of z over 4,000 coordinates; a clipped
+  update's mean is the clipped mean (up to the noise and the grid)."""
   choice = aggregators.choose("dp_fixed", num_silos=6, rounds=4, silo_epsilon=1.0,
                               silo_delta=1e-3, clip=0.5)
   value_type = tff.TensorType(np.float32, [4000])
   process = choice.factory.create(value_type)
   output = process.next(process.initialize(), [np.zeros(4000, np.float32)] * 6)
   noise = np.asarray(output.result)
-  expected = choice.noise_multiplier * 0.5 / 6
+  z_g = integer_law.grid_noise_multiplier(choice.noise_multiplier, 4000)
+  assert choice.noise_multiplier <= z_g < 1.02 * choice.noise_multiplier   # 1.1%
+  expected = z_g * 0.5 / 6
   # the sample std of 4,000 normals is within 5% of sigma with probability ~0.998
   assert abs(noise.std() / expected - 1) < 0.05
   assert abs(noise.mean()) < 4 * expected / math.sqrt(4000)
+  # the same round's noise (seeded) on clipped updates: their mean, within the grid
+  seeded = user_level_factory.DPMeanFactory(noise_multiplier=2.0, clients_per_round=3,
+                                            clip=1.0, seed=5)
+  process = seeded.create(tff.TensorType(np.float32, [3]))
+  updates = [np.array([3.0, 0.0, 4.0], np.float32), np.array([0.1, 0.2, 0.0], np.float32),
+             np.zeros(3, np.float32)]
+  released = process.next(process.initialize(), updates).result
+  alone = process.next(process.initialize(), [np.zeros(3, np.float32)] * 3).result
+  grid = integer_law.grid_noise_multiplier(2.0, 3) / integer_law.SIGMA
+  np.testing.assert_allclose(np.asarray(released) - np.asarray(alone),
+                             (np.array([0.6, 0.0, 0.8]) + [0.1, 0.2, 0.0]) / 3,
+                             atol=grid)
 
 
 @pytest.mark.parametrize("name", aggregators.BUILTINS)
@@ -82,6 +102,7 @@ def test_every_builtin_runs_mrmtl_on_tffs_runtime(name):
   # what TFF's factories measure comes back with the result
   expected = {"robust": {"zeroed_count", "zeroing_norm", "zeroing/clipping_norm",
                          "zeroing/clipped_count"},
+              "dp_fixed": {"sigma"},
               "dp_adaptive": {"dp_query_metrics/clip"}}.get(name, set())
   assert set(result.aggregator_measurements) == expected
 

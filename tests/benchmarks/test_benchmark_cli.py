@@ -1,7 +1,6 @@
 """`python -m benchmarks.run`: bad input ends in one line and a non-zero exit; a tiny
 run writes its CSV row and leaves no TFF worker holding the output pipes."""
 
-import math
 import os
 import re
 import subprocess
@@ -12,6 +11,7 @@ import pandas as pd
 import pytest
 
 from tests import binaries, matfiles
+from tff_silo.privacy import integer_law
 
 ROOT = binaries.ROOT   # the repository
 
@@ -192,10 +192,9 @@ def test_aggregators_from_the_command_line(tmp_path):
   assert np.isfinite(own["honest_test_metric"]) and pd.isna(dp["honest_test_metric"])
   assert dp["aggregator"] == "dp_fixed" and dp["backend"] == "tff"
   assert 1.98 < dp["silo_epsilon_spent"] <= 2.0 and dp["silo_delta"] == 1e-3
-  # TF's bounded normals add to the delta: 3 rounds of (d + 1) // 2 pairs
-  z, pairs = dp["silo_noise_multiplier"], (10 + 1 + 1) // 2   # synthetic: 10 + bias
-  tail = 3 * pairs * (math.exp(-(math.sqrt(-2 * math.log(1e-7)) - 1 / z) ** 2 / 2) + 1e-7)
-  assert dp["silo_delta_with_sampler_tail"] == pytest.approx(1e-3 + tail, rel=1e-9)
+  # its integer noise's table gap adds to the delta: 3 rounds of d coordinates
+  tail = integer_law.release_tail(3 * (10 + 1))   # synthetic: 10 weights + bias
+  assert dp["silo_delta_with_sampler_tail"] == pytest.approx(1e-3 + tail, rel=1e-12)
   assert dp["silo_guarantee_covers"].startswith("the server's aggregates")
   assert '"clip": 0.5' in dp["aggregator_params"]
   assert dp["server_weights"] == "unweighted"

@@ -230,8 +230,8 @@ def integer_penalized_sums(config: LocalTrainingConfig, per_example, penalty, gr
          else [tf.gather(p, silo_of) for p in penalty])
   clipped = dp_sgd.clip_per_example([g + p for g, p in zip(per_example, own)],
                                     config.l2_norm_clip)
-  flat = tf.concat([tf.reshape(g, [tf.shape(g)[0], -1]) for g in clipped], 1)
-  return integer_gaussian.integer_sums(flat, grid, bound, silo_of, num_silos)
+  return integer_gaussian.integer_sums(dp_sgd.flat_examples(clipped), grid, bound,
+                                       silo_of, num_silos)
 
 
 def linear_integer_penalized_sums(model, config: LocalTrainingConfig, weights, penalty,

@@ -263,6 +263,19 @@ def _linear_clip_factors(features, slopes, offsets, l2_norm_clip, segment_ids):
   return factor, finite, o_w, bias_grads
 
 
+def flat_examples(tensors):
+  """[m, D]: each example's tensors (a leading example axis, static trailing
+  shapes) flattened and concatenated in order (`split_flat`'s inverse)."""
+  return tf.concat([tf.reshape(t, [tf.shape(t)[0], int(np.prod(t.shape[1:]))])
+                    for t in tensors], 1)
+
+
+def split_flat(flat, shapes):
+  """A flat [D] tensor cut into tensors of the static `shapes`, in order."""
+  sizes = [int(np.prod(s)) for s in shapes]
+  return [tf.reshape(part, s) for part, s in zip(tf.split(flat, sizes), shapes)]
+
+
 def gaussian_noise_like(tensors, stddev, key=None):
   """Independent N(0, stddev^2) noise shaped like each tensor (their shapes static),
   all drawn with one int32[2] `key` (one flat draw of `gaussian.normal`, split); OS
@@ -271,8 +284,7 @@ def gaussian_noise_like(tensors, stddev, key=None):
   if None in sizes:
     raise ValueError("gaussian_noise_like needs tensors of static shapes")
   flat = gaussian.normal(keys.key_or_fresh(key)[None], sum(sizes))[0] * stddev
-  return [tf.reshape(part, tf.shape(t))
-          for part, t in zip(tf.split(flat, sizes), tensors)]
+  return split_flat(flat, [t.shape for t in tensors])
 
 
 def clipped_sum(per_example_grads, l2_norm_clip, segment_ids=None, num_segments=None):
@@ -295,8 +307,6 @@ def privatize(per_example_grads, *, l2_norm_clip, noise_multiplier, normalizer,
   clipped = clip_per_example(per_example_grads, l2_norm_clip)
   if noise_multiplier == 0:
     return [tf.reduce_sum(g, 0) / normalizer for g in clipped]
-  sizes = [int(np.prod(g.shape[1:])) for g in clipped]
-  flat = tf.concat([tf.reshape(g, [-1, n]) for g, n in zip(clipped, sizes)], 1)
-  released = integer_gaussian.sum_release(flat, l2_norm_clip, noise_multiplier,
-                                          keys.key_or_fresh(seed)) / normalizer
-  return [tf.reshape(p, g.shape[1:]) for p, g in zip(tf.split(released, sizes), clipped)]
+  released = integer_gaussian.sum_release(flat_examples(clipped), l2_norm_clip,
+                                          noise_multiplier, keys.key_or_fresh(seed))
+  return split_flat(released / normalizer, [g.shape[1:] for g in clipped])

@@ -168,9 +168,7 @@ def flat_contributions(contributions, weights, l2_norm_clip):
   axis, `weights` [U]), its tensors flattened and concatenated."""
   if l2_norm_clip is not None:
     contributions = dp_sgd.clip_per_example(contributions, l2_norm_clip)
-  flat = tf.concat([tf.reshape(c, [tf.shape(c)[0], int(np.prod(c.shape[1:]))])
-                    for c in contributions], 1)
-  return flat * tf.cast(weights, tf.float32)[:, None]
+  return dp_sgd.flat_examples(contributions) * tf.cast(weights, tf.float32)[:, None]
 
 
 def integer_mean(total, grid, normalizer, root, round_num, like):
@@ -178,11 +176,12 @@ def integer_mean(total, grid, normalizer, root, round_num, like):
   of `like` (tensors of static shapes, no user axis), `total` the int64 [D] sum of
   the users' rounded `flat_contributions`; round `round_num`'s draws keyed by
   derive(root, AGGREGATOR_NOISE, round_num)."""
-  sizes = [int(np.prod(t.shape)) for t in like]
+  shapes = [t.shape for t in like]
   key = keys.derive(root, keys.AGGREGATOR_NOISE, round_num)
-  draws = integer_gaussian.noise(tf.convert_to_tensor(key, tf.int32)[None], sum(sizes))
+  draws = integer_gaussian.noise(tf.convert_to_tensor(key, tf.int32)[None],
+                                 sum(s.num_elements() for s in shapes))
   flat = integer_gaussian.release(total, draws[0], grid) / normalizer
-  return [tf.reshape(p, t.shape) for p, t in zip(tf.split(flat, sizes), like)]
+  return dp_sgd.split_flat(flat, shapes)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -14,7 +14,7 @@ import tensorflow as tf
 import tensorflow_federated as tff
 
 from tff_silo import keys
-from tff_silo.privacy import integer_gaussian
+from tff_silo.privacy import dp_sgd, integer_gaussian
 from tff_silo.privacy.user_level import (
     UserDPSettings, UserLevelMean, flat_contributions, integer_mean, weighted_clipped_sum)
 
@@ -98,9 +98,8 @@ def _mean_process(mean: UserLevelMean, value_type, weight_type=None):
     flat = flat_contributions(tensors, weight[None], mean.l2_norm_clip)
     grid, bound = mean.integer_grid(flat.shape[1])
     rounded = integer_gaussian.rounded(flat, grid, bound)[0]
-    sizes = [int(np.prod(t.shape[1:])) for t in tensors]
-    return tf.nest.pack_sequence_as(value, [
-        tf.reshape(r, t.shape[1:]) for r, t in zip(tf.split(rounded, sizes), tensors)])
+    return tf.nest.pack_sequence_as(
+        value, dp_sgd.split_flat(rounded, [t.shape[1:] for t in tensors]))
 
   if weighted:
     weigh = tff.tensorflow.computation(contribution, value_type, weight_type)
@@ -112,7 +111,7 @@ def _mean_process(mean: UserLevelMean, value_type, weight_type=None):
   def release(round_num, total):
     parts = tf.nest.flatten(total)
     if integer:
-      flat = tf.concat([tf.reshape(t, [-1]) for t in parts], 0)
+      flat = dp_sgd.flat_examples([t[None] for t in parts])[0]
       grid, _ = mean.integer_grid(flat.shape[0])
       tensors = integer_mean(flat, grid, mean.normalizer, root, round_num, parts)
     else:

@@ -54,11 +54,13 @@ VALIDATION_SCORE = 11  # the Gaussian noise of a trial's validation score
 RUN = 12              # a run's seed from its configuration (`run_seed`)
 GAUSSIAN_TAIL = 13    # under a noise key: the words refining a pair's tail
                       # (`privacy.gaussian`)
+INTEGER_LOW = 14      # under a noise key: the low words of the integer noise's
+                      # uniforms (`privacy.integer_gaussian`)
 PURPOSES = dict(unit=UNIT, sampling=SAMPLING, dp_noise=DP_NOISE, shuffle=SHUFFLE,
                 selection=SELECTION, d_privacy=D_PRIVACY, user_sampling=USER_SAMPLING,
                 aggregator_noise=AGGREGATOR_NOISE, standardize=STANDARDIZE,
                 tuning=TUNING, validation_score=VALIDATION_SCORE, run=RUN,
-                gaussian_tail=GAUSSIAN_TAIL)
+                gaussian_tail=GAUSSIAN_TAIL, integer_low=INTEGER_LOW)
 
 _PHILOX = 1             # tf.random.Algorithm.PHILOX
 _INT32_MIN, _INT32_MAX = -2 ** 31, 2 ** 31 - 1

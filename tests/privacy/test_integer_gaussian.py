@@ -3,6 +3,7 @@ issue 53, item 1): its table against an independent 60-digit computation of the
 rounded Gaussian, its sampler's search and law, the rounding's norm bound, and the
 grid test that today's Gaussian sampler fails (`test_gaussian`) passing for it."""
 
+import bisect
 import math
 
 import mpmath
@@ -11,6 +12,8 @@ import pytest
 import scipy.stats
 import tensorflow as tf
 
+from tff_silo import batched_random as br
+from tff_silo import keys as keys_lib
 from tff_silo.privacy import integer_gaussian as ig
 from tff_silo.privacy import integer_law as law
 
@@ -67,6 +70,34 @@ def test_the_search_counts_the_entries_at_or_below_the_uniform():
   assert list(ig.noise_of(ones).numpy()) == [-law.HALF_WIDTH, law.HALF_WIDTH]
 
 
+def test_the_guided_search_is_the_count_of_entries_at_or_below_u_at_every_bucket_edge():
+  """The guide's buckets (`integer_law.guide`) bound the search exactly: against
+  bisection on the table for u at both edges of buckets of every bit length of
+  2^126 - 1 - u, beside entries of the centre, the tail and the table's end (one
+  below, at, one above), and uniform 63- and 126-bit u."""
+  entries = list(law.table_integers()[:-1])
+  top = (1 << 126) - 1
+  rng = np.random.default_rng(1)
+  us = [0, 1, top - 1, top]
+  for k in [*range(20), *rng.integers(0, law.HALF_WIDTH, 1000),
+            *range(law.HALF_WIDTH - 20, law.HALF_WIDTH)]:
+    us += [entries[int(k)] + d for d in (-1, 0, 1)]
+  us += [int(u) for u in rng.integers(0, 2 ** 63, 1000)]
+  us += [(int(a) << 63) | int(b) for a, b in rng.integers(0, 2 ** 63, (1000, 2))]
+  for length in range(1, 127):
+    width = 1 << max(length - 1 - law.GUIDE_BITS, 0)
+    for j in {0, 1, (1 << min(length - 1, law.GUIDE_BITS)) - 1}:
+      v = (1 << (length - 1)) + j * width
+      us += [top - v, top - (v + width - 1)]
+  us = [u for u in us if 0 <= u <= top]
+  mask = (1 << 63) - 1
+  words = [[(u >> 95), (u >> 63) & 0xFFFFFFFF, (u & mask) >> 32, u & 0xFFFFFFFF]
+           for u in us]
+  got = ig.noise_of(tf.constant(words, tf.uint32)).numpy()
+  want = [bisect.bisect_right(entries, u) for u in us]
+  assert list(got) == want
+
+
 def test_draws_follow_the_table_and_are_the_same_compiled_one_key_or_many():
   """200,000 draws: chi-square against the table's law in 40 equiprobable bins, mean
   and standard deviation; XLA draws the same integers; a row drawn alone equals the
@@ -85,6 +116,29 @@ def test_draws_follow_the_table_and_are_the_same_compiled_one_key_or_many():
   compiled = tf.function(lambda k: ig.noise(k, 50_000), jit_compile=True)(KEYS)
   np.testing.assert_array_equal(compiled.numpy(), draws)
   np.testing.assert_array_equal(ig.noise(KEYS[2:3], 1_000).numpy()[0], draws[2, :1_000])
+
+
+def test_a_draw_is_the_search_of_its_high_words_and_its_low_key_s_words():
+  """`noise(keys, n)` is `noise_of` of each coordinate's two Philox words and the two
+  of its key's INTEGER_LOW child; where u's high half ties an entry the search
+  compares (or lies at the top), the low half, drawn lazily, decides."""
+  keys = np.array([[5, 6], [-7, 8]], np.int32)
+  n = 1_000
+  high = br.random_bits(keys, 2 * n).numpy().reshape(2, n, 2)
+  low = br.random_bits(br.fold_in(keys, keys_lib.INTEGER_LOW), 2 * n).numpy()
+  words = np.concatenate([high, low.reshape(2, n, 2)], -1)
+  np.testing.assert_array_equal(ig.noise(keys, n).numpy(), ig.noise_of(words).numpy())
+  entries = law.table_integers()
+  tied = []   # u's high 63 bits those of an entry, its low half below / at / above
+  for k in (0, 3, law.SIGMA, 9 * law.SIGMA + 5, law.HALF_WIDTH - 2):
+    h, l = entries[k] >> 63, entries[k] & ((1 << 63) - 1)
+    for low_half in {max(l - 1, 0), l, min(l + 1, (1 << 63) - 1)}:
+      tied.append([h >> 32, h & 0xFFFFFFFF, low_half >> 32, low_half & 0xFFFFFFFF])
+  tied.append([0x7FFFFFFF, 0xFFFFFFFF, 0x1234, 0x5678])   # the top: bucket of low
+  tied = np.array(tied, np.uint32)
+  lazy = ig.lazy_noise_of(tied[:, :2], lambda: tf.constant(tied[:, 2:]))
+  np.testing.assert_array_equal(lazy.numpy(), ig.noise_of(tied).numpy())
+  assert len(set(lazy.numpy().tolist())) > 5
 
 
 def test_a_draw_begins_every_longer_draw_of_its_key():
@@ -133,6 +187,29 @@ def test_rounding_keeps_every_contribution_within_the_integer_bound():
   np.testing.assert_allclose(r[:3] * grid, x[:3], atol=grid)
   assert law.effective_noise_multiplier(z, dimension) < z
 
+
+def test_rounding_and_segment_sums_are_the_same_in_a_graph_eagerly_and_compiled():
+  """The rounding is x times the correctly rounded 1 / grid in every mode (a graph's
+  constant folding once made it a Reciprocal, 1 / 1e-4 = 9999.999 for 1,284 grids,
+  and half-integers rounded the other way), and the per-segment sums (rounding and
+  limb sums fused under XLA) are the exact int64 sums of the rounded rows."""
+  m, dimension = 1284, 40
+  rng = np.random.default_rng(0)
+  grid = np.full(m, 1e-4, np.float32)
+  bound = np.full(m, 1 << 40, np.int64)
+  x = ((rng.integers(-200, 200, (m, dimension)) + 0.5) * grid[:, None]).astype(np.float32)
+  expected = np.round(x * (np.float32(1) / grid[:, None])).astype(np.int64)
+  one = lambda x, grid: ig.rounded(x, grid, bound[:, None])
+  for r in (one(x, grid), tf.function(one, autograph=False)(x, grid),
+            tf.function(one, autograph=False, jit_compile=True)(x, grid)):
+    np.testing.assert_array_equal(r.numpy(), expected)
+  silos = np.sort(rng.integers(0, 7, m)).astype(np.int32)
+  exact = np.zeros((8, dimension), np.int64)
+  np.add.at(exact, silos, expected)
+  sums = tf.function(lambda x, grid: ig.integer_sums(x, grid, bound, silos, 8),
+                     autograph=False)
+  np.testing.assert_array_equal(sums(x, grid).numpy(), exact)
+  np.testing.assert_array_equal(ig.integer_sums(x, grid, bound, silos, 8).numpy(), exact)
 
 def test_the_grid_multiplier_pays_for_rounding_and_stays_close():
   """`grid_noise_multiplier` is the smallest float32 whose effective multiplier

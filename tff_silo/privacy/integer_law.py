@@ -20,24 +20,25 @@ q = 0.05, 400 steps: the tight sampled-Gaussian bound is not proven for it.)
 
 The sampler draws |noise| by inverting a 126-bit fixed-point table of the law of
 |round(G)| cut at HALF_WIDTH = 12 SIGMA, the sign from one more bit
-(`integer_gaussian.noise`). The table: P(round(G) = k) = w_k I_k / (SIGMA
-sqrt(2 pi)), w_k = exp(-k^2 / (2 SIGMA^2)) in 50-digit decimals (a recurrence in
-r = exp(-1 / (2 SIGMA^2))), I_k = integral of exp(-a u - b u^2) over u in [-1/2,
-1/2] (a = k / SIGMA^2, b = 1 / (2 SIGMA^2)) by its Taylor series to u^12, the u^2
-and u^4 terms exactly in decimals, the others (below 5e-25) in float64 (terms below
-1e-40 left out), normalized over the cut. The sampler's law is within
-`sampler_gap()` (~1.3e-32: the cut's mass and the table's rounding) of the rounded
-Gaussian in total variation per coordinate: a run that releases n coordinates in
-all is within n gap of the exact mechanism, so an (epsilon, delta)-DP accounting
-of the exact one holds for the run with delta + (1 + e^epsilon) n gap. The
-accountants charge (1 + e^EPSILON_CEILING) n gap (`release_tail`, ~1e-18 a
-coordinate at EPSILON_CEILING = 32); a row reporting a larger epsilon says that
-its guarantee is outside what the sampler is certified for
-(`benchmarks.common.labelled`).
+(`integer_gaussian.noise`; the search starts from a `guide`). The table:
+P(round(G) = k) = w_k I_k / (SIGMA sqrt(2 pi)), w_k = exp(-k^2 / (2 SIGMA^2)) in
+50-digit decimals (a recurrence in r = exp(-1 / (2 SIGMA^2))), I_k = integral of
+exp(-a u - b u^2) over u in [-1/2, 1/2] (a = k / SIGMA^2, b = 1 / (2 SIGMA^2)) by
+its Taylor series to u^12, the u^2 and u^4 terms exactly in decimals, the others
+(below 5e-25) in float64 (terms below 1e-40 left out), normalized over the cut.
+The sampler's law is within `sampler_gap()` (~1.3e-32: the cut's mass and the
+table's rounding) of the rounded Gaussian in total variation per coordinate: a run
+that releases n coordinates in all is within n gap of the exact mechanism, so an
+(epsilon, delta)-DP accounting of the exact one holds for the run with delta + (1 +
+e^epsilon) n gap. The accountants charge (1 + e^EPSILON_CEILING) n gap
+(`release_tail`, ~1e-18 a coordinate at EPSILON_CEILING = 32); a row reporting a
+larger epsilon says that its guarantee is outside what the sampler is certified
+for (`benchmarks.common.labelled`).
 """
 
 from __future__ import annotations
 
+import bisect
 import decimal
 import functools
 import math
@@ -53,6 +54,8 @@ CUT = 12
 HALF_WIDTH = CUT * SIGMA          # the largest |noise| drawn
 TABLE_BITS = 126                  # the table's fixed point: two 63-bit words
 WORD_BITS = 63
+GUIDE_BITS = 11                   # the search's guide: 2^11 buckets an octave of 1 - u
+GUIDE_STEPS = 3                   # its buckets hold at most 2^3 - 1 entries (7 seen)
 _SERIES_TERMS = 6                 # I_k's even powers u^2 .. u^12
 _SERIES_ERROR = 1e-38             # |error| of I_k (float64 rounding, left-out terms)
 # The largest epsilon this noise's guarantee is certified for: the sampler's gap
@@ -129,6 +132,35 @@ def table() -> tuple:
   mask = (1 << WORD_BITS) - 1
   return (np.array([e >> WORD_BITS for e in entries], np.int64),
           np.array([e & mask for e in entries], np.int64))
+
+
+@functools.lru_cache(maxsize=1)
+def guide() -> np.ndarray:
+  """int64[127 2^GUIDE_BITS]: the search's guide (Chen & Asau 1974's indexed
+  search, its buckets on a binary floating-point scale of 1 - u): u's bucket is
+  L 2^GUIDE_BITS + j, L the bit length of v = 2^126 - 1 - u and j the GUIDE_BITS
+  bits of v after its leading one (all of them, unshifted, when v has fewer),
+  `integer_gaussian._bucket_of`. Bucket entry: (start << 32) | end, every table
+  entry below `start` at most u and every one from `end` on above it, for each u
+  of the bucket; at most 2^GUIDE_STEPS - 1 entries between (asserted). Buckets
+  narrow with 1 - u as the law's tail thins (entries per bucket about the
+  Mills ratio 1.25 SIGMA / 2^GUIDE_BITS), so GUIDE_STEPS steps finish the search
+  where the table's own binary search takes 18. Unused indices hold 0."""
+  entries = table_integers()[:-1]
+  top = 2 ** TABLE_BITS - 1
+  out = np.zeros(127 << GUIDE_BITS, np.int64)
+  widest = 0
+  for length in range(TABLE_BITS + 1):
+    width = 1 << max(length - 1 - GUIDE_BITS, 0)
+    lead = (1 << (length - 1)) if length else 0
+    for j in range(1 << min(max(length - 1, 0), GUIDE_BITS)):
+      v_low = lead + j * width                # the bucket's v: [v_low, v_low + width)
+      start = bisect.bisect_left(entries, top - (v_low + width - 1))
+      end = bisect.bisect_right(entries, top - v_low)
+      out[(length << GUIDE_BITS) + j] = (start << 32) | end
+      widest = max(widest, end - start)
+  assert widest < 1 << GUIDE_STEPS, widest
+  return out
 
 
 def sampler_pmf() -> np.ndarray:

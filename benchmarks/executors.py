@@ -116,20 +116,26 @@ def _ray():
 
 def check_reachable(address: str, timeout: float = 5.0) -> None:
   """A one-line error unless `address` (host:port of a cluster's head) accepts a TCP
-  connection within `timeout` seconds; `auto` is not checked (a running cluster,
-  else a new local one)."""
+  connection within `timeout` seconds. `auto` joins the cluster the environment's
+  RAY_ADDRESS names, checked the same way (Ray retried a dead one for minutes:
+  ../shared/RELIABILITY_CASES.md, E22), else a running or a new local one."""
+  named = "--ray_address"
   if address == "auto":
-    return
+    address = os.environ.get("RAY_ADDRESS", "auto")
+    named = "RAY_ADDRESS (the environment)"
+    if address in ("auto", "local", "") or address.startswith("ray://"):
+      return
   host, _, port = address.rpartition(":")
   if not host or not port.isdigit():
-    raise UsageError(f"--ray_address={address!r}: give auto or host:port of the "
+    raise UsageError(f"{named}={address!r}: give auto or host:port of the "
                      "cluster's head (what `ray start --head` printed)")
   try:
     socket.create_connection((host, int(port)), timeout=timeout).close()
   except OSError as e:
-    raise UsageError(f"--ray_address={address}: no Ray cluster answers there "
-                     f"({e.strerror or e}); start one with `ray start --head`, or "
-                     "give auto") from None
+    raise UsageError(f"{named}={address}: no Ray cluster answers there "
+                     f"({e.strerror or e}); start one with `ray start --head`"
+                     + (", or unset it" if named != "--ray_address" else ", or give auto")
+                     ) from None
 
 
 class RayCluster:
@@ -284,6 +290,8 @@ def _join(ray, address: str) -> None:
   # no metrics agent for a cluster started here (its workers would print, late,
   # that they cannot reach it)
   os.environ.setdefault("RAY_enable_metrics_collection", "0")
+  if address != "auto":   # the flag wins over the environment's RAY_ADDRESS
+    os.environ.pop("RAY_ADDRESS", None)
   on_sigterm = signal.getsignal(signal.SIGTERM)
   try:
     ray.init(address=None if address == "auto" else address, include_dashboard=False,

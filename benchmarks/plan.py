@@ -112,7 +112,10 @@ class Plan:
           rows = result if isinstance(result, list) else [result]
           if any(row["run_key"] != run.key for row in rows):
             raise RuntimeError(f"{run.tag}: a row with another run's key")
-          common.append_rows(self.output, rows)   # all of a run's rows or none
+          # all of a run's rows or none; none where another process wrote the run
+          if not common.append_rows(self.output, rows, unique_key="run_key"):
+            print(f"{run.tag}: already in {self.output}, written by another process "
+                  "meanwhile; not written twice", file=sys.stderr, flush=True)
           self._rows[run.key] = rows
         finished += len(batch)
         if len(batches) > 1 or summary:

@@ -11,9 +11,11 @@ driver calls it when a run ends.
 from __future__ import annotations
 
 import atexit
+import contextlib
 import os
 import signal
 import sys
+import threading
 import time
 
 WORKER_NAME = "worker_binary"
@@ -89,10 +91,61 @@ def stop_tff_workers(reap: bool = False) -> int:
   return len(pids)
 
 
+_pending_signal = None   # a SIGTERM that arrived inside `termination_deferred`
+_deferred = 0            # blocks inside it, of every thread
+_deferring = threading.Lock()
+
+
 def exit_cleanly_on_sigterm() -> None:
-  """Makes SIGTERM exit through `sys.exit`, so `atexit` stops the workers; for
-  long-running binaries (Python's default SIGTERM action skips `atexit`)."""
-  signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
+  """SIGTERM ends the process: the `atexit` work (TFF's workers, Ray), a line on
+  stderr, then the signal's default action (exit status 143 from a shell).
+  Python's default skips `atexit`; a handler that raises `SystemExit` can be lost
+  (raised in a gc callback, such as JAX's, or a `__del__`, it is printed as ignored
+  and the run goes on: ../shared/RELIABILITY_CASES.md, B06). This one raises
+  nothing, and inside `termination_deferred` (an atomic file write) waits for the
+  block's end."""
+  signal.signal(signal.SIGTERM, _on_signal)
+
+
+def _on_signal(signum, frame):
+  global _pending_signal
+  if _deferred:
+    _pending_signal = signum
+    return
+  _terminate(signum)
+
+
+def _terminate(signum: int) -> None:
+  """The `atexit` work, then `signum`'s default action on this process."""
+  try:
+    print(f"terminated by {signal.Signals(signum).name}; what was written is kept",
+          file=sys.stderr, flush=True)
+    atexit._run_exitfuncs()
+  finally:
+    signal.signal(signum, signal.SIG_DFL)
+    os.kill(os.getpid(), signum)
+    time.sleep(5.0)   # the default action ends the process before this ends
+    os._exit(128 + signum)
+
+
+@contextlib.contextmanager
+def termination_deferred():
+  """A block a SIGTERM does not interrupt (`exit_cleanly_on_sigterm`): one that
+  arrives inside it ends the process at the end of the last such block (of any
+  thread: the signal is delivered again, to the main thread's handler)."""
+  global _deferred
+  with _deferring:
+    _deferred += 1
+  try:
+    yield
+  finally:
+    with _deferring:
+      _deferred -= 1
+      last = not _deferred
+    if last and _pending_signal is not None:
+      if threading.current_thread() is threading.main_thread():
+        _terminate(_pending_signal)
+      os.kill(os.getpid(), _pending_signal)
 
 
 atexit.register(stop_tff_workers, reap=True)

@@ -2,6 +2,7 @@
 write is refused in one line, and a multi-run `benchmarks.run` killed mid-way (SIGTERM
 or SIGKILL) leaves a valid CSV of its finished rows that a rerun resumes from."""
 
+import errno
 import os
 import signal
 import subprocess
@@ -103,3 +104,49 @@ def test_a_killed_sweep_keeps_its_finished_rows_and_resumes(tmp_path, sig):
   table = pd.read_csv(out)
   assert len(table) == 3 and table.run_key.is_unique
   pd.testing.assert_frame_equal(table.iloc[:len(finished)], finished)
+
+
+_WRITER = r"""
+import sys
+from benchmarks import common
+path, name, unique = sys.argv[1], sys.argv[2], sys.argv[3] == "1"
+for i in range(int(sys.argv[4])):
+  common.append_rows(path, [dict(run_key=f"{name if not unique else 'k'}{i}", x=i)],
+                     unique_key="run_key" if unique else None)
+"""
+
+
+@pytest.mark.cli
+@pytest.mark.parametrize("unique", [False, True], ids=["distinct", "identical"])
+def test_two_processes_appending_at_once_lose_no_row_and_write_a_run_once(tmp_path,
+                                                                          unique):
+  """Two writers, 150 appends each: distinct rows are all kept (without the lock
+  184 of 400 were lost); the same run keys (two identical commands) once each."""
+  path = str(tmp_path / "rows.csv")
+  writers = [subprocess.Popen([sys.executable, "-c", _WRITER, path, name,
+                               "1" if unique else "0", "150"], cwd=ROOT,
+                              stderr=subprocess.PIPE, text=True) for name in "ab"]
+  for writer in writers:
+    _, stderr = writer.communicate(timeout=300)
+    assert writer.returncode == 0, stderr[-2000:]
+  table = pd.read_csv(path)
+  assert len(table) == (150 if unique else 300) and table.run_key.is_unique
+  assert not [p for p in os.listdir(tmp_path) if p.endswith(".tmp")]
+
+
+def test_a_write_that_fails_is_one_line_naming_the_file_and_keeps_it(tmp_path,
+                                                                    monkeypatch):
+  """An OSError while writing (a full disk: ENOSPC) is a UsageError naming the file;
+  the file keeps its rows and no temporary is left."""
+  path = str(tmp_path / "rows.csv")
+  common.append_row(path, dict(run_key="a", x=1))
+  before = open(path, "rb").read()
+
+  def full(*args, **kwargs):
+    raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+  monkeypatch.setattr(os, "fsync", full)
+  with pytest.raises(common.UsageError, match=r"cannot write .*rows.csv: No space left"):
+    common.append_row(path, dict(run_key="b", x=2))
+  assert open(path, "rb").read() == before
+  assert not [p for p in os.listdir(tmp_path) if p.endswith(".tmp")]

@@ -326,3 +326,17 @@ def test_more_cpus_a_task_than_the_cluster_has_ends_in_one_line(tmp_path, cluste
   assert done.returncode == 2, done.stderr[-2000:]
   assert done.stderr.strip().startswith("error: --ray_cpus_per_task=64 and "
                                         "--ray_gpus_per_task=0: the cluster has 2 CPUs")
+
+
+def test_a_dead_ray_address_in_the_environment_is_one_line_under_auto(monkeypatch):
+  """--ray_address=auto joins what RAY_ADDRESS names: a dead one is refused at once
+  (Ray retried it for minutes), naming the variable; unset, auto is not checked."""
+  monkeypatch.setenv("RAY_ADDRESS", "127.0.0.1:1")
+  with pytest.raises(UsageError, match=r"^RAY_ADDRESS \(the environment\)="
+                     r"127\.0\.0\.1:1: no Ray cluster answers there .*, or unset it$"):
+    executors.check_reachable("auto")
+  monkeypatch.setenv("RAY_ADDRESS", "nowhere")
+  with pytest.raises(UsageError, match=r"^RAY_ADDRESS \(the environment\)='nowhere'"):
+    executors.check_reachable("auto")
+  monkeypatch.delenv("RAY_ADDRESS")
+  executors.check_reachable("auto")

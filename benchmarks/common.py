@@ -233,7 +233,7 @@ def define_shards_flag(silos: str) -> None:
                        "with local, in this process), this process keeping the server "
                        "model and the ledgers: the same rows, to float32 rounding. "
                        f"Vectorized backend; at most the run's {silos}.")
-  define_bounds(shards=">= 0")
+  define_bounds(shards="[0, 4096]")
 
 
 def check_shards_flag(backend: str) -> None:
@@ -322,6 +322,9 @@ def check_aggregator_flags() -> None:
   """UsageError for --aggregator settings that cannot go together."""
   from tff_silo import aggregators
   dp = FLAGS.aggregator in aggregators.DP_BUILTINS
+  if "xla" in FLAGS and FLAGS.xla and FLAGS.aggregator not in aggregators.PLAIN:
+    raise UsageError(f"--xla compiles the vectorized backend's rounds, and --aggregator="
+                     f"{FLAGS.aggregator} runs on TFF's runtime: drop one")
   if dp and FLAGS.silo_epsilon is None:
     raise UsageError(f"--aggregator={FLAGS.aggregator} needs --silo_epsilon (the "
                      "silo-level budget its noise is calibrated to)")
@@ -343,9 +346,18 @@ def define_save_models_flag(what: str) -> None:
 
 
 def check_save_models() -> None:
-  if FLAGS.save_models is not None and (not FLAGS.save_models
-                                        or os.path.isfile(FLAGS.save_models)):
-    raise UsageError(f"--save_models must name a folder; got {FLAGS.save_models!r}")
+  """Before any work: --save_models names a folder that exists or can be made, and
+  is writable (a trained run's row was lost at the save)."""
+  folder = FLAGS.save_models
+  if folder is None:
+    return
+  if not folder or os.path.isfile(folder):
+    raise UsageError(f"--save_models must name a folder; got {folder!r}")
+  existing = os.path.abspath(folder)   # it, or the folder it would be made in
+  while not os.path.exists(existing):
+    existing = os.path.dirname(existing)
+  if not os.path.isdir(existing) or not os.access(existing, os.W_OK | os.X_OK):
+    raise UsageError(f"--save_models {folder}: {existing} is not a writable folder")
 
 
 def aggregator_key() -> dict:
@@ -489,6 +501,9 @@ def read_rows(path: str, signature=(), flag: str = "output"):
   except (OSError, UnicodeDecodeError, ValueError) as e:   # ParserError is a ValueError
     reason = str(e).strip().splitlines()[-1] if str(e).strip() else type(e).__name__
     raise UsageError(f"{name} cannot be read as a CSV ({reason}); {remedy}") from None
+  if len(table) and not isinstance(table.index, pd.RangeIndex):   # extras: an index
+    raise UsageError(f"{name} has rows with more fields than its header's "
+                     f"{len(table.columns)}; {remedy}")
   with open(path, "rb") as f:
     f.seek(-1, os.SEEK_END)
     if f.read(1) != b"\n":   # every row this project writes ends in a newline
@@ -516,6 +531,14 @@ def _check_file_path(path: str, flag: str) -> None:
                      f"({e.strerror or type(e).__name__})") from None
   if not os.access(folder, os.W_OK | os.X_OK):
     raise UsageError(f"--{flag} {path}: its folder {folder} is not writable")
+
+
+def check_writable(path: str, flag: str) -> None:
+  """Before any work: a file can be written to `--flag` (its folder exists or can be
+  made and is writable, it is not a folder, an existing file is writable)."""
+  _check_file_path(path, flag)
+  if os.path.exists(path) and not os.access(path, os.W_OK):
+    raise UsageError(f"--{flag} {path} is not writable")
 
 
 def check_output(path: str, signature=(), flag: str = "output") -> None:
@@ -572,9 +595,7 @@ def check_figure_path(path: str, flag: str = "plot") -> None:
   if extension not in FIGURE_FORMATS:
     raise UsageError(f"--{flag} {path} must end in one of "
                      f"{', '.join('.' + f for f in FIGURE_FORMATS)}")
-  _check_file_path(path, flag)
-  if os.path.exists(path) and not os.access(path, os.W_OK):
-    raise UsageError(f"--{flag} {path} is not writable")
+  check_writable(path, flag)
 
 
 def done_rows(path: str, resume: bool, signature=(), flag: str = "output") -> dict:
@@ -661,7 +682,7 @@ def append_rows(path: str, rows, unique_key: Optional[str] = None) -> int:
   """Appends rows at once, atomically: the new file (the old bytes and the rows, or,
   when they have other columns, the union of both) is written beside `path` and
   renamed over it, so a kill at any moment leaves either the old or the new file.
-  Writers of one file take turns (`_turn`), so two processes lose no row. With
+  Writers of one folder take turns (`_turn`), so two processes lose no row. With
   `unique_key` (a column: `run_key`), rows whose value there the file already has
   are left out: two identical commands at once write each run once. Each row is
   `labelled`. Returns how many rows were written; an `OSError` (no space left, a
@@ -696,16 +717,16 @@ def append_rows(path: str, rows, unique_key: Optional[str] = None) -> int:
 
 @contextlib.contextmanager
 def _turn(path: str):
-  """An exclusive `flock` on a hidden `.NAME.lock` beside `path`, held from a
-  read of the file to its replacement (two processes appending 200 rows each to
-  one file kept 216 of 400 without it: ../shared/RELIABILITY_CASES.md, 2c). An
-  OSError is a one-line UsageError."""
+  """An exclusive `flock` on the folder of `path`, held from a read of the file to
+  its replacement (two processes appending 200 rows each to one file kept 216 of
+  400 without it: ../shared/RELIABILITY_CASES.md, 2c); the folder, not a lock file
+  beside `path`, so that nothing is left behind. An OSError is a one-line
+  UsageError."""
   import fcntl
   folder = os.path.dirname(os.path.abspath(path))
   try:
     os.makedirs(folder, exist_ok=True)
-    handle = os.open(os.path.join(folder, f".{os.path.basename(path)}.lock"),
-                     os.O_RDWR | os.O_CREAT, 0o666)
+    handle = os.open(folder, os.O_RDONLY)
   except OSError as e:
     raise UsageError(f"cannot write {path}: {e.strerror}") from None
   try:

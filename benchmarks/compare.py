@@ -164,8 +164,8 @@ flags.DEFINE_integer("concurrent_batches", 2, "With --executor=local, on the "
 common.define_bounds(
     lrs="> 0", lams="> 0", rounds=">= 1", batch_size=">= 1", clip="> 0",
     delta="(0, 1)", validation_fraction="(0, 1)", tuning_eta="> -1",
-    mean_trials="> 1", score_budget_share="(0, 1)", score_clip="> 0",
-    concurrent_batches=">= 1", mask_probability="[0, 1)")
+    mean_trials="(1, 1000]", score_budget_share="(0, 1)", score_clip="> 0",
+    concurrent_batches="[1, 64]", mask_probability="[0, 1)")
 flags.adopt_module_key_flags(common)   # --help lists the shared flags too
 
 
@@ -223,6 +223,10 @@ def _settings() -> grid.Settings:
                      "(Papernot & Steinke) is accounted in RDP; use --tuning=free")
   s["accountant"] = FLAGS.accountant
   if FLAGS.tuning == "private":
+    if all(epsilon == math.inf for epsilon in s["epsilons"]):
+      given = ",".join(FLAGS.epsilons or ["inf"])
+      raise UsageError(f"--tuning=private pays for tuning private cells, and --epsilons="
+                       f"{given} has none: use --tuning=free")
     s.update(tuning_eta=FLAGS.tuning_eta, mean_trials=FLAGS.mean_trials,
              score_budget_share=FLAGS.score_budget_share,
              score_clip=preset.score_clip if FLAGS.score_clip is None else FLAGS.score_clip)
@@ -259,6 +263,7 @@ def _settings() -> grid.Settings:
   suffix = "" if s["tuning"] == "free" else f"_{s['tuning']}"
   s["table"] = FLAGS.table or os.path.join(out, f"compare_{FLAGS.preset}{suffix}.md")
   common.check_output(s["output"], SIGNATURE)
+  common.check_writable(s["table"], "table")
   if FLAGS.trials_output is not None and s["tuning"] != "private":
     raise UsageError("--trials_output applies to --tuning=private only (free tuning "
                      "writes every trial to --output)")

@@ -290,6 +290,9 @@ def _join(ray, address: str) -> None:
   # no metrics agent for a cluster started here (its workers would print, late,
   # that they cannot reach it)
   os.environ.setdefault("RAY_enable_metrics_collection", "0")
+  # a cluster started here runs its workers at this process's priority, not Ray's
+  # nice 15 (on a busy machine those made no progress and printed nothing)
+  os.environ.setdefault("RAY_worker_niceness", "0")
   if address != "auto":   # the flag wins over the environment's RAY_ADDRESS
     os.environ.pop("RAY_ADDRESS", None)
   on_sigterm = signal.getsignal(signal.SIGTERM)

@@ -98,7 +98,7 @@ flags.DEFINE_bool("gradient_norms", False, "Instead of rows, thesis Fig. 2.9: ev
 common.define_bounds(
     sample_sizes=">= 1", noise_multipliers=">= 0", lams=">= 0", alphas="(0, 1)",
     rounds=">= 1", batch_size=">= 1", clip="> 0", lr="> 0", final_week_rate="(0, 0.5)",
-    region_transmission="> 0", region_home_weight="> 0")
+    region_transmission="(0, 100]", region_home_weight="(0, 100]")
 flags.adopt_module_key_flags(common)   # --help lists the shared flags too
 
 SIGNATURE = ("run_key", "average_precision", "mode")
@@ -154,6 +154,9 @@ class Settings:
     if FLAGS.shards and FLAGS.gradient_norms:
       raise UsageError("--gradient_norms reads every silo in this process: leave "
                        "out --shards")
+    if FLAGS.gradient_norms and FLAGS["noise_multipliers"].present:
+      raise UsageError("--gradient_norms trains without DP (thesis Fig. 2.9): drop "
+                       "--noise_multipliers")
     if FLAGS.data_dir is not None:
       if not os.path.isdir(FLAGS.data_dir):
         raise UsageError(f"--data_dir {FLAGS.data_dir} is not a directory")
@@ -398,7 +401,13 @@ def main(argv):
   if FLAGS.epsilon_table:
     _print_epsilon_table()
     return
-  if FLAGS.degree_figure:
+  if FLAGS.degree_figure:   # the figure only: other work is refused, not skipped
+    for name in ("gradient_norms", "shards", "executor", "epsilon_table"):
+      if FLAGS[name].present:
+        raise UsageError(f"--degree_figure draws Fig. 2.8 from the accountant alone: "
+                         f"drop --{name}")
+    common.check_figure_path(os.path.join(FLAGS.figures_dir, "pandemic_degree.png"),
+                             "figures_dir")
     _degree_figure(FLAGS.figures_dir)
     return
   s = Settings.from_flags()

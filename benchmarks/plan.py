@@ -55,7 +55,7 @@ class Plan:
 
   def __init__(self, runs, *, output: str, signature=(), resume: bool = True,
                skipped_note: str = "", flag: str = "output"):
-    self.runs, self.output = list(runs), output
+    self.runs, self.output, self.resume = list(runs), output, resume
     self._position = {run.key: i for i, run in enumerate(self.runs, 1)}
     if len(self._position) < len(self.runs):
       raise RuntimeError("two runs of one plan share a run key")
@@ -112,8 +112,10 @@ class Plan:
           rows = result if isinstance(result, list) else [result]
           if any(row["run_key"] != run.key for row in rows):
             raise RuntimeError(f"{run.tag}: a row with another run's key")
-          # all of a run's rows or none; none where another process wrote the run
-          if not common.append_rows(self.output, rows, unique_key="run_key"):
+          # all of a run's rows or none; resuming, none where another process wrote
+          # the run meanwhile (--noresume appends a rerun's rows beside the old)
+          if not common.append_rows(self.output, rows,
+                                    unique_key="run_key" if self.resume else None):
             print(f"{run.tag}: already in {self.output}, written by another process "
                   "meanwhile; not written twice", file=sys.stderr, flush=True)
           self._rows[run.key] = rows

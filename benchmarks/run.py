@@ -276,6 +276,8 @@ class Settings:
     _check_clustering()
     _check_data_flags(preset)
     common.check_output(FLAGS.output, SIGNATURE)
+    if FLAGS.ledger_csv is not None:
+      common.check_writable(FLAGS.ledger_csv, "ledger_csv")
     common.check_save_models()
     common.check_shards_flag(common.backend_for(FLAGS.backend))
     return cls(
@@ -310,6 +312,12 @@ def _protocol_and_sampling(preset):
     raise UsageError("--accountant=pld accounts add_remove (Poisson) DP-SGD only; use "
                      f"--accountant=rdp with --neighbouring={FLAGS.neighbouring}")
   if FLAGS.protocol == "paper":
+    if FLAGS.epsilon is None:
+      raise UsageError("--protocol=paper is a protocol of private runs: give --epsilon, "
+                       "or drop --protocol")
+    if FLAGS["public_silo_sizes"].present and not FLAGS.public_silo_sizes:
+      raise UsageError("--protocol=paper takes the silo sizes as public: drop "
+                       "--nopublic_silo_sizes, or use --protocol=custom")
     if FLAGS.neighbouring != "add_remove" or FLAGS.sampling not in (None, "poisson",
                                                                     "shuffle"):
       raise UsageError("--protocol=paper is add_remove with poisson (or, as the paper's "

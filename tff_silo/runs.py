@@ -59,6 +59,7 @@ from tff_silo import __version__
 FORMAT = "tff_silo.run"
 VERSION = 3
 READABLE_VERSIONS = (1, 2, 3)
+_REQUIRED = ("run_key", "model", "data", "fingerprint", "privacy", "info", "num_silos")
 KEY_ENV = "TFF_SILO_DATA_KEY"
 _KEY_BYTES = 32
 
@@ -350,12 +351,19 @@ def load(directory: str) -> SavedRun:
       meta = json.load(f)
   except (OSError, json.JSONDecodeError) as e:
     raise ValueError(f"{path} cannot be read as JSON ({e})") from None
-  if not isinstance(meta, dict) or meta.get("format") != FORMAT:
-    raise ValueError(f"{path} is not a {FORMAT} file")
+  if not isinstance(meta, dict):
+    raise ValueError(f"{path} is not a {FORMAT} file (not a JSON object)")
+  if meta.get("format") != FORMAT:
+    raise ValueError(f"{path} has \"format\": {meta.get('format')!r}, not {FORMAT!r}: "
+                     "not a run saved by tff_silo")
   version = meta.get("version")
   if version not in READABLE_VERSIONS:
     raise ValueError(f"{path} has format version {version!r}; this tff_silo reads "
                      f"versions {', '.join(map(str, READABLE_VERSIONS))}")
+  missing = [key for key in _REQUIRED if key not in meta]
+  if missing:
+    raise ValueError(f"{path} lacks {', '.join(map(repr, missing))}: damaged, or not "
+                     "written by tff_silo.runs.save")
   weights = os.path.join(directory, "weights.npz")
   try:
     with np.load(weights) as arrays:

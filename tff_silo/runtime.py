@@ -94,37 +94,47 @@ def stop_tff_workers(reap: bool = False) -> int:
 _pending_signal = None   # a SIGTERM that arrived inside `termination_deferred`
 _deferred = 0            # blocks inside it, of every thread
 _deferring = threading.Lock()
+_watchdog = []           # the thread that ends a process whose exit was lost
+EXIT_GRACE_S = 10.0
 
 
 def exit_cleanly_on_sigterm() -> None:
-  """SIGTERM ends the process: the `atexit` work (TFF's workers, Ray), a line on
-  stderr, then the signal's default action (exit status 143 from a shell).
-  Python's default skips `atexit`; a handler that raises `SystemExit` can be lost
-  (raised in a gc callback, such as JAX's, or a `__del__`, it is printed as ignored
-  and the run goes on: ../shared/RELIABILITY_CASES.md, B06). This one raises
-  nothing, and inside `termination_deferred` (an atomic file write) waits for the
-  block's end."""
+  """SIGTERM ends the process through `sys.exit` (the stack unwinds, `atexit` stops
+  the workers; Python's default action skips `atexit`), and it cannot be lost: a
+  SystemExit raised in a gc callback (JAX's) or a `__del__` is printed as ignored
+  and the run went on (../shared/RELIABILITY_CASES.md, B06), and an exit can wait
+  on threads, so a watchdog thread ends the process EXIT_GRACE_S seconds after the
+  signal if it is still there (the `atexit` work, then `os._exit(143)`). Inside
+  `termination_deferred` (an atomic file write) the exit waits for the block's
+  end."""
   signal.signal(signal.SIGTERM, _on_signal)
 
 
 def _on_signal(signum, frame):
   global _pending_signal
-  if _deferred:
-    _pending_signal = signum
-    return
-  _terminate(signum)
+  _pending_signal = signum
+  if not _deferred:
+    _leave(signum)
 
 
-def _terminate(signum: int) -> None:
-  """The `atexit` work, then `signum`'s default action on this process."""
-  try:
-    print(f"terminated by {signal.Signals(signum).name}; what was written is kept",
+def _leave(signum: int) -> None:
+  """In the main thread: the watchdog, a line, then SystemExit."""
+  if not _watchdog:
+    _watchdog.append(threading.Thread(target=_end_after_grace, args=(signum,),
+                                      name="sigterm-watchdog", daemon=True))
+    _watchdog[0].start()
+    print(f"{signal.Signals(signum).name}: stopping; what was written is kept",
           file=sys.stderr, flush=True)
+  raise SystemExit(128 + signum)
+
+
+def _end_after_grace(signum: int) -> None:
+  time.sleep(EXIT_GRACE_S)
+  print(f"still running {EXIT_GRACE_S:g} s after {signal.Signals(signum).name} (its "
+        "exit was lost or waits): ending now", file=sys.stderr, flush=True)
+  try:
     atexit._run_exitfuncs()
   finally:
-    signal.signal(signum, signal.SIG_DFL)
-    os.kill(os.getpid(), signum)
-    time.sleep(5.0)   # the default action ends the process before this ends
     os._exit(128 + signum)
 
 
@@ -144,7 +154,7 @@ def termination_deferred():
       last = not _deferred
     if last and _pending_signal is not None:
       if threading.current_thread() is threading.main_thread():
-        _terminate(_pending_signal)
+        _leave(_pending_signal)
       os.kill(os.getpid(), _pending_signal)
 
 

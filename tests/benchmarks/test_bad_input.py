@@ -77,6 +77,8 @@ def _files(tmp_path):
   f["foreign_csv"] = write("foreign.csv", "a,b,c\n1,2,3\n")
   f["unterminated_csv"] = write("half.csv", 'run_key,algorithm,test_metric\n"{"x": 1,a')
   f["run_csv"] = write("run.csv", 'run_key,algorithm,test_metric\nk,fedavg,0.5\n')
+  f["extra_fields_csv"] = write("extra.csv",
+                                'run_key,algorithm,test_metric\nk,fedavg,0.5,cpu\n')
   f["hypernet_csv"] = write("hn.csv", "run_key,algorithm,mean_user_accuracy\nk,hn,0.5\n")
   f["header_only_csv"] = write("header.csv", ",".join(
       ["dataset", "algorithm", "lam", "epsilon", "seed", "test_metric", "train_metric",
@@ -118,6 +120,8 @@ def _cases(binary, f):
         ([f"--output={f['empty_csv']}", "--noresume"], "is an empty file"),
         ([f"--output={f['garbage_csv']}"], "cannot be read as a CSV"),
         ([f"--output={f['unterminated_csv']}"], "ends in the middle of a row"),
+        ([f"--output={f['extra_fields_csv']}"], "has rows with more fields than its "
+         "header's 3"),
         ([f"--output={f['foreign_csv']}"], "holds other rows than this binary's"),
         ([f"--output={f['hypernet_csv']}"], "no test_metric column"),
         ([*school, f"--data_dir={folder('empty_mat')}", out], "not a readable MATLAB"),
@@ -132,7 +136,7 @@ def _cases(binary, f):
         (["--dataset=vehicle", f"--data_dir={folder('vehicle_bad_bytes')}", out],
          "is not valid JSON"),
         (["--lr=inf", out], "--lr must be a finite number"),
-        (["--shards=-1", out], "--shards must be >= 0; got -1"),
+        (["--shards=-1", out], "--shards must be in [0, 4096]; got -1"),
         (["--epsilon=2", "--accountant=moments", out], "--accountant must be one of"),
         (["--epsilon=2", "--accountant=pld", "--neighbouring=replace_one", out],
          "--accountant=pld accounts add_remove (Poisson) DP-SGD only"),
@@ -221,6 +225,7 @@ def _cases(binary, f):
         ([f["foreign_csv"]], "holds other rows than this binary's"),
         ([f["hypernet_csv"]], "holds other rows than this binary's"),
         ([f["unterminated_csv"]], "ends in the middle of a row"),
+        ([f["extra_fields_csv"]], "has rows with more fields than its header's 3"),
         ([f"{f['dir']}/missing.csv"], "no such file"),
         (["--plot=/proc/x/p.png", f["run_csv"]], "--plot /proc/x/p.png: its folder"),
         (["--plot=table.xyz", f["run_csv"]], "--plot table.xyz must end in one of"),

@@ -43,6 +43,13 @@ def _run(*flags, timeout=600):
      "--sampling: sampling='poisson' has no accounting under replace_one"),
     (["--epsilon=1", "--protocol=paper", "--neighbouring=replace_one"],
      "--protocol=paper is add_remove"),
+    (["--protocol=paper"], "--protocol=paper is a protocol of private runs: give "
+     "--epsilon"),
+    (["--epsilon=1", "--protocol=paper", "--nopublic_silo_sizes"],
+     "--protocol=paper takes the silo sizes as public: drop --nopublic_silo_sizes"),
+    (["--xla", "--aggregator=robust"], "--xla compiles the vectorized backend's rounds, "
+     "and --aggregator=robust runs on TFF's runtime: drop one"),
+    (["--shards=99999999999999999999"], "--shards must be in [0, 4096]"),
     (["--epsilon=1", "--public_silo_sizes", "--assumed_silo_size=20"],
      "assumed_silo_size is for add_remove with private silo sizes"),
     (["--backend=jax"], "--backend must be one of"),
@@ -70,6 +77,10 @@ def _run(*flags, timeout=600):
     (["--dataset=synthetic", "--corrupt_silos=20"], "--corrupt_silos=20 leaves no "
      "honest silo (the data has 20)"),
     (["--save_models="], "--save_models must name a folder"),
+    (["--save_models=/proc/1/m"], "--save_models /proc/1/m: /proc/1 is not a writable "
+     "folder"),
+    (["--epsilon=1", "--ledger_csv=/proc/1/l.csv"], "--ledger_csv /proc/1/l.csv: its "
+     "folder /proc/1 is not writable"),
 ])
 def test_bad_flags_end_in_one_line(flags, message):
   proc = _run(*flags, timeout=120)

@@ -412,7 +412,12 @@ def test_every_trial_of_a_grid_has_keys_of_its_own(tuning):
     ("--lams=-1", "--lams must be > 0; got -1"),
     ("--lams=", "--lams is empty: give at least one value, or leave the flag out"),
     ("--validation_fraction=1", "--validation_fraction must be in (0, 1)"),
-    ("--concurrent_batches=0", "--concurrent_batches must be >= 1"),
+    ("--table=/proc/1/t.md", "--table /proc/1/t.md: its folder /proc/1 is not writable"),
+    ("--concurrent_batches=0", "--concurrent_batches must be in [1, 64]"),
+    ("--concurrent_batches=100000", "--concurrent_batches must be in [1, 64]"),
+    ("--tuning=private --mean_trials=1e12", "--mean_trials must be in (1, 1000]"),
+    ("--tuning=private --epsilons=inf", "--tuning=private pays for tuning private "
+                                        "cells, and --epsilons=inf has none"),
     ("--mask_probability=0.2", "--mask_probability applies to the digits/fmnist "
                                "presets only; --preset=quick has no masks"),
     ("--preset=digits --mask_probability=1", "--mask_probability must be in [0, 1)"),

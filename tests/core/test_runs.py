@@ -75,7 +75,11 @@ def test_a_saved_run_is_never_replaced(tmp_path):
     (lambda m: m.update(version=0), "has format version 0; this tff_silo reads "
      "versions 1, 2, 3"),
     (lambda m: m.pop("version"), "has format version None"),
-    (lambda m: m.update(format="other"), "is not a tff_silo.run file"),
+    (lambda m: m.update(format="other"), "has \"format\": 'other', not "
+     "'tff_silo.run': not a run saved by tff_silo"),
+    (lambda m: m.update(format=2), "has \"format\": 2, not 'tff_silo.run'"),
+    (lambda m: m.pop("fingerprint"), "lacks 'fingerprint': damaged, or not written by "
+     "tff_silo.runs.save"),
 ])
 def test_other_formats_and_versions_fail_in_one_line(tmp_path, change, message):
   silos, model, result = _trained()

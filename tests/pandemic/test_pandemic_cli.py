@@ -27,12 +27,22 @@ def _run(*args):
     (["--lr=inf"], "error: --lr must be a finite number"),   # run_main, every binary
     (["--data_dir=/nonexistent"], "error: --data_dir /nonexistent is not a directory"),
     (["--region_transmission=1,2"], "error: --region_transmission must give 3 factors"),
-    (["--region_home_weight=1,0,1"], "error: --region_home_weight must be > 0; got 1,0,1"),
-    (["--shards=-1"], "error: --shards must be >= 0; got -1"),
+    (["--region_home_weight=1,0,1"], "error: --region_home_weight must be in (0, 100]; "
+     "got 1,0,1"),
+    (["--region_transmission=1e300,1,1"], "error: --region_transmission must be in "
+     "(0, 100]"),
+    (["--shards=-1"], "error: --shards must be in [0, 4096]; got -1"),
     (["--shards=2", "--backend=tff"], "error: --shards runs on the vectorized backend, "
      "not --backend=tff"),
     (["--shards=2", "--gradient_norms"], "error: --gradient_norms reads every silo in "
      "this process"),
+    (["--gradient_norms", "--noise_multipliers=1"], "error: --gradient_norms trains "
+     "without DP (thesis Fig. 2.9): drop --noise_multipliers"),
+    (["--degree_figure", "--gradient_norms"], "error: --degree_figure draws Fig. 2.8 "
+     "from the accountant alone: drop --gradient_norms"),
+    (["--degree_figure", "--shards=2"], "error: --degree_figure draws Fig. 2.8 from the "
+     "accountant alone: drop --shards"),
+    (["--degree_figure", "--figures_dir=/proc/x"], "error: --figures_dir "),
 ])
 def test_bad_flags_end_in_one_line(args, message):
   done = _run(*args)

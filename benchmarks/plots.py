@@ -8,6 +8,7 @@ say what a band is.
 
 from __future__ import annotations
 
+import io
 import math
 import os
 
@@ -25,11 +26,22 @@ def _pyplot():
 
 
 def _save(fig, path: str, dpi: int = 120, tight: bool = False) -> None:
-  """Writes `fig` to `path` (`tight`: grown to hold a legend beside the axes)."""
+  """Writes `fig` to `path` (`tight`: grown to hold a legend beside the axes)
+  atomically (`common.write_atomically`: a full disk left a 0-byte PNG; now the
+  old file or none, and a one-line error naming `path`)."""
+  from benchmarks import common
   plt = _pyplot()
-  os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-  fig.savefig(path, dpi=dpi, bbox_inches="tight" if tight else None)
-  plt.close(fig)
+  buffer = io.BytesIO()
+  extension = os.path.splitext(path)[1].lstrip(".").lower() or "png"
+  try:
+    fig.savefig(buffer, format=extension, dpi=dpi, bbox_inches="tight" if tight else None)
+  finally:
+    plt.close(fig)
+  try:
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+  except OSError as e:
+    raise common.UsageError(f"cannot write {path}: {e.strerror}") from None
+  common.write_atomically(path, buffer.getvalue())
 
 
 def _chance_line(ax, value: float | None, label: str | None = None) -> None:

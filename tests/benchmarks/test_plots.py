@@ -1,5 +1,5 @@
 """The compare figures draw chance where the metric has one (accuracy), and not
-where it has none (regression)."""
+where it has none (regression); a figure is written atomically."""
 
 import math
 
@@ -76,3 +76,25 @@ def test_hypernet_figure_draws_fedavg_rows_alone_and_beside_the_hypernetwork(dra
   labels = _labels(drawn["both.png"])
   assert "hypernet (no noise, q=0.5, S=0.1, P=100)" in labels
   assert "fedavg (no noise, q=nan, S=none)" in labels
+
+
+def test_a_figure_that_cannot_be_written_is_one_line_and_leaves_no_file(tmp_path,
+                                                                        monkeypatch):
+  """A full disk (ENOSPC on the write) once left a 0-byte PNG behind a traceback:
+  a figure is written atomically, the failure one line naming its path."""
+  import errno
+  import os
+  from benchmarks import common
+  plt = plots._pyplot()
+  path = tmp_path / "p.png"
+  plots._save(plt.figure(), str(path))
+  before = path.read_bytes()
+  assert before.startswith(b"\x89PNG")
+
+  def full(*args, **kwargs):
+    raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+  monkeypatch.setattr(os, "fsync", full)
+  with pytest.raises(common.UsageError, match=r"cannot write .*p\.png: No space left"):
+    plots._save(plt.figure(), str(path))
+  assert path.read_bytes() == before and os.listdir(tmp_path) == ["p.png"]

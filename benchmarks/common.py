@@ -690,19 +690,18 @@ def append_rows(path: str, rows, unique_key: Optional[str] = None) -> int:
   import pandas as pd
   rows = [labelled(row) for row in rows]
   with _turn(path):
-    if unique_key and os.path.exists(path) and rows:
-      header = list(pd.read_csv(path, nrows=0).columns)
-      if unique_key in header:
-        have = set(pd.read_csv(path, usecols=[unique_key], dtype=str)[unique_key])
-        rows = [row for row in rows if str(row[unique_key]) not in have]
+    header = list(pd.read_csv(path, nrows=0).columns) if os.path.exists(path) else None
+    if unique_key and header and unique_key in header:
+      have = set(pd.read_csv(path, usecols=[unique_key], dtype=str)[unique_key])
+      rows = [row for row in rows if str(row[unique_key]) not in have]
     if not rows:
       return 0
     new = pd.DataFrame(rows)
     old_bytes, table = b"", new
-    if os.path.exists(path):
+    if header is not None:
       with open(path, "rb") as f:
         old_bytes = f.read()
-      if list(pd.read_csv(path, nrows=0).columns) == list(new.columns):
+      if header == list(new.columns):
         if old_bytes and not old_bytes.endswith(b"\n"):
           old_bytes += b"\n"
         table = None

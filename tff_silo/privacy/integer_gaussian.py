@@ -179,8 +179,8 @@ def _bucket_of(high, low):
   in_high = v_high > 0
   top_high, top_low = _bit_length(v_high) - 1, _bit_length(v_low) - 1
   below = lambda v, top: v - tf.bitwise.left_shift(tf.ones_like(v), tf.maximum(top, 0))
-  # v's leading one in the high word: its next bits from both words when it has
-  # fewer than GUIDE_BITS below the one there (then v_low supplies 63 - shift ones)
+  # v's leading one in the high word: its next GUIDE_BITS bits, from both words
+  # where fewer lie below that one in the high word (v_low's top `spill` bits)
   rest_high = below(v_high, top_high)
   spill = tf.clip_by_value(bits - top_high, 0, bits)
   j_high = tf.where(

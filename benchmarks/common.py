@@ -751,14 +751,16 @@ def drop_rows(path: str, run_keys) -> None:
 
 
 def write_atomically(path: str, content: bytes) -> None:
-  """Writes `content` beside `path` and renames it over `path` (keeping its mode), so
-  that a kill at any moment leaves either the old or the new file; a SIGTERM waits
-  for the rename (`runtime.termination_deferred`). An OSError (no space left, a
-  read-only folder) is a one-line UsageError naming `path`, no temporary left."""
+  """Writes `content` beside `path` (its folder made if missing) and renames it over
+  `path` (keeping its mode), so that a kill at any moment leaves either the old or
+  the new file; a SIGTERM waits for the rename (`runtime.termination_deferred`). An
+  OSError (no space left, a read-only folder) is a one-line UsageError naming
+  `path`, no temporary left."""
   from tff_silo import runtime
   folder = os.path.dirname(os.path.abspath(path))
   with runtime.termination_deferred():
     try:
+      os.makedirs(folder, exist_ok=True)
       handle, temporary = tempfile.mkstemp(
           dir=folder, prefix=f".{os.path.basename(path)}.", suffix=".tmp")
     except OSError as e:

@@ -37,10 +37,6 @@ def _save(fig, path: str, dpi: int = 120, tight: bool = False) -> None:
     fig.savefig(buffer, format=extension, dpi=dpi, bbox_inches="tight" if tight else None)
   finally:
     plt.close(fig)
-  try:
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-  except OSError as e:
-    raise common.UsageError(f"cannot write {path}: {e.strerror}") from None
   common.write_atomically(path, buffer.getvalue())
 
 

@@ -155,7 +155,8 @@ def termination_deferred():
     if last and _pending_signal is not None:
       if threading.current_thread() is threading.main_thread():
         _leave(_pending_signal)
-      os.kill(os.getpid(), _pending_signal)
+      else:
+        os.kill(os.getpid(), _pending_signal)
 
 
 atexit.register(stop_tff_workers, reap=True)

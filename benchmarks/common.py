@@ -7,7 +7,6 @@ import contextlib
 import math
 import numbers
 import os
-import re
 import sys
 import tempfile
 import warnings
@@ -16,36 +15,18 @@ from typing import Optional
 from absl import app
 from absl import flags
 
+from benchmarks.harness import spec
+from benchmarks.harness.spec import UsageError  # noqa: F401  (the binaries' error)
+
 FLAGS = flags.FLAGS
 
 
-class UsageError(ValueError):
-  """A bad flag or input; reported as one line."""
-
-
 def parse_numbers(values, kind, name, unique: bool = True):
-  """`values` (a list flag) as `kind`s, finite and (where `unique`: a grid, which
-  would run a repeat twice) without repeats; a UsageError naming `--name`
-  otherwise."""
-  try:
-    numbers = [kind(v) for v in values]
-  except ValueError:
-    raise UsageError(f"--{name} must be a comma-separated list of {kind.__name__}s, "
-                     f"got {','.join(values)}") from None
-  if any(not math.isfinite(v) for v in numbers):
-    raise UsageError(f"--{name} must hold finite numbers; got {','.join(values)}")
-  if unique:
-    check_unique(name, numbers)
-  return numbers
+  """`values` (a list flag) as `kind`s (`spec.parse_items`)."""
+  return spec.parse_items(name, values, kind, unique)
 
 
-def check_unique(name, values) -> None:
-  """UsageError if list flag `--name` names a value twice (it would run twice)."""
-  seen = set()
-  for value in values:
-    if value in seen:
-      raise UsageError(f"--{name} lists {value} twice")
-    seen.add(value)
+check_unique = spec.check_unique
 
 
 def check_finite_floats() -> None:
@@ -74,20 +55,8 @@ def flag_values(*names) -> dict:
           else FLAGS[name].value for name in names}
 
 
-_BOUNDS = {}   # flag name -> (its range as text, a test of one value, the module
-               # whose define_bounds gave it)
-
-
-def _interval(text: str):
-  """A test of one value for a range written `>= 1`, `> 0`, `(0, 1)`, `[0, 1)` ..."""
-  one_sided = re.fullmatch(r"(>=|>)\s*(\S+)", text)
-  if one_sided:
-    bound = float(one_sided[2])
-    return (lambda v: v >= bound) if one_sided[1] == ">=" else (lambda v: v > bound)
-  lo_kind, lo, hi, hi_kind = re.fullmatch(r"([\[(])(\S+), (\S+)([\])])", text).groups()
-  lo, hi = float(lo), float(hi)
-  return lambda v: ((v >= lo if lo_kind == "[" else v > lo)
-                    and (v <= hi if hi_kind == "]" else v < hi))
+_BOUNDS = {}   # flag name -> (its range as text, the module whose define_bounds
+               # gave it)
 
 
 def define_bounds(**ranges) -> None:
@@ -95,7 +64,7 @@ def define_bounds(**ranges) -> None:
   `"(0, 1]"` ...: added to the flag's help and checked by `check_bounds`."""
   module = sys._getframe(1).f_globals["__name__"]
   for name, text in ranges.items():
-    _BOUNDS[name] = (text, _interval(text), module)
+    _BOUNDS[name] = (text, module)
     FLAGS[name].help += f" Range: {text}."
 
 
@@ -106,18 +75,9 @@ def check_bounds(*names, **values) -> None:
   values of a list flag; a setting resolved from a preset) or else the flag's own;
   None (unset) passes."""
   caller = sys._getframe(1).f_globals["__name__"]
-  for name in names or [n for n, bound in _BOUNDS.items() if bound[2] == caller]:
-    text, inside, _ = _BOUNDS[name]
-    value = values[name] if name in values else FLAGS[name].value
-    if value is None:
-      continue
-    items = list(value) if isinstance(value, (list, tuple)) else [value]
-    if any(isinstance(v, str) for v in items):
-      raise TypeError(f"check_bounds: give --{name}'s parsed values")
-    if not all(inside(v) for v in items):
-      shown = ",".join(f"{v:g}" if isinstance(v, float) else str(v) for v in items)
-      raise UsageError(f"--{name} must be {'in ' if text[0] in '[(' else ''}{text}; "
-                       f"got {shown}")
+  for name in names or [n for n, bound in _BOUNDS.items() if bound[1] == caller]:
+    spec.check_range(name, _BOUNDS[name][0],
+                     values[name] if name in values else FLAGS[name].value)
 
 
 def parse_seeds(values) -> list:
@@ -348,16 +308,20 @@ def define_save_models_flag(what: str) -> None:
 def check_save_models() -> None:
   """Before any work: --save_models names a folder that exists or can be made, and
   is writable (a trained run's row was lost at the save)."""
-  folder = FLAGS.save_models
-  if folder is None:
-    return
+  if FLAGS.save_models is not None:
+    check_folder(FLAGS.save_models, "save_models")
+
+
+def check_folder(folder: str, flag: str) -> None:
+  """Before any work: `--flag` names a folder that exists or can be made (its
+  nearest existing ancestor a writable folder), and is writable."""
   if not folder or os.path.isfile(folder):
-    raise UsageError(f"--save_models must name a folder; got {folder!r}")
+    raise UsageError(f"--{flag} must name a folder; got {folder!r}")
   existing = os.path.abspath(folder)   # it, or the folder it would be made in
   while not os.path.exists(existing):
     existing = os.path.dirname(existing)
   if not os.path.isdir(existing) or not os.access(existing, os.W_OK | os.X_OK):
-    raise UsageError(f"--save_models {folder}: {existing} is not a writable folder")
+    raise UsageError(f"--{flag} {folder}: {existing} is not a writable folder")
 
 
 def aggregator_key() -> dict:
@@ -803,10 +767,15 @@ def check_renamed_flags() -> None:
       raise UsageError(f"--{old} is now --{new}")
 
 
+# absl's help flags: they print the flags and exit (0 here, where absl exits 1).
+HELP_FLAGS = {f"{dashes}{name}" for dashes in ("-", "--")
+              for name in ("help", "helpfull", "helpshort", "h", "?")}
+
+
 def run_main(main, check_first=None) -> None:
   """`app.run(main)` with old flag names, non-finite floats and empty lists refused
   and the path flags resolved (`resolve_output_flags`), printing a UsageError as
-  `error: ...` and exiting with 2. A binary that must import
+  `error: ...` and exiting with 2, and --help exiting with 0. A binary that must import
   TensorFlow before `app.run` calls its main (TF 2.14's Keras, first imported inside
   it, cannot build functional models) passes `check_first`, its flag checks: they
   run on the parsed flags before TensorFlow is imported, so a mistake costs no
@@ -828,6 +797,10 @@ def run_main(main, check_first=None) -> None:
       check_first()
       import tensorflow  # noqa: F401  (before app.run: see above)
     app.run(resolved_main)
+  except SystemExit as e:   # absl ends a --help with 1: it is no failure
+    if e.code == 1 and set(sys.argv[1:]) & HELP_FLAGS:
+      sys.exit(0)
+    raise
   except UsageError as e:
     print(f"error: {e}", file=sys.stderr)
     sys.exit(2)

@@ -20,7 +20,6 @@ to --output; a table of means is printed.
 
 from __future__ import annotations
 
-import dataclasses
 import itertools
 import json
 import math
@@ -31,131 +30,112 @@ from absl import flags
 
 from benchmarks import common, executors, plan
 from benchmarks.common import UsageError
+from benchmarks.harness import spec
 
 ALGORITHMS = ("hypernet", "fedavg")
 DATASETS = ("digits", "fmnist", "cifar10", "femnist")
 DATA_DIR_DATASETS = ("fmnist", "cifar10")   # read from --data_dir
 
 FLAGS = flags.FLAGS
-flags.DEFINE_list("methods", ["hypernet", "fedavg"], f"Comma-separated, of {ALGORITHMS}.")
-flags.DEFINE_string("dataset", "digits", f"One of {DATASETS}.")
-flags.DEFINE_string("data_dir", None, "fmnist: folder holding Fashion-MNIST's IDX "
-                    "files; cifar10: folder holding cifar-10-batches-py.")
-flags.DEFINE_string("cache_dir", None, "femnist: folder holding emnist_all.sqlite.")
-flags.DEFINE_integer("num_users", 50, "Users N.")
-flags.DEFINE_integer("classes_per_user", 2, "digits/fmnist/cifar10: classes of each "
-                     "user.")
-flags.DEFINE_list("sampling_rates", ["0.1"], "Comma-separated user sampling rates q.")
-flags.DEFINE_list("clips", [], "Comma-separated clips S of a user's "
-                  "contribution (empty: no clipping).")
-flags.DEFINE_list("noise_multipliers", ["0"], "Comma-separated noise multipliers z "
-                  "(0: no noise).")
-flags.DEFINE_float("weight_cap", None, "w_hat in w_u = min(|D_u| / w_hat, 1); unset: "
-                   "every w_u = 1.")
-flags.DEFINE_bool("public_user_sizes", False, "With --weight_cap: the mean's W = "
-                  "sum w_u from the users' sizes, declared public (the paper's "
-                  "assumption; rows say so). Without it W = N, the number of users.")
-flags.DEFINE_integer("public_user_count", None, "W of the mean's fixed denominator q W, "
-                     "a user count fixed before training and public (e.g. --num_users "
-                     "as declared). Unset (and without --public_user_sizes): W = N, "
-                     "read from the users present; rows then say the guarantee does "
-                     "not hold.")
-flags.DEFINE_float("delta", 1e-5, "delta of the reported user-level epsilon.")
-flags.DEFINE_integer("rounds", 200, "Rounds T.")
-flags.DEFINE_integer("local_steps", 20, "K, local SGD steps per sampled user and round.")
-flags.DEFINE_integer("batch_size", 16, "Local mini-batch size.")
-flags.DEFINE_float("lr", 0.05, "eta, the users' SGD step size (FedAvg's too).")
-flags.DEFINE_float("hypernet_lr", 0.1, "lambda, the step size of phi.")
-flags.DEFINE_float("embedding_lr", 0.1, "zeta, the step size of the embeddings.")
-flags.DEFINE_integer("hidden_width", 100, "Width of the hypernetwork's hidden layers.")
-flags.DEFINE_integer("embedding_dim", None, "Embedding size (default 1 + N / 4).")
-flags.DEFINE_list("channels", ["16", "32"], "Target CNN: channels of the two convs.")
-flags.DEFINE_integer("dense", 64, "Target CNN: width of the hidden dense layer.")
-flags.DEFINE_integer("fedavg_local_epochs", 1, "FedAvg: local epochs per round.")
-flags.DEFINE_list("seeds", ["0"], "Comma-separated seeds (partition, init, sampling, noise).")
-flags.DEFINE_integer("eval_every", 0, "Also evaluate every this many rounds (0: end).")
+_HYPERNET = dict(applies_to=("hypernet",))
+_HYPERNET_KEY = dict(applies_to=("hypernet",), key="only_where_applies")
+
+# The settings, in the order a row's `flags` record lists them. Their run key: those
+# marked `key`, and `_run_key`'s (the user-level DP settings, delta where noised).
+SPEC = spec.Spec(
+    methods=spec.strings(["hypernet", "fedavg"], "Comma-separated, of {choices}.",
+                         choices=ALGORITHMS),
+    dataset=spec.string("digits", "One of {choices}.", choices=DATASETS, key="always"),
+    data_dir=spec.string(None, "fmnist: folder holding Fashion-MNIST's IDX files; "
+                         "cifar10: folder holding cifar-10-batches-py.",
+                         datasets=DATA_DIR_DATASETS, key="always"),
+    cache_dir=spec.string(None, "femnist: folder holding emnist_all.sqlite.",
+                          datasets=("femnist",), key="always"),
+    num_users=spec.integer(50, "Users N.", bounds=">= 1", key="always"),
+    classes_per_user=spec.integer(2, "digits/fmnist/cifar10: classes of each user.",
+                                  bounds=">= 1", datasets=("digits", "fmnist", "cifar10"),
+                                  key="always"),
+    sampling_rates=spec.numbers(["0.1"], "Comma-separated user sampling rates q.",
+                                bounds="(0, 1]", **_HYPERNET),
+    clips=spec.numbers([], "Comma-separated clips S of a user's contribution (empty: "
+                       "no clipping).", bounds="> 0", **_HYPERNET),
+    noise_multipliers=spec.numbers(["0"], "Comma-separated noise multipliers z (0: no "
+                                   "noise).", bounds=">= 0", **_HYPERNET),
+    weight_cap=spec.real(None, "w_hat in w_u = min(|D_u| / w_hat, 1); unset: every "
+                         "w_u = 1.", **_HYPERNET),
+    public_user_sizes=spec.boolean(False, "With --weight_cap: the mean's W = sum w_u "
+                                   "from the users' sizes, declared public (the "
+                                   "paper's assumption; rows say so). Without it W = N, "
+                                   "the number of users.", **_HYPERNET),
+    public_user_count=spec.integer(None, "W of the mean's fixed denominator q W, a user "
+                                   "count fixed before training and public (e.g. "
+                                   "--num_users as declared). Unset (and without "
+                                   "--public_user_sizes): W = N, read from the users "
+                                   "present; rows then say the guarantee does not "
+                                   "hold.", **_HYPERNET),
+    delta=spec.real(1e-5, "delta of the reported user-level epsilon.", bounds="(0, 1)"),
+    rounds=spec.integer(200, "Rounds T.", bounds=">= 1", key="always"),
+    local_steps=spec.integer(20, "K, local SGD steps per sampled user and round.",
+                             bounds=">= 1", **_HYPERNET_KEY),
+    batch_size=spec.integer(16, "Local mini-batch size.", bounds=">= 1", key="always"),
+    lr=spec.real(0.05, "eta, the users' SGD step size (FedAvg's too).", bounds="> 0",
+                 key="always", key_as="client_lr"),
+    hypernet_lr=spec.real(0.1, "lambda, the step size of phi.", bounds="> 0",
+                          **_HYPERNET_KEY),
+    embedding_lr=spec.real(0.1, "zeta, the step size of the embeddings.", bounds="> 0",
+                           **_HYPERNET_KEY),
+    hidden_width=spec.integer(100, "Width of the hypernetwork's hidden layers.",
+                              bounds=">= 1", **_HYPERNET_KEY),
+    embedding_dim=spec.integer(None, "Embedding size (default 1 + N / 4).",
+                               bounds=">= 1", **_HYPERNET_KEY),
+    channels=spec.numbers(["16", "32"], "Target CNN: channels of the two convs.",
+                          item=int, key="always"),
+    dense=spec.integer(64, "Target CNN: width of the hidden dense layer.", bounds=">= 1",
+                       key="always"),
+    fedavg_local_epochs=spec.integer(1, "FedAvg: local epochs per round.", bounds=">= 1",
+                                     applies_to=("fedavg",), key="only_where_applies"),
+    seeds=spec.numbers(["0"], "Comma-separated seeds (partition, init, sampling, "
+                       "noise).", item=int),
+    eval_every=spec.integer(0, "Also evaluate every this many rounds (0: end).",
+                            bounds=">= 0"),
+    plot=spec.string(None, "Also write a PNG here of mean user accuracy against epsilon "
+                     "and against a round's signal-to-noise bound, for every row in "
+                     "--output of this --dataset and --num_users (a study's commands "
+                     "share one --output)."),
+    backend=spec.shared(),
+    device=spec.shared(),
+    xla=spec.shared(),
+    save_models=spec.shared(),
+    # Not in the `flags` record:
+    output=spec.shared(given=False),
+    resume=spec.boolean(True, "Skip runs whose row is already in --output.",
+                        given=False),
+)
+SPEC.define()
 common.define_backend_flags("both algorithms; the user-level DP mean")
 common.define_output_flags(output=("hypernet.csv", "CSV rows are appended to."))
-flags.DEFINE_bool("resume", True, "Skip runs whose row is already in --output.")
 common.define_save_models_flag("every run (and a hypernetwork run's phi and "
                                "embeddings; FedAvg's global model)")
-flags.DEFINE_string("plot", None, "Also write a PNG here of mean user accuracy "
-                    "against epsilon and against a round's signal-to-noise bound, "
-                    "for every row in --output of this --dataset and --num_users "
-                    "(a study's commands share one --output).")
 common.define_renamed_flags(algorithm="methods", client_lr="lr",
                              sampling_rate="sampling_rates", l2_norm_clip="clips",
                              noise_multiplier="noise_multipliers")
-common.define_bounds(
-    sampling_rates="(0, 1]", clips="> 0", noise_multipliers=">= 0", delta="(0, 1)",
-    rounds=">= 1", local_steps=">= 1", batch_size=">= 1", lr="> 0", hypernet_lr="> 0",
-    embedding_lr="> 0", hidden_width=">= 1", embedding_dim=">= 1", dense=">= 1",
-    fedavg_local_epochs=">= 1", num_users=">= 1", classes_per_user=">= 1",
-    eval_every=">= 0")
 flags.adopt_module_key_flags(common)   # --help lists the shared flags too
 # Columns every row of this binary has: an existing --output without them is refused.
 SIGNATURE = ("run_key", "algorithm", "mean_user_accuracy")
-HYPERNET_FLAGS = ("sampling_rates", "clips", "noise_multipliers", "weight_cap",
-                  "public_user_sizes", "public_user_count", "local_steps",
-                  "hypernet_lr", "embedding_lr", "hidden_width", "embedding_dim")
-FLAG_NAMES = ("methods", "dataset", "data_dir", "cache_dir", "num_users",
-              "classes_per_user", "sampling_rates", "clips", "noise_multipliers",
-              "weight_cap", "public_user_sizes", "public_user_count", "delta",
-              "rounds", "local_steps", "batch_size", "lr", "hypernet_lr",
-              "embedding_lr", "hidden_width", "embedding_dim", "channels", "dense",
-              "fedavg_local_epochs", "seeds", "eval_every", "plot", "backend",
-              "device", "xla", "save_models")
 
 
-@dataclasses.dataclass(frozen=True)
-class Settings:
-  """`benchmarks.hypernet`'s flags, checked (`from_flags`); `grid` holds the
-  `UserDPSettings` of every (q, S, z) asked for."""
-  methods: tuple
-  dataset: str
-  data_dir: str | None
-  cache_dir: str | None
-  num_users: int
-  classes_per_user: int
-  grid: tuple
-  weight_cap: float | None
-  public_user_sizes: bool
-  delta: float
-  rounds: int
-  local_steps: int
-  batch_size: int
-  lr: float
-  hypernet_lr: float
-  embedding_lr: float
-  hidden_width: int
-  embedding_dim: int | None
-  channels: tuple
-  dense: int
-  fedavg_local_epochs: int
-  seeds: tuple
-  eval_every: int
-  backend: str
-  device: str
-  xla: bool
-  output: str
-  resume: bool
-  save_models: str | None
-  plot: str | None
-  given: str   # the flags as given (JSON): a row's `flags`
+class Settings(SPEC.settings_class("_Fields", ("grid", tuple), ("given", str),
+                                   module=__name__)):
+  """`benchmarks.hypernet`'s settings (`SPEC`), checked (`from_flags`), lists
+  parsed; `grid` holds the `UserDPSettings` of every (q, S, z) asked for, `given`
+  a row's `flags`."""
 
   @classmethod
   def from_flags(cls) -> "Settings":
     """Checks the flags; raises UsageError."""
-    common.check_one_of("dataset", FLAGS.dataset, DATASETS)
-    common.check_among("methods", FLAGS.methods, ALGORITHMS)
+    SPEC.check_choices()
     common.check_backend(FLAGS.backend, FLAGS.device, FLAGS.xla)
-    for name in HYPERNET_FLAGS:
-      common.check_applies(name, ["hypernet"], FLAGS.methods)
-    common.check_applies("fedavg_local_epochs", ["fedavg"], FLAGS.methods)
-    common.check_applies("data_dir", DATA_DIR_DATASETS, [FLAGS.dataset], "--dataset")
-    common.check_applies("cache_dir", ["femnist"], [FLAGS.dataset], "--dataset")
-    common.check_applies("classes_per_user", ["digits", "fmnist", "cifar10"],
-                         [FLAGS.dataset], "--dataset")
+    SPEC.check_applies(FLAGS.methods, FLAGS.dataset)
     if FLAGS.dataset == "fmnist" and not FLAGS.data_dir:
       raise UsageError("--dataset=fmnist needs --data_dir (the folder with "
                        "Fashion-MNIST's IDX files)")
@@ -169,12 +149,13 @@ class Settings:
     if len(channels) != 2 or min(channels) < 1:
       raise UsageError(f"--channels must be two positive integers; got "
                        f"{FLAGS.channels}")
-    seeds = common.parse_seeds(FLAGS.seeds)
-    rates = common.parse_numbers(FLAGS.sampling_rates, float, "sampling_rates")
-    clips = common.parse_numbers(FLAGS.clips, float, "clips")
-    noises = common.parse_numbers(FLAGS.noise_multipliers, float, "noise_multipliers")
-    common.check_bounds(sampling_rates=rates, clips=clips, noise_multipliers=noises)
-    clips = clips or [None]
+    values = dict(SPEC.values(), channels=tuple(channels),
+                  seeds=tuple(common.parse_seeds(FLAGS.seeds)),
+                  **{name: SPEC.parsed(name) for name in
+                     ("sampling_rates", "clips", "noise_multipliers")})
+    SPEC.check_ranges(values)
+    clips = values["clips"] or [None]
+    noises = values["noise_multipliers"]
     if FLAGS.public_user_sizes and FLAGS.weight_cap is None:
       raise UsageError("--public_user_sizes applies with --weight_cap only (without it "
                        "every w_u = 1 and W = N)")
@@ -186,7 +167,7 @@ class Settings:
                        "> 0, or drop --delta")
     from tff_silo.privacy.user_level import UserDPSettings
     grid = []
-    for q, clip, z in itertools.product(rates, clips, noises):
+    for q, clip, z in itertools.product(values["sampling_rates"], clips, noises):
       try:
         grid.append(UserDPSettings(
             sampling_rate=q, l2_norm_clip=clip, noise_multiplier=z,
@@ -198,16 +179,7 @@ class Settings:
     common.check_save_models()
     if FLAGS.plot:
       common.check_figure_path(FLAGS.plot)
-    return cls(
-        seeds=tuple(seeds), grid=tuple(grid), channels=tuple(channels),
-        given=json.dumps(common.flag_values(*FLAG_NAMES)),
-        **common.flag_values(
-            "methods", "dataset", "data_dir", "cache_dir", "num_users",
-            "classes_per_user", "weight_cap", "public_user_sizes", "delta", "rounds",
-            "local_steps", "batch_size", "lr", "hypernet_lr", "embedding_lr",
-            "hidden_width", "embedding_dim", "dense", "fedavg_local_epochs",
-            "eval_every", "backend", "device", "xla", "output", "resume",
-            "save_models", "plot"))
+    return cls(**values, grid=tuple(grid), given=SPEC.given())
 
 
 def _recipe(seed, s) -> dict:
@@ -345,18 +317,11 @@ def _privacy_columns(settings):
 
 
 def _run_key(seed, algorithm, settings, s):
-  hypernet_only = dict(local_steps=s.local_steps, hypernet_lr=s.hypernet_lr,
-                       embedding_lr=s.embedding_lr, hidden_width=s.hidden_width,
-                       embedding_dim=s.embedding_dim)
+  """Identifies a run: the settings `SPEC` marks, its user-level DP settings (of
+  the grid) and delta where it is noised."""
   return json.dumps(dict(
-      algorithm=algorithm, dataset=s.dataset, data_dir=s.data_dir,
-      cache_dir=s.cache_dir, num_users=s.num_users,
-      classes_per_user=s.classes_per_user, seed=seed, rounds=s.rounds,
-      batch_size=s.batch_size, client_lr=s.lr,
-      channels=list(s.channels), dense=s.dense,
+      SPEC.key(s, algorithm), algorithm=algorithm, seed=seed,
       delta=s.delta if settings is not None and settings.private else None,
-      **(hypernet_only if algorithm == "hypernet" else
-         dict(fedavg_local_epochs=s.fedavg_local_epochs)),
       **{name: value for name, value in _privacy_columns(settings).items()
          if name != "public_user_count" or value is not None}), sort_keys=True)
 

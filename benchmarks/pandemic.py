@@ -164,6 +164,8 @@ class Settings:
                    "region_home_weight"):
         if FLAGS[name].present:
           raise UsageError(f"--{name} sets generated data; --data_dir reads given files")
+    else:   # generated there (it was a traceback after the work: P19, P20)
+      common.check_folder(FLAGS.generated_dir, "generated_dir")
     lists = dict(
         sample_sizes=common.parse_numbers(FLAGS.sample_sizes, int, "sample_sizes"),
         noise_multipliers=common.parse_numbers(FLAGS.noise_multipliers, float,

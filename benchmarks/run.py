@@ -46,6 +46,7 @@ from absl import flags
 
 from benchmarks import common, configs, datasets, executors, plan
 from benchmarks.common import UsageError
+from benchmarks.harness import spec
 from tff_silo.algorithms import method_names   # no TensorFlow imported
 from tff_silo.privacy.accounting import NEIGHBOURING   # no TensorFlow: dp_accounting
 from tff_silo.privacy.integer_law import NOISE_MECHANISMS   # no TensorFlow
@@ -63,175 +64,163 @@ LAMBDA_ALGORITHMS = method_names.LAMBDA_NAMES
 # Those with a server mean: what --aggregator and its settings apply to.
 AGGREGATED = tuple(n for n in method_names.NAMES
                    if n not in method_names.UNAGGREGATED_NAMES)
-CLUSTER_FLAGS = ("num_clusters", "selection_fraction", "selection_budget_share")
-DPRIVATE_FLAGS = ("num_clusters", "nu", "clients_per_round", "leakage_cap", "patience",
-                  "kmeans_iterations", "hypothesis_init_std")
+FLAGS = flags.FLAGS
 # Validation users of `dprivate_clustering` on two_cluster (Galli et al. 5.1).
 VALIDATION_USERS = 30
 # Columns every row of this binary has: an existing --output without them is refused.
 SIGNATURE = ("run_key", "algorithm", "test_metric")
-# Flags that only affect some algorithms: giving one for none of them is an error.
-APPLIES_TO = {
-    "lams": LAMBDA_ALGORITHMS,
-    "num_clusters": (*IFCA_ALGORITHMS, "dprivate_clustering"),
-    "selection_fraction": tuple(IFCA_ALGORITHMS),
-    "selection_budget_share": tuple(IFCA_ALGORITHMS),
-    "finetune_fraction": ("finetune", "ifca_finetune"),
-    **{name: AGGREGATED for name in ("aggregator", "silo_epsilon", "silo_delta",
-                                     "aggregator_clip")},
-    **{name: ("dprivate_clustering",) for name in
-       ("nu", "clients_per_round", "leakage_cap", "patience", "kmeans_iterations",
-        "hypothesis_init_std")},
-}
-# Flags of DP-SGD: giving one without --epsilon (a non-private run) is an error.
-DP_FLAGS = ("delta", "clip", "sampling", "ledger_csv", "outside_guarantee_metrics",
-            "accountant", "noise")
 
-FLAGS = flags.FLAGS
-flags.DEFINE_list("methods", ["local", "fedavg", "mrmtl"],
-                  f"Comma-separated algorithms, of {ALGORITHMS}.")
-flags.DEFINE_string("dataset", "digits", f"One of {DATASETS}.")
-flags.DEFINE_string("data_dir", None, "Folder with the dataset's file (school.mat, "
-                    "vehicle.mat or vehicle_train_ditto.json, gleam.mat; fmnist_rotated: "
-                    "Fashion-MNIST's IDX files).")
-flags.DEFINE_integer("rounds", None, "Rounds T (default: the dataset's preset).")
-flags.DEFINE_float("epsilon", None, "Per-silo target epsilon; unset = non-private.")
-flags.DEFINE_float("delta", None, "Per-silo target delta (default: preset).")
-flags.DEFINE_list("lams", None, "Comma-separated lambdas for mrmtl and ditto "
-                  "(default: the dataset's preset).")
-flags.DEFINE_float("lr", None, "Client learning rate (default: preset).")
-flags.DEFINE_integer("batch_size", None, "Local batch size B (default: preset).")
-flags.DEFINE_float("clip", None, "Per-example L2 clip under DP (default: preset).")
-flags.DEFINE_integer("local_epochs", 1, "Local epochs per round.")
-flags.DEFINE_string("sampling", None, f"DP batch sampling, one of {SAMPLING} (default: "
-                    "poisson under add_remove, without_replacement under replace_one); "
-                    "'shuffle' has no epsilon bound.")
-flags.DEFINE_string("neighbouring", "add_remove", f"DP neighbouring relation, one of "
-                    f"{NEIGHBOURING}.")
-flags.DEFINE_bool("public_silo_sizes", False, "add_remove: declare the silos' sizes "
-                  "public (they set q_k = B / n_k and weigh the server mean).")
-flags.DEFINE_integer("assumed_silo_size", None, "add_remove with private sizes: the "
-                     "public size m every silo samples with (default: the preset's).")
-flags.DEFINE_string("accountant", "rdp", "Under DP, how epsilon is computed and the "
-                    "noise calibrated: rdp (Renyi DP), or pld (privacy loss "
-                    "distributions, add_remove only: PLD where it expresses every query "
-                    "of a silo, RDP elsewhere; the smaller bound). Rows say which.")
-flags.DEFINE_string("noise", "integer", "Under DP, DP-SGD's noise: integer (each "
-                    "clipped gradient rounded to an integer grid, integer sums, "
-                    "rounded-Gaussian noise: the guarantee holds for the numbers "
-                    "computed), or idealized (float32 Gaussian noise, whose guarantee "
-                    "holds for real numbers only). Rows say which.")
-flags.DEFINE_string("protocol", "custom", f"One of {PROTOCOLS}: 'paper' runs the "
-                    "paper's protocol (add_remove accounting, public sizes setting q_k "
-                    "and weighing the mean; Poisson batches, or --sampling=shuffle as "
-                    "its code) and labels the rows so; 'custom' follows the flags above.")
-flags.DEFINE_string("standardize", None, "Feature standardization of the tabular "
-                    "datasets (school, vehicle, gleam): none, public (documented ranges; "
-                    "school only), dp (each silo's DP estimate, charged to its ledger) or "
-                    "silo (each silo's exact statistics, outside the DP guarantee). "
-                    "Default: silo without DP and under --protocol=paper; otherwise "
-                    "public where the dataset has documented ranges, else none.")
-flags.DEFINE_float("standardize_clip", None, "--standardize=dp: L2 clip R of a feature "
-                   "vector (required).")
-flags.DEFINE_float("standardize_budget_share", 0.05, "--standardize=dp: the share of "
-                   "each silo's epsilon its statistics spend on their own.")
-flags.DEFINE_string("ledger_csv", None, "Under DP, append every silo's epsilon after "
-                    "every round to this CSV.")
-flags.DEFINE_bool("outside_guarantee_metrics", False, "Under DP, also write the "
-                  "un-noised training metric (as train_metric_outside_guarantee).")
-flags.DEFINE_float("finetune_fraction", 0.5, "Fraction of rounds finetune runs FedAvg.")
+
+def _standardized(s) -> bool:
+  return s.standardize == "dp"
+
+
+_IFCA = dict(applies_to=IFCA_ALGORITHMS, key="only_where_applies")
+_DPRIVATE = dict(applies_to=("dprivate_clustering",), key="only_where_applies")
+_AGGREGATED = dict(applies_to=AGGREGATED)
+
+# The settings, in the order a row's `flags` record lists them. Their run key: those
+# marked `key`, and `_run_key`'s (the protocol, the aggregator, the misbehaving silos).
+SPEC = spec.Spec(
+    methods=spec.strings(["local", "fedavg", "mrmtl"], "Comma-separated algorithms, of "
+                         "{choices}.", choices=ALGORITHMS),
+    dataset=spec.string("digits", "One of {choices}.", choices=DATASETS, key="always"),
+    data_dir=spec.string(None, "Folder with the dataset's file (school.mat, vehicle.mat "
+                         "or vehicle_train_ditto.json, gleam.mat; fmnist_rotated: "
+                         "Fashion-MNIST's IDX files).", key="always"),
+    rounds=spec.integer(None, "Rounds T (default: the dataset's preset).", bounds=">= 1",
+                        key="always"),
+    epsilon=spec.real(None, "Per-silo target epsilon; unset = non-private.",
+                      key="always"),
+    delta=spec.real(None, "Per-silo target delta (default: preset).", bounds="(0, 1)",
+                    private=True, key="always"),
+    lams=spec.numbers(None, "Comma-separated lambdas for mrmtl and ditto (default: the "
+                      "dataset's preset).", bounds=">= 0", applies_to=LAMBDA_ALGORITHMS),
+    lr=spec.real(None, "Client learning rate (default: preset).", bounds="> 0",
+                 key="always"),
+    batch_size=spec.integer(None, "Local batch size B (default: preset).", bounds=">= 1",
+                            key="always"),
+    clip=spec.real(None, "Per-example L2 clip under DP (default: preset).", bounds="> 0",
+                   private=True, key="always"),
+    local_epochs=spec.integer(1, "Local epochs per round.", bounds=">= 1", key="always"),
+    sampling=spec.string(None, "DP batch sampling, one of {choices} (default: poisson "
+                         "under add_remove, without_replacement under replace_one); "
+                         "'shuffle' has no epsilon bound.", choices=SAMPLING,
+                         private=True, key="always"),
+    neighbouring=spec.string("add_remove", "DP neighbouring relation, one of {choices}.",
+                             choices=NEIGHBOURING),
+    public_silo_sizes=spec.boolean(False, "add_remove: declare the silos' sizes public "
+                                   "(they set q_k = B / n_k and weigh the server mean)."),
+    assumed_silo_size=spec.integer(None, "add_remove with private sizes: the public "
+                                   "size m every silo samples with (default: the "
+                                   "preset's)."),
+    protocol=spec.string("custom", "One of {choices}: 'paper' runs the paper's protocol "
+                         "(add_remove accounting, public sizes setting q_k and weighing "
+                         "the mean; Poisson batches, or --sampling=shuffle as its code) "
+                         "and labels the rows so; 'custom' follows the flags above.",
+                         choices=PROTOCOLS),
+    accountant=spec.string("rdp", "Under DP, how epsilon is computed and the noise "
+                           "calibrated: rdp (Renyi DP), or pld (privacy loss "
+                           "distributions, add_remove only: PLD where it expresses every "
+                           "query of a silo, RDP elsewhere; the smaller bound). Rows say "
+                           "which.", choices=ACCOUNTANTS, private=True),
+    noise=spec.string("integer", "Under DP, DP-SGD's noise: integer (each clipped "
+                      "gradient rounded to an integer grid, integer sums, "
+                      "rounded-Gaussian noise: the guarantee holds for the numbers "
+                      "computed), or idealized (float32 Gaussian noise, whose guarantee "
+                      "holds for real numbers only). Rows say which.",
+                      choices=NOISE_MECHANISMS, private=True),
+    standardize=spec.string(None, "Feature standardization of the tabular datasets "
+                            "(school, vehicle, gleam): none, public (documented ranges; "
+                            "school only), dp (each silo's DP estimate, charged to its "
+                            "ledger) or silo (each silo's exact statistics, outside the "
+                            "DP guarantee). Default: silo without DP and under "
+                            "--protocol=paper; otherwise public where the dataset has "
+                            "documented ranges, else none.", choices=STANDARDIZE,
+                            key="always"),
+    standardize_clip=spec.real(None, "--standardize=dp: L2 clip R of a feature vector "
+                               "(required).", bounds="> 0", when=_standardized,
+                               key="where_applies"),
+    standardize_budget_share=spec.real(0.05, "--standardize=dp: the share of each "
+                                       "silo's epsilon its statistics spend on their "
+                                       "own.", bounds="(0, 1)", when=_standardized,
+                                       key="where_applies"),
+    finetune_fraction=spec.real(0.5, "Fraction of rounds finetune runs FedAvg.",
+                                bounds="[0, 1]", applies_to=("finetune", "ifca_finetune"),
+                                key="where_applies"),
+    aggregator=spec.shared(**_AGGREGATED),
+    silo_epsilon=spec.shared(**_AGGREGATED),
+    silo_delta=spec.shared(**_AGGREGATED),
+    aggregator_clip=spec.shared(**_AGGREGATED),
+    seeds=spec.numbers(["0"], "Comma-separated seeds (data split, sampling, noise).",
+                       item=int),
+    mask_probability=spec.real(0.1, "digits: probability of each white patch.",
+                               datasets=("digits",), key="where_applies"),
+    corrupt_silos=spec.integer(0, "Robustness: this many silos (the first) misbehave, "
+                               "their training targets multiplied by --corruption "
+                               "(regression datasets); rows add the honest silos' test "
+                               "metric.", bounds=">= 0", datasets=REGRESSION),
+    corruption=spec.real(-10.0, "--corrupt_silos: the factor on their targets (< 0: "
+                         "updates the opposite way)."),
+    backend=spec.shared(),
+    device=spec.shared(),
+    xla=spec.shared(),
+    num_clusters=spec.integer(None, "Clusters G (IFCA) / hypotheses k "
+                              "(dprivate_clustering); default: the dataset's preset.",
+                              bounds=">= 1", applies_to=(*IFCA_ALGORITHMS,
+                                                         "dprivate_clustering"),
+                              key="only_where_applies"),
+    selection_fraction=spec.real(0.1, "IFCA: fraction of the first rounds that select "
+                                 "a cluster (1 = every round).", bounds="(0, 1]",
+                                 **_IFCA),
+    selection_budget_share=spec.real(0.03, "IFCA under DP: epsilon of one selection as "
+                                     "a share of --epsilon.", bounds="(0, 1)", **_IFCA),
+    nu=spec.real(None, "dprivate_clustering: the Euclidean Laplace noise multiplier; "
+                 "unset sends unsanitized models.", bounds="> 0", **_DPRIVATE),
+    clients_per_round=spec.integer(None, "dprivate_clustering: users sampled per round "
+                                   "U (default: the preset's, else all).", bounds=">= 1",
+                                   **_DPRIVATE),
+    leakage_cap=spec.real(None, "dprivate_clustering: a user declines a round that "
+                          "would take its leakage above this.", **_DPRIVATE),
+    patience=spec.integer(None, "dprivate_clustering on two_cluster: stop after this "
+                          "many rounds without validation improvement.", bounds=">= 1",
+                          **_DPRIVATE),
+    kmeans_iterations=spec.integer(10, "dprivate_clustering: Lloyd iterations.",
+                                   bounds=">= 1", **_DPRIVATE),
+    hypothesis_init_std=spec.real(None, "dprivate_clustering: hypothesis j starts at the "
+                                  "model's initialization for seed + j plus N(0, std^2) "
+                                  "noise (default: the preset's; two_cluster 1, else "
+                                  "0.01).", bounds=">= 0", **_DPRIVATE),
+    # Not in the `flags` record:
+    ledger_csv=spec.string(None, "Under DP, append every silo's epsilon after every "
+                           "round to this CSV.", private=True, given=False),
+    outside_guarantee_metrics=spec.boolean(False, "Under DP, also write the un-noised "
+                                           "training metric (as "
+                                           "train_metric_outside_guarantee).",
+                                           private=True, given=False),
+    eval_every=spec.integer(0, "Also evaluate every this many rounds (0: end).",
+                            bounds=">= 0", given=False),
+    resume=spec.boolean(True, "Skip runs whose row (same settings, algorithm, lambda "
+                        "and seed) is already in --output.", given=False),
+    shards=spec.shared(given=False),
+    output=spec.shared(given=False),
+    save_models=spec.shared(given=False),
+)
+SPEC.define()
 common.define_aggregator_flags()
-flags.DEFINE_integer("corrupt_silos", 0, "Robustness: this many silos (the first) "
-                     "misbehave, their training targets multiplied by --corruption "
-                     "(regression datasets); rows add the honest silos' test metric.")
-flags.DEFINE_float("corruption", -10.0, "--corrupt_silos: the factor on their targets "
-                   "(< 0: updates the opposite way).")
-flags.DEFINE_list("seeds", ["0"], "Comma-separated seeds (data split, sampling, noise).")
-flags.DEFINE_float("mask_probability", 0.1, "digits: probability of each white patch.")
-flags.DEFINE_integer("eval_every", 0, "Also evaluate every this many rounds (0: end).")
-flags.DEFINE_integer("num_clusters", None, "Clusters G (IFCA) / hypotheses k "
-                     "(dprivate_clustering); default: the dataset's preset.")
-flags.DEFINE_float("selection_fraction", 0.1, "IFCA: fraction of the first rounds that "
-                   "select a cluster (1 = every round).")
-flags.DEFINE_float("selection_budget_share", 0.03, "IFCA under DP: epsilon of one "
-                   "selection as a share of --epsilon.")
-flags.DEFINE_float("nu", None, "dprivate_clustering: the Euclidean Laplace noise "
-                   "multiplier; unset sends unsanitized models.")
-flags.DEFINE_integer("clients_per_round", None, "dprivate_clustering: users sampled "
-                     "per round U (default: the preset's, else all).")
-flags.DEFINE_float("leakage_cap", None, "dprivate_clustering: a user declines a round "
-                   "that would take its leakage above this.")
-flags.DEFINE_integer("patience", None, "dprivate_clustering on two_cluster: stop after "
-                     "this many rounds without validation improvement.")
-flags.DEFINE_integer("kmeans_iterations", 10, "dprivate_clustering: Lloyd iterations.")
-flags.DEFINE_float("hypothesis_init_std", None, "dprivate_clustering: hypothesis j "
-                   "starts at the model's initialization for seed + j plus N(0, std^2) "
-                   "noise (default: the preset's; two_cluster 1, else 0.01).")
 common.define_backend_flags("every algorithm here")
 common.define_shards_flag("silos")
 common.define_output_flags(output=("run.csv", "CSV file rows are appended to."))
-flags.DEFINE_bool("resume", True, "Skip runs whose row (same settings, algorithm, "
-                  "lambda and seed) is already in --output.")
 common.define_save_models_flag("every run")
 common.define_renamed_flags(algorithm="methods", lam="lams")
-common.define_bounds(
-    rounds=">= 1", batch_size=">= 1", clip="> 0", lr="> 0", delta="(0, 1)",
-    lams=">= 0", local_epochs=">= 1", eval_every=">= 0", finetune_fraction="[0, 1]",
-    corrupt_silos=">= 0", standardize_clip="> 0", standardize_budget_share="(0, 1)",
-    num_clusters=">= 1", selection_fraction="(0, 1]", selection_budget_share="(0, 1)",
-    nu="> 0", clients_per_round=">= 1", patience=">= 1", kmeans_iterations=">= 1",
-    hypothesis_init_std=">= 0")
 flags.adopt_module_key_flags(common)   # --help lists the shared flags too
 
 
-@dataclasses.dataclass(frozen=True)
-class Settings:
-  """`benchmarks.run`'s flags, checked (`from_flags`), the dataset's preset filled
-  in. `aggregator` (a `tff_silo.aggregators.AggregatorChoice`) is set once the silos
-  are loaded: DP aggregators need their number."""
-  methods: tuple
-  dataset: str
-  data_dir: str | None
-  rounds: int
-  batch_size: int
-  clip: float
-  lr: float
-  delta: float
-  epsilon: float | None
-  lams: tuple
-  seeds: tuple
-  local_epochs: int
-  num_clusters: int
-  protocol: object   # tff_silo.privacy.protocol.PrivacyProtocol
-  sampling: str
-  noise: str
-  standardize: str | None
-  standardize_clip: float | None
-  standardize_budget_share: float
-  ledger_csv: str | None
-  outside_guarantee_metrics: bool
-  finetune_fraction: float
-  corrupt_silos: int
-  corruption: float
-  mask_probability: float
-  eval_every: int
-  selection_fraction: float
-  selection_budget_share: float
-  nu: float | None
-  clients_per_round: int | None
-  leakage_cap: float | None
-  patience: int | None
-  kmeans_iterations: int
-  hypothesis_init_std: float
-  shards: int
-  backend: str
-  device: str
-  xla: bool
-  output: str
-  resume: bool
-  save_models: str | None
-  given: str   # the flags as given (JSON): a row's `flags`
-  aggregator: object = None
+class Settings(SPEC.settings_class("_Fields", ("given", str), module=__name__)):
+  """`benchmarks.run`'s settings (`SPEC`), checked (`from_flags`), the dataset's
+  preset filled in, lists parsed; `protocol` a `tff_silo.privacy.protocol.
+  PrivacyProtocol`, `aggregator` a `tff_silo.aggregators.AggregatorChoice` once the
+  silos are loaded (DP aggregators need their number), `given` a row's `flags`."""
 
   @property
   def private(self) -> bool:
@@ -240,39 +229,27 @@ class Settings:
   @classmethod
   def from_flags(cls) -> "Settings":
     """Checks the flags and fills the dataset's preset; raises UsageError."""
-    common.check_one_of("dataset", FLAGS.dataset, DATASETS)
-    common.check_among("methods", FLAGS.methods, ALGORITHMS)
-    common.check_one_of("neighbouring", FLAGS.neighbouring, NEIGHBOURING)
-    common.check_one_of("protocol", FLAGS.protocol, PROTOCOLS)
-    common.check_one_of("noise", FLAGS.noise, NOISE_MECHANISMS)
+    SPEC.check_choices()
     common.check_backend(FLAGS.backend, FLAGS.device, FLAGS.xla)
     common.check_aggregator_flags()
-    for name, algorithms in APPLIES_TO.items():
-      common.check_applies(name, algorithms, FLAGS.methods)
+    SPEC.check_applies(FLAGS.methods, FLAGS.dataset, FLAGS.epsilon is not None)
     unaggregated = sorted(set(FLAGS.methods) & set(method_names.UNAGGREGATED_NAMES))
     if unaggregated and FLAGS["aggregator"].present and FLAGS.aggregator != "mean":
       raise UsageError(f"--aggregator applies to --methods={','.join(AGGREGATED)} only; "
                        f"{','.join(unaggregated)} has no server mean: run it apart")
-    if FLAGS.epsilon is None:
-      for name in DP_FLAGS:
-        if FLAGS[name].present:
-          raise UsageError(f"--{name} applies to private runs only: give --epsilon, or "
-                           f"drop --{name}")
-    else:
+    if FLAGS.epsilon is not None:
       common.check_epsilon("epsilon", FLAGS.epsilon, "unset it for a non-private run")
     preset = configs.PRESETS[FLAGS.dataset]
-
-    def given_or_preset(name):
-      value = FLAGS[name].value
-      return getattr(preset, name) if value is None else value
-
-    values = {name: given_or_preset(name) for name in (
-        "rounds", "batch_size", "clip", "lr", "delta", "num_clusters",
-        "clients_per_round", "hypothesis_init_std")}
-    values["lams"] = tuple(common.parse_numbers(FLAGS.lams, float, "lams") if FLAGS.lams
-                           else [preset.lam])
-    common.check_bounds(**values)
-    protocol, sampling = _protocol_and_sampling(preset)
+    values = SPEC.values()
+    for name in ("rounds", "batch_size", "clip", "lr", "delta", "num_clusters",
+                 "clients_per_round", "hypothesis_init_std"):
+      if values[name] is None:
+        values[name] = getattr(preset, name)
+    values["lams"] = SPEC.parsed("lams") or (preset.lam,)
+    values["seeds"] = tuple(common.parse_seeds(FLAGS.seeds))
+    SPEC.check_ranges(values)
+    values["protocol"], values["sampling"] = _protocol_and_sampling(preset)
+    values["standardize"] = _standardize()
     _check_clustering()
     _check_data_flags(preset)
     common.check_output(FLAGS.output, SIGNATURE)
@@ -280,28 +257,7 @@ class Settings:
       common.check_writable(FLAGS.ledger_csv, "ledger_csv")
     common.check_save_models()
     common.check_shards_flag(common.backend_for(FLAGS.backend))
-    return cls(
-        **values, seeds=tuple(common.parse_seeds(FLAGS.seeds)), protocol=protocol,
-        sampling=sampling, standardize=_standardize(),
-        given=json.dumps(common.flag_values(*GIVEN)),
-        **common.flag_values(
-            "methods", "dataset", "data_dir", "epsilon", "local_epochs", "noise",
-            "standardize_clip", "standardize_budget_share", "ledger_csv",
-            "outside_guarantee_metrics", "finetune_fraction", "corrupt_silos",
-            "corruption", "mask_probability", "eval_every", "selection_fraction",
-            "selection_budget_share", "nu", "leakage_cap",
-            "patience", "kmeans_iterations", "shards", "backend", "device", "xla",
-            "output", "resume", "save_models"))
-
-
-# The flags a row records as given (its `flags` column).
-GIVEN = ("methods", "dataset", "data_dir", "rounds", "epsilon", "delta", "lams", "lr",
-         "batch_size", "clip", "local_epochs", "sampling", "neighbouring",
-         "public_silo_sizes", "assumed_silo_size", "protocol", "accountant", "noise",
-         "standardize", "standardize_clip", "standardize_budget_share",
-         "finetune_fraction", "aggregator", "silo_epsilon", "silo_delta",
-         "aggregator_clip", "seeds", "mask_probability", "corrupt_silos", "corruption",
-         "backend", "device", "xla", *CLUSTER_FLAGS, *DPRIVATE_FLAGS)
+    return cls(**dict(values, aggregator=None), given=SPEC.given())
 
 
 def _protocol_and_sampling(preset):
@@ -393,8 +349,6 @@ def _check_data_flags(preset):
       raise UsageError(f"--data_dir {FLAGS.data_dir} is not a directory")
   else:
     common.check_applies("data_dir", TABULAR, [FLAGS.dataset], "--dataset")
-  common.check_applies("mask_probability", ["digits"], [FLAGS.dataset], "--dataset")
-  common.check_applies("corrupt_silos", REGRESSION, [FLAGS.dataset], "--dataset")
   if FLAGS["corruption"].present and not FLAGS.corrupt_silos:
     raise UsageError("--corruption applies with --corrupt_silos >= 1 only")
 
@@ -520,35 +474,24 @@ def _run_seed(seed, algorithm, lam, s) -> int:
 
 
 def _algorithm_flags(algorithm, s):
-  """The clustering settings a run of `algorithm` depends on."""
-  names = (CLUSTER_FLAGS if algorithm in IFCA_ALGORITHMS else DPRIVATE_FLAGS
-           if algorithm == "dprivate_clustering" else ())
-  return {name: getattr(s, name) for name in names}
+  """The clustering settings a run of `algorithm` depends on (row columns)."""
+  return {name: getattr(s, name) for name, param in SPEC.params.items()
+          if param.key == "only_where_applies" and SPEC.applies(name, s, algorithm)}
 
 
 def _run_key(seed, algorithm, lam, s):
-  """Identifies a run by everything that determines its result."""
-  clustering = _algorithm_flags(algorithm, s)
-  if clustering.get("hypothesis_init_std") == 1.0:   # every run's before the flag:
-    del clustering["hypothesis_init_std"]            # their keys stay the same
+  """Identifies a run by everything that determines its result: the settings
+  `SPEC` marks, and what it does not hold."""
+  key = SPEC.key(s, algorithm)
+  if key.get("hypothesis_init_std") == 1.0:   # every run's before the flag:
+    del key["hypothesis_init_std"]            # their keys stay the same
   return json.dumps(dict(
-      **clustering,
-      dataset=s.dataset, data_dir=s.data_dir, algorithm=algorithm, lam=lam,
-      seed=seed, rounds=s.rounds, epsilon=s.epsilon, delta=s.delta, lr=s.lr,
-      batch_size=s.batch_size, clip=s.clip, local_epochs=s.local_epochs,
-      sampling=s.sampling, **common.aggregator_key(),
+      key, algorithm=algorithm, lam=lam, seed=seed, **common.aggregator_key(),
       **_protocol_columns(s, private=s.private),
       # pld runs only: the keys (and noise) of rdp runs stay those of before
       **({"accountant": "pld"} if s.private and s.protocol.accountant == "pld" else {}),
       # private runs only: the keys of runs without DP stay those of before
       **({"noise": s.noise} if s.private else {}),
-      standardize=s.standardize,
-      standardize_clip=s.standardize_clip if s.standardize == "dp" else None,
-      standardize_budget_share=(s.standardize_budget_share
-                                if s.standardize == "dp" else None),
-      finetune_fraction=(s.finetune_fraction
-                         if algorithm in ("finetune", "ifca_finetune") else None),
-      mask_probability=s.mask_probability if s.dataset == "digits" else None,
       **_corruption(s)), sort_keys=True)
 
 

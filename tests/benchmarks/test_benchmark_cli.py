@@ -110,6 +110,15 @@ def test_data_dir_without_the_file(tmp_path):
 
 
 @pytest.mark.cli
+@pytest.mark.parametrize("binary", ["run", "hypernet"])
+def test_help_lists_the_binarys_own_and_shared_flags_and_exits_0(binary):
+  done = binaries.run(binary, "--help", fresh=True)   # absl's main module: the file
+  assert done.returncode == 0, done.stderr[-2000:]
+  for flag in ("--methods", "--rounds", "--backend", "--output"):
+    assert f"  {flag}:" in done.stdout, flag
+
+
+@pytest.mark.cli
 def test_tiny_run_writes_a_row_and_exits(tmp_path):
   out = tmp_path / "rows.csv"
   # capture_output waits for the pipes to close: a leaked worker would hang this.

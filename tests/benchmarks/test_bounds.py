@@ -1,11 +1,13 @@
-"""Flag ranges (`common.define_bounds` / `check_bounds`): one declaration beside
-the flag, named in its help, checked in one call with the one-line message."""
+"""Flag ranges (`common.define_bounds` / `check_bounds`, over `harness.spec`'s):
+one declaration beside the flag, named in its help, checked in one call with the
+one-line message."""
 
 import pytest
 from absl import flags
 from absl.testing import flagsaver
 
 from benchmarks import common
+from benchmarks.harness import spec
 
 FLAGS = flags.FLAGS
 flags.DEFINE_integer("bounds_test_count", 3, "A count.")
@@ -36,7 +38,7 @@ def _check(**values):
     ("(0, 0.5)", [0.25], [0.5, 0]),
 ])
 def test_a_range_admits_exactly_its_values(text, inside, outside):
-  test = common._interval(text)
+  test = spec.interval(text)
   assert all(test(v) for v in inside) and not any(test(v) for v in outside)
 
 

@@ -43,6 +43,8 @@ def _run(*args):
     (["--degree_figure", "--shards=2"], "error: --degree_figure draws Fig. 2.8 from the "
      "accountant alone: drop --shards"),
     (["--degree_figure", "--figures_dir=/proc/x"], "error: --figures_dir "),
+    (["--generated_dir=/proc/1/x"], "error: --generated_dir /proc/1/x: /proc/1 is not a "
+                                    "writable folder"),   # P19, P20: after the work
 ])
 def test_bad_flags_end_in_one_line(args, message):
   done = _run(*args)

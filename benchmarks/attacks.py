@@ -39,7 +39,6 @@ defense (its DP-SGD clip and silo 0's noise multiplier, or none).
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import json
 import math
@@ -54,6 +53,7 @@ from absl import flags
 from attacks.choices import DEFENSES, METHODS, MIA_ATTACKS, OPTIMIZERS
 from benchmarks import common, configs, plan, tables
 from benchmarks.common import UsageError
+from benchmarks.harness import spec
 
 PARTS = ("inversion", "membership")
 DATASETS = ("digits", "cifar10")
@@ -63,129 +63,97 @@ NON_PRIVATE = "inf"
 INVERSION_SIGNATURE = ("run_key", "method", "psnr")
 MEMBERSHIP_SIGNATURE = ("run_key", "algorithm", "auc")
 
-flags.DEFINE_list("parts", list(PARTS), f"Comma-separated, of {PARTS}.")
-flags.DEFINE_string("dataset", "digits", f"Inversion images, one of {DATASETS}.")
-flags.DEFINE_string("data_dir", None, "cifar10: folder holding cifar-10-batches-py.")
-flags.DEFINE_integer("image_size", 32, "Images are resized to this square size (digits "
-                     "are 8x8: 8 keeps them as they are).")
-flags.DEFINE_integer("images", 20, "Images attacked (each its own client step).")
-flags.DEFINE_list("methods", ["idlg", "dlg"], f"Comma-separated, of {METHODS}.")
-flags.DEFINE_string("optimizer", "lbfgs", f"One of {OPTIMIZERS}.")
-flags.DEFINE_integer("iterations", 300, "Optimizer iterations per attack.")
-flags.DEFINE_float("attack_lr", 0.1, "Adam's step size (L-BFGS has a line search).")
-flags.DEFINE_integer("batch_size", 1, "Examples in the attacked step (dlg only for > 1).")
-flags.DEFINE_list("defenses", list(DEFENSES), f"Comma-separated, of {DEFENSES}.")
-flags.DEFINE_list("nus", ["0.001", "0.01", "0.1", "1", "3", "5", "10"],
-                  "laplace: comma-separated noise multipliers nu.")
-flags.DEFINE_list("noise_multipliers", ["0.0001", "0.001", "0.003", "0.01", "0.1", "1"],
-                  "dp_sgd: comma-separated noise multipliers z.")
-flags.DEFINE_float("clip", 1.0, "dp_sgd and clip: the per-example L2 clip C.")
-flags.DEFINE_bool("clip_aware", True, "The attacker clips its dummy gradient to C too.")
-flags.DEFINE_float("lr", 0.1, "The client's SGD step size (update = -lr * g).")
-flags.DEFINE_float("delta", 1e-5, "delta of the reported dp_sgd epsilon.")
-flags.DEFINE_integer("seed", 0, "Seeds the model, the images, the dummies and the noise.")
-flags.DEFINE_integer("figure_images", 8, "Images shown in the reconstruction grids.")
-common.define_output_flags(
-    output=("attacks.csv", "Inversion CSV rows are appended to; reconstructions go to "
-            "<output>_images/."),
-    figures_dir=(".", "Folder for attacks_grid_<method>.png and attacks_curves.png."))
-flags.DEFINE_list("mia_methods", list(MIA_ALGORITHMS), f"Comma-separated, of "
-                  f"{MIA_ALGORITHMS}.")
-flags.DEFINE_list("mia_epsilons", [NON_PRIVATE, "1"], "Per-silo target epsilons of the "
-                  f"attacked models; {NON_PRIVATE} = non-private.")
-flags.DEFINE_list("mia_attacks", ["threshold"], f"Comma-separated, of {MIA_ATTACKS}; the "
-                  "best AUC is reported.")
-flags.DEFINE_integer("mia_rounds", None, "Rounds (default: the digits preset).")
-flags.DEFINE_float("mia_lam", None, "MR-MTL lambda (default: the digits preset).")
-flags.DEFINE_float("mia_test_fraction", 0.5, "Each silo's held-out share (the "
-                   "non-members).")
-common.define_output_flags(
-    mia_output=("membership.csv", "Membership CSV."),
-    mia_models=("mia_runs", "Where the fresh membership targets are saved "
-                "(tff_silo.runs) before they are attacked; `--run` attacks them again."))
-flags.DEFINE_string("mia_backend", "vectorized", "Backend training the membership "
-                    "targets: vectorized (one TF program for all silos) or tff.")
-flags.DEFINE_bool("resume", True, "Skip runs whose row is already in the CSV.")
-flags.DEFINE_string("run", None, "Attack the saved runs in this folder (or the one it "
-                    "is) instead of training new models: membership inference (the "
-                    "default --parts here) and, with --parts=inversion, gradient "
-                    "inversion of image runs.")
-flags.DEFINE_integer("lira_shadows", 0, "Membership: also the offline "
-                     "likelihood-ratio attack (attacks.lira) with this many shadow "
-                     "runs, trained as the attacked run was on random halves of every "
-                     "silo (0: off).")
+SPEC = spec.Spec(
+    parts=spec.strings(list(PARTS), "Comma-separated, of {choices}.", choices=PARTS),
+    dataset=spec.string("digits", "Inversion images, one of {choices}.",
+                        choices=DATASETS),
+    data_dir=spec.string(None, "cifar10: folder holding cifar-10-batches-py."),
+    image_size=spec.integer(32, "Images are resized to this square size (digits are "
+                            "8x8: 8 keeps them as they are).", bounds=">= 1"),
+    images=spec.integer(20, "Images attacked (each its own client step).",
+                        bounds=">= 1"),
+    methods=spec.strings(["idlg", "dlg"], "Comma-separated, of {choices}.",
+                         choices=METHODS),
+    optimizer=spec.string("lbfgs", "One of {choices}.", choices=OPTIMIZERS),
+    iterations=spec.integer(300, "Optimizer iterations per attack.", bounds=">= 1"),
+    attack_lr=spec.real(0.1, "Adam's step size (L-BFGS has a line search).",
+                        bounds="> 0"),
+    batch_size=spec.integer(1, "Examples in the attacked step (dlg only for > 1).",
+                            bounds=">= 1"),
+    defenses=spec.strings(list(DEFENSES), "Comma-separated, of {choices}.",
+                          choices=DEFENSES),
+    nus=spec.numbers(["0.001", "0.01", "0.1", "1", "3", "5", "10"], "laplace: "
+                     "comma-separated noise multipliers nu.", bounds="> 0"),
+    noise_multipliers=spec.numbers(["0.0001", "0.001", "0.003", "0.01", "0.1", "1"],
+                                   "dp_sgd: comma-separated noise multipliers z.",
+                                   bounds="> 0"),
+    clip=spec.real(1.0, "dp_sgd and clip: the per-example L2 clip C.", bounds="> 0"),
+    clip_aware=spec.boolean(True, "The attacker clips its dummy gradient to C too."),
+    lr=spec.real(0.1, "The client's SGD step size (update = -lr * g).", bounds="> 0"),
+    delta=spec.real(1e-5, "delta of the reported dp_sgd epsilon.", bounds="(0, 1)"),
+    seed=spec.integer(0, "Seeds the model, the images, the dummies and the noise.",
+                      bounds=">= 0"),
+    figure_images=spec.integer(8, "Images shown in the reconstruction grids.",
+                               bounds=">= 1"),
+    mia_methods=spec.strings(list(MIA_ALGORITHMS), "Comma-separated, of {choices}.",
+                             choices=MIA_ALGORITHMS),
+    mia_epsilons=spec.strings([NON_PRIVATE, "1"], "Per-silo target epsilons of the "
+                              f"attacked models; {NON_PRIVATE} = non-private.",
+                              bounds="> 0"),
+    mia_attacks=spec.strings(["threshold"], "Comma-separated, of {choices}; the best "
+                             "AUC is reported.", choices=MIA_ATTACKS),
+    mia_rounds=spec.integer(None, "Rounds (default: the digits preset).", bounds=">= 1"),
+    mia_lam=spec.real(None, "MR-MTL lambda (default: the digits preset).",
+                      bounds=">= 0"),
+    mia_test_fraction=spec.real(0.5, "Each silo's held-out share (the non-members).",
+                                bounds="(0, 1)"),
+    mia_backend=spec.string("vectorized", "Backend training the membership targets: "
+                            "vectorized (one TF program for all silos) or tff.",
+                            choices=("tff", "vectorized")),
+    resume=spec.boolean(True, "Skip runs whose row is already in the CSV."),
+    run=spec.string(None, "Attack the saved runs in this folder (or the one it is) "
+                    "instead of training new models: membership inference (the default "
+                    "--parts here) and, with --parts=inversion, gradient inversion of "
+                    "image runs."),
+    lira_shadows=spec.integer(0, "Membership: also the offline likelihood-ratio attack "
+                              "(attacks.lira) with this many shadow runs, trained as "
+                              "the attacked run was on random halves of every silo (0: "
+                              "off)."),
+    **common.output_group(
+        output=("attacks.csv", "Inversion CSV rows are appended to; reconstructions go "
+                "to <output>_images/."),
+        figures_dir=(".", "Folder for attacks_grid_<method>.png and attacks_curves.png."),
+        mia_output=("membership.csv", "Membership CSV."),
+        mia_models=("mia_runs", "Where the fresh membership targets are saved "
+                    "(tff_silo.runs) before they are attacked; `--run` attacks them "
+                    "again.")),
+)
+SPEC.define()
 common.define_renamed_flags(
     client_lr="lr", figures="figures_dir", method="methods", defense="defenses",
     nu="nus", noise_multiplier="noise_multipliers", mia_algorithm="mia_methods",
     mia_epsilon="mia_epsilons", mia_attack="mia_attacks")
-common.define_bounds(
-    image_size=">= 1", images=">= 1", iterations=">= 1", batch_size=">= 1",
-    figure_images=">= 1", attack_lr="> 0", clip="> 0", lr="> 0", delta="(0, 1)",
-    seed=">= 0", nus="> 0", noise_multipliers="> 0", mia_epsilons="> 0",
-    mia_test_fraction="(0, 1)", mia_rounds=">= 1", mia_lam=">= 0")
-flags.adopt_module_key_flags(common)   # --help lists the shared flags too
 
 FLAGS = flags.FLAGS
 
 
-@dataclasses.dataclass(frozen=True)
-class Settings:
-  """`benchmarks.attacks`' flags, checked (`from_flags`): the lists parsed
-  (`mia_epsilons` with inf for non-private), `parts` resolved (--run alone:
-  membership), `mia_rounds` and `mia_lam` filled from the digits `preset`."""
-  parts: tuple
-  dataset: str
-  data_dir: str | None
-  image_size: int
-  images: int
-  methods: tuple
-  optimizer: str
-  iterations: int
-  attack_lr: float
-  batch_size: int
-  defenses: tuple
-  nus: tuple
-  noise_multipliers: tuple
-  clip: float
-  clip_aware: bool
-  lr: float
-  delta: float
-  seed: int
-  figure_images: int
-  output: str
-  figures_dir: str
-  mia_output: str
-  mia_models: str
-  mia_methods: tuple
-  mia_epsilons: tuple
-  mia_attacks: tuple
-  mia_rounds: int
-  mia_lam: float
-  mia_test_fraction: float
-  mia_backend: str
-  resume: bool
-  run: str | None
-  lira_shadows: int
-  preset: object   # configs.Preset of digits: the membership targets' settings
+class Settings(SPEC.settings_class("_Fields", ("preset", object), module=__name__)):
+  """`benchmarks.attacks`' settings (`SPEC`), checked (`from_flags`): the lists
+  parsed (`mia_epsilons` with inf for non-private), `parts` resolved (--run alone:
+  membership), `mia_rounds` and `mia_lam` filled from the digits `preset` (the
+  membership targets' settings)."""
 
   @classmethod
   def from_flags(cls) -> "Settings":
     """Checks the flags; a UsageError names the first bad one."""
-    common.check_among("parts", FLAGS.parts, PARTS)
-    common.check_one_of("dataset", FLAGS.dataset, DATASETS)
-    common.check_among("methods", FLAGS.methods, METHODS)
-    common.check_one_of("optimizer", FLAGS.optimizer, OPTIMIZERS)
-    common.check_among("defenses", FLAGS.defenses, DEFENSES)
-    common.check_among("mia_methods", FLAGS.mia_methods, MIA_ALGORITHMS)
-    common.check_among("mia_attacks", FLAGS.mia_attacks, MIA_ATTACKS)
-    common.check_one_of("mia_backend", FLAGS.mia_backend, ("tff", "vectorized"))
-    nus = common.parse_numbers(FLAGS.nus, float, "nus")
-    zs = common.parse_numbers(FLAGS.noise_multipliers, float, "noise_multipliers")
+    SPEC.check_choices()
     epsilons = [math.inf if e == NON_PRIVATE else
                 common.parse_numbers([e], float, "mia_epsilons")[0]
                 for e in FLAGS.mia_epsilons]
     common.check_unique("mia_epsilons", epsilons)
-    common.check_bounds(nus=nus, noise_multipliers=zs, mia_epsilons=epsilons)
+    values = dict(SPEC.values(), nus=SPEC.parsed("nus"), mia_epsilons=tuple(epsilons),
+                  noise_multipliers=SPEC.parsed("noise_multipliers"))
+    SPEC.check_ranges(values)
     parts = FLAGS.parts
     if FLAGS.run is not None:
       if not FLAGS["parts"].present:
@@ -228,15 +196,8 @@ class Settings:
                                "figures_dir")
     if "membership" in parts:
       common.check_output(FLAGS.mia_output, MEMBERSHIP_SIGNATURE, "mia_output")
-    return cls(
-        parts=tuple(parts), nus=tuple(nus), noise_multipliers=tuple(zs),
-        mia_epsilons=tuple(epsilons), mia_rounds=rounds, mia_lam=lam, preset=preset,
-        **common.flag_values(
-            "methods", "defenses", "mia_methods", "mia_attacks", "dataset", "data_dir",
-            "image_size", "images", "optimizer", "iterations", "attack_lr",
-            "batch_size", "clip", "clip_aware", "lr", "delta", "seed", "figure_images",
-            "output", "figures_dir", "mia_output", "mia_models", "mia_test_fraction",
-            "mia_backend", "resume", "run", "lira_shadows"))
+    return cls(**dict(values, parts=tuple(parts), mia_rounds=rounds, mia_lam=lam),
+               preset=preset)
 
 
 # --- inversion ----------------------------------------------------------------------

@@ -28,13 +28,13 @@ nor anything of other canaries, attacks or released quantities.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import time
 
 from absl import flags
 
 from benchmarks import common, configs
 from benchmarks.common import UsageError
+from benchmarks.harness import spec
 
 FLAGS = flags.FLAGS
 PRESETS = ("quick", "school")
@@ -49,66 +49,49 @@ NUM_CLUSTERS = 2   # IFCA's clusters (the quick silos have none; School's are un
 MUTATIONS = ("noise_div4", "rate_x2")
 THREAT_MODEL = ("white-box, final silo models: one canary feature per canary example "
                 "(add/remove one example), its coordinate of its silo's model as score")
-flags.DEFINE_string("preset", "quick", f"One of {PRESETS}: the quick preset's synthetic "
-                    "linear-regression silos (all 60 training examples of each), or "
-                    "School (needs --data_dir); their batch size, clip, rounds and lr.")
-flags.DEFINE_string("data_dir", None, "--preset=school: the folder with school.mat.")
-flags.DEFINE_list("methods", ["local", "fedavg", "mrmtl", "ditto"],
-                  f"Methods audited, among {METHODS}.")
-flags.DEFINE_float("epsilon", 1.0, "Each silo's target epsilon.")
-flags.DEFINE_float("delta", 1e-5, "Each silo's delta. The bound pays 2 m delta (m the "
-                   "canaries): at 1,000 canaries a delta of 1e-3 leaves it nothing.")
-flags.DEFINE_integer("rounds", None, "Rounds (default: the preset's).")
-flags.DEFINE_float("lr", None, "Client learning rate (default: the preset's).")
-flags.DEFINE_float("lam", 1.0, "lambda of MR-MTL and Ditto.")
-flags.DEFINE_integer("canaries", 1000, "m, canaries (each included with probability "
-                     "1/2).")
-flags.DEFINE_integer("guesses", 100, "k: the k highest scores are guessed in, the k "
-                     "lowest out (2k guesses).")
-flags.DEFINE_float("confidence", 0.95, "Confidence of the lower bound.")
-flags.DEFINE_integer("seed", 0, "Seed of the data, the canaries' inclusion and the runs.")
-flags.DEFINE_list("mutations", [], f"Deliberately broken runs to add, among {MUTATIONS} "
-                  "(their rows say so).")
-common.define_output_flags(
-    output=("audit.csv", "CSV rows are appended to."),
-    plot=("audit.png", "Figure: reported against audited epsilon."))
-common.define_bounds(epsilon="> 0", delta="(0, 1)", rounds=">= 1", lr="> 0", lam="> 0",
-                     canaries=">= 2", guesses=">= 1", confidence="(0, 1)")
-flags.adopt_module_key_flags(common)
+SPEC = spec.Spec(
+    preset=spec.string("quick", "One of {choices}: the quick preset's synthetic "
+                       "linear-regression silos (all 60 training examples of each), or "
+                       "School (needs --data_dir); their batch size, clip, rounds and "
+                       "lr.", choices=PRESETS),
+    data_dir=spec.string(None, "--preset=school: the folder with school.mat."),
+    methods=spec.strings(["local", "fedavg", "mrmtl", "ditto"], "Methods audited, among "
+                         "{choices}.", choices=METHODS),
+    epsilon=spec.real(1.0, "Each silo's target epsilon.", bounds="> 0"),
+    delta=spec.real(1e-5, "Each silo's delta. The bound pays 2 m delta (m the "
+                    "canaries): at 1,000 canaries a delta of 1e-3 leaves it nothing.",
+                    bounds="(0, 1)"),
+    rounds=spec.integer(None, "Rounds (default: the preset's).", bounds=">= 1"),
+    lr=spec.real(None, "Client learning rate (default: the preset's).", bounds="> 0"),
+    lam=spec.real(1.0, "lambda of MR-MTL and Ditto.", bounds="> 0"),
+    canaries=spec.integer(1000, "m, canaries (each included with probability 1/2).",
+                          bounds=">= 2"),
+    guesses=spec.integer(100, "k: the k highest scores are guessed in, the k lowest "
+                         "out (2k guesses).", bounds=">= 1"),
+    confidence=spec.real(0.95, "Confidence of the lower bound.", bounds="(0, 1)"),
+    seed=spec.integer(0, "Seed of the data, the canaries' inclusion and the runs."),
+    mutations=spec.strings([], "Deliberately broken runs to add, among {choices} (their "
+                           "rows say so).", choices=MUTATIONS),
+    **common.output_group(
+        output=("audit.csv", "CSV rows are appended to."),
+        plot=("audit.png", "Figure: reported against audited epsilon.")),
+)
+SPEC.define()
 
 SIGNATURE = ("method", "epsilon_reported", "epsilon_lower")
 
 
-@dataclasses.dataclass(frozen=True)
-class Settings:
-  """`benchmarks.audit`'s flags, checked (`from_flags`)."""
-  preset: str
-  data_dir: str | None
-  methods: tuple
-  epsilon: float
-  delta: float
-  rounds: int
-  lr: float
-  lam: float
-  batch_size: int
-  clip: float
-  assumed_silo_size: int
-  canaries: int
-  guesses: int
-  confidence: float
-  seed: int
-  mutations: tuple
-  output: str
-  plot: str
+class Settings(SPEC.settings_class("_Fields", ("batch_size", int), ("clip", float),
+                                   ("assumed_silo_size", int), module=__name__)):
+  """`benchmarks.audit`'s settings (`SPEC`), checked (`from_flags`), the preset's
+  rounds and lr filled in, its batch size, clip and public silo size beside them."""
 
   @classmethod
   def from_flags(cls) -> "Settings":
     """Checks the flags; raises UsageError."""
-    common.check_one_of("preset", FLAGS.preset, PRESETS)
-    common.check_among("methods", FLAGS.methods, METHODS)
-    if FLAGS.mutations:
-      common.check_among("mutations", FLAGS.mutations, MUTATIONS)
+    SPEC.check_choices()
     common.check_epsilon("epsilon", FLAGS.epsilon, "the audit needs a private run")
+    SPEC.check_ranges({})
     if FLAGS.preset == "school" and not FLAGS.data_dir:
       raise UsageError("--preset=school needs --data_dir (the folder with school.mat)")
     if FLAGS.preset != "school" and FLAGS.data_dir:
@@ -124,14 +107,9 @@ class Settings:
     else:
       preset = configs.PRESETS["school"]
       size, lr = preset.assumed_silo_size, preset.lr
-    return cls(
-        preset=FLAGS.preset, data_dir=FLAGS.data_dir, methods=tuple(FLAGS.methods),
-        epsilon=FLAGS.epsilon, delta=FLAGS.delta,
-        rounds=FLAGS.rounds or preset.rounds, lr=FLAGS.lr or lr, lam=FLAGS.lam,
-        batch_size=preset.batch_size, clip=preset.clip, assumed_silo_size=size,
-        canaries=FLAGS.canaries, guesses=FLAGS.guesses, confidence=FLAGS.confidence,
-        seed=FLAGS.seed, mutations=tuple(FLAGS.mutations), output=FLAGS.output,
-        plot=FLAGS.plot)
+    return cls(**dict(SPEC.values(), rounds=FLAGS.rounds or preset.rounds,
+                      lr=FLAGS.lr or lr),
+               batch_size=preset.batch_size, clip=preset.clip, assumed_silo_size=size)
 
 
 def _silos(s):

@@ -10,7 +10,7 @@ import os
 import sys
 import tempfile
 import warnings
-from typing import Optional
+from typing import Callable, Optional
 
 from absl import app
 from absl import flags
@@ -55,28 +55,26 @@ def flag_values(*names) -> dict:
           else FLAGS[name].value for name in names}
 
 
-_BOUNDS = {}   # flag name -> (its range as text, the module whose define_bounds
-               # gave it)
-
-
 def define_bounds(**ranges) -> None:
-  """The allowed range of numeric flags, `name=">= 1"`, `"> 0"`, `"(0, 1)"`,
-  `"(0, 1]"` ...: added to the flag's help and checked by `check_bounds`."""
+  """The allowed range of numeric flags defined without a `Spec`, `name=">= 1"`,
+  `"> 0"`, `"(0, 1)"`, `"(0, 1]"` ...: added to the flag's help and checked by
+  `check_bounds` (`spec.RANGES`, where a `Spec`'s ranges are too)."""
   module = sys._getframe(1).f_globals["__name__"]
   for name, text in ranges.items():
-    _BOUNDS[name] = (text, module)
+    spec.interval(text)
+    spec.RANGES[name] = (text, module)
     FLAGS[name].help += f" Range: {text}."
 
 
 def check_bounds(*names, **values) -> None:
-  """UsageError for the first flag out of its range (`define_bounds`), of `names`
+  """UsageError for the first flag out of its range (`spec.RANGES`), of `names`
   (default: every range the calling module defined; a process may hold several
   binaries' flags): checked is its value in `values` (a number, or the parsed
   values of a list flag; a setting resolved from a preset) or else the flag's own;
   None (unset) passes."""
   caller = sys._getframe(1).f_globals["__name__"]
-  for name in names or [n for n, bound in _BOUNDS.items() if bound[1] == caller]:
-    spec.check_range(name, _BOUNDS[name][0],
+  for name in names or [n for n, bound in spec.RANGES.items() if bound[1] == caller]:
+    spec.check_range(name, spec.RANGES[name][0],
                      values[name] if name in values else FLAGS[name].value)
 
 
@@ -144,56 +142,103 @@ def check_among(name, values, allowed) -> None:
   check_unique(name, values)
 
 
+# The groups of settings binaries share, one name per concept: a binary's `SPEC`
+# takes them in (`spec.options` changes what it records or what they apply to).
 BACKENDS = ("auto", "tff", "vectorized")
 DEVICES = ("auto", "cpu", "gpu")
-def define_backend_flags(vectorized_runs: str) -> None:
-  """Defines --backend and --device for a binary whose runs have both backends;
-  `vectorized_runs` says what the vectorized backend runs of it."""
-  flags.DEFINE_string("backend", "auto", f"One of {BACKENDS}: 'tff' runs TFF's runtime "
-                      "(the reference), 'vectorized' each round as one TensorFlow "
-                      f"program (the same numbers; {vectorized_runs}); 'auto': the "
-                      "vectorized one.")
-  flags.DEFINE_string("device", "auto", f"One of {DEVICES}: where the vectorized "
-                      "backend runs ('auto': a GPU if TensorFlow sees one).")
-  flags.DEFINE_boolean("xla", False, "Compile the vectorized backend's rounds with "
-                       "XLA (jit_compile=True: static shapes, the same numbers to "
-                       "float32 rounding, one compilation per data shape), as a TPU "
-                       "needs. Off by default: on a 2-core "
-                       "CPU School's rounds take as long, the CNN rounds (DP digits, "
-                       "the hypernetwork) 5-7x longer (benchmarks/RESULTS.md).")
-  define_executor_flags()
+EXECUTORS = ("local", "ray")   # `benchmarks.executors`
+RAY_INSTALL = "uv sync --extra ray"
 
 
-def define_executor_flags() -> None:
-  """--executor and the Ray cluster's flags (`benchmarks.executors`)."""
-  from benchmarks import executors   # no Ray: names only
-  flags.DEFINE_string("executor", "local", f"One of {executors.EXECUTORS}: where the "
-                      "batches of runs go. 'local' runs them in this process; 'ray' "
-                      "sends each as a task to a Ray cluster (--ray_address; needs "
-                      f"`{executors.INSTALL}`). The rows are the same; only this "
-                      "process writes them.")
-  flags.DEFINE_string("ray_address", "auto", "With --executor=ray: host:port of the "
-                      "cluster's head (`ray start --head` prints it; it wins over "
-                      "RAY_ADDRESS), or 'auto': the cluster RAY_ADDRESS names, else "
-                      "one running on this machine, else a new local one of its CPUs.")
-  flags.DEFINE_float("ray_cpus_per_task", 1.0, "With --executor=ray: the CPUs each "
-                     "batch asks for (the cluster runs CPUs / this batches at once on "
-                     "a machine).")
-  flags.DEFINE_float("ray_gpus_per_task", 0.0, "With --executor=ray: the GPUs each "
-                     "batch asks for (fractions share one).")
-  define_bounds(ray_cpus_per_task="> 0", ray_gpus_per_task=">= 0")
+def backend_group(vectorized_runs: str) -> dict:
+  """--backend, --device and --xla for a binary whose runs have both backends
+  (`vectorized_runs`: what the vectorized backend runs of it), and the executor's
+  flags (`EXECUTOR_GROUP`)."""
+  return dict(
+      backend=spec.string("auto", "One of {choices}: 'tff' runs TFF's runtime (the "
+                          "reference), 'vectorized' each round as one TensorFlow "
+                          f"program (the same numbers; {vectorized_runs}); 'auto': the "
+                          "vectorized one.", choices=BACKENDS),
+      device=spec.string("auto", "One of {choices}: where the vectorized backend runs "
+                         "('auto': a GPU if TensorFlow sees one).", choices=DEVICES),
+      xla=spec.boolean(False, "Compile the vectorized backend's rounds with XLA "
+                       "(jit_compile=True: static shapes, the same numbers to float32 "
+                       "rounding, one compilation per data shape), as a TPU needs. Off "
+                       "by default: on a 2-core CPU School's rounds take as long, the "
+                       "CNN rounds (DP digits, the hypernetwork) 5-7x longer "
+                       "(benchmarks/RESULTS.md)."),
+      **EXECUTOR_GROUP)
 
 
-def define_shards_flag(silos: str) -> None:
+EXECUTOR_GROUP = dict(   # `benchmarks.executors.from_flags`
+    executor=spec.string("local", "One of {choices}: where the batches of runs go. "
+                         "'local' runs them in this process; 'ray' sends each as a "
+                         "task to a Ray cluster (--ray_address; needs "
+                         f"`{RAY_INSTALL}`). The rows are the same; only this process "
+                         "writes them.", choices=EXECUTORS, given=False),
+    ray_address=spec.string("auto", "With --executor=ray: host:port of the cluster's "
+                            "head (`ray start --head` prints it; it wins over "
+                            "RAY_ADDRESS), or 'auto': the cluster RAY_ADDRESS names, "
+                            "else one running on this machine, else a new local one of "
+                            "its CPUs.", given=False),
+    ray_cpus_per_task=spec.real(1.0, "With --executor=ray: the CPUs each batch asks for "
+                                "(the cluster runs CPUs / this batches at once on a "
+                                "machine).", bounds="> 0", given=False),
+    ray_gpus_per_task=spec.real(0.0, "With --executor=ray: the GPUs each batch asks for "
+                                "(fractions share one).", bounds=">= 0", given=False),
+)
+
+
+def shards_group(silos: str) -> dict:
   """--shards (`tff_silo.sharding`): one run's `silos` across shards."""
-  flags.DEFINE_integer("shards", 0, f"0: each run trains in one process. N >= 1: each "
-                       f"run's {silos} are split into N shards that load and train "
-                       "their own where they run (tff_silo.sharding; with "
-                       "--executor=ray, Ray actors spread over the cluster's machines; "
-                       "with local, in this process), this process keeping the server "
-                       "model and the ledgers: the same rows, to float32 rounding. "
-                       f"Vectorized backend; at most the run's {silos}.")
-  define_bounds(shards="[0, 4096]")
+  return dict(shards=spec.integer(
+      0, f"0: each run trains in one process. N >= 1: each run's {silos} are split "
+      "into N shards that load and train their own where they run (tff_silo.sharding; "
+      "with --executor=ray, Ray actors spread over the cluster's machines; with local, "
+      "in this process), this process keeping the server model and the ledgers: the "
+      f"same rows, to float32 rounding. Vectorized backend; at most the run's {silos}.",
+      bounds="[0, 4096]", given=False))
+
+
+def aggregator_group() -> dict:
+  """--aggregator and its settings (`tff_silo.aggregators`)."""
+  from tff_silo import aggregators   # no TensorFlow: names only
+  return dict(
+      aggregator=spec.string("mean", "The server's aggregator: one of "
+                             f"{', '.join(aggregators.BUILTINS)} (tff_silo.aggregators), "
+                             "or module.path:callable naming a tff.aggregators factory "
+                             "(or a callable returning one). Any but the plain means "
+                             "runs on TFF's runtime."),
+      silo_epsilon=spec.real(None, "--aggregator=dp_fixed|dp_adaptive: the silo-level "
+                             "epsilon (add/remove one silo's whole update) their noise "
+                             "is calibrated to over all rounds."),
+      silo_delta=spec.real(1e-3, "--aggregator=dp_fixed|dp_adaptive: the silo-level "
+                           "delta.", bounds="(0, 1)"),
+      aggregator_clip=spec.real(1.0, "--aggregator=dp_fixed: the L2 clip of a silo's "
+                                "update (dp_adaptive: its initial clip).", bounds="> 0"))
+
+
+def save_models_group(what: str) -> dict:
+  """--save_models: where `what` (each run or trial) is saved (`tff_silo.runs`)."""
+  return dict(save_models=spec.string(
+      None, f"Save {what}'s silo models, data recipe and privacy (tff_silo.runs) in a "
+      "folder of its own under this one, for `benchmarks.attacks --run`; rows say where "
+      "(`saved_to`).", given=False))
+
+
+OUTPUT_DIR = os.path.join("benchmarks", "out")   # git ignores it
+
+
+def output_group(**paths) -> dict:
+  """--output_dir, and a path flag for each `name=(file name, help)` whose default
+  is that file (or folder; "." is --output_dir itself) under --output_dir, so that
+  no run writes outside one ignored folder unless told to (`resolve_output_flags`)."""
+  return dict(
+      output_dir=spec.string(OUTPUT_DIR, "Folder every output goes to unless its own "
+                             "flag names another path (git ignores the default).",
+                             given=False),
+      **{name: spec.string(None, help_text, output=file_name, given=False)
+         for name, (file_name, help_text) in paths.items()})
 
 
 def check_shards_flag(backend: str) -> None:
@@ -203,26 +248,6 @@ def check_shards_flag(backend: str) -> None:
   if FLAGS.shards and backend != "vectorized":
     raise UsageError(f"--shards runs on the vectorized backend, not "
                      f"--backend={FLAGS.backend}")
-
-
-def executor(workers: int = 1, thread_scope=None):
-  """The executor the flags name (`workers` and `thread_scope`: the local one's;
-  `benchmarks.executors`), a cluster joined now: a one-line UsageError for a
-  missing Ray, an unreachable address, Ray flags without --executor=ray, or files
-  a batch writes (--save_models, --ledger_csv) on a cluster of several machines."""
-  from benchmarks import executors
-  check_one_of("executor", FLAGS.executor, executors.EXECUTORS)
-  check_bounds("ray_cpus_per_task", "ray_gpus_per_task")
-  if FLAGS.executor != "ray":
-    for name in ("ray_address", "ray_cpus_per_task", "ray_gpus_per_task"):
-      if FLAGS[name].present:
-        raise UsageError(f"--{name} applies with --executor=ray only")
-  chosen = executors.make(FLAGS.executor, address=FLAGS.ray_address,
-                          cpus=FLAGS.ray_cpus_per_task, gpus=FLAGS.ray_gpus_per_task,
-                          workers=workers, thread_scope=thread_scope)
-  executors.check_files_written(chosen, [name for name in ("save_models", "ledger_csv")
-                                         if name in FLAGS and FLAGS[name].value])
-  return chosen
 
 
 def check_backend(backend: str, device: str, xla: bool = False) -> None:
@@ -260,24 +285,6 @@ def backend_for(backend: str, aggregator=None) -> str:
   return "vectorized" if backend == "auto" else backend
 
 
-def define_aggregator_flags() -> None:
-  """--aggregator and its settings (`tff_silo.aggregators`)."""
-  from tff_silo import aggregators   # no TensorFlow: names only
-  flags.DEFINE_string("aggregator", "mean", f"The server's aggregator: one of "
-                      f"{', '.join(aggregators.BUILTINS)} (tff_silo.aggregators), or "
-                      "module.path:callable naming a tff.aggregators factory (or a "
-                      "callable returning one). Any but the plain means runs on TFF's "
-                      "runtime.")
-  flags.DEFINE_float("silo_epsilon", None, "--aggregator=dp_fixed|dp_adaptive: the "
-                     "silo-level epsilon (add/remove one silo's whole update) their "
-                     "noise is calibrated to over all rounds.")
-  flags.DEFINE_float("silo_delta", 1e-3, "--aggregator=dp_fixed|dp_adaptive: the "
-                     "silo-level delta.")
-  flags.DEFINE_float("aggregator_clip", 1.0, "--aggregator=dp_fixed: the L2 clip of a "
-                     "silo's update (dp_adaptive: its initial clip).")
-  define_bounds(silo_delta="(0, 1)", aggregator_clip="> 0")
-
-
 def check_aggregator_flags() -> None:
   """UsageError for --aggregator settings that cannot go together."""
   from tff_silo import aggregators
@@ -298,18 +305,25 @@ def check_aggregator_flags() -> None:
   check_bounds("silo_delta", "aggregator_clip")
 
 
-def define_save_models_flag(what: str) -> None:
-  """--save_models: where `what` (each run or trial) is saved (`tff_silo.runs`)."""
-  flags.DEFINE_string("save_models", None, f"Save {what}'s silo models, data recipe "
-                      "and privacy (tff_silo.runs) in a folder of its own under this "
-                      "one, for `benchmarks.attacks --run`; rows say where (`saved_to`).")
-
-
 def check_save_models() -> None:
   """Before any work: --save_models names a folder that exists or can be made, and
   is writable (a trained run's row was lost at the save)."""
   if FLAGS.save_models is not None:
     check_folder(FLAGS.save_models, "save_models")
+
+
+def saved_or_reported(save: Callable[[], str], what: str) -> Optional[str]:
+  """`save()`'s folder (`tff_silo.runs.save`, which leaves no partial folder); where
+  the disk refuses it (an OSError: no space left, a folder gone read-only), one
+  line on stderr naming `what`, and None: the run's row is kept without its models
+  (a trained row was lost at the save: RELIABILITY_CASES D3)."""
+  try:
+    return save()
+  except OSError as e:
+    print(f"error: the models of {what} could not be saved ({e.strerror or e}); its "
+          "row is kept without them (saved_to empty): to save them, make room, "
+          "remove the row and run the command again", file=sys.stderr, flush=True)
+    return None
 
 
 def check_folder(folder: str, flag: str) -> None:
@@ -516,21 +530,10 @@ def check_output(path: str, signature=(), flag: str = "output") -> None:
     read_rows(path, signature, flag)
 
 
-OUTPUT_DIR = os.path.join("benchmarks", "out")   # git ignores it
-_OUTPUT_NAMES = {}   # path flag -> its file or folder name under --output_dir
-
-
 def define_output_flags(**paths) -> None:
-  """--output_dir, and a path flag for each `name=(file name, help)` whose default
-  is that file (or folder; "." is --output_dir itself) under --output_dir, so that
-  no run writes outside one ignored folder unless told to (`resolve_output_flags`)."""
-  if "output_dir" not in FLAGS:
-    flags.DEFINE_string("output_dir", OUTPUT_DIR, "Folder every output goes to unless "
-                        "its own flag names another path (git ignores the default).")
-  for name, (file_name, help_text) in paths.items():
-    _OUTPUT_NAMES[name] = file_name
-    where = "--output_dir" if file_name == "." else f"--output_dir/{file_name}"
-    flags.DEFINE_string(name, None, f"{help_text} (default: {where})")
+  """`output_group(**paths)`'s flags, as the calling module's (a binary without a
+  `Spec` of its own)."""
+  spec.Spec(output_group(**paths)).define(module_name=spec.calling_module())
 
 
 def output_dir() -> str:
@@ -542,9 +545,9 @@ def output_dir() -> str:
 
 
 def resolve_output_flags() -> None:
-  """Sets every path flag of `define_output_flags` left unset to its file under
+  """Sets every path flag of `output_group` left unset to its file under
   --output_dir (`run_main` does this before the binary's main)."""
-  for name, file_name in _OUTPUT_NAMES.items():
+  for name, file_name in spec.OUTPUTS.items():
     if FLAGS[name].value is None:
       FLAGS[name].value = os.path.normpath(os.path.join(output_dir(), file_name))
 

@@ -90,6 +90,7 @@ from benchmarks import common, configs, executors, grid, plan, tables
 from benchmarks.grid import (LAMBDA_METHODS, METHODS, TUNING, TUNING_MODES,
                              TUNING_PRIVATE, UNTUNED)
 from benchmarks.common import UsageError
+from benchmarks.harness import spec
 from tff_silo.algorithms import method_names   # no TensorFlow imported
 from tff_silo.privacy.pld import ACCOUNTANTS
 
@@ -109,73 +110,78 @@ DATA_FILES = {"school": "school.mat", "vehicle": "vehicle.mat or the Vehicle JSO
 MASKED_DATASETS = ("digits", "fmnist")   # rotated & masked: --mask_probability
 
 FLAGS = flags.FLAGS
-flags.DEFINE_string("preset", "quick", f"One of {PRESETS}: the grid and settings.")
-flags.DEFINE_string("data_dir", None, "Folder with the preset's files (school.mat; "
-                    "vehicle.mat or the Vehicle JSON; Fashion-MNIST's IDX files).")
-flags.DEFINE_list("methods", None, f"Methods, of {METHODS} (default: the preset's).")
-flags.DEFINE_list("epsilons", None, "Per-silo epsilons; inf = non-private (default: "
-                  "the preset's).")
-flags.DEFINE_list("seeds", None, "Seeds (data split, sampling, noise).")
-flags.DEFINE_list("lrs", None, "Client learning rates tuned over.")
-flags.DEFINE_list("lams", None, "Lambdas tuned over (mrmtl, ditto).")
-flags.DEFINE_integer("rounds", None, "Rounds T.")
-flags.DEFINE_integer("batch_size", None, "Local batch size B.")
-flags.DEFINE_float("clip", None, "Per-example L2 clip under DP.")
-flags.DEFINE_float("delta", None, "Per-silo delta.")
-flags.DEFINE_float("validation_fraction", None, "Share of each silo's training "
-                   "examples held out to tune on.")
-flags.DEFINE_float("mask_probability", None, "digits, fmnist: the probability of each "
-                   "of a silo's white patches (thesis Fig. 1.6: 0, 0.2, 0.4; default: "
-                   "the dataset's 0.1).")
-flags.DEFINE_string("tuning", "free", f"One of {TUNING_MODES} (see the module doc).")
-flags.DEFINE_string("accountant", "rdp", "Private cells' accountant: rdp, or pld "
-                    "(privacy loss distributions where they express every query of a "
-                    "silo, the smaller bound; --tuning=free only, the hypernetwork stays "
-                    "on rdp). Rows say which.")
-flags.DEFINE_bool("membership", False, "Also attack every trial's silo models with "
-                  "membership inference (attacks.membership, threshold attack: each "
-                  "silo's training vs test examples); the selected rows and a table and "
-                  "figure of leakage report it beside utility.")
-flags.DEFINE_float("tuning_eta", 1.0, "--tuning=private: shape eta (> -1) of the "
-                   "truncated negative binomial number of trials.")
-flags.DEFINE_float("mean_trials", 10.0, "--tuning=private: E[h], trials per cell (> 1).")
-flags.DEFINE_float("score_budget_share", 0.1, "--tuning=private: the share of epsilon "
-                   "one validation score alone would spend (sets its noise).")
-flags.DEFINE_float("score_clip", None, "--tuning=private: per-example validation "
-                   "metrics are clipped to [0, score_clip] (default: the preset's).")
-common.define_backend_flags("every method here")
-common.define_aggregator_flags()   # the server step of every method but hypernet
-common.define_output_flags(figures_dir=(".", "Folder of the figures."))
-flags.DEFINE_string("output", None, "CSV rows are appended to (default: "
-                    "--output_dir/compare_<preset>.csv).")
-common.define_save_models_flag("every trial (private tuning: every selected trial)")
-flags.DEFINE_string("trials_output", None, "--tuning=private: also write every trial's "
-                    "row to this CSV, outside the guarantee (each row's "
-                    "epsilon_if_released: releasing every trial of its cell).")
-flags.DEFINE_string("table", None, "Markdown table path (default: "
-                    "--output_dir/compare_<preset>[_private].md).")
-flags.DEFINE_integer("concurrent_batches", 2, "With --executor=local, on the "
-                     "vectorized backend, how many batches of stacked trials run at "
-                     "once, each in its own thread (rows written in order; the same "
-                     "numbers as one at a time). A round keeps about one core busy, so "
-                     "2 uses a 2-core machine (1.1x on School's grid, 1.6x on the quick "
-                     "preset) at up to twice the memory. TFF's runtime runs one batch "
-                     "at a time.")
-common.define_bounds(
-    lrs="> 0", lams="> 0", rounds=">= 1", batch_size=">= 1", clip="> 0",
-    delta="(0, 1)", validation_fraction="(0, 1)", tuning_eta="> -1",
-    mean_trials="(1, 1000]", score_budget_share="(0, 1)", score_clip="> 0",
-    concurrent_batches="[1, 64]", mask_probability="[0, 1)")
-flags.adopt_module_key_flags(common)   # --help lists the shared flags too
+SPEC = spec.Spec(
+    preset=spec.string("quick", "One of {choices}: the grid and settings.",
+                       choices=PRESETS),
+    data_dir=spec.string(None, "Folder with the preset's files (school.mat; vehicle.mat "
+                         "or the Vehicle JSON; Fashion-MNIST's IDX files)."),
+    methods=spec.strings(None, "Methods, of {choices} (default: the preset's).",
+                         choices=METHODS),
+    epsilons=spec.strings(None, "Per-silo epsilons; inf = non-private (default: the "
+                          "preset's)."),
+    seeds=spec.numbers(None, "Seeds (data split, sampling, noise).", item=int),
+    lrs=spec.numbers(None, "Client learning rates tuned over.", bounds="> 0"),
+    lams=spec.numbers(None, "Lambdas tuned over (mrmtl, ditto).", bounds="> 0"),
+    rounds=spec.integer(None, "Rounds T.", bounds=">= 1"),
+    batch_size=spec.integer(None, "Local batch size B.", bounds=">= 1"),
+    clip=spec.real(None, "Per-example L2 clip under DP.", bounds="> 0"),
+    delta=spec.real(None, "Per-silo delta.", bounds="(0, 1)"),
+    validation_fraction=spec.real(None, "Share of each silo's training examples held "
+                                  "out to tune on.", bounds="(0, 1)"),
+    mask_probability=spec.real(None, "digits, fmnist: the probability of each of a "
+                               "silo's white patches (thesis Fig. 1.6: 0, 0.2, 0.4; "
+                               "default: the dataset's 0.1).", bounds="[0, 1)"),
+    tuning=spec.string("free", "One of {choices} (see the module doc).",
+                       choices=TUNING_MODES),
+    accountant=spec.string("rdp", "Private cells' accountant: rdp, or pld (privacy loss "
+                           "distributions where they express every query of a silo, the "
+                           "smaller bound; --tuning=free only, the hypernetwork stays on "
+                           "rdp). Rows say which.", choices=ACCOUNTANTS),
+    membership=spec.boolean(False, "Also attack every trial's silo models with "
+                            "membership inference (attacks.membership, threshold "
+                            "attack: each silo's training vs test examples); the "
+                            "selected rows and a table and figure of leakage report it "
+                            "beside utility."),
+    tuning_eta=spec.real(1.0, "--tuning=private: shape eta (> -1) of the truncated "
+                         "negative binomial number of trials.", bounds="> -1"),
+    mean_trials=spec.real(10.0, "--tuning=private: E[h], trials per cell (> 1).",
+                          bounds="(1, 1000]"),
+    score_budget_share=spec.real(0.1, "--tuning=private: the share of epsilon one "
+                                 "validation score alone would spend (sets its noise).",
+                                 bounds="(0, 1)"),
+    score_clip=spec.real(None, "--tuning=private: per-example validation metrics are "
+                         "clipped to [0, score_clip] (default: the preset's).",
+                         bounds="> 0"),
+    output=spec.string(None, "CSV rows are appended to (default: "
+                       "--output_dir/compare_<preset>.csv)."),
+    trials_output=spec.string(None, "--tuning=private: also write every trial's row to "
+                              "this CSV, outside the guarantee (each row's "
+                              "epsilon_if_released: releasing every trial of its "
+                              "cell)."),
+    table=spec.string(None, "Markdown table path (default: "
+                      "--output_dir/compare_<preset>[_private].md)."),
+    concurrent_batches=spec.integer(2, "With --executor=local, on the vectorized "
+                                    "backend, how many batches of stacked trials run at "
+                                    "once, each in its own thread (rows written in "
+                                    "order; the same numbers as one at a time). A round "
+                                    "keeps about one core busy, so 2 uses a 2-core "
+                                    "machine (1.1x on School's grid, 1.6x on the quick "
+                                    "preset) at up to twice the memory. TFF's runtime "
+                                    "runs one batch at a time.", bounds="[1, 64]"),
+    **common.backend_group("every method here"),
+    **common.aggregator_group(),   # the server step of every method but hypernet
+    **common.output_group(figures_dir=(".", "Folder of the figures.")),
+    **common.save_models_group("every trial (private tuning: every selected trial)"),
+)
+SPEC.define()
 
 
 def _settings() -> grid.Settings:
   """The preset with the flags over it, checked; a UsageError in one line."""
-  common.check_one_of("preset", FLAGS.preset, PRESETS)
+  SPEC.check_choices()
   preset = configs.COMPARE_PRESETS[FLAGS.preset]
   s = dict(preset=FLAGS.preset, dataset=preset.dataset)
   s["methods"] = tuple(FLAGS.methods or preset.methods)
-  common.check_among("methods", list(s["methods"]), METHODS)
   for method in s["methods"]:
     if method in grid.IMAGE_METHODS and preset.dataset not in grid.IMAGE_DATASETS:
       images = ",".join(name for name, p in configs.COMPARE_PRESETS.items()
@@ -199,25 +205,20 @@ def _settings() -> grid.Settings:
     common.check_unique("epsilons", s["epsilons"])
   s["seeds"] = tuple(common.parse_seeds(FLAGS.seeds) if FLAGS.seeds else preset.seeds)
   for name in ("lrs", "lams"):
-    s[name] = (tuple(common.parse_numbers(FLAGS[name].value, float, name))
-               if FLAGS[name].value else getattr(preset, name))
+    s[name] = SPEC.parsed(name) or getattr(preset, name)
   for name in ("rounds", "batch_size", "clip", "delta", "validation_fraction"):
     value = FLAGS[name].value
     s[name] = getattr(preset, name) if value is None else value
-  common.check_bounds(**{name: s[name] for name in (
+  SPEC.check_ranges({name: s[name] for name in (
       "lrs", "lams", "rounds", "batch_size", "clip", "delta", "validation_fraction")})
-  if FLAGS.mask_probability is not None:
-    if preset.dataset not in MASKED_DATASETS:
-      raise UsageError(f"--mask_probability applies to the {'/'.join(MASKED_DATASETS)} "
-                       f"presets only; --preset={FLAGS.preset} has no masks")
-    common.check_bounds("mask_probability")
+  if FLAGS.mask_probability is not None and preset.dataset not in MASKED_DATASETS:
+    raise UsageError(f"--mask_probability applies to the {'/'.join(MASKED_DATASETS)} "
+                     f"presets only; --preset={FLAGS.preset} has no masks")
   s["mask_probability"] = FLAGS.mask_probability
   s["assumed_silo_size"] = preset.assumed_silo_size
   s["num_clusters"] = preset.num_clusters
-  common.check_one_of("tuning", FLAGS.tuning, TUNING_MODES)
   s["tuning"] = FLAGS.tuning
   s["membership"] = FLAGS.membership
-  common.check_one_of("accountant", FLAGS.accountant, ACCOUNTANTS)
   if FLAGS.accountant == "pld" and FLAGS.tuning == "private":
     raise UsageError("--accountant=pld with --tuning=private: the tuning's bound "
                      "(Papernot & Steinke) is accounted in RDP; use --tuning=free")
@@ -804,7 +805,7 @@ def main(argv):
   finished_cells = {cell_keys[key] for key in released}
   pending = [t for t in trials if grid.trial_key(s, t) not in done
              and (t["method"], t["epsilon"], t["seed"]) not in finished_cells]
-  executor = common.executor()
+  executor = executors.from_flags()
   try:
     loaded = {seed: _data(s, seed) for seed in s.seeds}
   except ValueError as e:   # DataError: a missing or bad file, a silo too small

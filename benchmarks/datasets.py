@@ -28,7 +28,6 @@ import hashlib
 import json
 import math
 
-TABULAR = ("school", "vehicle", "gleam")
 
 _CACHE, _EXPECTED = {}, {}
 
@@ -184,28 +183,55 @@ def hypernet_users(recipe: dict):
 
 
 def _clean(recipe):
-  from tff_silo import data
-  name, seed = recipe["dataset"], recipe["seed"]
-  if name in TABULAR:
-    loader = {"school": data.load_school, "vehicle": data.load_vehicle,
-              "gleam": data.load_gleam}[name]
+  """(silos, per-silo preprocessing DpEvents or None) of a `benchmarks.run` dataset,
+  by its loader."""
+  loader = LOADERS.get(recipe["dataset"])
+  if loader is None:
+    raise ValueError(f"unknown dataset {recipe['dataset']!r} in the recipe")
+  return loader(recipe)
+
+
+def _tabular(function: str):
+  """The loader of a tabular dataset read by `tff_silo.data.<function>`, its features
+  standardized as the recipe says (dp: by each silo's DP estimate)."""
+  def load(recipe):
+    from tff_silo import data
     mode = recipe["standardize"]
-    silos = loader(recipe["data_dir"], seed=seed,
-                   standardize="none" if mode == "dp" else mode)
-    if mode != "dp":
-      return silos, None
-    return _dp_standardized(silos, recipe)
-  if name == "digits":
-    held_out = {"test_fraction": recipe["test_fraction"]} if "test_fraction" in recipe else {}
-    return data.load_rotated_masked_digits(mask_probability=recipe["mask_probability"],
-                                           seed=seed, **held_out), None
-  if name == "two_cluster":
-    return data.two_cluster_linear_silos(seed=seed), None
-  if name == "fmnist_rotated":
-    return data.rotated_fmnist_users(recipe["data_dir"], seed=seed), None
-  if name == "synthetic":
-    return data.heterogeneous_linear_silos(seed=seed), None
-  raise ValueError(f"unknown dataset {name!r} in the recipe")
+    silos = getattr(data, function)(recipe["data_dir"], seed=recipe["seed"],
+                                    standardize="none" if mode == "dp" else mode)
+    return (silos, None) if mode != "dp" else _dp_standardized(silos, recipe)
+  return load
+
+
+def _generated(function: str, data_dir: bool = False):
+  """The loader of a dataset `tff_silo.data.<function>` makes from the seed (and
+  from the files in the recipe's data_dir)."""
+  def load(recipe):
+    from tff_silo import data
+    files = (recipe["data_dir"],) if data_dir else ()
+    return getattr(data, function)(*files, seed=recipe["seed"]), None
+  return load
+
+
+def _digits(recipe):
+  from tff_silo import data
+  held_out = ({"test_fraction": recipe["test_fraction"]} if "test_fraction" in recipe
+              else {})
+  return data.load_rotated_masked_digits(mask_probability=recipe["mask_probability"],
+                                         seed=recipe["seed"], **held_out), None
+
+
+# `benchmarks.run`'s datasets: a loader of the recipe each (their settings and
+# kind: `configs.PRESETS`).
+LOADERS = {
+    "school": _tabular("load_school"),
+    "vehicle": _tabular("load_vehicle"),
+    "gleam": _tabular("load_gleam"),
+    "digits": _digits,
+    "synthetic": _generated("heterogeneous_linear_silos"),
+    "two_cluster": _generated("two_cluster_linear_silos"),
+    "fmnist_rotated": _generated("rotated_fmnist_users", data_dir=True),
+}
 
 
 def _dp_standardized(silos, recipe):

@@ -30,12 +30,11 @@ import warnings
 from concurrent import futures
 from typing import Any, Callable, Iterator, NamedTuple, Optional
 
+from benchmarks import common
 from benchmarks.common import UsageError
 
-EXECUTORS = ("local", "ray")
 # How often a batch runs before its failure is final (the first run included).
 ATTEMPTS = 3
-INSTALL = "uv sync --extra ray"
 
 
 class Work(NamedTuple):
@@ -109,8 +108,9 @@ def _ray():
   try:
     import ray   # pylint: disable=g-import-not-at-top
   except ImportError:
-    raise UsageError(f"--executor=ray needs Ray: install it with `{INSTALL}` (Python "
-                     ">= 3.10), on every machine of the cluster") from None
+    raise UsageError(f"--executor=ray needs Ray: install it with "
+                     f"`{common.RAY_INSTALL}` (Python >= 3.10), on every machine of the "
+                     "cluster") from None
   return ray
 
 
@@ -347,7 +347,7 @@ def _on_worker(state: tuple, batch: list, progress):
   inside the settings' device placement (where they name a device)."""
   module, function, cls_module, cls_name, fields, data, given = state
   from absl import flags   # pylint: disable=g-import-not-at-top
-  from benchmarks import common, datasets   # pylint: disable=g-import-not-at-top
+  from benchmarks import datasets   # pylint: disable=g-import-not-at-top
   for loader, recipe, digest in data:
     datasets.expect(getattr(datasets, loader), recipe, digest)
   binary = importlib.import_module(module)   # defines its flags in this process
@@ -359,6 +359,27 @@ def _on_worker(state: tuple, batch: list, progress):
   with common.placement(settings) if hasattr(settings, "device") else (
       contextlib.nullcontext()):
     return getattr(binary, function)(settings, batch, progress)
+
+
+def from_flags(workers: int = 1, thread_scope=None):
+  """The executor the flags name (`workers` and `thread_scope`: the local one's), a
+  cluster joined now: a one-line UsageError for a missing Ray, an unreachable
+  address, Ray flags without --executor=ray, or files a batch writes
+  (--save_models, --ledger_csv) on a cluster of several machines."""
+  from absl import flags
+  given = flags.FLAGS
+  common.check_one_of("executor", given.executor, common.EXECUTORS)
+  common.check_bounds("ray_cpus_per_task", "ray_gpus_per_task")
+  if given.executor != "ray":
+    for name in ("ray_address", "ray_cpus_per_task", "ray_gpus_per_task"):
+      if given[name].present:
+        raise UsageError(f"--{name} applies with --executor=ray only")
+  chosen = make(given.executor, address=given.ray_address,
+                cpus=given.ray_cpus_per_task, gpus=given.ray_gpus_per_task,
+                workers=workers, thread_scope=thread_scope)
+  check_files_written(chosen, [name for name in ("save_models", "ledger_csv")
+                               if name in given and given[name].value])
+  return chosen
 
 
 def make(name: str, *, address: str = "auto", cpus: float = 1.0, gpus: float = 0.0,

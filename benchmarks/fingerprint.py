@@ -63,9 +63,29 @@ COMMANDS = (
     ("hypernet-fedavg", "hypernet", [
         "--methods=fedavg", "--fedavg_local_epochs=2", "--rounds=2", "--num_users=6",
         "--classes_per_user=3", "--lr=0.1", "--batch_size=8"]),
+    ("pandemic-tiny", "pandemic", [
+        "--profile=tiny", "--final_week_rate=0.01", "--methods=mrmtl,local",
+        "--noise_multipliers=0,8", "--rounds=2", "--generated_dir=OUT/gen",
+        "--lams=0.001,0.01", "--alphas=0.5", "--sample_sizes=10"]),
+    ("attacks-inversion", "attacks", [
+        "--parts=inversion", "--images=2", "--iterations=5", "--image_size=8",
+        "--defenses=none,laplace,dp_sgd", "--nus=1", "--noise_multipliers=0.1",
+        "--methods=idlg", "--figure_images=2", "--figures_dir=OUT/figures"]),
+    ("attacks-membership", "attacks", [
+        "--parts=membership", "--mia_rounds=2", "--mia_methods=local,mrmtl",
+        "--mia_epsilons=inf,2", "--mia_lam=0.5"]),
+    ("tuning-cost", "tuning_cost", [
+        "--monte_carlo_trials=20", "--num_lambdas=5", "--etas=0,1", "--tau=0.1"]),
+    ("audit-quick", "audit", [
+        "--methods=local,mrmtl", "--canaries=20", "--guesses=5", "--rounds=2",
+        "--lam=0.5", "--mutations=noise_div4"]),
+    ("compare-quick", "compare", [
+        "--preset=quick", "--methods=mrmtl,fedavg,ifca", "--epsilons=1,inf", "--seeds=0",
+        "--rounds=2", "--lams=0.1,1", "--lrs=0.1", "--batch_size=8",
+        "--validation_fraction=0.3"]),
 )
-# Columns that differ between two runs of one command.
-VARYING = (*common.MEASURED_COLUMNS, "finished")
+# Columns that differ between two runs of one command (attacks' `seconds` too).
+VARYING = (*common.MEASURED_COLUMNS, "finished", "seconds")
 
 flags.DEFINE_string("write", None, "Write the rows, normalized, to this JSON file.")
 flags.DEFINE_list("only", None, "Run only these commands (by name).")

@@ -1,6 +1,6 @@
 """The flag tables of `benchmarks/README.md`, generated from the binaries' own flag
-definitions: the flags `--help` lists (each binary's and the shared ones it adopts
-from `benchmarks.common`); internal flags are left out, as `--help` leaves them.
+definitions: the flags `--help` lists (each binary's, the groups it shares with
+others included); internal flags are left out, as `--help` leaves them.
 
     uv run python -m benchmarks.flag_docs           # rewrites the tables in place
     uv run python -m benchmarks.flag_docs --check   # exit 1 if they disagree

@@ -140,8 +140,15 @@ def _plan_generator(s, method, epsilon, seed):
   from tff_silo import keys
   if s.plan_secret is None:
     raise ValueError("private tuning draws its plans from a plan_secret; none given")
-  return np.random.default_rng([s.plan_secret, keys.TUNING, METHODS.index(method),
+  return np.random.default_rng([s.plan_secret, keys.TUNING, _name_salt(method),
                                 round(epsilon * 1000), seed])
+
+
+def _name_salt(method: str) -> int:
+  """A method's own number in its plan's seed: from its name, so that a method added
+  to (or moved in) `METHODS` changes no other method's plans."""
+  import hashlib
+  return int.from_bytes(hashlib.sha256(method.encode()).digest()[:8], "little")
 
 
 def _run_seed(s, trial) -> int:

@@ -89,7 +89,7 @@ SPEC = spec.Spec(
     embedding_dim=spec.integer(None, "Embedding size (default 1 + N / 4).",
                                bounds=">= 1", **_HYPERNET_KEY),
     channels=spec.numbers(["16", "32"], "Target CNN: channels of the two convs.",
-                          item=int, key="always"),
+                          item=int, unique=False, key="always"),
     dense=spec.integer(64, "Target CNN: width of the hidden dense layer.", bounds=">= 1",
                        key="always"),
     fedavg_local_epochs=spec.integer(1, "FedAvg: local epochs per round.", bounds=">= 1",
@@ -102,24 +102,19 @@ SPEC = spec.Spec(
                      "and against a round's signal-to-noise bound, for every row in "
                      "--output of this --dataset and --num_users (a study's commands "
                      "share one --output)."),
-    backend=spec.shared(),
-    device=spec.shared(),
-    xla=spec.shared(),
-    save_models=spec.shared(),
+    **common.backend_group("both algorithms; the user-level DP mean"),
+    **spec.options(common.save_models_group(
+        "every run (and a hypernetwork run's phi and embeddings; FedAvg's global "
+        "model)"), given=True),
     # Not in the `flags` record:
-    output=spec.shared(given=False),
+    **common.output_group(output=("hypernet.csv", "CSV rows are appended to.")),
     resume=spec.boolean(True, "Skip runs whose row is already in --output.",
                         given=False),
 )
 SPEC.define()
-common.define_backend_flags("both algorithms; the user-level DP mean")
-common.define_output_flags(output=("hypernet.csv", "CSV rows are appended to."))
-common.define_save_models_flag("every run (and a hypernetwork run's phi and "
-                               "embeddings; FedAvg's global model)")
 common.define_renamed_flags(algorithm="methods", client_lr="lr",
                              sampling_rate="sampling_rates", l2_norm_clip="clips",
                              noise_multiplier="noise_multipliers")
-flags.adopt_module_key_flags(common)   # --help lists the shared flags too
 # Columns every row of this binary has: an existing --output without them is refused.
 SIGNATURE = ("run_key", "algorithm", "mean_user_accuracy")
 
@@ -145,11 +140,11 @@ class Settings(SPEC.settings_class("_Fields", ("grid", tuple), ("given", str),
     if FLAGS.dataset == "femnist" and FLAGS.cache_dir and not os.path.isdir(
         FLAGS.cache_dir):
       raise UsageError(f"--cache_dir {FLAGS.cache_dir} is not a directory")
-    channels = common.parse_numbers(FLAGS.channels, int, "channels", unique=False)
+    channels = SPEC.parsed("channels")
     if len(channels) != 2 or min(channels) < 1:
       raise UsageError(f"--channels must be two positive integers; got "
                        f"{FLAGS.channels}")
-    values = dict(SPEC.values(), channels=tuple(channels),
+    values = dict(SPEC.values(), channels=channels,
                   seeds=tuple(common.parse_seeds(FLAGS.seeds)),
                   **{name: SPEC.parsed(name) for name in
                      ("sampling_rates", "clips", "noise_multipliers")})
@@ -210,7 +205,9 @@ def _run_rows(s, batch, progress):
                        else _run_fedavg(users, seed, s, progress, backend))
   row = _row(seed, algorithm, settings, s, users, measured, backend, device)
   if s.save_models:
-    row["saved_to"] = _save(seed, algorithm, users, row, trained, s)
+    row["saved_to"] = common.saved_or_reported(
+        lambda: _save(seed, algorithm, users, row, trained, s),
+        f"{algorithm} seed={seed}")
   return [row]
 
 
@@ -417,7 +414,7 @@ def main(argv):
        for seed, algorithm, settings in _runs(s)],
       output=s.output, signature=SIGNATURE, resume=s.resume,
       skipped_note="; its models are not saved again" if s.save_models else "")
-  executor = common.executor()
+  executor = executors.from_flags()
   seeds = list(dict.fromkeys(run.spec[0] for run in todo.pending))
   with common.usage_errors():   # every file read before any run trains
     for seed in seeds:

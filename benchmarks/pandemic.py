@@ -20,7 +20,6 @@ in --output.
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import itertools
 import json
@@ -33,122 +32,101 @@ from absl import flags
 
 from benchmarks import common, executors, plan
 from benchmarks.common import UsageError
-from tff_silo.pandemic.choices import FEATURE_SETS
+from benchmarks.harness import spec
+from tff_silo.pandemic import choices   # no TensorFlow
 
 FLAGS = flags.FLAGS
-flags.DEFINE_string("data_dir", None, "A folder in the challenge's layout (scenarios.txt, "
-                    "centralized/, scenarioNN/); unset: generate --profile.")
-flags.DEFINE_string("profile", "small", "Generated profile: tiny, small, medium, large "
-                    "or smoke (2,000 to 2,600,000 persons).")
-flags.DEFINE_integer("seed", 0, "Seed of the generated data.")
-flags.DEFINE_float("final_week_rate", 0.003, "Generated data: the share of persons "
-                   "newly infected in days 57..63 the outbreak is calibrated to.")
-flags.DEFINE_list("region_transmission", [], "Generated data, heterogeneous regions: "
-                  "one factor per region of the official partition (3; empty: one "
-                  "disease everywhere) scaling a susceptible's infection pressure.")
-flags.DEFINE_list("region_home_weight", [], "Generated data, heterogeneous regions: one "
-                  "factor per region (3; empty: the same everywhere) scaling the "
-                  "weight of household contact-hours.")
-flags.DEFINE_string("scenario", "scenario01", "The federated scenario (its clients are "
-                    "the silos).")
-flags.DEFINE_list("methods", ["mrmtl", "local", "fedavg", "centralized"], "Of mrmtl, "
-                  "local, fedavg, centralized (one silo of everyone, two epochs).")
-flags.DEFINE_list("modes", ["honest"], "Of honest (degree cap, uniform batches: the "
-                  "epsilon holds) and faithful (the authors' pipeline).")
-flags.DEFINE_list("sample_sizes", ["20"], "S1, the neighbours sampled per person.")
-flags.DEFINE_list("noise_multipliers", ["0", "1"], "DP-SGD noise multipliers sigma "
-                  "(0: no DP).")
-flags.DEFINE_float("clip", 15.0, "Per-example clip C.")
-flags.DEFINE_list("lams", ["0.0003"], "MR-MTL lambdas.")
-flags.DEFINE_integer("rounds", 2, "Rounds T (one local epoch each).")
-flags.DEFINE_integer("batch_size", 512, "Batch size.")
-flags.DEFINE_float("lr", 0.2, "Learning rate.")
-flags.DEFINE_list("losses", ["focal"], "Of focal, bce.")
-flags.DEFINE_list("alphas", ["0.75"], "Focal loss alphas.")
-flags.DEFINE_list("architectures", ["logistic"], "Of logistic, mlp.")
-flags.DEFINE_list("feature_sets", ["node+contact+location"], "Thesis Table 2.3's "
-                  "ablation, of node+contact+location, node+contact, node+location, "
-                  "node, self: the groups of each neighbour's features an example "
-                  "keeps (node: its 73 node features; contact: start and duration; "
-                  "location: the place's coordinates and type flags; self: no "
-                  "neighbour, the person's own 11 features).")
-flags.DEFINE_list("seeds", ["0"], "Training seeds (windows, batches, noise).")
-common.define_shards_flag("clients")
-common.define_backend_flags("every method")
-common.define_output_flags(
-    output=("pandemic.csv", "CSV rows are appended to."),
-    generated_dir=("pandemic_data", "Where generated data sets are kept (one folder per "
-                   "profile and seed)."),
-    figures_dir=(".", "Folder of pandemic_ap_epsilon.png and pandemic_time.png."))
-flags.DEFINE_bool("resume", True, "Skip runs whose row is already in --output.")
-flags.DEFINE_bool("epsilon_table", False, "Only print Table 2.6's epsilons recomputed "
-                  "by the accountant (Smoke: n = 2,609,976, b = 512, two epochs, "
-                  "the thesis' delta = 1/n), with both exponents; no data is read.")
-flags.DEFINE_bool("degree_figure", False, "Only draw Fig. 2.8 from the accountant: "
-                  "epsilon against the examples a node lies in, S, for several sigma, "
-                  "with both exponents (Smoke: n = 2,609,976, b = 512, one epoch, "
-                  "delta = 1/n); writes --figures_dir/pandemic_degree.png and its "
-                  "CSV beside it; no data is read.")
-flags.DEFINE_bool("gradient_norms", False, "Instead of rows, thesis Fig. 2.9: every "
-                  "training example's gradient norm (the first method, mode, S1, "
-                  "lambda, loss, alpha, architecture and seed; no DP) at the initial "
-                  "and the trained model, and one batch's; writes --figures_dir/"
-                  "pandemic_gradient_norms.png and a CSV of shares below --clip / 5 "
-                  "and --clip beside it. Reads private data without noise.")
-common.define_bounds(
-    sample_sizes=">= 1", noise_multipliers=">= 0", lams=">= 0", alphas="(0, 1)",
-    rounds=">= 1", batch_size=">= 1", clip="> 0", lr="> 0", final_week_rate="(0, 0.5)",
-    region_transmission="(0, 100]", region_home_weight="(0, 100]")
-flags.adopt_module_key_flags(common)   # --help lists the shared flags too
-
 SIGNATURE = ("run_key", "average_precision", "mode")
 PROFILE_NAMES = ("tiny", "small", "medium", "large", "smoke")
 
+# The settings; a run's key is `_run_key`'s (its grid point and the data's key).
+SPEC = spec.Spec(
+    data_dir=spec.string(None, "A folder in the challenge's layout (scenarios.txt, "
+                         "centralized/, scenarioNN/); unset: generate --profile."),
+    profile=spec.string("small", "Generated profile: tiny, small, medium, large or smoke "
+                        "(2,000 to 2,600,000 persons).", choices=PROFILE_NAMES),
+    seed=spec.integer(0, "Seed of the generated data."),
+    final_week_rate=spec.real(0.003, "Generated data: the share of persons newly "
+                              "infected in days 57..63 the outbreak is calibrated to.",
+                              bounds="(0, 0.5)"),
+    region_transmission=spec.numbers([], "Generated data, heterogeneous regions: one "
+                                     "factor per region of the official partition (3; "
+                                     "empty: one disease everywhere) scaling a "
+                                     "susceptible's infection pressure.",
+                                     bounds="(0, 100]", unique=False),
+    region_home_weight=spec.numbers([], "Generated data, heterogeneous regions: one "
+                                    "factor per region (3; empty: the same everywhere) "
+                                    "scaling the weight of household contact-hours.",
+                                    bounds="(0, 100]", unique=False),
+    scenario=spec.string("scenario01", "The federated scenario (its clients are the "
+                         "silos)."),
+    methods=spec.strings(["mrmtl", "local", "fedavg", "centralized"], "Of mrmtl, local, "
+                         "fedavg, centralized (one silo of everyone, two epochs).",
+                         choices=choices.METHODS),
+    modes=spec.strings(["honest"], "Of honest (degree cap, uniform batches: the epsilon "
+                       "holds) and faithful (the authors' pipeline).",
+                       choices=choices.MODES),
+    sample_sizes=spec.numbers(["20"], "S1, the neighbours sampled per person.", item=int,
+                              bounds=">= 1"),
+    noise_multipliers=spec.numbers(["0", "1"], "DP-SGD noise multipliers sigma (0: no "
+                                   "DP).", bounds=">= 0"),
+    clip=spec.real(15.0, "Per-example clip C.", bounds="> 0"),
+    lams=spec.numbers(["0.0003"], "MR-MTL lambdas.", bounds=">= 0"),
+    rounds=spec.integer(2, "Rounds T (one local epoch each).", bounds=">= 1"),
+    batch_size=spec.integer(512, "Batch size.", bounds=">= 1"),
+    lr=spec.real(0.2, "Learning rate.", bounds="> 0"),
+    losses=spec.strings(["focal"], "Of focal, bce.", choices=choices.LOSSES),
+    alphas=spec.numbers(["0.75"], "Focal loss alphas.", bounds="(0, 1)"),
+    architectures=spec.strings(["logistic"], "Of logistic, mlp.",
+                               choices=choices.ARCHITECTURES),
+    feature_sets=spec.strings(["node+contact+location"], "Thesis Table 2.3's ablation, "
+                              "of node+contact+location, node+contact, node+location, "
+                              "node, self: the groups of each neighbour's features an "
+                              "example keeps (node: its 73 node features; contact: "
+                              "start and duration; location: the place's coordinates "
+                              "and type flags; self: no neighbour, the person's own 11 "
+                              "features).", choices=choices.FEATURE_SETS),
+    seeds=spec.numbers(["0"], "Training seeds (windows, batches, noise).", item=int),
+    **common.shards_group("clients"),
+    **common.backend_group("every method"),
+    **common.output_group(
+        output=("pandemic.csv", "CSV rows are appended to."),
+        generated_dir=("pandemic_data", "Where generated data sets are kept (one folder "
+                       "per profile and seed)."),
+        figures_dir=(".", "Folder of pandemic_ap_epsilon.png and pandemic_time.png.")),
+    resume=spec.boolean(True, "Skip runs whose row is already in --output."),
+    epsilon_table=spec.boolean(False, "Only print Table 2.6's epsilons recomputed by "
+                               "the accountant (Smoke: n = 2,609,976, b = 512, two "
+                               "epochs, the thesis' delta = 1/n), with both exponents; "
+                               "no data is read."),
+    degree_figure=spec.boolean(False, "Only draw Fig. 2.8 from the accountant: epsilon "
+                               "against the examples a node lies in, S, for several "
+                               "sigma, with both exponents (Smoke: n = 2,609,976, "
+                               "b = 512, one epoch, delta = 1/n); writes --figures_dir/"
+                               "pandemic_degree.png and its CSV beside it; no data is "
+                               "read."),
+    gradient_norms=spec.boolean(False, "Instead of rows, thesis Fig. 2.9: every training "
+                                "example's gradient norm (the first method, mode, S1, "
+                                "lambda, loss, alpha, architecture and seed; no DP) at "
+                                "the initial and the trained model, and one batch's; "
+                                "writes --figures_dir/pandemic_gradient_norms.png and a "
+                                "CSV of shares below --clip / 5 and --clip beside it. "
+                                "Reads private data without noise."),
+)
+SPEC.define()
+# The settings that are lists of a grid or of factors: parsed into the settings.
+LISTS = tuple(name for name, param in SPEC.params.items()
+              if param.kind == "list" and name != "seeds")
 
-@dataclasses.dataclass(frozen=True)
-class Settings:
-  """`benchmarks.pandemic`'s flags, checked (`from_flags`), the lists parsed."""
-  data_dir: str | None
-  profile: str
-  seed: int
-  final_week_rate: float
-  region_transmission: tuple
-  region_home_weight: tuple
-  scenario: str
-  methods: tuple
-  modes: tuple
-  sample_sizes: tuple
-  noise_multipliers: tuple
-  clip: float
-  lams: tuple
-  rounds: int
-  batch_size: int
-  lr: float
-  losses: tuple
-  alphas: tuple
-  architectures: tuple
-  feature_sets: tuple
-  seeds: tuple
-  shards: int
-  backend: str
-  device: str
-  xla: bool
-  output: str
-  generated_dir: str
-  figures_dir: str
-  resume: bool
+
+class Settings(SPEC.settings_class("_Fields", module=__name__)):
+  """`benchmarks.pandemic`'s settings (`SPEC`), checked (`from_flags`), the lists
+  parsed."""
 
   @classmethod
   def from_flags(cls) -> "Settings":
     """Checks the flags; raises UsageError."""
-    # no TensorFlow: flags checked first
-    from tff_silo.pandemic import choices, epidemic, graph
-    common.check_one_of("profile", FLAGS.profile, PROFILE_NAMES)
-    common.check_among("methods", FLAGS.methods, choices.METHODS)
-    common.check_among("modes", FLAGS.modes, graph.MODES)
-    common.check_among("losses", FLAGS.losses, choices.LOSSES)
-    common.check_among("architectures", FLAGS.architectures, choices.ARCHITECTURES)
-    common.check_among("feature_sets", FLAGS.feature_sets, choices.FEATURE_SETS)
+    SPEC.check_choices()
     common.check_backend(FLAGS.backend, FLAGS.device, FLAGS.xla)
     common.check_shards_flag(common.backend_for(FLAGS.backend))
     if FLAGS.shards and FLAGS.gradient_norms:
@@ -166,30 +144,16 @@ class Settings:
           raise UsageError(f"--{name} sets generated data; --data_dir reads given files")
     else:   # generated there (it was a traceback after the work: P19, P20)
       common.check_folder(FLAGS.generated_dir, "generated_dir")
-    lists = dict(
-        sample_sizes=common.parse_numbers(FLAGS.sample_sizes, int, "sample_sizes"),
-        noise_multipliers=common.parse_numbers(FLAGS.noise_multipliers, float,
-                                               "noise_multipliers"),
-        lams=common.parse_numbers(FLAGS.lams, float, "lams"),
-        alphas=common.parse_numbers(FLAGS.alphas, float, "alphas"),
-        region_transmission=common.parse_numbers(FLAGS.region_transmission, float,
-                                                 "region_transmission", unique=False),
-        region_home_weight=common.parse_numbers(FLAGS.region_home_weight, float,
-                                                "region_home_weight", unique=False))
-    common.check_bounds(**lists)
+    values = dict(SPEC.values(), seeds=tuple(common.parse_seeds(FLAGS.seeds)),
+                  **{name: SPEC.parsed(name) for name in LISTS})
+    SPEC.check_ranges(values)
+    from tff_silo.pandemic import epidemic   # no TensorFlow
     for name in ("region_transmission", "region_home_weight"):
-      if lists[name] and len(lists[name]) != epidemic.REGIONS:
+      if values[name] and len(values[name]) != epidemic.REGIONS:
         raise UsageError(f"--{name} must give {epidemic.REGIONS} factors, one per region "
-                         f"of the official partition; got {len(lists[name])}")
+                         f"of the official partition; got {len(values[name])}")
     common.check_output(FLAGS.output, SIGNATURE)
-    return cls(
-        **{name: tuple(values) for name, values in lists.items()},
-        seeds=tuple(common.parse_seeds(FLAGS.seeds)),
-        **common.flag_values(
-            "methods", "modes", "losses", "architectures", "feature_sets", "data_dir",
-            "profile", "seed", "final_week_rate", "scenario", "clip", "rounds", "shards",
-            "batch_size", "lr", "backend", "device", "xla", "output", "generated_dir",
-            "figures_dir", "resume"))
+    return cls(**values)
 
 
 def _data_dir(s, generate: bool = True) -> tuple:
@@ -281,7 +245,7 @@ def _run_rows(s, batch, progress, shards_on=None):
   row = dict(run_key=planned.key,
              profile=meta.get("profile", {}).get("name", "given files"),
              persons=stats.get("persons"), contacts=stats.get("contacts"),
-             scenario=name, **{"feature_set": FEATURE_SETS[0], **run},
+             scenario=name, **{"feature_set": choices.FEATURE_SETS[0], **run},
              clip=s.clip if run["sigma"] else None, **_noise(run),
              **measured, load_seconds=load_seconds, backend=backend, device=device,
              peak_memory_mb=common.peak_memory_mb(),
@@ -320,7 +284,8 @@ def _runs(s):
       continue   # lambda is MR-MTL's alone
     if loss == "bce" and alpha != s.alphas[0]:
       continue
-    ablation = {} if feature_set == FEATURE_SETS[0] else dict(feature_set=feature_set)
+    ablation = ({} if feature_set == choices.FEATURE_SETS[0]
+                else dict(feature_set=feature_set))
     yield dict(seed=seed, mode=mode, sample_size=s1, method=method, sigma=sigma,
                lam=lam if method == "mrmtl" else None, loss=loss,
                alpha=alpha if loss == "focal" else None, architecture=architecture,
@@ -415,7 +380,7 @@ def main(argv):
   s = Settings.from_flags()
   from tff_silo import runtime
   runtime.exit_cleanly_on_sigterm()
-  executor = common.executor()   # a cluster that cannot be joined: before any work
+  executor = executors.from_flags()   # a cluster that cannot be joined: before any work
   data_dir, meta = _data_dir(s)
   if FLAGS.gradient_norms:
     _gradient_norms(data_dir, s)
@@ -462,7 +427,7 @@ def _pipeline_settings(run, s, *, noise_multiplier: float, seed: int):
       lam=run["lam"] or 0.0, rounds=s.rounds, batch_size=s.batch_size,
       learning_rate=s.lr, loss=run["loss"], alpha=run["alpha"] or 0.75,
       architecture=run["architecture"],
-      feature_set=run.get("feature_set", FEATURE_SETS[0]), seed=seed)
+      feature_set=run.get("feature_set", choices.FEATURE_SETS[0]), seed=seed)
 
 
 def _gradient_norms(data_dir: str, s) -> None:

@@ -56,8 +56,8 @@ IFCA_ALGORITHMS = tuple(method_names.IFCA_VARIANTS)
 ALGORITHMS = (*method_names.NAMES, "dprivate_clustering")
 DATASETS = tuple(configs.PRESETS)
 SAMPLING = ("poisson", "without_replacement", "shuffle")
-TABULAR = datasets.TABULAR
-REGRESSION = ("school", "synthetic", "two_cluster")   # --corrupt_silos scales targets
+TABULAR = configs.TABULAR
+REGRESSION = configs.REGRESSION   # --corrupt_silos scales their targets
 STANDARDIZE = ("none", "public", "dp", "silo")
 PROTOCOLS = ("custom", "paper")
 LAMBDA_ALGORITHMS = method_names.LAMBDA_NAMES
@@ -77,7 +77,6 @@ def _standardized(s) -> bool:
 
 _IFCA = dict(applies_to=IFCA_ALGORITHMS, key="only_where_applies")
 _DPRIVATE = dict(applies_to=("dprivate_clustering",), key="only_where_applies")
-_AGGREGATED = dict(applies_to=AGGREGATED)
 
 # The settings, in the order a row's `flags` record lists them. Their run key: those
 # marked `key`, and `_run_key`'s (the protocol, the aggregator, the misbehaving silos).
@@ -148,10 +147,7 @@ SPEC = spec.Spec(
     finetune_fraction=spec.real(0.5, "Fraction of rounds finetune runs FedAvg.",
                                 bounds="[0, 1]", applies_to=("finetune", "ifca_finetune"),
                                 key="where_applies"),
-    aggregator=spec.shared(**_AGGREGATED),
-    silo_epsilon=spec.shared(**_AGGREGATED),
-    silo_delta=spec.shared(**_AGGREGATED),
-    aggregator_clip=spec.shared(**_AGGREGATED),
+    **spec.options(common.aggregator_group(), applies_to=AGGREGATED),
     seeds=spec.numbers(["0"], "Comma-separated seeds (data split, sampling, noise).",
                        item=int),
     mask_probability=spec.real(0.1, "digits: probability of each white patch.",
@@ -162,9 +158,7 @@ SPEC = spec.Spec(
                                "metric.", bounds=">= 0", datasets=REGRESSION),
     corruption=spec.real(-10.0, "--corrupt_silos: the factor on their targets (< 0: "
                          "updates the opposite way)."),
-    backend=spec.shared(),
-    device=spec.shared(),
-    xla=spec.shared(),
+    **common.backend_group("every algorithm here"),
     num_clusters=spec.integer(None, "Clusters G (IFCA) / hypotheses k "
                               "(dprivate_clustering); default: the dataset's preset.",
                               bounds=">= 1", applies_to=(*IFCA_ALGORITHMS,
@@ -202,18 +196,12 @@ SPEC = spec.Spec(
                             bounds=">= 0", given=False),
     resume=spec.boolean(True, "Skip runs whose row (same settings, algorithm, lambda "
                         "and seed) is already in --output.", given=False),
-    shards=spec.shared(given=False),
-    output=spec.shared(given=False),
-    save_models=spec.shared(given=False),
+    **common.shards_group("silos"),
+    **common.output_group(output=("run.csv", "CSV file rows are appended to.")),
+    **common.save_models_group("every run"),
 )
 SPEC.define()
-common.define_aggregator_flags()
-common.define_backend_flags("every algorithm here")
-common.define_shards_flag("silos")
-common.define_output_flags(output=("run.csv", "CSV file rows are appended to."))
-common.define_save_models_flag("every run")
 common.define_renamed_flags(algorithm="methods", lam="lams")
-flags.adopt_module_key_flags(common)   # --help lists the shared flags too
 
 
 class Settings(SPEC.settings_class("_Fields", ("given", str), module=__name__)):
@@ -313,10 +301,11 @@ def _standardize():
       raise UsageError(f"--standardize applies to {', '.join(TABULAR)}; "
                        f"{FLAGS.dataset} comes in a fixed scale")
     return None
+  preset = configs.PRESETS[FLAGS.dataset]
   if mode is None:
     mode = ("silo" if FLAGS.epsilon is None or FLAGS.protocol == "paper"
-            else "public" if FLAGS.dataset == "school" else "none")
-  if mode == "public" and FLAGS.dataset != "school":
+            else "public" if preset.public_ranges else "none")
+  if mode == "public" and not preset.public_ranges:
     raise UsageError(f"--standardize=public needs documented feature ranges, which "
                      f"{FLAGS.dataset} lacks: use none, dp or silo")
   if mode == "dp":
@@ -676,7 +665,9 @@ def _batch_rows(s, batch, progress, shards_on=None):
     if s.shards:
       row["shards"] = s.shards
     if s.save_models:
-      row["saved_to"] = _save(result, seed, algorithm, lam, s, silos, row)
+      row["saved_to"] = common.saved_or_reported(
+          lambda: _save(result, seed, algorithm, lam, s, silos, row),
+          f"{algorithm} lam={lam} seed={seed}")
     rows.append(row)
   return rows
 
@@ -791,7 +782,7 @@ def main(argv):
        for seed, algorithm, lam in _runs(s)],
       output=s.output, signature=SIGNATURE, resume=s.resume,
       skipped_note="; its models are not saved again" if s.save_models else "")
-  executor = common.executor()
+  executor = executors.from_flags()
   loaded = {}
   with common.usage_errors():   # includes DataError: a bad file or setting
     for seed in dict.fromkeys(run.spec[0] for run in todo.pending):

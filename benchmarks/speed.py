@@ -131,7 +131,6 @@ flags.DEFINE_string("calibration_child", None, f"One of {CALIBRATION_PROTOCOLS};
 common.define_bounds(repeats=">= 1", rounds=">= 1", digits_rounds=">= 1",
                      sweep_runs=">= 1", dprivate_rounds=">= 1", hypernet_rounds=">= 1",
                      overhead_tasks=">= 1")
-flags.adopt_module_key_flags(common)   # --help lists the shared flags too
 
 
 @dataclasses.dataclass(frozen=True)
@@ -544,7 +543,7 @@ EXECUTOR_GRIDS = {   # the executors parts' compare grids (flags besides the out
     "executors_school": ("--preset=school", "--methods=mrmtl,ditto,mocha", "--seeds=0",
                          "--lrs=0.01,0.1"),   # 420 trials (RESULTS.md)
 }
-EXECUTORS = ("local", "ray")
+EXECUTORS = common.EXECUTORS
 # Columns a rerun of the same rows changes besides the *_seconds: memory, the clock.
 TIMING_COLUMNS = ("seconds_per_round_median", "peak_memory_mb", "finished")
 

@@ -1,7 +1,8 @@
-"""Summarize `benchmarks.run` CSVs: a markdown table of means over seeds, and
+r"""Summarize `benchmarks.run` CSVs: a markdown table of means over seeds, and
 optionally a seaborn plot of the test metric per algorithm and lambda.
 
-    uv run python -m benchmarks.summarize benchmarks/out/school_dp.csv --plot=school.png
+    uv run python -m benchmarks.summarize benchmarks/out/school_dp.csv \
+        --plot=benchmarks/out/school.png
 """
 
 from __future__ import annotations

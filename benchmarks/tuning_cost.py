@@ -23,7 +23,6 @@ condition, which need no tuning.
 
 from __future__ import annotations
 
-import dataclasses
 import math
 
 from absl import flags
@@ -31,60 +30,47 @@ import numpy as np
 
 from benchmarks import common
 from benchmarks.common import UsageError
+from benchmarks.harness import spec
 
 FLAGS = flags.FLAGS
-flags.DEFINE_integer("num_silos", 20, "K, silos.")
-flags.DEFINE_integer("n", 200, "Samples per silo.")
-flags.DEFINE_float("sigma", 0.4, "Sample standard deviation within a silo.")
-flags.DEFINE_float("tau", 0.08, "Standard deviation of the silo means (heterogeneity).")
-flags.DEFINE_float("epsilon", 0.25, "Each silo's epsilon.")
-flags.DEFINE_float("delta", 1e-5, "Each silo's delta.")
-flags.DEFINE_float("clip", 1.0, "Sensitivity of a silo's sum to one sample.")
-flags.DEFINE_list("etas", ["-0.5", "0", "0.5", "1", "2", "5"],
-                  "Shapes eta (> -1) of the truncated negative binomial.")
-flags.DEFINE_float("mean_trials", 10.0, "E[h], the mean number of lambdas tried (> 1).")
-flags.DEFINE_integer("num_lambdas", 100, "Log-spaced lambdas in [1e-3, 1e2] (and 0).")
-flags.DEFINE_integer("monte_carlo_trials", 500, "Samples of the model per lambda "
-                     "(the thesis ran 500) to check the closed form; 0: none.")
-flags.DEFINE_integer("seed", 0, "Seed of the Monte Carlo check.")
-common.define_output_flags(output=("tuning_cost.csv", "CSV rows are appended to."),
-                           plot=("tuning_cost.png", "Figure path."))
-common.define_bounds(num_silos=">= 2", n=">= 1", sigma="> 0", tau="> 0", epsilon="> 0",
-                     clip="> 0", delta="(0, 1)", mean_trials="> 1", etas="> -1",
-                     num_lambdas=">= 1", monte_carlo_trials=">= 0")
-flags.adopt_module_key_flags(common)   # --help lists the shared flags too
+SPEC = spec.Spec(
+    num_silos=spec.integer(20, "K, silos.", bounds=">= 2"),
+    n=spec.integer(200, "Samples per silo.", bounds=">= 1"),
+    sigma=spec.real(0.4, "Sample standard deviation within a silo.", bounds="> 0"),
+    tau=spec.real(0.08, "Standard deviation of the silo means (heterogeneity).",
+                  bounds="> 0"),
+    epsilon=spec.real(0.25, "Each silo's epsilon.", bounds="> 0"),
+    delta=spec.real(1e-5, "Each silo's delta.", bounds="(0, 1)"),
+    clip=spec.real(1.0, "Sensitivity of a silo's sum to one sample.", bounds="> 0"),
+    etas=spec.numbers(["-0.5", "0", "0.5", "1", "2", "5"], "Shapes eta (> -1) of the "
+                      "truncated negative binomial.", bounds="> -1"),
+    mean_trials=spec.real(10.0, "E[h], the mean number of lambdas tried (> 1).",
+                          bounds="> 1"),
+    num_lambdas=spec.integer(100, "Log-spaced lambdas in [1e-3, 1e2] (and 0).",
+                             bounds=">= 1"),
+    monte_carlo_trials=spec.integer(500, "Samples of the model per lambda (the thesis "
+                                    "ran 500) to check the closed form; 0: none.",
+                                    bounds=">= 0"),
+    seed=spec.integer(0, "Seed of the Monte Carlo check."),
+    **common.output_group(output=("tuning_cost.csv", "CSV rows are appended to."),
+                          plot=("tuning_cost.png", "Figure path.")),
+)
+SPEC.define()
 
 SIGNATURE = ("condition", "lam", "error")
 
 
-@dataclasses.dataclass(frozen=True)
-class Settings:
-  """`benchmarks.tuning_cost`'s flags, checked (`from_flags`)."""
-  num_silos: int
-  n: int
-  sigma: float
-  tau: float
-  epsilon: float
-  delta: float
-  clip: float
-  etas: tuple
-  mean_trials: float
-  num_lambdas: int
-  monte_carlo_trials: int
-  seed: int
-  output: str
-  plot: str
+class Settings(SPEC.settings_class("_Fields", module=__name__)):
+  """`benchmarks.tuning_cost`'s settings (`SPEC`), checked (`from_flags`)."""
 
   @classmethod
   def from_flags(cls) -> "Settings":
     """Checks the flags; raises UsageError."""
-    etas = common.parse_numbers(FLAGS.etas, float, "etas")
-    common.check_bounds(etas=etas)
+    values = dict(SPEC.values(), etas=SPEC.parsed("etas"))
+    SPEC.check_ranges(values)
     common.check_output(FLAGS.output, SIGNATURE)
     common.check_figure_path(FLAGS.plot)
-    return cls(etas=tuple(etas), **common.flag_values(
-        "num_silos", "n", "sigma", "tau", "epsilon", "delta", "clip", "mean_trials",
-        "num_lambdas", "monte_carlo_trials", "seed", "output", "plot"))
+    return cls(**values)
 
 
 def _conditions(s):

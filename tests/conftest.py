@@ -67,18 +67,36 @@ def _stop_tff_workers_at_end():
 
 
 def pytest_collection_modifyitems(items):
-  """The Ray cluster's tests first (a stable sort: the rest keep their order). Their
+  """Marks the tests of a Ray cluster `ray` (and `slow`) and those of the real data
+  `real_data` (by the fixtures they use). The Ray cluster's tests first (a stable sort: the
+  rest keep their order). Their
   cluster and its workers take ~6 GB; run first, on the worker whose share begins
   with them (worksteal takes from the end of a share), they are done before the
   test workers grow (TensorFlow keeps every XLA program it compiled: 5-7 GB a
   worker by the end of the suite), where together they exhausted a 24 GB machine
   and Ray's memory monitor killed the cluster's tasks."""
-  items.sort(key=lambda item: not item.nodeid.startswith("tests/benchmarks/test_ray.py"))
+  for item in items:
+    if "cluster" in item.fixturenames:   # a cluster's start and workers: slow
+      item.add_marker(pytest.mark.ray)
+      item.add_marker(pytest.mark.slow)
+    if "shared_data" in item.fixturenames:
+      item.add_marker(pytest.mark.real_data)
+  items.sort(key=lambda item: item.get_closest_marker("ray") is None)
+
+
+MARKERS = {
+    "cli": "starts a Python subprocess (a binary)",
+    "ray": "starts and uses a Ray cluster (the `cluster` fixture; `--extra ray`)",
+    "real_data": "reads ../shared/data (the `shared_data` fixture)",
+    "tff": "runs computations on TFF's runtime (its C++ worker process)",
+    "slow": "takes 15 s or more alone on a 2-core machine; `pytest -m 'not slow'` is "
+            "the quick loop",
+}
 
 
 def pytest_configure(config):
-  config.addinivalue_line("markers", "cli: starts a Python subprocess (a binary); "
-                          "`pytest -m 'not cli'` leaves these out for a quick loop")
+  for name, text in MARKERS.items():
+    config.addinivalue_line("markers", f"{name}: {text}")
 
 
 @pytest.fixture(autouse=True)
@@ -98,3 +116,25 @@ def _only_cli_tests_start_python(request, monkeypatch):
       super().__init__(args, *rest, **kwargs)
 
   monkeypatch.setattr(subprocess, "Popen", Refused)
+
+
+@pytest.fixture(autouse=True)
+def _only_tff_tests_run_tff(request):
+  """A test that invokes a computation on TFF's runtime in its own process must be
+  marked `tff`: a context that refuses every invocation sits on TFF's context stack
+  (of the test's thread) through every other test. Where the collected tests
+  imported TensorFlow (the whole suite), TFF is imported for it; a run of tests
+  without TensorFlow pays no TFF import."""
+  import sys
+  if request.node.get_closest_marker("tff") or "tensorflow" not in sys.modules:
+    yield
+    return
+  import tensorflow_federated as tff
+
+  class NoRuntime(tff.framework.SyncContext):
+    def invoke(self, comp, arg):
+      raise AssertionError("this test runs a computation on TFF's runtime: mark it "
+                           "@pytest.mark.tff")
+
+  with tff.framework.get_context_stack().install(NoRuntime()):
+    yield

@@ -8,10 +8,15 @@ checks of what was given (one-line `UsageError`s), the `flags` record and the ke
         finetune_fraction=spec.real(0.5, "Fraction of rounds FedAvg runs.",
                                     bounds="[0, 1]", applies_to=("finetune",),
                                     key="where_applies"))
-    SPEC.define()             # at import, in the binary's module
-    values = SPEC.values()    # after parsing: {name: value}, lists as tuples
-    SPEC.check(values, methods=values["methods"], dataset=..., private=...)
+    SPEC.define()                # at import, in the binary's module
+    SPEC.check_choices()         # after parsing; then what was given for nothing:
+    SPEC.check_applies(FLAGS.methods, FLAGS.dataset, private=...)
+    values = SPEC.values()       # {name: value}, lists as tuples
+    SPEC.check_ranges(values)    # with presets filled in, lists parsed
+    SPEC.key(settings, method)   # the settings a run of `method` depends on
 
+Groups of settings that several binaries share are dicts of `Param`s
+(`benchmarks.common`'s `*_group`), which a `Spec` takes in (`options` changes them).
 Imports no TensorFlow (absl only), nor any other module of `benchmarks`.
 """
 
@@ -31,17 +36,22 @@ class UsageError(ValueError):
   """A bad flag or input; reported as one line."""
 
 
-KINDS = ("string", "integer", "float", "bool", "list", "shared")
+KINDS = ("string", "integer", "float", "bool", "list")
 KEYS = ("always", "where_applies", "only_where_applies")
+# Every range a `Spec` or `common.define_bounds` declared, by flag: (its text, the
+# module that declared it); and every output path whose default is a file under
+# --output_dir, by flag: that file (`common.resolve_output_flags` fills them in).
+RANGES = {}
+OUTPUTS = {}
 
 
 @dataclasses.dataclass(frozen=True)
 class Param:
   """One setting and its flag.
 
-  kind: one of KINDS (`shared`: a flag a group of `benchmarks.common` defines,
-    which the settings read and check as their own); a list's items are `item`s
-    (str, int or float), parsed, finite and distinct. help may name `{choices}`.
+  kind: one of KINDS; a list's items are `item`s (str, int or float), parsed,
+    finite and (where `unique`: a grid would run a repeat twice) distinct. help may
+    name `{choices}`.
   bounds: a range `>= 1`, `> 0`, `(0, 1]` ... of the value (each item of a list),
     added to the help and checked.
   applies_to: the methods it affects; given for none of --methods, an error.
@@ -52,6 +62,7 @@ class Param:
     where_applies (its value where it applies to the run, else None),
     only_where_applies (present where it applies), or None (not at all); under its
     own name, or `key_as` (a key's name from before a flag was renamed).
+  output: a path whose default (unset) is this file or folder under --output_dir.
   """
   kind: str
   default: Any
@@ -66,6 +77,8 @@ class Param:
   given: bool = True
   key: Optional[str] = None
   key_as: Optional[str] = None
+  unique: bool = True
+  output: Optional[str] = None
 
   def __post_init__(self):
     if self.kind not in KINDS:
@@ -78,6 +91,9 @@ class Param:
   def text(self) -> str:
     """The flag's help: with its choices and range."""
     text = self.help.format(choices=", ".join(self.choices or ()))
+    if self.output is not None:
+      where = "--output_dir" if self.output == "." else f"--output_dir/{self.output}"
+      text += f" (default: {where})"
     return text + (f" Range: {self.bounds}." if self.bounds else "")
 
 
@@ -97,8 +113,9 @@ def boolean(default, help, **options) -> Param:
   return Param("bool", default, help, **options)
 
 
-def shared(**options) -> Param:
-  return Param("shared", None, "", **options)
+def options(group: dict, **changes) -> dict:
+  """The `Param`s of `group` with `changes` (`given=False`, `applies_to=...`)."""
+  return {name: dataclasses.replace(param, **changes) for name, param in group.items()}
 
 
 def strings(default, help, **options) -> Param:
@@ -164,6 +181,13 @@ def check_unique(name: str, values) -> None:
     seen.add(value)
 
 
+def calling_module(depth: int = 2) -> str:
+  """The name absl files a flag under when the module `depth` frames up defines it
+  (a `__main__`: by its file)."""
+  name = sys._getframe(depth).f_globals["__name__"]
+  return sys.argv[0] if name == "__main__" else name
+
+
 _DEFINE = {"string": flags.DEFINE_string, "integer": flags.DEFINE_integer,
            "float": flags.DEFINE_float, "bool": flags.DEFINE_bool,
            "list": flags.DEFINE_list}
@@ -180,19 +204,16 @@ class Spec:
           raise ValueError(f"setting {name!r} is declared twice")
         self.params[name] = param
 
-  def __contains__(self, name) -> bool:
-    return name in self.params
-
   def define(self, flag_values=flags.FLAGS, module_name: Optional[str] = None) -> None:
     """Defines every setting's flag in `flag_values`, as the calling module's (the
-    binary's: its --help lists them; absl names a `__main__` by its file)."""
-    if module_name is None:
-      module_name = sys._getframe(1).f_globals["__name__"]
-      if module_name == "__main__":
-        module_name = sys.argv[0]
+    binary's: its --help lists them)."""
+    module_name = module_name or calling_module()
     for name, param in self.params.items():
-      if param.kind == "shared":
-        continue
+      if flag_values is flags.FLAGS:   # (a test's own FlagValues: not the binary's)
+        if param.bounds is not None:
+          RANGES[name] = (param.bounds, module_name)
+        if param.output is not None:
+          OUTPUTS[name] = param.output
       _DEFINE[param.kind](name, param.default, param.text(), flag_values=flag_values,
                           module_name=module_name)
 
@@ -210,7 +231,8 @@ class Spec:
   def parsed(self, name: str, flag_values=flags.FLAGS):
     """List setting `name`'s items parsed (`parse_items`), None when unset."""
     param, raw = self.params[name], flag_values[name].value
-    return None if raw is None else tuple(parse_items(name, raw, param.item))
+    return None if raw is None else tuple(parse_items(name, raw, param.item,
+                                                      param.unique))
 
   def check_choices(self, flag_values=flags.FLAGS) -> None:
     """UsageError for a value outside its setting's choices."""
@@ -218,10 +240,10 @@ class Spec:
       value = flag_values[name].value
       if param.choices is None or value is None:
         continue
-      if param.kind == "list":
-        if not value or any(v not in param.choices for v in value):
+      if param.kind == "list":   # (given empty: `common.check_given_lists`)
+        if any(v not in param.choices for v in value):
           raise UsageError(f"--{name} must be among {', '.join(param.choices)}; got "
-                           f"{','.join(value) or 'nothing'}")
+                           f"{','.join(value)}")
         parse_items(name, value, str)
       elif value not in param.choices:
         raise UsageError(f"--{name} must be one of {', '.join(param.choices)}; got "
@@ -229,16 +251,13 @@ class Spec:
 
   def check_ranges(self, resolved: dict, flag_values=flags.FLAGS) -> None:
     """UsageError for the first setting out of its range: its value in `resolved`
-    (a number, or a list's parsed items; a preset filled in) or else the flag's."""
+    (a number, or a list's items; a preset filled in) or else the flag's."""
     for name, param in self.params.items():
       if param.bounds is None:
         continue
-      if name in resolved:
-        value = resolved[name]
-      elif param.kind == "list":
-        value = self.parsed(name, flag_values)
-      else:
-        value = flag_values[name].value
+      value = resolved[name] if name in resolved else flag_values[name].value
+      if param.kind == "list" and value and isinstance(value[0], str):
+        value = self.parsed(name, flag_values)   # as given: parsed here
       check_range(name, param.bounds, value)
 
   def check_applies(self, methods, dataset, private: bool = True,

@@ -33,6 +33,7 @@ def _rounds(process, silos, rounds, noise=0.0):
   return state, clients
 
 
+@pytest.mark.tff
 def test_mrmtl_global_is_weighted_mean_of_personal_models():
   process = process_for(
       algorithms.mrmtl_algorithm(MODEL, SILOS.feature_shape, lam=0.5, **COMMON))
@@ -44,6 +45,7 @@ def test_mrmtl_global_is_weighted_mean_of_personal_models():
     np.testing.assert_allclose(g, mean, rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.tff
 def test_local_training_ignores_other_silos():
   process = process_for(
       algorithms.local_algorithm(MODEL, SILOS.feature_shape, **COMMON))
@@ -57,6 +59,7 @@ def test_local_training_ignores_other_silos():
     np.testing.assert_array_equal(clients[k][0], clients_changed[k][0])
 
 
+@pytest.mark.tff
 def test_mean_regularization_pulls_towards_the_mean():
   spread = []
   for lam in (0.0, 10.0):
@@ -67,6 +70,7 @@ def test_mean_regularization_pulls_towards_the_mean():
   assert spread[1] < 0.5 * spread[0]
 
 
+@pytest.mark.tff
 def test_fedavg_with_one_silo_is_local_training():
   one = data.make_silos("one", "regression", SILOS.x_train[:1], SILOS.y_train[:1],
                         SILOS.x_test[:1], SILOS.y_test[:1])
@@ -78,6 +82,7 @@ def test_fedavg_with_one_silo_is_local_training():
     np.testing.assert_allclose(g, c, rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.tff
 def test_finetune_freezes_the_global_model_after_the_switch():
   process = process_for(
       algorithms.finetune_algorithm(MODEL, SILOS.feature_shape, total_rounds=4,
@@ -93,6 +98,7 @@ def test_finetune_freezes_the_global_model_after_the_switch():
   assert not process.uses_client_state(2) and process.uses_client_state(3)
 
 
+@pytest.mark.tff
 def test_unweighted_aggregator_differs_from_weighted():
   sizes = [10, 60, 20, 40]
   xs = [x[:n] for x, n in zip(SILOS.x_train, sizes)]
@@ -107,6 +113,7 @@ def test_unweighted_aggregator_differs_from_weighted():
   assert not np.allclose(results[0], results[1])
 
 
+@pytest.mark.tff
 def test_ditto_accounts_twice_the_epochs():
   dp = dict(COMMON, l2_norm_clip=1.0)
   ditto = process_for(
@@ -171,6 +178,7 @@ def test_silo_event_is_what_the_ledger_spends():
     assert accountant.get_epsilon(1e-4) == pytest.approx(privacy.epsilon_spent[k])
 
 
+@pytest.mark.tff
 def test_silo_specific_privacy_targets():
   process = process_for(algorithms.mrmtl_algorithm(MODEL, SILOS.feature_shape, lam=1.0,
                                                    l2_norm_clip=1.0, **COMMON))
@@ -207,6 +215,7 @@ def test_a_run_with_given_noise_reports_what_it_spends():
                    target_epsilon=1.0, target_delta=1e-4, protocol=PAPER)
 
 
+@pytest.mark.tff
 def test_simulation_evaluates_global_model_for_fedavg():
   process = process_for(
       algorithms.fedavg_algorithm(MODEL, SILOS.feature_shape, **COMMON))
@@ -240,6 +249,7 @@ def test_simulation_argument_errors():
                    protocol=PrivacyProtocol("replace_one"))
 
 
+@pytest.mark.tff
 def test_no_worker_left_after_a_run():
   process = process_for(
       algorithms.local_algorithm(MODEL, SILOS.feature_shape, **COMMON))
@@ -248,6 +258,7 @@ def test_no_worker_left_after_a_run():
       runtime._exited(p) for p in runtime._children_named(runtime.WORKER_NAME))
 
 
+@pytest.mark.tff
 def test_digits_cnn_round():
   digits = data.load_rotated_masked_digits(num_silos=4, seed=0)
   model = models.small_cnn(digits.feature_shape, 10, channels=(4, 8))

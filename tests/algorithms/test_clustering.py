@@ -29,6 +29,7 @@ def _inputs(silos, selection_epsilon=0.0, seed=0):
           for k, (x, y) in enumerate(zip(silos.x_train, silos.y_train))]
 
 
+@pytest.mark.tff
 def test_ifca_recovers_the_true_clusters():
   process = process_for(
       ifca.ifca_algorithm(MODEL, USERS.feature_shape, total_rounds=15,
@@ -40,6 +41,7 @@ def test_ifca_recovers_the_true_clusters():
   assert result.test_metric < 0.2 * run_simulation(fedavg, USERS, rounds=15).test_metric
 
 
+@pytest.mark.tff
 def test_one_cluster_ifca_is_fedavg():
   config = LocalTrainingConfig(learning_rate=0.1, batch_size=10)
   one = process_for(
@@ -57,6 +59,7 @@ def test_one_cluster_ifca_is_fedavg():
     np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.tff
 def test_cluster_models_are_weighted_means_of_their_members():
   config = LocalTrainingConfig(learning_rate=0.1, batch_size=10)
   process = process_for(
@@ -79,6 +82,7 @@ def test_cluster_models_are_weighted_means_of_their_members():
   np.testing.assert_array_equal(metrics["cluster_sizes"], counts)
 
 
+@pytest.mark.tff
 def test_private_selection_follows_its_epsilon():
   config = LocalTrainingConfig(learning_rate=0.1, batch_size=10)
   process = process_for(
@@ -101,6 +105,7 @@ def test_private_selection_follows_its_epsilon():
   assert abs(agreement - 0.5) < 4 * 0.5 / np.sqrt(80)
 
 
+@pytest.mark.tff
 def test_dp_process_refuses_exact_selection():
   config = LocalTrainingConfig(learning_rate=0.1, batch_size=10, l2_norm_clip=1.0)
   process = process_for(
@@ -148,6 +153,7 @@ def test_selection_budget_is_composed_with_dp_sgd():
         selection_epsilon=0.09, num_selections=20))
 
 
+@pytest.mark.slow
 def test_preconditioned_methods_train_personal_models_within_clusters():
   digits = data.load_rotated_masked_digits(num_silos=8, seed=0)
   model = models.small_cnn(digits.feature_shape, 10, channels=(4, 8))
@@ -205,6 +211,7 @@ def _galli_definition(k, nu, **kwargs):
                                        batch_size=10, num_clusters=k, nu=nu, **kwargs)
 
 
+@pytest.mark.tff
 def test_one_hypothesis_without_noise_is_the_mean_of_trained_models():
   users = data.two_cluster_linear_silos(num_users=5, seed=1)
   process = _galli(1, None)
@@ -238,6 +245,7 @@ def test_dprivate_clustering_finds_galli_hypotheses_and_tracks_leakage():
   np.testing.assert_allclose(found, sorted(data.synthetic.GALLI_THETAS), atol=1.0)
 
 
+@pytest.mark.tff
 def test_leakage_cap_makes_users_decline():
   users = data.two_cluster_linear_silos(num_users=10, seed=0)
   result = run_dprivate_clustering(_galli(2, 5.0), users, rounds=30, clients_per_round=5,

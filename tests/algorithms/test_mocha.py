@@ -83,6 +83,7 @@ def test_relationship_of_fewer_parameters_than_silos():
 
 
 @pytest.mark.parametrize("backend", ["tff", "vectorized"])
+@pytest.mark.tff
 def test_every_step_follows_the_objectives_gradient(backend):
   """Full batches (B >= n), two local epochs a round: each step is w_k -= lr (grad
   f_k(w_k) + lam sum_j Omega_kj w_j), silo k's own row current and the others'
@@ -123,6 +124,7 @@ def _assert_same(reference, vectorized):
 
 
 @pytest.mark.parametrize("setting", sorted(SETTINGS))
+@pytest.mark.tff
 def test_vectorized_mocha_computes_what_the_tff_process_computes(setting):
   options, run = SETTINGS[setting]
   definition = _mocha(**options)

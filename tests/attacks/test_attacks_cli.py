@@ -37,9 +37,11 @@ def test_bad_flags_end_in_one_line(args, message):
   assert "Traceback" not in done.stderr
 
 
-def test_saved_runs_are_attacked_from_their_files(tmp_path):
+@pytest.mark.slow
+def test_saved_runs_are_attacked_from_their_files(tmp_path, monkeypatch):
   """benchmarks.run --save_models, then --run: per-silo and pooled rows with the
-  TPR at low FPR, the epsilon each saved silo spent."""
+  TPR at low FPR, the epsilon each saved silo spent. Another machine's data-check
+  key, or none, is one line (RELIABILITY_CASES H01, H02)."""
   saved = tmp_path / "saved"
   trained = binaries.run("run", "--dataset=synthetic", "--methods=local", "--rounds=2",
                          "--epsilon=4", f"--output={tmp_path}/r.csv",
@@ -58,6 +60,13 @@ def test_saved_runs_are_attacked_from_their_files(tmp_path):
   assert again.returncode == 0, again.stderr
   assert "shadow runs" not in again.stderr   # a finished attack is not redone
   assert len(pd.read_csv(tmp_path / "m.csv")) == 21
+  (tmp_path / "other.key").write_bytes(bytes(range(32)))
+  for key in ("other.key", "missing/none.key"):
+    monkeypatch.setenv("TFF_SILO_DATA_KEY", str(tmp_path / key))
+    foreign = binaries.run("attacks", f"--run={saved}", f"--mia_output={tmp_path}/f.csv",
+                           fresh=True)   # (a driver keeps the key it started with)
+    assert foreign.returncode == 2 and "Traceback" not in foreign.stderr
+    assert "data check is keyed by data-check key" in foreign.stderr, foreign.stderr
   weights = next(saved.glob("*/weights.npz"))   # a damaged run: one line naming it
   weights.write_bytes(weights.read_bytes()[:100])
   damaged = _run(f"--run={saved}", f"--mia_output={tmp_path}/m2.csv")
@@ -65,6 +74,7 @@ def test_saved_runs_are_attacked_from_their_files(tmp_path):
   assert "weights.npz is damaged" in damaged.stderr.strip().splitlines()[-1]
 
 
+@pytest.mark.slow
 def test_a_saved_image_run_is_inverted_at_round_0_and_after_training(tmp_path):
   saved = tmp_path / "saved"
   trained = binaries.run("run", "--dataset=digits", "--methods=local", "--rounds=1",
@@ -78,6 +88,7 @@ def test_a_saved_image_run_is_inverted_at_round_0_and_after_training(tmp_path):
   assert rows.psnr.notna().all() and (rows.dataset == "digits").all()
 
 
+@pytest.mark.slow
 def test_a_tiny_run_writes_rows_figures_and_the_membership_table(tmp_path):
   out = str(tmp_path)
   args = ["--image_size=8", "--images=2", "--iterations=20", "--methods=idlg",

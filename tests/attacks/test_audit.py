@@ -69,6 +69,7 @@ def test_canaries_are_one_feature_examples_included_by_the_auditors_seed():
 
 
 @pytest.mark.cli
+@pytest.mark.slow
 def test_honest_runs_stay_below_their_epsilon_and_a_quarter_noise_does_not(tmp_path):
   out = tmp_path / "audit.csv"
   # 2,000 canaries and 200 guesses a side: with the defaults (1,000; 100) a quarter

@@ -67,6 +67,7 @@ def test_tpr_at_low_fpr_is_the_best_threshold_within_the_fpr(memorized):
     assert got[0.1] < 0.3
 
 
+@pytest.mark.tff
 def test_silo_models_of_a_simulation_are_attacked_with_logits():
   silos = load_rotated_masked_digits(num_silos=4, test_fraction=0.5, seed=0)
   model = models.model_for(silos)

@@ -58,6 +58,7 @@ def test_each_samplers_tail_is_added_to_the_silo_level_delta():
   assert aggregators.choose("mean", num_silos=10, rounds=50).silo_delta_tail(50, 29) == 0
 
 
+@pytest.mark.tff
 def test_dp_fixed_adds_the_noise_it_is_accounted_for():
   """The mean of 6 zero updates: integer noise of std z_g clip / 6 in every
   coordinate, z_g >= z the grid multiplier of z over 4,000 coordinates; a clipped
@@ -89,6 +90,7 @@ def test_dp_fixed_adds_the_noise_it_is_accounted_for():
 
 
 @pytest.mark.parametrize("name", aggregators.BUILTINS)
+@pytest.mark.tff
 def test_every_builtin_runs_mrmtl_on_tffs_runtime(name):
   dp = (dict(silo_epsilon=4.0, silo_delta=1e-3) if name in aggregators.DP_BUILTINS
         else {})
@@ -132,6 +134,7 @@ def test_bad_aggregators_fail_in_one_line(spec, kwargs, message):
   assert message in str(raised.value) and "\n" not in str(raised.value)
 
 
+@pytest.mark.tff
 def test_the_trimmed_mean_is_scipys_per_coordinate():
   from tff_silo.trimmed_mean import TrimmedMeanFactory
   value_type = tff.to_type((tff.TensorType(np.float32, [3]),
@@ -150,6 +153,7 @@ def test_the_trimmed_mean_is_scipys_per_coordinate():
     TrimmedMeanFactory(0.5)
 
 
+@pytest.mark.tff
 def test_the_trimmed_mean_runs_by_module_path():
   choice = aggregators.choose("tff_silo.trimmed_mean:TrimmedMeanFactory", num_silos=6,
                               rounds=3)

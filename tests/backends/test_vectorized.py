@@ -114,6 +114,7 @@ CASES = sorted({(name, "poisson_assumed_size") for name in ALGORITHMS}
 
 
 @pytest.mark.parametrize("name, setting", CASES)
+@pytest.mark.tff
 def test_vectorized_backend_computes_what_the_tff_process_computes(name, setting):
   options, run = SETTINGS[setting]
   _assert_same(*_both(_process(name, **options), SILOS, **run))
@@ -130,6 +131,7 @@ def test_the_parity_check_can_fail():
 
 
 @pytest.mark.parametrize("name", ["mrmtl", "ditto", "finetune"])
+@pytest.mark.slow
 def test_stacked_runs_compute_what_each_run_computes_alone(name):
   """A grid's runs (epsilons, seeds, another dataset, learning rates, lambdas, a run
   without DP) as the silos of one program: each run's weights, metrics, epsilon and
@@ -234,6 +236,7 @@ def _small_digits():
 
 
 @pytest.mark.parametrize("stacked", ["gradients", "apply", "neither"])
+@pytest.mark.tff
 def test_unweighted_mean_and_a_cnn_without_closed_form_gradients(stacked):
   """The CNN's stacked per-example gradients; without them, each example's own
   copy of its silo's weights through `stacked_apply_fn`; without either,
@@ -251,6 +254,7 @@ def test_unweighted_mean_and_a_cnn_without_closed_form_gradients(stacked):
 
 
 @pytest.mark.parametrize("path", ["stacked", "own_copies"])
+@pytest.mark.tff
 def test_dp_cnn_examples_in_memory_chunks_compute_the_same(monkeypatch, path):
   """A budget of 3 examples' working sets: each step's ~16 examples of 4 silos go
   through in chunks of at most 3 (the last padded, a silo's split across chunks),
@@ -299,6 +303,7 @@ def test_dp_cnn_factored_clipping_equals_clipping_autodiff_gradients():
   _assert_same(results[0], compiled, atol=1e-5)
 
 
+@pytest.mark.tff
 def test_dp_linear_examples_in_compiled_padded_chunks_compute_the_same(monkeypatch):
   """The linear form's compiled chunks: a budget of 3 examples' working sets, each
   step's examples in chunks of 3 (a silo's split across chunks, the last chunk
@@ -412,6 +417,7 @@ IFCA_CASES = {
 
 
 @pytest.mark.parametrize("case", sorted(IFCA_CASES))
+@pytest.mark.tff
 def test_vectorized_ifca_computes_what_the_tff_process_computes(case):
   options, run = IFCA_CASES[case]
   definition = algorithms.ifca_algorithm(
@@ -423,6 +429,7 @@ def test_vectorized_ifca_computes_what_the_tff_process_computes(case):
 
 
 @pytest.mark.parametrize("after", ["fedavg", "mrmtl"])
+@pytest.mark.slow
 def test_stacked_ifca_runs_compute_what_each_run_computes_alone(after):
   """IFCA's runs of seeds, epsilons, learning rates, lambdas and another dataset as
   one program, each with its own G clusters: each run's clusters, weights, metrics
@@ -489,6 +496,8 @@ def test_map_in_chunks_is_vectorized_map():
       np.testing.assert_array_equal(a.numpy(), b.numpy())
 
 
+@pytest.mark.slow
+@pytest.mark.tff
 def test_vectorized_private_selection_draws_the_tff_noise():
   """Over seeds, the private choices vary and both backends make the same ones."""
   options, run = IFCA_CASES["fedavg_dp_selection"]
@@ -503,6 +512,7 @@ def test_vectorized_private_selection_draws_the_tff_noise():
   assert len(np.unique(choices["tff"])) == 3
 
 
+@pytest.mark.tff
 def test_vectorized_ifca_on_a_cnn():
   small, cnn = _small_digits()
   definition = algorithms.ifca_algorithm(
@@ -516,6 +526,7 @@ def test_vectorized_ifca_on_a_cnn():
 
 
 @pytest.mark.parametrize("nu, cap", [(5.0, 1.2), (None, None)])
+@pytest.mark.tff
 def test_vectorized_dprivate_clustering_computes_what_the_tff_process_computes(nu, cap):
   """Sanitized (35 participations against a cap of 3 for each of 10 users: some
   decline) and plain."""
@@ -596,6 +607,7 @@ def test_a_vectorized_run_never_imports_tff(tmp_path, binary, args):
   assert out.exists()
 
 
+@pytest.mark.tff
 def test_an_algorithm_definition_runs_on_both_backends():
   definition = algorithms.mrmtl_algorithm(MODEL, SILOS.feature_shape, lam=0.5,
                                           client_learning_rate=0.1, batch_size=8)

@@ -70,12 +70,14 @@ def _assert_close(want, got, grid_atol=0.0):
 
 
 @pytest.mark.parametrize("case", COMPILED)
+@pytest.mark.slow
 def test_an_xla_round_computes_what_the_traced_round_computes(case, tmp_path):
   want = _run(case, str(tmp_path / "a"), False)
   grid_atol = _grid_tolerance(case, want)
   _assert_close(want, _run(case, str(tmp_path / "b"), True), grid_atol)
 
 
+@pytest.mark.slow
 def test_xla_hypernetwork_rounds_pad_the_users_they_sample(tmp_path, monkeypatch):
   """Seed 227 samples 3, 0, 1 and 2 of the 4 users in rounds 1-4: the compiled
   rounds run 4 (one padding), 1 (all padding), 1 and 2 users, and compute what the
@@ -90,6 +92,7 @@ def test_xla_hypernetwork_rounds_pad_the_users_they_sample(tmp_path, monkeypatch
                 _run("hypernet_udp", str(tmp_path / "b"), True))
 
 
+@pytest.mark.slow
 def test_xla_dprivate_rounds_pad_the_users_they_sample():
   """3 of 10 users a round, padded to 4; in later rounds users decline at their
   leakage cap (3 participations each, 36 asked for), so fewer take part. The
@@ -115,6 +118,7 @@ def test_xla_dprivate_rounds_pad_the_users_they_sample():
 
 
 @pytest.mark.parametrize("case", ["mrmtl_dp_poisson", "mrmtl_dp_cnn"])
+@pytest.mark.slow
 def test_an_xla_dp_step_in_static_chunks_computes_the_same(case, tmp_path, monkeypatch):
   """Chunks of 3 examples: a step's ~8-16 examples go through the XLA path's loop
   over static chunks several times, the last chunk padded."""

@@ -196,6 +196,7 @@ def test_mocha_runs_from_the_command_line(tmp_path):
 
 
 @pytest.mark.cli
+@pytest.mark.slow
 def test_aggregators_from_the_command_line(tmp_path):
   """A built-in with silo-level DP and a user's factory by module path: each row
   says which ran, its parameters, its measurements and its own guarantee."""
@@ -335,6 +336,7 @@ def test_clustering_rows_record_cluster_quality_and_leakage(tmp_path):
 
 
 @pytest.mark.cli
+@pytest.mark.slow
 def test_rotated_fashion_mnist_users_train_dprivate_clustering(tmp_path, idx_files):
   """Galli et al. Table 4's stand-in: 200 users of 250 / 40 images (the IDX files
   the test writes), half rotated, two hypotheses near the model's initialization."""
@@ -352,6 +354,7 @@ def test_rotated_fashion_mnist_users_train_dprivate_clustering(tmp_path, idx_fil
 
 
 @pytest.mark.cli
+@pytest.mark.slow
 def test_speed_times_both_backends_side_by_side(tmp_path):
   """`benchmarks.speed --parts=hypernet,protocol,calibration`: one fresh UDP-Alg run
   per backend, the same accuracy on both, and the medians' ratios printed; a School

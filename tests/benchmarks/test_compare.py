@@ -45,6 +45,7 @@ def _finished(tmp_path, *flags, csv="c.csv"):
 
 
 @pytest.mark.cli
+@pytest.mark.slow
 def test_a_tiny_grid_selects_on_validation_and_writes_its_outputs(tmp_path):
   out = tmp_path / "out"
   proc, rows, selected = _finished(out, *TINY, f"--output_dir={out}",
@@ -77,6 +78,7 @@ def test_a_tiny_grid_selects_on_validation_and_writes_its_outputs(tmp_path):
 
 
 @pytest.mark.cli
+@pytest.mark.slow
 def test_batches_running_at_once_write_what_one_at_a_time_writes(tmp_path):
   """Two batches at once (threads, the default) and one at a time: the same rows
   in the same order, timings aside."""
@@ -91,6 +93,7 @@ def test_batches_running_at_once_write_what_one_at_a_time_writes(tmp_path):
 
 
 @pytest.mark.cli
+@pytest.mark.slow
 def test_a_killed_run_resumes_without_redoing_finished_trials(tmp_path):
   proc = _compare(tmp_path, *TINY, "--lams=0.01,0.1,1,10", popen=True)
   deadline = time.monotonic() + 300
@@ -113,6 +116,7 @@ def test_a_killed_run_resumes_without_redoing_finished_trials(tmp_path):
 
 
 @pytest.mark.cli
+@pytest.mark.slow
 def test_a_killed_private_tuning_resumes_from_its_partial_trials(tmp_path):
   """Under private tuning finished trials wait in the partial file (each marked
   outside the guarantee) until their cell is selected; a rerun picks them up, and
@@ -260,6 +264,7 @@ def test_mocha_is_tuned_over_lambda_in_the_grid(tmp_path):
 
 
 @pytest.mark.cli
+@pytest.mark.slow
 def test_the_hypernetwork_runs_with_a_user_level_epsilon(tmp_path):
   """UDP-Alg among the methods: one configuration, its noise calibrated so that T
   user-sampled Gaussian rounds are (epsilon, delta)-DP at the user level, by
@@ -283,6 +288,7 @@ def test_the_hypernetwork_runs_with_a_user_level_epsilon(tmp_path):
 
 
 @pytest.mark.cli
+@pytest.mark.slow
 def test_a_dp_aggregator_reports_its_silo_level_epsilon(tmp_path):
   proc, _, selected = _finished(tmp_path, "--methods=fedavg", "--epsilons=4", "--seeds=0",
                                 "--rounds=3", "--aggregator=dp_fixed", "--silo_epsilon=3")
@@ -297,6 +303,7 @@ def test_a_dp_aggregator_reports_its_silo_level_epsilon(tmp_path):
 
 
 @pytest.mark.cli
+@pytest.mark.slow
 def test_saved_trials_load_with_the_silos_they_trained_on(tmp_path):
   from benchmarks import datasets
   from tff_silo import runs, simulation
@@ -395,6 +402,14 @@ def test_every_trial_of_a_grid_has_keys_of_its_own(tuning):
                                 s, plan_secret=secret))]
     assert plans(12345) == plans(12345)
     assert len({tuple(plans(secret)) for secret in range(5)}) == 5
+    # A method's plans follow its name, not its place in the grid's methods.
+    alone = [p for p in plans(12345) if p[0] == "ditto"]
+    moved = dataclasses.replace(s, methods=("ditto", "mrmtl"))
+    assert [(t["method"], t["epsilon"], t["seed"], t["lam"], t["lr"])
+            for t in grid.trials(moved) if t["method"] == "ditto"] == alone
+    from unittest import mock
+    with mock.patch.object(grid, "METHODS", ("ditto", *grid.METHODS[:4])):
+      assert [p for p in plans(12345) if p[0] == "ditto"] == alone
     with pytest.raises(ValueError, match="plan_secret"):
       grid.trials(dataclasses.replace(s, plan_secret=None))
 

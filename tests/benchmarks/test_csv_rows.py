@@ -85,6 +85,7 @@ def _run(out, *extra):
 
 @pytest.mark.cli
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL], ids=["term", "kill"])
+@pytest.mark.slow
 def test_a_killed_sweep_keeps_its_finished_rows_and_resumes(tmp_path, sig):
   out = tmp_path / "rows.csv"
   proc = _run(out)
@@ -150,3 +151,17 @@ def test_a_write_that_fails_is_one_line_naming_the_file_and_keeps_it(tmp_path,
     common.append_row(path, dict(run_key="b", x=2))
   assert open(path, "rb").read() == before
   assert not [p for p in os.listdir(tmp_path) if p.endswith(".tmp")]
+
+
+def test_a_save_the_disk_refuses_is_one_line_and_keeps_the_row(capsys, tmp_path):
+  """RELIABILITY_CASES D3: ENOSPC while saving a trained run's models lost its row
+  behind a traceback; now the row is kept (saved_to empty) with one line."""
+  def full_disk():
+    raise OSError(errno.ENOSPC, "No space left on device")
+
+  assert common.saved_or_reported(full_disk, "mrmtl lam=1 seed=0") is None
+  err = capsys.readouterr().err.strip().splitlines()
+  assert err == ["error: the models of mrmtl lam=1 seed=0 could not be saved (No space "
+                 "left on device); its row is kept without them (saved_to empty): to "
+                 "save them, make room, remove the row and run the command again"]
+  assert common.saved_or_reported(lambda: str(tmp_path), "x") == str(tmp_path)

@@ -68,18 +68,21 @@ def _both(binary, tmp_path, cluster, *args, output="--output", name="rows.csv",
 
 @pytest.mark.cli
 def test_run_rows_are_the_local_executors(tmp_path, cluster):
-  """Stacked seeds (MR-MTL), IFCA's private selections and DP-SGD, on workers."""
-  rows = _both("run", tmp_path, cluster, "--dataset=synthetic", "--methods=mrmtl,ifca",
+  """Stacked seeds of MR-MTL under DP-SGD, one task on a worker (IFCA's private
+  selections on workers: the sharded test below)."""
+  rows = _both("run", tmp_path, cluster, "--dataset=synthetic", "--methods=mrmtl",
                "--seeds=0,1", "--rounds=3", "--epsilon=3")
-  assert len(rows) == 4 and np.isfinite(rows.test_metric).all()
+  assert len(rows) == 2 and np.isfinite(rows.test_metric).all()
+  assert set(rows.runs_stacked) == {2}
 
 
 @pytest.mark.cli
 def test_a_sharded_run_on_the_cluster_is_the_unsharded_run(tmp_path, cluster):
-  """--shards=2: MR-MTL and IFCA (private selections) with each half of the silos
-  on an actor; the rows' metrics and epsilons are the unsharded run's."""
-  args = ["--dataset=synthetic", "--methods=mrmtl,ifca", "--seeds=0", "--rounds=3",
-          "--epsilon=3"]
+  """--shards=2: IFCA-preconditioned MR-MTL (private selections, then MR-MTL's
+  proximal step) with each half of the silos on an actor; the rows' metrics and
+  epsilons are the unsharded run's."""
+  args = ["--dataset=synthetic", "--methods=ifca_mrmtl", "--seeds=0", "--rounds=3",
+          "--epsilon=3", "--selection_fraction=0.5"]
   rows = {}
   for name, extra in (("alone", []), ("sharded", ["--executor=ray",
                                                   f"--ray_address={cluster}",
@@ -88,7 +91,8 @@ def test_a_sharded_run_on_the_cluster_is_the_unsharded_run(tmp_path, cluster):
     assert done.returncode == 0, done.stderr[-3000:]
     rows[name] = pd.read_csv(tmp_path / f"{name}.csv").sort_values("algorithm")
   alone, sharded = (rows[n].reset_index(drop=True) for n in ("alone", "sharded"))
-  assert list(sharded.shards) == [2, 2] and list(sharded.run_key) == list(alone.run_key)
+  assert list(sharded.shards) == [2] and list(sharded.run_key) == list(alone.run_key)
+  assert sharded.num_selections[0] >= 1
   np.testing.assert_allclose(sharded.test_metric, alone.test_metric, rtol=1e-5)
   np.testing.assert_array_equal(sharded.epsilon_spent_max, alone.epsilon_spent_max)
 
@@ -197,7 +201,7 @@ def test_a_run_killed_on_the_cluster_exits_cleanly_and_resumes(tmp_path, cluster
   handler would dump a stack trace), the finished batches' rows kept; the same
   command resumes."""
   args = [sys.executable, "-m", "benchmarks.compare", "--epsilons=4,inf", "--seeds=0",
-          "--lams=0.01,0.1,1,10", "--rounds=3", f"--output_dir={tmp_path}",
+          "--lams=0.1,1", "--rounds=3", f"--output_dir={tmp_path}",
           "--executor=ray", f"--ray_address={cluster}", "--ray_cpus_per_task=2"]
   proc = subprocess.Popen(args, cwd=binaries.ROOT, stdout=subprocess.PIPE,
                           stderr=subprocess.PIPE, text=True,
@@ -218,7 +222,7 @@ def test_a_run_killed_on_the_cluster_exits_cleanly_and_resumes(tmp_path, cluster
   assert again.returncode == 0, again.stderr[-2000:]
   assert f"{finished} already in" in again.stderr
   rows = pd.read_csv(tmp_path / "compare_quick.csv")
-  assert rows.run_key.is_unique and (rows.row_type == "trial").sum() == (1 + 1 + 4) * 2
+  assert rows.run_key.is_unique and (rows.row_type == "trial").sum() == (1 + 1 + 2) * 2
 
 
 # --- the executor itself, on functions of this module (importable on a worker) ---

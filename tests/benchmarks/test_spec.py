@@ -135,15 +135,17 @@ def test_the_settings_class_is_frozen_with_a_field_per_setting_and_the_extras():
   assert made.given == "{}" and made.fraction == 0.5
 
 
-def test_shared_settings_are_read_and_checked_but_defined_elsewhere():
-  s = spec.Spec(_spec().params, backend=spec.shared(applies_to=("fedavg",)))
-  values = flags.FlagValues()
-  flags.DEFINE_string("backend", "auto", "Defined by a group.", flag_values=values)
-  s.define(values, module_name="binary")
-  values(["binary", "--backend=tff"])
-  assert s.values(values)["backend"] == "tff"
-  with pytest.raises(UsageError, match="--backend applies to --methods=fedavg only"):
+def test_a_group_is_taken_in_with_options_and_its_paths_default_under_output_dir():
+  group = dict(out=spec.string(None, "Rows.", output="rows.csv"),
+               level=spec.real(0.5, "A share.", bounds="(0, 1)"))
+  s = spec.Spec(_spec().params, **spec.options(group, given=False,
+                                               applies_to=("fedavg",)))
+  assert not s.params["out"].given and s.params["level"].applies_to == ("fedavg",)
+  assert s.params["out"].text() == "Rows. (default: --output_dir/rows.csv)"
+  _, values = _parsed(["--level=0.7"], s)
+  with pytest.raises(UsageError, match="--level applies to --methods=fedavg only"):
     s.check_applies(["local"], "digits", False, values)
+  assert "level" not in spec.RANGES   # a test's FlagValues registers nothing
 
 
 def test_a_mistake_in_a_declaration_fails_at_import():

@@ -48,6 +48,7 @@ def test_root_key_holds_the_seed_and_draws_entropy_without_one():
     keys.root_key(-1)
 
 
+@pytest.mark.slow
 def test_school_sized_run_has_no_two_equal_keys():
   """Every key of a School-sized run: 139 silos x 200 rounds, Ditto's two passes of
   Poisson sampling and noise keys per step, shuffle keys per epoch, one IFCA

@@ -76,6 +76,7 @@ def test_vehicle_has_no_public_ranges(shared_data):
     data.load_vehicle(shared_data, standardize="public")
 
 
+@pytest.mark.tff
 def test_dp_standardization_is_charged_and_composed():
   silos = data.heterogeneous_linear_silos(num_silos=3, num_examples=40, dim=3, tau=1.0,
                                           seed=0)

@@ -76,6 +76,7 @@ def _process(users, settings, **kwargs):
                                   settings, **args))
 
 
+@pytest.mark.tff
 def test_one_round_matches_algorithm_1_written_out():
   users = _users()
   settings = UserDPSettings(sampling_rate=0.5, l2_norm_clip=0.05, weight_cap=30.0,
@@ -117,6 +118,7 @@ def test_one_round_matches_algorithm_1_written_out():
   assert metrics["aggregator"]["sigma"] == 0.0
 
 
+@pytest.mark.tff
 def test_a_round_without_users_moves_phi_by_noise_only():
   users = _users()
   settings = UserDPSettings(sampling_rate=0.2, l2_norm_clip=0.1, noise_multiplier=5.0)
@@ -152,6 +154,7 @@ def test_sampling_is_seeded_and_has_rate_q():
   assert any(not np.array_equal(first[0], s) for s in first[1:])
 
 
+@pytest.mark.tff
 def test_run_reports_the_accounted_epsilon_and_learns_without_noise():
   users = _users()
   noisy = UserDPSettings(sampling_rate=0.5, l2_norm_clip=0.1, noise_multiplier=2.0)
@@ -198,6 +201,8 @@ def _algorithm(users, settings, **kwargs):
                    weight_cap=30.0),
     UserDPSettings(sampling_rate=0.5),   # pFedHN: no clip, no noise
 ], ids=["udp_alg", "pfedhn"])
+@pytest.mark.slow
+@pytest.mark.tff
 def test_vectorized_rounds_equal_the_tff_process(settings):
   """Same users, keys and noise: phi and every embedding agree to float32 tolerance
   after rounds with none (noise only; first, so that the program is traced on it),
@@ -223,6 +228,7 @@ def test_vectorized_rounds_equal_the_tff_process(settings):
                              rtol=1e-4, atol=2e-6)
 
 
+@pytest.mark.tff
 def test_vectorized_run_reports_what_the_tff_run_reports():
   users = _users()
   settings = UserDPSettings(sampling_rate=0.5, l2_norm_clip=0.1, noise_multiplier=2.0)

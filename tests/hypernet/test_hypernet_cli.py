@@ -97,6 +97,7 @@ def test_a_user_without_data_ends_in_one_line():
 
 
 @pytest.mark.cli
+@pytest.mark.slow
 def test_tiny_grid_writes_rows_with_the_accounted_epsilon(tmp_path):
   out = tmp_path / "hn.csv"
   done = _run("--rounds=2", "--num_users=6", "--sampling_rates=0.5",

@@ -53,6 +53,7 @@ def test_bad_flags_end_in_one_line(args, message):
   assert "Traceback" not in done.stderr
 
 
+@pytest.mark.slow
 def test_a_tiny_profile_runs_end_to_end(tmp_path):
   """(The tiny profile's smallest silos are one batch: every example a node's
   replacement changes is in it, so a noise small against that shift has no finite

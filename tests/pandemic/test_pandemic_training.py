@@ -93,6 +93,8 @@ def test_traced_programs_capture_the_tables_instead_of_copying_them(scenario):
   assert plain.as_graph_def().ByteSize() > history_bytes
 
 
+@pytest.mark.slow
+@pytest.mark.tff
 def test_node_level_mrmtl_trains_alike_on_both_backends(scenario):
   silos = scenario.silos
   model = features.forecaster(scenario.tables)
@@ -136,6 +138,7 @@ def test_the_forecaster_sharded_trains_what_it_trains_unsharded(data_dir, scenar
   assert sharded["shard_peak_memory_mb"] > 0
 
 
+@pytest.mark.slow
 def test_the_small_profile_is_plausible_and_learnable(tmp_path):
   """50,000 persons (PANDEMIC.md 4.5): the outbreak's figures in their ranges, 30 or
   more positives among the held-out quarter (a positive in every client), and

@@ -137,6 +137,7 @@ def _dp_mrmtl(sampling):
                                                 l2_norm_clip=1.0, sampling=sampling))
 
 
+@pytest.mark.tff
 def test_replace_one_run_spends_dp_accountings_epsilon():
   result = run_simulation(_dp_mrmtl("without_replacement"), SILOS, rounds=3,
                           target_epsilon=2.0, target_delta=1e-4,
@@ -163,6 +164,7 @@ def _one_fewer(silos, silo):
   return data.make_silos(silos.name, silos.task, x, y, silos.x_test, silos.y_test)
 
 
+@pytest.mark.tff
 def test_add_remove_run_releases_nothing_that_depends_on_silo_sizes():
   protocol = PrivacyProtocol(assumed_silo_size=30)
   runs = [run_simulation(_dp_mrmtl("poisson"), silos, rounds=2, target_epsilon=2.0,
@@ -179,6 +181,7 @@ def test_add_remove_run_releases_nothing_that_depends_on_silo_sizes():
   assert paper[0].privacy.sampling_rates[1] != paper[1].privacy.sampling_rates[1]
 
 
+@pytest.mark.tff
 def test_shuffled_runs_are_marked_unbounded_and_ledger_csv(tmp_path):
   path = tmp_path / "ledger.csv"
   result = run_simulation(_dp_mrmtl("shuffle"), SILOS, rounds=2, target_epsilon=2.0,

@@ -91,6 +91,7 @@ def _aggregate(factory, values, weights, value_type=VALUE_TYPE):
   return output.result, output.measurements["sigma"], output.state
 
 
+@pytest.mark.tff
 def test_noise_free_aggregate_is_the_clipped_weighted_sum_over_q_total_weight():
   values = [(np.array([3.0, 0.0, 4.0], np.float32), np.zeros([2, 2], np.float32)),
             (np.array([0.1, 0.0, 0.0], np.float32), np.full([2, 2], 0.05, np.float32))]
@@ -110,6 +111,7 @@ def test_noise_free_aggregate_is_the_clipped_weighted_sum_over_q_total_weight():
                              rtol=1e-6)
 
 
+@pytest.mark.tff
 def test_noise_has_the_calibrated_standard_deviation_even_without_users():
   dim = 20000
   value_type = tff.TensorType(np.float32, [dim])

@@ -2,6 +2,7 @@
 `benchmarks.pandemic` checks its flags against before TensorFlow loads."""
 
 METHODS = ("mrmtl", "local", "fedavg", "centralized")   # `pipeline`
+MODES = ("faithful", "honest")                          # `graph`
 LOSSES = ("focal", "bce")                               # `features`
 ARCHITECTURES = ("logistic", "mlp")                     # `features`
 # `features`: the neighbour feature groups an example keeps (thesis Table 2.3); the

@@ -51,9 +51,9 @@ import pandas as pd
 from scipy import sparse, stats
 
 from tff_silo.pandemic import files
+from tff_silo.pandemic.choices import MODES
 from tff_silo.pandemic.files import DataError
 
-MODES = ("faithful", "honest")
 PARTS = ("all", "train", "held_out")
 D_CENTRALITY, D_PERSONAL, D_EDGE, WINDOW = 2, 8, 10, 21
 D_STATIC = D_CENTRALITY + D_PERSONAL

@@ -55,17 +55,6 @@ def flag_values(*names) -> dict:
           else FLAGS[name].value for name in names}
 
 
-def define_bounds(**ranges) -> None:
-  """The allowed range of numeric flags defined without a `Spec`, `name=">= 1"`,
-  `"> 0"`, `"(0, 1)"`, `"(0, 1]"` ...: added to the flag's help and checked by
-  `check_bounds` (`spec.RANGES`, where a `Spec`'s ranges are too)."""
-  module = sys._getframe(1).f_globals["__name__"]
-  for name, text in ranges.items():
-    spec.interval(text)
-    spec.RANGES[name] = (text, module)
-    FLAGS[name].help += f" Range: {text}."
-
-
 def check_bounds(*names, **values) -> None:
   """UsageError for the first flag out of its range (`spec.RANGES`), of `names`
   (default: every range the calling module defined; a process may hold several

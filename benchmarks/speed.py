@@ -80,12 +80,12 @@ import sys
 import tempfile
 import threading
 import time
-from typing import Optional
 
 from absl import flags
 
 from benchmarks import common, configs
 from benchmarks.common import UsageError
+from benchmarks.harness import spec
 
 PARTS = ("school", "digits", "sweep", "ifca", "dprivate", "hypernet", "protocol",
          "calibration", "memory", "cnn_share", "sampling", "xla", "executors",
@@ -102,82 +102,65 @@ SCHOOL = configs.PRESETS["school"]
 SCHOOL_EPSILON = 6.0
 
 FLAGS = flags.FLAGS
-flags.DEFINE_string("data_dir", None, "Folder with school.mat.")
-flags.DEFINE_list("parts", list(DEFAULT_PARTS), f"Comma-separated parts, of {PARTS}.")
-flags.DEFINE_integer("repeats", 3, "Fresh-process runs per backend to take medians of.")
-flags.DEFINE_integer("rounds", 200, "Rounds of a School run.")
-flags.DEFINE_integer("digits_rounds", 20, "Rounds of a digits run.")
-flags.DEFINE_integer("sweep_runs", 20, "School runs in the one-process sweep.")
-flags.DEFINE_integer("dprivate_rounds", 150, "Rounds of a dprivate run.")
-flags.DEFINE_integer("hypernet_rounds", 50, "Rounds of a hypernet run.")
-flags.DEFINE_integer("overhead_tasks", 50, "Tasks of the ray_overhead part.")
-common.define_output_flags(output=("speed.csv", "CSV file rows are appended to."))
+SPEC = spec.Spec(
+    data_dir=spec.string(None, "Folder with school.mat."),
+    parts=spec.strings(list(DEFAULT_PARTS), "Comma-separated parts, of {choices}.",
+                       choices=PARTS),
+    repeats=spec.integer(3, "Fresh-process runs per backend to take medians of.",
+                         bounds=">= 1"),
+    rounds=spec.integer(200, "Rounds of a School run.", bounds=">= 1"),
+    digits_rounds=spec.integer(20, "Rounds of a digits run.", bounds=">= 1"),
+    sweep_runs=spec.integer(20, "School runs in the one-process sweep.", bounds=">= 1"),
+    dprivate_rounds=spec.integer(150, "Rounds of a dprivate run.", bounds=">= 1"),
+    hypernet_rounds=spec.integer(50, "Rounds of a hypernet run.", bounds=">= 1"),
+    overhead_tasks=spec.integer(50, "Tasks of the ray_overhead part.", bounds=">= 1"),
+    **common.output_group(output=("speed.csv", "CSV file rows are appended to.")),
+)
+SPEC.define()
 # The children this binary starts; under a module of their own, out of --help.
 INTERNAL = "benchmarks.speed (internal: the timed children)"
-flags.DEFINE_string("memory_child", None, f"One of {MEMORY_BUDGETS}; run the memory "
-                    "part's round in this process and print it as JSON.",
-                    module_name=INTERNAL)
-flags.DEFINE_bool("cnn_share_child", False, "Run the cnn_share part in this process "
-                  "and print it as JSON.", module_name=INTERNAL)
-flags.DEFINE_bool("sampling_child", False, "Run the sampling part in this process "
-                  "and print it as JSON.", module_name=INTERNAL)
-flags.DEFINE_bool("sweep_child", False, "Run the sweep in this process and print its "
-                  "timings as JSON.", module_name=INTERNAL)
-flags.DEFINE_bool("overhead_child", False, "Run the ray_overhead part in this process "
-                  "and print it as JSON.", module_name=INTERNAL)
-flags.DEFINE_string("calibration_child", None, f"One of {CALIBRATION_PROTOCOLS}; "
-                    "calibrate the School run under it in this process and print the "
-                    "timing as JSON.", module_name=INTERNAL)
-common.define_bounds(repeats=">= 1", rounds=">= 1", digits_rounds=">= 1",
-                     sweep_runs=">= 1", dprivate_rounds=">= 1", hypernet_rounds=">= 1",
-                     overhead_tasks=">= 1")
+CHILDREN = spec.Spec(
+    memory_child=spec.string(None, "One of {choices}; run the memory part's round in "
+                             "this process and print it as JSON.",
+                             choices=MEMORY_BUDGETS),
+    cnn_share_child=spec.boolean(False, "Run the cnn_share part in this process and "
+                                 "print it as JSON."),
+    sampling_child=spec.boolean(False, "Run the sampling part in this process and "
+                                "print it as JSON."),
+    sweep_child=spec.boolean(False, "Run the sweep in this process and print its "
+                             "timings as JSON."),
+    calibration_child=spec.string(None, "One of {choices}; calibrate the School run "
+                                  "under it in this process and print the timing as "
+                                  "JSON.", choices=CALIBRATION_PROTOCOLS),
+    overhead_child=spec.boolean(False, "Run the ray_overhead part in this process and "
+                                "print it as JSON."),
+)
+CHILDREN.define(module_name=INTERNAL)
 
 
-@dataclasses.dataclass(frozen=True)
-class Settings:
-  """`benchmarks.speed`'s flags, checked (`from_flags`)."""
-  parts: tuple
-  data_dir: Optional[str]
-  repeats: int
-  rounds: int
-  digits_rounds: int
-  sweep_runs: int
-  dprivate_rounds: int
-  hypernet_rounds: int
-  overhead_tasks: int
-  output: str
-  memory_child: Optional[str]   # the timed children's (internal)
-  cnn_share_child: bool
-  sampling_child: bool
-  sweep_child: bool
-  calibration_child: Optional[str]
-  overhead_child: bool
+class Settings(spec.Spec(SPEC.params, CHILDREN.params).settings_class(
+    "_Fields", module=__name__)):
+  """`benchmarks.speed`'s settings (`SPEC`, and the timed children's, `CHILDREN`),
+  checked (`from_flags`)."""
 
   @classmethod
   def from_flags(cls) -> "Settings":
     """Checks the flags (a memory child's only its own); raises UsageError."""
-    common.check_among("parts", FLAGS.parts, PARTS)
+    SPEC.check_choices()
+    CHILDREN.check_choices()
     child = FLAGS.sweep_child or FLAGS.calibration_child is not None
-    if FLAGS.memory_child is not None:
-      common.check_one_of("memory_child", FLAGS.memory_child, MEMORY_BUDGETS)
-    elif not (FLAGS.cnn_share_child or FLAGS.sampling_child or FLAGS.overhead_child):
-      if FLAGS.calibration_child is not None:
-        common.check_one_of("calibration_child", FLAGS.calibration_child,
-                            CALIBRATION_PROTOCOLS)
+    if (FLAGS.memory_child is None
+        and not (FLAGS.cnn_share_child or FLAGS.sampling_child or FLAGS.overhead_child)):
       if not child:
         common.check_output(FLAGS.output, SIGNATURE)
-      common.check_bounds()
+      SPEC.check_ranges({})
       needs_school = child or {"school", "sweep", "ifca", "protocol", "calibration",
                                "xla", "executors_school"} & set(FLAGS.parts)
       if needs_school and not (FLAGS.data_dir and os.path.isfile(
           os.path.join(FLAGS.data_dir, "school.mat"))):
         raise UsageError("--data_dir must be a folder with school.mat; got "
                          f"{FLAGS.data_dir}")
-    return cls(**common.flag_values(
-        "parts", "data_dir", "repeats", "rounds", "digits_rounds", "sweep_runs",
-        "dprivate_rounds", "hypernet_rounds", "overhead_tasks", "output",
-        "memory_child", "cnn_share_child", "sampling_child", "sweep_child",
-        "calibration_child", "overhead_child"))
+    return cls(**SPEC.values(), **CHILDREN.values())
 
 
 def _school_args(s, algorithm="mrmtl"):

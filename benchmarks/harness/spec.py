@@ -38,8 +38,8 @@ class UsageError(ValueError):
 
 KINDS = ("string", "integer", "float", "bool", "list")
 KEYS = ("always", "where_applies", "only_where_applies")
-# Every range a `Spec` or `common.define_bounds` declared, by flag: (its text, the
-# module that declared it); and every output path whose default is a file under
+# Every range a `Spec` declared in absl's flags, by flag: (its text, the module
+# that declared it); and every output path whose default is a file under
 # --output_dir, by flag: that file (`common.resolve_output_flags` fills them in).
 RANGES = {}
 OUTPUTS = {}

@@ -1,6 +1,5 @@
-"""Flag ranges (`common.define_bounds` / `check_bounds`, over `harness.spec`'s):
-one declaration beside the flag, named in its help, checked in one call with the
-one-line message."""
+"""Flag ranges (a `Spec`'s `bounds`, `common.check_bounds`): one declaration with the
+flag, named in its help, checked in one call with the one-line message."""
 
 import pytest
 from absl import flags
@@ -10,12 +9,12 @@ from benchmarks import common
 from benchmarks.harness import spec
 
 FLAGS = flags.FLAGS
-flags.DEFINE_integer("bounds_test_count", 3, "A count.")
-flags.DEFINE_float("bounds_test_share", 0.5, "A share.")
-flags.DEFINE_float("bounds_test_unset", None, "Unset by default.")
-flags.DEFINE_list("bounds_test_values", ["1", "2"], "Values.")
-common.define_bounds(bounds_test_count=">= 1", bounds_test_share="(0, 1]",
-                     bounds_test_unset="> 0", bounds_test_values="> -1")
+spec.Spec(
+    bounds_test_count=spec.integer(3, "A count.", bounds=">= 1"),
+    bounds_test_share=spec.real(0.5, "A share.", bounds="(0, 1]"),
+    bounds_test_unset=spec.real(None, "Unset by default.", bounds="> 0"),
+    bounds_test_values=spec.numbers(["1", "2"], "Values.", bounds="> -1"),
+).define()
 
 
 @pytest.fixture(autouse=True)

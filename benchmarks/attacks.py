@@ -148,9 +148,9 @@ class Settings(SPEC.settings_class("_Fields", ("preset", object), module=__name_
     """Checks the flags; a UsageError names the first bad one."""
     SPEC.check_choices()
     epsilons = [math.inf if e == NON_PRIVATE else
-                common.parse_numbers([e], float, "mia_epsilons")[0]
+                spec.parse_items("mia_epsilons", [e], float)[0]
                 for e in FLAGS.mia_epsilons]
-    common.check_unique("mia_epsilons", epsilons)
+    spec.check_unique("mia_epsilons", epsilons)
     values = dict(SPEC.values(), nus=SPEC.parsed("nus"), mia_epsilons=tuple(epsilons),
                   noise_multipliers=SPEC.parsed("noise_multipliers"))
     SPEC.check_ranges(values)

@@ -21,12 +21,6 @@ from benchmarks.harness.spec import UsageError  # noqa: F401  (the binaries' err
 FLAGS = flags.FLAGS
 
 
-def parse_numbers(values, kind, name, unique: bool = True):
-  """`values` (a list flag) as `kind`s (`spec.parse_items`)."""
-  return spec.parse_items(name, values, kind, unique)
-
-
-check_unique = spec.check_unique
 
 
 def check_finite_floats() -> None:
@@ -69,7 +63,7 @@ def check_bounds(*names, **values) -> None:
 
 def parse_seeds(values) -> list:
   """--seeds as distinct integers >= 0, at least one; UsageError otherwise."""
-  seeds = parse_numbers(values, int, "seeds")
+  seeds = spec.parse_items("seeds", values, int)
   if not seeds:
     raise UsageError("--seeds must name at least one seed")
   if min(seeds) < 0:
@@ -121,14 +115,6 @@ def check_one_of(name, value, allowed) -> None:
   """UsageError unless flag `--name` is one of `allowed`."""
   if value not in allowed:
     raise UsageError(f"--{name} must be one of {', '.join(allowed)}; got {value!r}")
-
-
-def check_among(name, values, allowed) -> None:
-  """UsageError unless list flag `--name` is non-empty and within `allowed`."""
-  if not values or any(v not in allowed for v in values):
-    raise UsageError(f"--{name} must be among {', '.join(allowed)}; got "
-                     f"{','.join(values) or 'nothing'}")
-  check_unique(name, values)
 
 
 # The groups of settings binaries share, one name per concept: a binary's `SPEC`

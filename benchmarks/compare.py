@@ -202,7 +202,7 @@ def _settings() -> grid.Settings:
     for epsilon in s["epsilons"]:
       if epsilon != math.inf:
         common.check_epsilon("epsilons", epsilon, "inf runs without DP")
-    common.check_unique("epsilons", s["epsilons"])
+    spec.check_unique("epsilons", s["epsilons"])
   s["seeds"] = tuple(common.parse_seeds(FLAGS.seeds) if FLAGS.seeds else preset.seeds)
   for name in ("lrs", "lams"):
     s[name] = SPEC.parsed(name) or getattr(preset, name)

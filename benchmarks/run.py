@@ -251,7 +251,6 @@ class Settings(SPEC.settings_class("_Fields", ("given", str), module=__name__)):
 def _protocol_and_sampling(preset):
   """The privacy protocol and batch sampling the flags name; raises UsageError."""
   from tff_silo.privacy import protocol as protocol_lib
-  common.check_one_of("accountant", FLAGS.accountant, ACCOUNTANTS)
   if FLAGS.accountant == "pld" and FLAGS.neighbouring != "add_remove":
     raise UsageError("--accountant=pld accounts add_remove (Poisson) DP-SGD only; use "
                      f"--accountant=rdp with --neighbouring={FLAGS.neighbouring}")
@@ -271,7 +270,6 @@ def _protocol_and_sampling(preset):
     sampling = FLAGS.sampling or "poisson"
   else:
     sampling = FLAGS.sampling or protocol_lib.SAMPLING_FOR[FLAGS.neighbouring][0]
-    common.check_one_of("sampling", sampling, SAMPLING)
     public = FLAGS.public_silo_sizes or FLAGS.neighbouring == "replace_one"
     size = (FLAGS.assumed_silo_size if FLAGS.assumed_silo_size is not None
             else None if public else preset.assumed_silo_size)
@@ -293,9 +291,7 @@ def _protocol_and_sampling(preset):
 
 def _standardize():
   """The tabular datasets' feature standardization; raises UsageError."""
-  mode = FLAGS.standardize
-  if mode is not None:
-    common.check_one_of("standardize", mode, STANDARDIZE)
+  mode = FLAGS.standardize   # (one of STANDARDIZE or None: `SPEC`)
   if FLAGS.dataset not in TABULAR:
     if mode not in (None, "none"):
       raise UsageError(f"--standardize applies to {', '.join(TABULAR)}; "

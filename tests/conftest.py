@@ -68,13 +68,13 @@ def _stop_tff_workers_at_end():
 
 def pytest_collection_modifyitems(items):
   """Marks the tests of a Ray cluster `ray` (and `slow`) and those of the real data
-  `real_data` (by the fixtures they use). The Ray cluster's tests first (a stable sort: the
-  rest keep their order). Their
-  cluster and its workers take ~6 GB; run first, on the worker whose share begins
-  with them (worksteal takes from the end of a share), they are done before the
-  test workers grow (TensorFlow keeps every XLA program it compiled: 5-7 GB a
-  worker by the end of the suite), where together they exhausted a 24 GB machine
-  and Ray's memory monitor killed the cluster's tasks."""
+  `real_data` (by the fixtures they use). The Ray cluster's tests first (a stable
+  sort: the rest keep their order). Their cluster and its workers take ~6 GB; run
+  first, on the worker whose share begins with them (worksteal takes from the end
+  of a share), they are done before the test workers grow (TensorFlow keeps every
+  XLA program it compiled: 5-7 GB a worker by the end of the suite), where together
+  they exhausted a 24 GB machine and Ray's memory monitor killed the cluster's
+  tasks."""
   for item in items:
     if "cluster" in item.fixturenames:   # a cluster's start and workers: slow
       item.add_marker(pytest.mark.ray)

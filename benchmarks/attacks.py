@@ -51,12 +51,13 @@ import pandas as pd
 from absl import flags
 
 from attacks.choices import DEFENSES, METHODS, MIA_ATTACKS, OPTIMIZERS
-from benchmarks import common, configs, plan, tables
+from benchmarks import common, configs, datasets, plan, tables
 from benchmarks.common import UsageError
 from benchmarks.harness import spec
 
 PARTS = ("inversion", "membership")
-DATASETS = ("digits", "cifar10")
+DATASETS = datasets.taking("images")
+READ = tuple(n for n in DATASETS if datasets.DATASETS[n].files)   # from --data_dir
 MIA_ALGORITHMS = ("local", "fedavg", "mrmtl")
 NON_PRIVATE = "inf"
 # Columns every row of each CSV has: an existing file without them is refused.
@@ -67,7 +68,8 @@ SPEC = spec.Spec(
     parts=spec.strings(list(PARTS), "Comma-separated, of {choices}.", choices=PARTS),
     dataset=spec.string("digits", "Inversion images, one of {choices}.",
                         choices=DATASETS),
-    data_dir=spec.string(None, "cifar10: folder holding cifar-10-batches-py."),
+    data_dir=spec.string(None, "; ".join(
+        f"{n}: folder holding {datasets.DATASETS[n].files}" for n in READ) + "."),
     image_size=spec.integer(32, "Images are resized to this square size (digits are "
                             "8x8: 8 keeps them as they are).", bounds=">= 1"),
     images=spec.integer(20, "Images attacked (each its own client step).",
@@ -171,7 +173,7 @@ class Settings(SPEC.settings_class("_Fields", ("preset", object), module=__name_
                            "saved ones")
       _saved_runs(FLAGS.run)   # a UsageError if there are none
     else:
-      common.check_applies("data_dir", ["cifar10"], [FLAGS.dataset], "--dataset")
+      common.check_applies("data_dir", READ, [FLAGS.dataset], "--dataset")
       if FLAGS["lira_shadows"].present and "membership" not in parts:
         raise UsageError("--lira_shadows applies to --parts=membership only")
       if not FLAGS.mia_models or os.path.isfile(FLAGS.mia_models):
@@ -206,13 +208,10 @@ def _images(s):
   """The attacked images and labels: a seeded choice from the dataset, resized."""
   import tensorflow as tf
   from tff_silo import data
-  if s.dataset == "digits":
-    x, y = data.digits_images()
-  else:
-    try:
-      x, y, _, _ = data.load_cifar10(s.data_dir)
-    except data.DataError as e:
-      raise UsageError(str(e)) from None
+  try:
+    x, y = datasets.DATASETS[s.dataset].images(s.data_dir)
+  except data.DataError as e:
+    raise UsageError(str(e)) from None
   num_classes = int(y.max()) + 1
   if s.images > len(y):
     raise UsageError(f"--images must be at most {len(y)} for {s.dataset}")
@@ -402,7 +401,6 @@ def _mia_train(algorithm, epsilon, silos, s, progress, folder):
 def _run_membership(s):
   """Trains each (--mia_methods, --mia_epsilons) target, saves it under
   --mia_models and attacks the saved run as --run does (train, save, attack)."""
-  from benchmarks import datasets
   from tff_silo import runs as runs_lib
   silos, _ = datasets.load(_mia_recipe(s))
   todo = plan.Plan(
@@ -454,7 +452,6 @@ def _saved_runs(path) -> list:
 
 def _load_saved(folder, s):
   """(the saved run, its silos rebuilt from the recipe and checked)."""
-  from benchmarks import datasets
   from tff_silo import runs
   try:
     saved = runs.load(folder)

@@ -50,9 +50,9 @@ reads the silos' training examples without noise, so its figures lie outside eve
 guarantee (`mia_inside_guarantee=False`): an evaluator's measurement.
 
 --aggregator (`tff_silo.aggregators`, as in benchmarks.run) replaces the server's
-weighted mean in every method but hypernet and mocha (which have none); a DP aggregator's silo-level epsilon is
-per trial, in its own columns (not with --tuning=private, whose accounting does not
-cover it).
+weighted mean in every method but hypernet and mocha (which have none); a DP
+aggregator's silo-level epsilon is per trial, in its own columns (not with
+--tuning=private, whose accounting does not cover it).
 
 Output: one CSV row per selected cell and, under free tuning, one per trial
 (--output, resumable: a rerun skips finished trials and cells), a markdown table
@@ -86,12 +86,12 @@ from typing import NamedTuple, Optional
 from absl import flags
 import numpy as np
 
-from benchmarks import common, configs, executors, grid, plan, tables
+from benchmarks import common, configs, datasets, executors, grid, plan, tables
 from benchmarks.grid import (LAMBDA_METHODS, METHODS, TUNING, TUNING_MODES,
                              TUNING_PRIVATE, UNTUNED)
 from benchmarks.common import UsageError
 from benchmarks.harness import spec
-from tff_silo.algorithms import method_names   # no TensorFlow imported
+from tff_silo.algorithms import methods   # no TensorFlow imported
 from tff_silo.privacy.pld import ACCOUNTANTS
 
 PRESETS = tuple(configs.COMPARE_PRESETS)
@@ -103,11 +103,7 @@ PLAN_SECRET = ".plan_secret"   # beside the trial store (`_plan_secret`)
 # ... and their saved models, under --save_models
 STAGED_MODELS = ".trials.partial"
 
-# The presets' datasets read from --data_dir, and what they read there.
-DATA_FILES = {"school": "school.mat", "vehicle": "vehicle.mat or the Vehicle JSON",
-              "fmnist": "Fashion-MNIST's IDX files",
-              "fmnist_hetero": "Fashion-MNIST's IDX files"}
-MASKED_DATASETS = ("digits", "fmnist")   # rotated & masked: --mask_probability
+MASKED_DATASETS = datasets.taking("compare", masked=True)   # --mask_probability
 
 FLAGS = flags.FLAGS
 SPEC = spec.Spec(
@@ -183,9 +179,9 @@ def _settings() -> grid.Settings:
   s = dict(preset=FLAGS.preset, dataset=preset.dataset)
   s["methods"] = tuple(FLAGS.methods or preset.methods)
   for method in s["methods"]:
-    if method in grid.IMAGE_METHODS and preset.dataset not in grid.IMAGE_DATASETS:
+    if method in grid.IMAGE_METHODS and not datasets.DATASETS[preset.dataset].image:
       images = ",".join(name for name, p in configs.COMPARE_PRESETS.items()
-                        if p.dataset in grid.IMAGE_DATASETS)
+                        if datasets.DATASETS[p.dataset].image)
       raise UsageError(f"--methods={method} runs on image silos only (--preset="
                        f"{images}); --preset={FLAGS.preset} is not one")
   s["hypernet"] = preset.hypernet
@@ -235,18 +231,21 @@ def _settings() -> grid.Settings:
     for name in ("tuning_eta", "mean_trials", "score_budget_share", "score_clip"):
       if FLAGS[name].present:
         raise UsageError(f"--{name} applies to --tuning=private only")
-  needs = DATA_FILES.get(preset.dataset)
+  needs = datasets.DATASETS[preset.dataset].files
   if needs and not FLAGS.data_dir:
     raise UsageError(f"--preset={FLAGS.preset} needs --data_dir (the folder with "
                      f"{needs})")
   if not needs and FLAGS.data_dir:
     readers = ",".join(name for name, p in configs.COMPARE_PRESETS.items()
-                       if p.dataset in DATA_FILES)
+                       if datasets.DATASETS[p.dataset].files)
     raise UsageError(f"--data_dir applies to --preset={readers} only; --preset="
                      f"{FLAGS.preset} makes its data")
   common.check_backend(FLAGS.backend, FLAGS.device, FLAGS.xla)
   common.check_aggregator_flags()
-  unaggregated = sorted(set(s["methods"]) & set(method_names.UNAGGREGATED_NAMES))
+  # (hypernet has no server mean either: it trains without the aggregator, and its
+  # rows have no aggregator columns)
+  unaggregated = sorted(m for m in s["methods"]
+                        if m in methods.SILO_NAMES and not methods.REGISTRY[m].aggregated)
   if unaggregated and FLAGS.aggregator != "mean":
     raise UsageError(f"--aggregator={FLAGS.aggregator}: {','.join(unaggregated)} has no "
                      "server mean; run it apart (without --aggregator)")
@@ -285,7 +284,6 @@ def _settings() -> grid.Settings:
 def _data(s, seed):
   """(the silos a trial trains on, with their test split; validation features and
   labels per silo), loaded once per process (on a Ray worker: from the recipe)."""
-  from benchmarks import datasets
   return datasets.cached(datasets.compare_split, grid.recipe(s, seed))
 
 
@@ -831,7 +829,6 @@ def main(argv):
   if executor.name == "local" and backend == "vectorized":
     executor = executors.Local(   # TensorFlow's device scope is per thread
         s.concurrent_batches, lambda: common.device_scope(s.device, backend)[0])
-  from benchmarks import datasets
   work = executors.Work(_batch_rows, s, "benchmarks.compare", data=tuple(
       datasets.travelling(datasets.compare_split, grid.recipe(s, seed))
       for seed in s.seeds) if executor.name == "ray" else ())

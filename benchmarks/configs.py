@@ -8,15 +8,14 @@ import dataclasses
 
 @dataclasses.dataclass(frozen=True)
 class Preset:
-  """A dataset of `benchmarks.run` (its registry entry; its loader is
-  `benchmarks.datasets.LOADERS[name]`) and its settings."""
+  """The settings of a dataset of `benchmarks.run` (what the dataset is and how it
+  loads: `benchmarks.datasets.DATASETS[name]`)."""
   rounds: int
   batch_size: int
   clip: float
   lr: float
   delta: float
   lam: float
-  needs_data_dir: bool
   num_clusters: int = 4
   # A public silo size m for DP runs under add/remove with private sizes (every silo
   # samples with q = B / m and weighs the same): the dataset's published record count
@@ -25,51 +24,39 @@ class Preset:
   clients_per_round: int | None = None   # dprivate_clustering's U (None: every user)
   # dprivate_clustering: the std of the N(0, std^2) noise on each hypothesis' start
   hypothesis_init_std: float = 0.01
-  # What the dataset is: a regression (--corrupt_silos scales its targets) or a
-  # classification; tabular (feature standardization applies), with documented
-  # feature ranges (--standardize=public).
-  task: str = "classification"
-  tabular: bool = False
-  public_ranges: bool = False
 
 
 PRESETS = {
     # App. B.4: School B=32, c=1, T=200; delta 1e-3 as in the paper's School figures.
     # School: 15,362 students in 139 schools, 80% for training: 88 per silo.
     "school": Preset(rounds=200, batch_size=32, clip=1.0, lr=0.01, delta=1e-3,
-                     lam=1.0, needs_data_dir=True, assumed_silo_size=88,
-                     task="regression", tabular=True, public_ranges=True),
+                     lam=1.0, assumed_silo_size=88),
     # App. B.4: Vehicle B=64, c=6, T=400 (Fig. 1.2 uses 200); delta 1e-7 (Fig. 1.2).
     # Vehicle (the LEAF-style JSON): 1,860 records over 23 sensors, 75% training: 60.
     "vehicle": Preset(rounds=400, batch_size=64, clip=6.0, lr=0.01, delta=1e-7,
-                      lam=0.1, needs_data_dir=True, assumed_silo_size=60, tabular=True),
+                      lam=0.1, assumed_silo_size=60),
     # App. B.4: GLEAM B=64, c=6, T=200.
-    "gleam": Preset(rounds=200, batch_size=64, clip=6.0, lr=0.01, delta=1e-5,
-                    lam=0.1, needs_data_dir=True, tabular=True),
+    "gleam": Preset(rounds=200, batch_size=64, clip=6.0, lr=0.01, delta=1e-5, lam=0.1),
     # Rotated & masked digits: ~36 training images per silo, so small batches.
     # 1,797 images over 40 silos, 80% training: 36 per silo.
     "digits": Preset(rounds=60, batch_size=16, clip=1.0, lr=0.3, delta=1e-3,
-                     lam=0.1, needs_data_dir=False, assumed_silo_size=36),
+                     lam=0.1, assumed_silo_size=36),
     # The generators' own sizes.
     "synthetic": Preset(rounds=100, batch_size=32, clip=1.0, lr=0.05, delta=1e-3,
-                        lam=1.0, needs_data_dir=False, assumed_silo_size=150,
-                        task="regression"),
+                        lam=1.0, assumed_silo_size=150),
     # Galli et al. sec. 5.1: 100 users x 10 samples, 2 clusters, step 0.1, batch 10.
     # Hypotheses from N(0, 1) (the model's initialization is zero).
     "two_cluster": Preset(rounds=200, batch_size=10, clip=1.0, lr=0.1, delta=1e-3,
-                          lam=1.0, needs_data_dir=False, num_clusters=2,
-                          assumed_silo_size=10, hypothesis_init_std=1.0,
-                          task="regression"),
+                          lam=1.0, num_clusters=2, assumed_silo_size=10,
+                          hypothesis_init_std=1.0),
     # Galli et al. sec. 5.3 (rotated FEMNIST writers, Table 4) on Fashion-MNIST: 200
     # users of 250 training / 40 test images, half rotated by 90 degrees; the paper
     # gives neither U nor the step size nor the batch: 20 users a round, SGD 0.05 on
     # batches of 32, T = 100 (the paper: at most 500 with early stopping).
     "fmnist_rotated": Preset(rounds=100, batch_size=32, clip=1.0, lr=0.05, delta=1e-5,
-                             lam=0.1, needs_data_dir=True, num_clusters=2,
-                             assumed_silo_size=250, clients_per_round=20),
+                             lam=0.1, num_clusters=2, assumed_silo_size=250,
+                             clients_per_round=20),
 }
-TABULAR = tuple(name for name, p in PRESETS.items() if p.tabular)
-REGRESSION = tuple(name for name, p in PRESETS.items() if p.task == "regression")
 
 
 @dataclasses.dataclass(frozen=True)

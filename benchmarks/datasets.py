@@ -1,20 +1,19 @@
-"""The silos of a `benchmarks.run` run from a recipe (a JSON-able dict), without
-flags: the binary loads its data through it, and a saved run (`tff_silo.runs`)
-stores the recipe instead of a copy of the data, so an attack can rebuild the very
-same split (checked against the saved fingerprint) and tell members from
-non-members.
+"""The datasets the binaries read, by name (`DATASETS`: what each holds and how
+each binary loads it), and the silos of a run from its recipe (a JSON-able dict),
+without flags: a binary loads its data through it, and a saved run
+(`tff_silo.runs`) stores the recipe instead of a copy of the data, so an attack can
+rebuild the very same split (checked against the saved fingerprint) and tell
+members from non-members.
 
-Recipe keys: dataset (school, vehicle, gleam, digits, synthetic, two_cluster,
-fmnist_rotated), seed,
-data_dir, standardize (tabular: none, public, dp, silo), for `dp` standardize_clip,
-standardize_noise_multiplier and neighbouring, mask_probability and test_fraction
-(digits), corrupt_silos and corruption (misbehaving silos). A `benchmarks.compare` recipe has
-preset_dataset (quick, digits, school, vehicle, fmnist, fmnist_hetero), seed,
-data_dir, validation_fraction and optionally mask_probability (digits, fmnist): the
-silos its trials train on (`compare_silos`).
-A `benchmarks.hypernet` recipe has hypernet_dataset (digits, fmnist, cifar10, femnist),
-seed, num_users, classes_per_user, data_dir and cache_dir: its users
-(`hypernet_users`).
+Recipe keys: dataset (`taking("run")`), seed, data_dir, standardize (tabular: none,
+public, dp, silo), for `dp` standardize_clip, standardize_noise_multiplier and
+neighbouring, mask_probability and test_fraction (digits), corrupt_silos and
+corruption (misbehaving silos). A `benchmarks.compare` recipe has preset_dataset
+(`taking("compare")`), seed, data_dir, validation_fraction and optionally
+mask_probability (the masked datasets): the silos its trials train on
+(`compare_silos`). A `benchmarks.hypernet` recipe has hypernet_dataset
+(`taking("hypernet")`), seed, num_users, classes_per_user, data_dir and cache_dir:
+its users (`hypernet_users`).
 
 A loader's result is kept per process (`cached`): a binary loads its data once, and
 a Ray worker (`benchmarks.executors`) loads it from the recipe on its first task,
@@ -27,6 +26,7 @@ import dataclasses
 import hashlib
 import json
 import math
+from typing import Callable, Optional
 
 
 _CACHE, _EXPECTED = {}, {}
@@ -119,23 +119,12 @@ def load(recipe: dict):
 def compare_preset_silos(dataset: str, seed: int, data_dir=None,
                          mask_probability=None):
   """The silos of a `benchmarks.compare` preset's dataset, before validation
-  (`mask_probability`: digits and fmnist, None for the dataset's own)."""
-  from benchmarks import configs
-  from tff_silo import data
+  (`mask_probability`: the masked datasets', None for the dataset's own)."""
+  entry = DATASETS.get(dataset)
+  if entry is None or entry.compare is None:
+    raise ValueError(f"unknown compare dataset {dataset!r}")
   masks = {} if mask_probability is None else dict(mask_probability=mask_probability)
-  if dataset == "quick":
-    return data.heterogeneous_linear_silos(**configs.QUICK_DATA, seed=seed)
-  if dataset == "digits":
-    return data.load_rotated_masked_digits(seed=seed, **masks)
-  if dataset == "school":
-    return data.load_school(data_dir, seed=seed, standardize="public")
-  if dataset == "vehicle":
-    return data.load_vehicle(data_dir, seed=seed, standardize="none")
-  if dataset == "fmnist":
-    return data.rotated_masked_fmnist_silos(data_dir, seed=seed, **masks)
-  if dataset == "fmnist_hetero":
-    return data.label_skewed_fmnist_silos(data_dir, seed=seed)
-  raise ValueError(f"unknown compare dataset {dataset!r}")
+  return entry.compare(data_dir, seed, **masks)
 
 
 def compare_split(recipe: dict):
@@ -153,47 +142,29 @@ def compare_silos(recipe: dict):
   return compare_split(recipe)[0]
 
 
-HYPERNET_NUM_CLASSES = {"digits": 10, "fmnist": 10, "cifar10": 10}
-
-
 def hypernet_users(recipe: dict):
-  """The users of a `benchmarks.hypernet` run: label-skewed partitions of digits,
-  Fashion-MNIST or CIFAR-10, or FEMNIST's writers."""
-  from tff_silo import data
-  name, seed = recipe["hypernet_dataset"], recipe["seed"]
-  if name == "fmnist":
-    return data.label_skewed_fmnist_silos(recipe["data_dir"],
-                                          num_silos=recipe["num_users"],
-                                          classes_per_silo=recipe["classes_per_user"],
-                                          seed=seed)
-  if name == "femnist":
-    return data.load_emnist_users(recipe.get("cache_dir"), num_users=recipe["num_users"],
-                                  seed=seed)
-  if name == "cifar10":
-    import numpy as np   # pylint: disable=g-import-not-at-top
-    x_train, y_train, x_test, y_test = data.load_cifar10(recipe.get("data_dir"))
-    x, y = np.concatenate([x_train, x_test]), np.concatenate([y_train, y_test])
-  elif name == "digits":
-    x, y = data.digits_images()
-  else:
-    raise ValueError(f"unknown hypernet dataset {name!r} in the recipe")
-  return data.label_skewed_silos(name, x, y, num_classes=HYPERNET_NUM_CLASSES[name],
-                                 num_users=recipe["num_users"],
-                                 classes_per_user=recipe["classes_per_user"], seed=seed)
+  """The users of a `benchmarks.hypernet` run (its dataset's `hypernet` loader)."""
+  entry = DATASETS.get(recipe["hypernet_dataset"])
+  if entry is None or entry.hypernet is None:
+    raise ValueError(f"unknown hypernet dataset {recipe['hypernet_dataset']!r} in the "
+                     "recipe")
+  return entry.hypernet(recipe)
 
 
 def _clean(recipe):
   """(silos, per-silo preprocessing DpEvents or None) of a `benchmarks.run` dataset,
   by its loader."""
-  loader = LOADERS.get(recipe["dataset"])
-  if loader is None:
+  entry = DATASETS.get(recipe["dataset"])
+  if entry is None or entry.run is None:
     raise ValueError(f"unknown dataset {recipe['dataset']!r} in the recipe")
-  return loader(recipe)
+  return entry.run(recipe)
 
+
+# --- loaders: what each binary calls, by dataset -------------------------------------
 
 def _tabular(function: str):
-  """The loader of a tabular dataset read by `tff_silo.data.<function>`, its features
-  standardized as the recipe says (dp: by each silo's DP estimate)."""
+  """run's loader of a tabular dataset read by `tff_silo.data.<function>`, its
+  features standardized as the recipe says (dp: by each silo's DP estimate)."""
   def load(recipe):
     from tff_silo import data
     mode = recipe["standardize"]
@@ -204,7 +175,7 @@ def _tabular(function: str):
 
 
 def _generated(function: str, data_dir: bool = False):
-  """The loader of a dataset `tff_silo.data.<function>` makes from the seed (and
+  """run's loader of a dataset `tff_silo.data.<function>` makes from the seed (and
   from the files in the recipe's data_dir)."""
   def load(recipe):
     from tff_silo import data
@@ -221,17 +192,141 @@ def _digits(recipe):
                                          seed=recipe["seed"], **held_out), None
 
 
-# `benchmarks.run`'s datasets: a loader of the recipe each (their settings and
-# kind: `configs.PRESETS`).
-LOADERS = {
-    "school": _tabular("load_school"),
-    "vehicle": _tabular("load_vehicle"),
-    "gleam": _tabular("load_gleam"),
-    "digits": _digits,
-    "synthetic": _generated("heterogeneous_linear_silos"),
-    "two_cluster": _generated("two_cluster_linear_silos"),
-    "fmnist_rotated": _generated("rotated_fmnist_users", data_dir=True),
+def _silos(function: str, reads_files: bool = True, **options):
+  """compare's silos: `tff_silo.data.<function>([data_dir,] seed=..., **options,
+  **masks)`."""
+  def load(data_dir, seed, **masks):
+    from tff_silo import data
+    files = (data_dir,) if reads_files else ()
+    return getattr(data, function)(*files, seed=seed, **options, **masks)
+  return load
+
+
+def _quick(data_dir, seed):
+  from benchmarks import configs
+  from tff_silo import data
+  del data_dir   # generated
+  return data.heterogeneous_linear_silos(**configs.QUICK_DATA, seed=seed)
+
+
+def _label_skewed(images):
+  """hypernet's users: a label-skewed partition of `images()`'s (x, y)."""
+  def load(recipe):
+    from tff_silo import data
+    x, y = images(recipe.get("data_dir"))
+    name = recipe["hypernet_dataset"]
+    return data.label_skewed_silos(name, x, y, num_classes=DATASETS[name].num_classes,
+                                   num_users=recipe["num_users"],
+                                   classes_per_user=recipe["classes_per_user"],
+                                   seed=recipe["seed"])
+  return load
+
+
+def _hypernet_fmnist(recipe):
+  from tff_silo import data
+  return data.label_skewed_fmnist_silos(recipe["data_dir"],
+                                        num_silos=recipe["num_users"],
+                                        classes_per_silo=recipe["classes_per_user"],
+                                        seed=recipe["seed"])
+
+
+def _femnist(recipe):
+  from tff_silo import data
+  return data.load_emnist_users(recipe.get("cache_dir"), num_users=recipe["num_users"],
+                                seed=recipe["seed"])
+
+
+def _digit_images(data_dir):
+  from tff_silo import data
+  del data_dir   # shipped with scikit-learn
+  return data.digits_images()
+
+
+def _cifar10_training_images(data_dir):
+  from tff_silo import data
+  x, y, _, _ = data.load_cifar10(data_dir)
+  return x, y
+
+
+def _cifar10_images(data_dir):
+  """CIFAR-10's training and test images together."""
+  import numpy as np
+  from tff_silo import data
+  x_train, y_train, x_test, y_test = data.load_cifar10(data_dir)
+  return np.concatenate([x_train, x_test]), np.concatenate([y_train, y_test])
+
+
+@dataclasses.dataclass(frozen=True)
+class Dataset:
+  """A dataset by name, and how each binary that takes it loads it (None: that
+  binary does not). `files`: what --data_dir holds (None: the data is made from the
+  seed or ships with the dependencies; `files_optional`: without --data_dir it is
+  fetched); `run`: `benchmarks.run`'s loader of a recipe (its settings:
+  `configs.PRESETS[name]`); `compare`: `benchmarks.compare`'s silos of (data_dir,
+  seed, mask options) before validation; `hypernet`: `benchmarks.hypernet`'s users
+  of a recipe; `images`: (x, y) of data_dir, what `benchmarks.attacks` inverts (its
+  training images).
+  What it is: a regression (`run --corrupt_silos` scales its targets) or a
+  classification (of `num_classes` labels); `tabular` (feature standardization
+  applies) with documented feature ranges (`public_ranges`: --standardize=public);
+  image silos, rotated and masked (`masked`: --mask_probability) or not."""
+  files: Optional[str] = None
+  files_optional: bool = False
+  run: Optional[Callable] = None
+  compare: Optional[Callable] = None
+  hypernet: Optional[Callable] = None
+  images: Optional[Callable] = None
+  task: str = "classification"
+  num_classes: Optional[int] = None
+  tabular: bool = False
+  public_ranges: bool = False
+  image: bool = False
+  masked: bool = False
+
+
+FASHION_MNIST = "Fashion-MNIST's IDX files"
+DATASETS = {
+    "school": Dataset(files="school.mat", run=_tabular("load_school"),
+                      compare=_silos("load_school", standardize="public"),
+                      task="regression", tabular=True, public_ranges=True),
+    "vehicle": Dataset(files="vehicle.mat or the Vehicle JSON",
+                       run=_tabular("load_vehicle"),
+                       compare=_silos("load_vehicle", standardize="none"),
+                       num_classes=2, tabular=True),
+    "gleam": Dataset(files="gleam.mat", run=_tabular("load_gleam"), num_classes=2,
+                     tabular=True),
+    "digits": Dataset(run=_digits, compare=_silos("load_rotated_masked_digits", False),
+                      hypernet=_label_skewed(_digit_images), images=_digit_images,
+                      num_classes=10, image=True, masked=True),
+    "synthetic": Dataset(run=_generated("heterogeneous_linear_silos"),
+                         task="regression"),
+    "two_cluster": Dataset(run=_generated("two_cluster_linear_silos"),
+                           task="regression"),
+    "fmnist_rotated": Dataset(files=FASHION_MNIST,
+                              run=_generated("rotated_fmnist_users", data_dir=True),
+                              num_classes=10, image=True),
+    "quick": Dataset(compare=_quick, task="regression"),
+    "fmnist": Dataset(files=FASHION_MNIST,
+                      compare=_silos("rotated_masked_fmnist_silos"),
+                      hypernet=_hypernet_fmnist, num_classes=10, image=True,
+                      masked=True),
+    "fmnist_hetero": Dataset(files=FASHION_MNIST,
+                             compare=_silos("label_skewed_fmnist_silos"),
+                             num_classes=10, image=True),
+    "cifar10": Dataset(files="cifar-10-batches-py", files_optional=True,
+                       hypernet=_label_skewed(_cifar10_images),
+                       images=_cifar10_training_images,
+                       num_classes=10, image=True),
+    "femnist": Dataset(hypernet=_femnist, num_classes=62, image=True),
 }
+
+
+def taking(binary: str, **where) -> tuple:
+  """The names of the datasets `binary` (run, compare, hypernet, images) loads, in
+  the registry's order, whose fields equal `where`'s values."""
+  return tuple(name for name, entry in DATASETS.items()
+               if getattr(entry, binary) is not None
+               and all(getattr(entry, field) == value for field, value in where.items()))
 
 
 def _dp_standardized(silos, recipe):

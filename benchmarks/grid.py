@@ -12,19 +12,13 @@ import math
 import numpy as np
 
 from benchmarks import configs
-from tff_silo.algorithms import method_names
+from tff_silo.algorithms import methods   # no TensorFlow imported
 
-IFCA_METHODS = ("ifca", "ifca_mrmtl")   # IFCA's selection in the first 10% of rounds
-# New methods go last: a method's index seeds its private-tuning draws.
-METHODS = ("local", "fedavg", "finetune", "mrmtl", "ditto", *IFCA_METHODS, "hypernet",
-           "mocha")
-LAMBDA_METHODS = tuple(m for m in METHODS if m in method_names.LAMBDA_NAMES)
-IMAGE_METHODS = ("hypernet",)   # on image silos only
-IMAGE_DATASETS = ("digits", "fmnist", "fmnist_hetero")
-# What a row's epsilon protects: one example of a silo (silo-specific example-level
-# DP, the thesis' granularity) or a user's whole data (HyperNetFL's user-level DP,
-# each silo a user: a stronger guarantee at the same epsilon).
-PRIVACY_UNITS = {"hypernet": "user"}
+# compare's methods, in its tables' order (the library's registry's).
+METHODS = methods.names(compare=True)
+IFCA_METHODS = methods.names(compare=True, kind="ifca")   # selection: first 10% of rounds
+LAMBDA_METHODS = methods.names(compare=True, lam=True)
+IMAGE_METHODS = methods.names(compare=True, images_only=True)   # on image silos only
 
 
 @dataclasses.dataclass(frozen=True)
@@ -76,7 +70,10 @@ class Settings:
 
 
 def privacy_unit(method: str) -> str:
-  return PRIVACY_UNITS.get(method, "example")
+  """What a row's epsilon protects: one example of a silo (silo-specific
+  example-level DP, the thesis' granularity) or a user's whole data (HyperNetFL's
+  user-level DP, each silo a user: a stronger guarantee at the same epsilon)."""
+  return methods.REGISTRY[method].privacy_unit
 
 
 # The columns of a selected row under private tuning: what the best trial's release

@@ -28,13 +28,13 @@ import time
 
 from absl import flags
 
-from benchmarks import common, executors, plan
+from benchmarks import common, datasets, executors, plan
 from benchmarks.common import UsageError
 from benchmarks.harness import spec
 
 ALGORITHMS = ("hypernet", "fedavg")
-DATASETS = ("digits", "fmnist", "cifar10", "femnist")
-DATA_DIR_DATASETS = ("fmnist", "cifar10")   # read from --data_dir
+DATASETS = datasets.taking("hypernet")
+DATA_DIR_DATASETS = tuple(n for n in DATASETS if datasets.DATASETS[n].files)
 
 FLAGS = flags.FLAGS
 _HYPERNET = dict(applies_to=("hypernet",))
@@ -131,9 +131,10 @@ class Settings(SPEC.settings_class("_Fields", ("grid", tuple), ("given", str),
     SPEC.check_choices()
     common.check_backend(FLAGS.backend, FLAGS.device, FLAGS.xla)
     SPEC.check_applies(FLAGS.methods, FLAGS.dataset)
-    if FLAGS.dataset == "fmnist" and not FLAGS.data_dir:
-      raise UsageError("--dataset=fmnist needs --data_dir (the folder with "
-                       "Fashion-MNIST's IDX files)")
+    entry = datasets.DATASETS[FLAGS.dataset]
+    if entry.files and not entry.files_optional and not FLAGS.data_dir:
+      raise UsageError(f"--dataset={FLAGS.dataset} needs --data_dir (the folder with "
+                       f"{entry.files})")
     if (FLAGS.dataset in DATA_DIR_DATASETS and FLAGS.data_dir
         and not os.path.isdir(FLAGS.data_dir)):
       raise UsageError(f"--data_dir {FLAGS.data_dir} is not a directory")
@@ -188,7 +189,6 @@ def _recipe(seed, s) -> dict:
 def _users(seed, s):
   """The users of seed `seed`, loaded once per process (on a Ray worker: from the
   recipe)."""
-  from benchmarks import datasets
   return datasets.cached(datasets.hypernet_users, _recipe(seed, s))
 
 
@@ -391,12 +391,11 @@ def _print_table(rows, s, majority):
 def _plot(s, majority):
   """--plot: every row in --output of this dataset and number of users."""
   import pandas as pd
-  from benchmarks import datasets, plots
-  from tff_silo.data.images import EMNIST_CLASSES
-  classes = {**datasets.HYPERNET_NUM_CLASSES, "femnist": EMNIST_CLASSES[False]}
+  from benchmarks import plots
   every = pd.read_csv(s.output)
   study = every[(every.dataset == s.dataset) & (every.num_users == s.num_users)]
-  plots.hypernet_accuracy(study, delta=s.delta, num_classes=classes[s.dataset],
+  plots.hypernet_accuracy(study, delta=s.delta,
+                          num_classes=datasets.DATASETS[s.dataset].num_classes,
                           majority=majority, path=s.plot)
 
 
@@ -419,7 +418,6 @@ def main(argv):
   with common.usage_errors():   # every file read before any run trains
     for seed in seeds:
       _users(seed, s)
-  from benchmarks import datasets
   work = executors.Work(_run_rows, s, "benchmarks.hypernet", data=tuple(
       datasets.travelling(datasets.hypernet_users, _recipe(seed, s))
       for seed in seeds) if executor.name == "ray" else ())

@@ -47,23 +47,23 @@ from absl import flags
 from benchmarks import common, configs, datasets, executors, plan
 from benchmarks.common import UsageError
 from benchmarks.harness import spec
-from tff_silo.algorithms import method_names   # no TensorFlow imported
+from tff_silo.algorithms import methods   # no TensorFlow imported
 from tff_silo.privacy.accounting import NEIGHBOURING   # no TensorFlow: dp_accounting
 from tff_silo.privacy.integer_law import NOISE_MECHANISMS   # no TensorFlow
 from tff_silo.privacy.pld import ACCOUNTANTS
 
-IFCA_ALGORITHMS = tuple(method_names.IFCA_VARIANTS)
-ALGORITHMS = (*method_names.NAMES, "dprivate_clustering")
-DATASETS = tuple(configs.PRESETS)
+IFCA_ALGORITHMS = methods.IFCA_NAMES
+ALGORITHMS = methods.names(kind=(*methods.SILO_KINDS, "dprivate_clustering"))
+DATASETS = datasets.taking("run")
 SAMPLING = ("poisson", "without_replacement", "shuffle")
-TABULAR = configs.TABULAR
-REGRESSION = configs.REGRESSION   # --corrupt_silos scales their targets
+TABULAR = datasets.taking("run", tabular=True)
+REGRESSION = datasets.taking("run", task="regression")   # --corrupt_silos scales y
+READ = tuple(n for n in DATASETS if datasets.DATASETS[n].files)   # from --data_dir
 STANDARDIZE = ("none", "public", "dp", "silo")
 PROTOCOLS = ("custom", "paper")
-LAMBDA_ALGORITHMS = method_names.LAMBDA_NAMES
+LAMBDA_ALGORITHMS = methods.LAMBDA_NAMES
 # Those with a server mean: what --aggregator and its settings apply to.
-AGGREGATED = tuple(n for n in method_names.NAMES
-                   if n not in method_names.UNAGGREGATED_NAMES)
+AGGREGATED = tuple(n for n in ALGORITHMS if methods.REGISTRY[n].aggregated)
 FLAGS = flags.FLAGS
 # Validation users of `dprivate_clustering` on two_cluster (Galli et al. 5.1).
 VALIDATION_USERS = 30
@@ -84,9 +84,8 @@ SPEC = spec.Spec(
     methods=spec.strings(["local", "fedavg", "mrmtl"], "Comma-separated algorithms, of "
                          "{choices}.", choices=ALGORITHMS),
     dataset=spec.string("digits", "One of {choices}.", choices=DATASETS, key="always"),
-    data_dir=spec.string(None, "Folder with the dataset's file (school.mat, vehicle.mat "
-                         "or vehicle_train_ditto.json, gleam.mat; fmnist_rotated: "
-                         "Fashion-MNIST's IDX files).", key="always"),
+    data_dir=spec.string(None, "Folder with the dataset's files (" + "; ".join(
+        f"{n}: {datasets.DATASETS[n].files}" for n in READ) + ").", key="always"),
     rounds=spec.integer(None, "Rounds T (default: the dataset's preset).", bounds=">= 1",
                         key="always"),
     epsilon=spec.real(None, "Per-silo target epsilon; unset = non-private.",
@@ -221,7 +220,7 @@ class Settings(SPEC.settings_class("_Fields", ("given", str), module=__name__)):
     common.check_backend(FLAGS.backend, FLAGS.device, FLAGS.xla)
     common.check_aggregator_flags()
     SPEC.check_applies(FLAGS.methods, FLAGS.dataset, FLAGS.epsilon is not None)
-    unaggregated = sorted(set(FLAGS.methods) & set(method_names.UNAGGREGATED_NAMES))
+    unaggregated = sorted(m for m in FLAGS.methods if m not in AGGREGATED)
     if unaggregated and FLAGS["aggregator"].present and FLAGS.aggregator != "mean":
       raise UsageError(f"--aggregator applies to --methods={','.join(AGGREGATED)} only; "
                        f"{','.join(unaggregated)} has no server mean: run it apart")
@@ -239,7 +238,7 @@ class Settings(SPEC.settings_class("_Fields", ("given", str), module=__name__)):
     values["protocol"], values["sampling"] = _protocol_and_sampling(preset)
     values["standardize"] = _standardize()
     _check_clustering()
-    _check_data_flags(preset)
+    _check_data_flags()
     common.check_output(FLAGS.output, SIGNATURE)
     if FLAGS.ledger_csv is not None:
       common.check_writable(FLAGS.ledger_csv, "ledger_csv")
@@ -297,11 +296,11 @@ def _standardize():
       raise UsageError(f"--standardize applies to {', '.join(TABULAR)}; "
                        f"{FLAGS.dataset} comes in a fixed scale")
     return None
-  preset = configs.PRESETS[FLAGS.dataset]
+  public_ranges = datasets.DATASETS[FLAGS.dataset].public_ranges
   if mode is None:
     mode = ("silo" if FLAGS.epsilon is None or FLAGS.protocol == "paper"
-            else "public" if preset.public_ranges else "none")
-  if mode == "public" and not preset.public_ranges:
+            else "public" if public_ranges else "none")
+  if mode == "public" and not public_ranges:
     raise UsageError(f"--standardize=public needs documented feature ranges, which "
                      f"{FLAGS.dataset} lacks: use none, dp or silo")
   if mode == "dp":
@@ -326,14 +325,14 @@ def _check_clustering():
                      "two_cluster provides")
 
 
-def _check_data_flags(preset):
-  if preset.needs_data_dir:
+def _check_data_flags():
+  if FLAGS.dataset in READ:
     if not FLAGS.data_dir:
       raise UsageError(f"--data_dir is required for --dataset={FLAGS.dataset}")
     if not os.path.isdir(FLAGS.data_dir):
       raise UsageError(f"--data_dir {FLAGS.data_dir} is not a directory")
   else:
-    common.check_applies("data_dir", TABULAR, [FLAGS.dataset], "--dataset")
+    common.check_applies("data_dir", READ, [FLAGS.dataset], "--dataset")
   if FLAGS["corruption"].present and not FLAGS.corrupt_silos:
     raise UsageError("--corruption applies with --corrupt_silos >= 1 only")
 

@@ -50,8 +50,9 @@ Adding an algorithm, as Mocha was:
 3. `runner.register(Definition, tff="...", vectorized="...")` beside the
    definition; tests against an independent computation and of the two backends'
    parity (`tests/algorithms/test_mocha.py`);
-4. its name in `algorithms.method_names` and its builder in `algorithms.by_name`,
-   for the binaries (`benchmarks.run`, `benchmarks.compare`).
+4. its entry in `algorithms.methods.REGISTRY` (a member of the MR-MTL family needs
+   nothing else: `algorithms.by_name` builds it for the binaries; a new kind, a
+   branch there).
 """
 
 __version__ = "0.1.0"

@@ -71,6 +71,8 @@ def _run(*flags, timeout=600):
      "--aggregator applies to --methods=local,fedavg"),
     (["--methods=mocha,mrmtl", "--aggregator=unweighted_mean"],
      "mocha has no server mean: run it apart"),
+    (["--dataset=two_cluster", "--methods=dprivate_clustering,fedavg",
+      "--aggregator=unweighted_mean"], "dprivate_clustering has no server mean"),
     (["--corrupt_silos=1"], "--corrupt_silos applies to --dataset=school,synthetic"),
     (["--dataset=synthetic", "--corruption=-5"], "--corruption applies with "
      "--corrupt_silos >= 1 only"),

@@ -8,7 +8,7 @@ variants keep G cluster models (`ifca_algorithm`: a `ClusteredAlgorithm`, `ifca`
 d-private clustered FL (Galli et al.: `dprivate_clustering_algorithm`) samples users
 and sends sanitized models (`tff_silo.dprivate_simulation`). `silo_definition(name,
 ...)` builds any of the MR-MTL family, Mocha and IFCA's variants by name
-(`by_name`). Each definition type
+(`by_name`; the names: `methods.REGISTRY`). Each definition type
 registers its runners (`tff_silo.runner`): `tff_silo.simulation.run_simulation` runs
 a definition on TFF's runtime (`tff_silo.backends.tff.process_for` builds its
 process) or on the vectorized backend.
@@ -18,18 +18,16 @@ Names load on first use (PEP 562), so importing the package costs nothing.
 
 import importlib
 
+from tff_silo.algorithms.methods import REGISTRY   # no TensorFlow
+
+# The modules that define the registry's methods, each with its `<module>_algorithm`.
+ALGORITHMS = tuple(dict.fromkeys(m.module for m in REGISTRY.values() if m.module))
 _WHERE = {
-    "local_algorithm": "local", "fedavg_algorithm": "fedavg",
-    "finetune_algorithm": "finetune", "mrmtl_algorithm": "mrmtl",
-    "ditto_algorithm": "ditto", "mocha_algorithm": "mocha", "ifca_algorithm": "ifca",
-    "dprivate_clustering_algorithm": "dprivate_clustering",
+    **{f"{module}_algorithm": module for module in ALGORITHMS},
     "LocalTrainingConfig": "local_training", "train_locally": "local_training",
     "SiloAlgorithm": "rounds", "SiloInput": "rounds",
     "silo_definition": "by_name",
 }
-
-ALGORITHMS = ("local", "fedavg", "finetune", "mrmtl", "ditto", "mocha", "ifca",
-              "dprivate_clustering")
 __all__ = sorted(_WHERE) + ["ALGORITHMS"]
 
 

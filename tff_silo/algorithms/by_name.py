@@ -1,15 +1,16 @@
-"""Any definition of the MR-MTL family, Mocha or IFCA by its name: the one place the
-benchmark binaries (`benchmarks.run`, `benchmarks.compare`) turn settings into a
-`SiloAlgorithm`, `MochaAlgorithm` or `ClusteredAlgorithm`."""
+"""Any definition of the MR-MTL family, Mocha or IFCA by its name (its entry in
+`methods.REGISTRY`): the one place the benchmark binaries (`benchmarks.run`,
+`benchmarks.compare`) turn settings into a `SiloAlgorithm`, `MochaAlgorithm` or
+`ClusteredAlgorithm`."""
 
 from __future__ import annotations
 
 import dataclasses
+import importlib
 from typing import Optional
 
-from tff_silo.algorithms import ditto, fedavg, finetune, ifca, local, mocha, mrmtl
-from tff_silo.algorithms.method_names import (
-    IFCA_VARIANTS, LAMBDA_NAMES, NAMES, UNAGGREGATED_NAMES)
+from tff_silo.algorithms import ifca, mocha
+from tff_silo.algorithms.methods import REGISTRY, SILO_KINDS
 
 
 def silo_definition(name: str, model, feature_shape, *, client_learning_rate: float,
@@ -22,15 +23,16 @@ def silo_definition(name: str, model, feature_shape, *, client_learning_rate: fl
                     selection_budget_share: Optional[float] = None,
                     cluster_init_seed: int = 0, num_silos: Optional[int] = None,
                     noise: str = "integer"):
-  """The TF-only definition of method `name` (one of `NAMES`) for `rounds` rounds.
+  """The TF-only definition of method `name` (one of `methods.SILO_NAMES`) for
+  `rounds` rounds.
 
-  `lam` is used by `LAMBDA_NAMES` only, `finetune_fraction` by the finetuning
-  methods, the cluster settings and `cluster_init_seed` (of the G initial cluster
-  models) by IFCA's, `num_silos` (the run's K) by Mocha, which needs it; None keeps
-  the algorithm's default. The MR-MTL family and Mocha start from the model's
-  initial weights of seed 0 whatever the run's seed, so a sweep's seeds stack into
-  one program. `noise`: DP-SGD's mechanism, `integer` or `idealized`
-  (`local_training.NOISE_MECHANISMS`)."""
+  `lam` is used by the methods with a lambda (`methods.LAMBDA_NAMES`) only,
+  `finetune_fraction` by the finetuning methods, the cluster settings and
+  `cluster_init_seed` (of the G initial cluster models) by IFCA's, `num_silos` (the
+  run's K) by Mocha, which needs it; None keeps the algorithm's default. The MR-MTL
+  family and Mocha start from the model's initial weights of seed 0 whatever the
+  run's seed, so a sweep's seeds stack into one program. `noise`: DP-SGD's
+  mechanism, `integer` or `idealized` (`local_training.NOISE_MECHANISMS`)."""
   definition = _definition(name, model, feature_shape, client_learning_rate,
                            batch_size, rounds, lam, l2_norm_clip, local_epochs, sampling,
                            aggregator, finetune_fraction, num_clusters,
@@ -44,12 +46,14 @@ def _definition(name, model, feature_shape, client_learning_rate, batch_size, ro
                 lam, l2_norm_clip, local_epochs, sampling, aggregator, finetune_fraction,
                 num_clusters, selection_fraction, selection_budget_share,
                 cluster_init_seed, num_silos):
-  if name not in NAMES:
-    raise ValueError(f"unknown method {name!r}; one of {', '.join(NAMES)}")
-  if name in UNAGGREGATED_NAMES and aggregator not in (None, "mean"):
+  method = REGISTRY.get(name)
+  if method is None or method.kind not in SILO_KINDS:
+    known = ", ".join(n for n, m in REGISTRY.items() if m.kind in SILO_KINDS)
+    raise ValueError(f"unknown method {name!r}; one of {known}")
+  if not method.aggregated and aggregator not in (None, "mean"):
     raise ValueError(f"aggregator: {name} has no server mean to aggregate with "
                      f"(None or 'mean', the default), got {aggregator!r}")
-  if name == "mocha":
+  if method.kind == "mocha":
     if num_silos is None:
       raise ValueError(f"num_silos: {name} needs the number of silos it relates")
     return mocha.mocha_algorithm(
@@ -60,18 +64,16 @@ def _definition(name, model, feature_shape, client_learning_rate, batch_size, ro
                 local_epochs=local_epochs, l2_norm_clip=l2_norm_clip, sampling=sampling,
                 aggregator=aggregator)
   given = lambda **options: {k: v for k, v in options.items() if v is not None}
-  if name in IFCA_VARIANTS:
+  if method.kind == "ifca":
     return ifca.ifca_algorithm(
-        model, feature_shape, total_rounds=rounds, after=IFCA_VARIANTS[name],
-        lam=lam if name in LAMBDA_NAMES else 0.0, init_seed=cluster_init_seed,
+        model, feature_shape, total_rounds=rounds, after=method.after,
+        lam=lam if method.lam else 0.0, init_seed=cluster_init_seed,
         **given(num_clusters=num_clusters, selection_fraction=selection_fraction,
                 selection_budget_share=selection_budget_share,
                 finetune_fraction=finetune_fraction), **common)
-  if name in LAMBDA_NAMES:
+  if method.lam:
     common["lam"] = lam
   if name == "finetune":
     common.update(total_rounds=rounds, **given(fedavg_fraction=finetune_fraction))
-  build = {"local": local.local_algorithm, "fedavg": fedavg.fedavg_algorithm,
-           "finetune": finetune.finetune_algorithm, "mrmtl": mrmtl.mrmtl_algorithm,
-           "ditto": ditto.ditto_algorithm}[name]
-  return build(model, feature_shape, **common)
+  module = importlib.import_module(f"tff_silo.algorithms.{method.module}")
+  return getattr(module, f"{method.module}_algorithm")(model, feature_shape, **common)

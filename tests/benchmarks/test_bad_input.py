@@ -22,7 +22,7 @@ TRAINING = {
     "run": ["_simulate"],
     "hypernet": ["_run_hypernet", "_run_fedavg"],
     "attacks": ["_attack_rows", "_mia_train"],
-    "speed": ["_fresh_run", "_sweep", "_speed_child"],
+    "speed": ["fresh.fresh_run", "fresh.speed_child"],   # (modules of the package)
     "summarize": [],
 }
 
@@ -41,7 +41,9 @@ def refuse(*args, **kwargs):
   raise TrainingStarted()
 
 for name in filter(None, training):
-  setattr(module, name, refuse)
+  where, _, name = name.rpartition(".")
+  setattr(importlib.import_module(".".join(filter(None, (module.__name__, where)))),
+          name, refuse)
 results = []
 for args in json.load(open(cases_file)):
   flags.FLAGS.unparse_flags()

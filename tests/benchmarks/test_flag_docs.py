@@ -53,13 +53,22 @@ def test_no_default_path_lies_outside_the_output_folder(found):
         assert default.startswith(common.OUTPUT_DIR), (binary, f["name"], default)
 
 
+def _source(root, binary):
+  """The file of binary `binary`: its module, or its package's `__init__.py`."""
+  path = os.path.join(root, binary + ".py")
+  return path if os.path.exists(path) else os.path.join(root, binary, "__init__.py")
+
+
 def test_every_binary_has_a_table():
   root = os.path.dirname(flag_docs.README)
   binaries = set()
-  for path in glob.glob(os.path.join(root, "*.py")):
+  for path in (glob.glob(os.path.join(root, "*.py"))
+               + glob.glob(os.path.join(root, "*", "__main__.py"))):
     with open(path) as f:
-      if "\n  common.run_main(main" in f.read():
-        binaries.add(os.path.splitext(os.path.basename(path))[0])
+      if "\n  common.run_main(" in f.read():
+        name = os.path.basename(path)
+        binaries.add(os.path.basename(os.path.dirname(path)) if name == "__main__.py"
+                     else os.path.splitext(name)[0])
   assert binaries == set(flag_docs.BINARIES)
 
 
@@ -70,6 +79,6 @@ def test_help_examples_keep_their_line_breaks():
   import re
   root = os.path.dirname(flag_docs.README)
   for name in flag_docs.BINARIES:
-    with open(os.path.join(root, name + ".py")) as f:
+    with open(_source(root, name)) as f:
       doc = ast.get_docstring(ast.parse(f.read()), clean=False)
     assert not re.search(r"\S {3,}--", doc), name

@@ -313,16 +313,16 @@ def check_folder(folder: str, flag: str) -> None:
     raise UsageError(f"--{flag} {folder}: {existing} is not a writable folder")
 
 
-def aggregator_key() -> dict:
-  """The aggregator settings a run's result depends on (part of its run key)."""
+def aggregator_key(name: str, silo_epsilon, silo_delta, clip) -> dict:
+  """The aggregator settings a run's result depends on (part of its run key): the
+  aggregator `name` and, for a DP one, its budget and clip."""
   from tff_silo import aggregators
-  dp = FLAGS.aggregator in aggregators.DP_BUILTINS
-  return dict(aggregator=FLAGS.aggregator,
-              **({name: FLAGS[name].value for name in
-                  ("silo_epsilon", "silo_delta", "aggregator_clip")} if dp else {}),
+  dp = name in aggregators.DP_BUILTINS
+  return dict(aggregator=name,
+              **(dict(silo_epsilon=silo_epsilon, silo_delta=silo_delta,
+                      aggregator_clip=clip) if dp else {}),
               # (dp_fixed's noise became integer: rows of its float noise not reused)
-              **({"aggregator_noise": "integer"} if FLAGS.aggregator == "dp_fixed"
-                 else {}))
+              **({"aggregator_noise": "integer"} if name == "dp_fixed" else {}))
 
 
 def aggregator_columns(choice, rounds_run: int, measurements: dict,
@@ -336,11 +336,12 @@ def aggregator_columns(choice, rounds_run: int, measurements: dict,
   from tff_silo import aggregators
   columns = dict(aggregator=choice.name, aggregator_params=json.dumps(choice.params),
                  aggregator_measurements=json.dumps(measurements))
-  if choice.silo_level_dp:
-    columns.update(silo_epsilon=FLAGS.silo_epsilon,
-                   silo_epsilon_spent=choice.silo_epsilon(rounds_run, FLAGS.silo_delta),
-                   silo_delta=FLAGS.silo_delta,
-                   silo_delta_with_sampler_tail=FLAGS.silo_delta + choice.silo_delta_tail(
+  if choice.silo_level_dp:   # (its budget: in its params, as the flags gave it)
+    epsilon, delta = choice.params["silo_epsilon"], choice.params["silo_delta"]
+    columns.update(silo_epsilon=epsilon,
+                   silo_epsilon_spent=choice.silo_epsilon(rounds_run, delta),
+                   silo_delta=delta,
+                   silo_delta_with_sampler_tail=delta + choice.silo_delta_tail(
                        rounds_run, dimension),
                    silo_guarantee_covers=aggregators.SILO_GUARANTEE_COVERS,
                    silo_noise_multiplier=choice.noise_multiplier)

@@ -253,7 +253,9 @@ def _settings() -> grid.Settings:
     raise UsageError(f"--aggregator={FLAGS.aggregator} with --tuning=private: the "
                      "silo-level cost of tuning is not accounted; use --tuning=free")
   # the default mean adds nothing to the run keys (rows written before it existed)
-  s["aggregator_key"] = common.aggregator_key() if FLAGS.aggregator != "mean" else {}
+  s["aggregator_key"] = common.aggregator_key(
+      FLAGS.aggregator, FLAGS.silo_epsilon, FLAGS.silo_delta, FLAGS.aggregator_clip
+  ) if FLAGS.aggregator != "mean" else {}
   s.update(data_dir=FLAGS.data_dir, save_models=FLAGS.save_models,
            figures_dir=FLAGS.figures_dir, trials_output=FLAGS.trials_output,
            backend=FLAGS.backend, device=FLAGS.device, xla=FLAGS.xla,

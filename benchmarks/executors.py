@@ -1,12 +1,12 @@
 """Where the batches of a binary's plan run: in this process (`Local`), or as tasks
 on a Ray cluster (`RayCluster`, `--executor=ray`), with the same rows either way.
 
-A batch's work is a `Work`: a module-level function of the binary, its settings
-(a frozen dataclass) and the data recipes it reads. On a Ray worker nothing of the
-driver's memory is used: the function is imported by its module's name, the
-settings rebuilt from their fields, the driver's flag values set, and the data
-loaded from its recipe (`benchmarks.datasets.cached`) and checked against the
-digest the driver computed of its own copy (`datasets.travelling`), so a machine
+A batch's work is a `Work`: a module-level function of the binary, its settings (a
+frozen dataclass) and the data recipes it reads. On a Ray worker nothing of the
+driver's memory is used: the function is imported by its module's name, the settings
+rebuilt from their fields (no flag travels: a batch reads its settings only), and
+the data loaded from its recipe (`benchmarks.datasets.cached`) and checked against
+the digest the driver computed of its own copy (`datasets.travelling`), so a machine
 whose data files differ fails its task instead of writing other rows. Per-process
 caches (data, calibrations) live as long as the worker does.
 
@@ -213,7 +213,7 @@ class RayCluster:
   @staticmethod
   def recipe(work: Work, spec) -> Callable:
     """A shard's recipe (`tff_silo.sharding`): `work(spec)` on the shard's worker, as
-    a batch runs there (the driver's flags set, the data checked; `_on_worker`)."""
+    a batch runs there (the data checked; `_on_worker`)."""
     return functools.partial(_on_worker, _travelling(work), spec, None)
 
   def shards(self, makes: list) -> list:
@@ -327,34 +327,26 @@ def _one_line(error) -> str:
 
 
 def _travelling(work: Work) -> tuple:
-  """What of `work` goes to a worker: names, the settings' fields, the recipes, and
-  the driver's flag values (what a binary's helpers read of FLAGS is the same on
-  every worker)."""
+  """What of `work` goes to a worker: names, the settings' fields and the recipes.
+  No flag travels: what a batch does is a function of its settings (a worker's
+  flags stay unparsed, so a read of one fails loudly)."""
   cls = type(work.settings)
   cls_module = work.module if cls.__module__ == "__main__" else cls.__module__
   fields = {f.name: getattr(work.settings, f.name)
             for f in dataclasses.fields(work.settings)}
-  from absl import flags   # pylint: disable=g-import-not-at-top
-  given = {name: (flags.FLAGS[name].value, flags.FLAGS[name].present)
-           for name in flags.FLAGS} if flags.FLAGS.is_parsed() else {}
   return (work.module, work.function.__name__, cls_module, cls.__qualname__, fields,
-          work.data, given)
+          work.data)
 
 
 def _on_worker(state: tuple, batch: list, progress):
-  """A batch on a Ray worker: the binary's function found by name, its flags set
-  to the driver's, the settings rebuilt, the data expected (`datasets.expect`),
-  inside the settings' device placement (where they name a device)."""
-  module, function, cls_module, cls_name, fields, data, given = state
-  from absl import flags   # pylint: disable=g-import-not-at-top
+  """A batch on a Ray worker: the binary's function found by name, the settings
+  rebuilt from their fields, the data expected (`datasets.expect`), inside the
+  settings' device placement (where they name a device)."""
+  module, function, cls_module, cls_name, fields, data = state
   from benchmarks import datasets   # pylint: disable=g-import-not-at-top
   for loader, recipe, digest in data:
     datasets.expect(getattr(datasets, loader), recipe, digest)
-  binary = importlib.import_module(module)   # defines its flags in this process
-  for name, (value, present) in given.items():
-    if name in flags.FLAGS:
-      flags.FLAGS[name].value, flags.FLAGS[name].present = value, present
-  flags.FLAGS.mark_as_parsed()
+  binary = importlib.import_module(module)
   settings = getattr(importlib.import_module(cls_module), cls_name)(**fields)
   with common.placement(settings) if hasattr(settings, "device") else (
       contextlib.nullcontext()):

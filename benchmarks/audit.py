@@ -229,8 +229,7 @@ def _audit(s, method, silos, mutation):
 
 
 def main(argv):
-  if len(argv) > 1:
-    raise UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
+  del argv   # (no arguments: `common.run_main`)
   s = Settings.from_flags()
   silos = _silos(s)
   rows = []

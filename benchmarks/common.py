@@ -751,9 +751,17 @@ HELP_FLAGS = {f"{dashes}{name}" for dashes in ("-", "--")
               for name in ("help", "helpfull", "helpshort", "h", "?")}
 
 
+def takes_arguments(main):
+  """Marks a binary's `main` as taking positional arguments (`run_main` refuses
+  them for every other binary)."""
+  main.takes_arguments = True
+  return main
+
+
 def run_main(main, check_first=None) -> None:
-  """`app.run(main)` with old flag names, non-finite floats and empty lists refused
-  and the path flags resolved (`resolve_output_flags`), printing a UsageError as
+  """`app.run(main)` with old flag names, non-finite floats, empty lists and
+  arguments besides the flags (unless `main` `takes_arguments`) refused and the
+  path flags resolved (`resolve_output_flags`), printing a UsageError as
   `error: ...` and exiting with 2, and --help exiting with 0. A binary that must import
   TensorFlow before `app.run` calls its main (TF 2.14's Keras, first imported inside
   it, cannot build functional models) passes `check_first`, its flag checks: they
@@ -768,6 +776,8 @@ def run_main(main, check_first=None) -> None:
 
   def resolved_main(argv):
     prepare()
+    if len(argv) > 1 and not getattr(main, "takes_arguments", False):
+      raise UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
     return main(argv)
 
   try:

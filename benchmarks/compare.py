@@ -788,8 +788,7 @@ def _batch_done(s, trials, released, loaded, batch, i, batches, start):
 
 
 def main(argv):
-  if len(argv) > 1:
-    raise UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
+  del argv   # (no arguments: `common.run_main`)
   s = _settings()
   from tff_silo import runtime
   runtime.exit_cleanly_on_sigterm()

@@ -363,8 +363,7 @@ def _degree_figure(figures_dir: str) -> None:
 
 
 def main(argv):
-  if len(argv) > 1:
-    raise UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
+  del argv   # (no arguments: `common.run_main`)
   if FLAGS.epsilon_table:
     _print_epsilon_table()
     return

@@ -23,6 +23,7 @@ REQUIRED = ("dataset", "algorithm", "lam", "epsilon", "seed", "test_metric",
             "metric")
 
 
+@common.takes_arguments
 def main(argv):
   paths = argv[1:]
   if not paths:

@@ -29,7 +29,6 @@ from absl import flags
 import numpy as np
 
 from benchmarks import common
-from benchmarks.common import UsageError
 from benchmarks.harness import spec
 
 FLAGS = flags.FLAGS
@@ -89,8 +88,7 @@ def _conditions(s):
 
 
 def main(argv):
-  if len(argv) > 1:
-    raise UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
+  del argv   # (no arguments: `common.run_main`)
   s = Settings.from_flags()
   from tff_silo import theory
   from tff_silo.privacy import tuning

@@ -177,8 +177,7 @@ _PARTS = ((fresh.FRESH_PARTS + ("xla", "protocol"), fresh.parts),
 
 
 def main(argv):
-  if len(argv) > 1:
-    raise UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
+  del argv   # (no arguments: `common.run_main`)
   s = Settings.from_flags()
   for name, run_child in _CHILDREN.items():
     if getattr(s, name) not in (None, False):

@@ -185,6 +185,7 @@ def _cases(binary, f):
   if binary == "hypernet":
     tiny = ["--num_users=4", "--rounds=1", out]
     return [
+        (["stray", *tiny], "unexpected arguments: stray"),
         (["--algorithm=fedavg", *tiny], "--algorithm is now --methods"),
         (["--client_lr=0.1", *tiny], "--client_lr is now --lr"),
         (["--sampling_rate=0.1", *tiny], "--sampling_rate is now --sampling_rates"),
@@ -251,6 +252,7 @@ def _cases(binary, f):
   figures = f"--figures_dir={f['dir']}/figures"
   both = [out, mia, figures]
   return [
+      (["stray", *both], "unexpected arguments: stray"),
       (["--figures=x", out, mia], "--figures is now --figures_dir"),
       (["--client_lr=0.1", *both], "--client_lr is now --lr"),
       (["--method=idlg", *both], "--method is now --methods"),

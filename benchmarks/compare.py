@@ -584,8 +584,11 @@ def _run_batch(s, batch, loaded, backend, device, cell_trials):
         **({} if outcome.aggregator_measurements is None else common.aggregator_columns(
             s.aggregator, outcome.rounds, outcome.aggregator_measurements,
             sum(np.size(w) for w in outcome.silo_weights[0])))))
-    if s.save_models:
-      rows[-1]["saved_to"] = _save(s, trial, outcome, rows[-1], tuned_per_silo)
+    if s.save_models:   # (a disk that refuses the save keeps the row: saved_to empty)
+      rows[-1]["saved_to"] = common.saved_or_reported(
+          lambda: _save(s, trial, outcome, rows[-1], tuned_per_silo),
+          f"{trial['method']} epsilon={trial['epsilon']:g} lam={trial['lam']:g} "
+          f"lr={trial['lr']:g} seed={trial['seed']}")
   return rows
 
 
@@ -676,7 +679,9 @@ def _released_row(s, row, trials, loaded) -> dict:
     out.pop("validation_metric", None)
   if s.save_models:
     staged = row.get("saved_to")
-    out["saved_to"] = (_publish(s, row, staged, loaded)
+    out["saved_to"] = (common.saved_or_reported(
+        lambda: _publish(s, row, staged, loaded),
+        f"the selected {row['method']} epsilon={row['epsilon']:g} seed={row['seed']}")
                        if isinstance(staged, str) and os.path.isdir(staged) else None)
     cell = trials[(trials.method == row["method"]) & (trials.epsilon == row["epsilon"])
                   & (trials.seed == row["seed"])]

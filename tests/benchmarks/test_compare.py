@@ -321,6 +321,43 @@ def test_saved_trials_load_with_the_silos_they_trained_on(tmp_path):
 
 
 @pytest.mark.cli
+@pytest.mark.parametrize("tuning", ["free", "private"])
+def test_a_disk_that_refuses_the_models_keeps_the_rows(tmp_path, tuning):
+  """RELIABILITY_CASES D3 for compare: every save failing (ENOSPC) leaves each
+  trained row in place, saved_to empty, one line per save on stderr (the trials'
+  and, under private tuning, the selected trial's publication)."""
+  script = (
+      "import errno, sys\n"
+      "from tff_silo import runs\n"
+      "def full(*args, **kwargs):\n"
+      "  raise OSError(errno.ENOSPC, 'No space left on device')\n"
+      "runs.save = full\n"
+      "from benchmarks import common, compare\n"
+      "sys.argv = ['compare', *sys.argv[1:]]\n"
+      "common.run_main(compare.main)\n")
+  out = tmp_path / "c.csv"
+  private = ["--tuning=private", "--mean_trials=2"] if tuning == "private" else []
+  done = subprocess.run(
+      [sys.executable, "-c", script, f"--output={out}", f"--table={tmp_path / 'c.md'}",
+       f"--figures_dir={tmp_path}", "--methods=mrmtl", "--epsilons=4", "--seeds=0",
+       "--lams=0.1,1", "--rounds=2", f"--save_models={tmp_path / 's'}", *private],
+      cwd=ROOT, capture_output=True, text=True, timeout=600,
+      env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"})
+  assert done.returncode == 0, done.stderr[-2000:]
+  refused = [line for line in done.stderr.splitlines() if "could not be saved" in line]
+  rows = pd.read_csv(out)
+  selected = rows[rows.row_type == "selected"]
+  assert len(selected) == 1 and selected.saved_to.isna().all()
+  if tuning == "free":
+    trials = rows[rows.row_type == "trial"]
+    assert len(trials) == 2 and trials.saved_to.isna().all()
+    assert len(refused) == 2, done.stderr[-2000:]
+  else:   # the staged saves refused: nothing to publish
+    assert refused and all("row is kept" in line for line in refused)
+  assert "Traceback" not in done.stderr
+
+
+@pytest.mark.cli
 def test_vehicle_accuracy_is_tuned_upwards(tmp_path, shared_data):
   """A preset read from --data_dir whose metric is accuracy (higher is better)."""
   _, rows, selected = _finished(tmp_path, "--preset=vehicle", f"--data_dir={shared_data}",

@@ -31,3 +31,66 @@ def test_the_readme_quotes_what_the_main_job_prints(tmp_path):
           f"training in {local} of {cells} (by {gain}% at epsilon 2: "
           f"{means['mrmtl']} against {means['local']} MSE)") in readme
   assert f"quick preset: {fedavg}/{cells} and {local}/{cells} private cells" in readme
+
+
+RESULTS = os.path.join(binaries.ROOT, "benchmarks", "RESULTS.md")
+_DECIMAL = re.compile(r"\d+\.\d+(?:e-?\d+)?|\d+e-\d+")
+
+
+def _sections(text: str, title: str) -> str:
+  """The sections of markdown `text` whose heading starts with `title`, each up to
+  the next heading of its level or above."""
+  headings = [(m.start(), len(m.group(1)), m.group(2))
+              for m in re.finditer(r"^(#+) (.*)$", text, re.M)]
+  out = []
+  for i, (start, level, heading) in enumerate(headings):
+    if heading.startswith(title):
+      end = next((s for s, l, _ in headings[i + 1:] if l <= level), len(text))
+      out.append(text[start:end])
+  return "".join(out)
+
+
+def _recorded(number: str, text: str) -> bool:
+  """Whether `text` holds `number`, as written or rounded from more digits."""
+  if "e" in number:
+    return number in text
+  import decimal
+  step = decimal.Decimal(1).scaleb(-len(number.split(".")[1]))   # its last digit
+  return any(decimal.Decimal(found).quantize(step, decimal.ROUND_HALF_UP)
+             == decimal.Decimal(number)
+             for found in _DECIMAL.findall(text)
+             if "e" not in found and decimal.Decimal(found).as_tuple().exponent
+             <= step.as_tuple().exponent)
+
+
+def test_the_findings_table_quotes_the_recorded_results():
+  """Every decimal the README's findings table quotes is in the sections of
+  `benchmarks/RESULTS.md` its row cites (as written, or rounded from a number with
+  more digits there), and every cited section exists."""
+  with open(README) as f:
+    readme = f.read()
+  with open(RESULTS) as f:
+    results = f.read()
+  table = readme[readme.index("| finding | numbers | where |"):]
+  rows = table[:table.index("\n\n")].splitlines()[2:]
+  assert len(rows) >= 8
+  for row in rows:
+    _, _, numbers, where, _ = row.split("|")
+    cited = re.findall(r'"([^"]+)"', where)
+    text = "".join(_sections(results, title) for title in cited)
+    for title in cited:
+      assert _sections(results, title), f"RESULTS.md has no section {title!r}"
+    missing = [n for n in _DECIMAL.findall(numbers) if not _recorded(n, text)]
+    assert not missing, (cited, missing)
+
+
+def test_the_private_tuning_numbers_are_the_recorded_runs():
+  """The README's numbers for `--tuning=private` (each run draws new plans, so no
+  command reprints them) are those RESULTS.md records for the quick preset."""
+  readme = _readme()
+  with open(RESULTS) as f:
+    harness = _sections(f.read(), "The comparison harness")
+  quoted = readme[readme.index("Paying for it"):readme.index("sec. 1.7")]
+  numbers = _DECIMAL.findall(quoted)
+  assert len(numbers) >= 4
+  assert all(_recorded(n, harness) for n in numbers), numbers

@@ -111,12 +111,6 @@ def check_applies(name: str, applies_to, requested, what: str = "--methods") -> 
                      f"not to {what}={','.join(map(str, requested))}")
 
 
-def check_one_of(name, value, allowed) -> None:
-  """UsageError unless flag `--name` is one of `allowed`."""
-  if value not in allowed:
-    raise UsageError(f"--{name} must be one of {', '.join(allowed)}; got {value!r}")
-
-
 # The groups of settings binaries share, one name per concept: a binary's `SPEC`
 # takes them in (`spec.options` changes what it records or what they apply to).
 BACKENDS = ("auto", "tff", "vectorized")
@@ -226,11 +220,9 @@ def check_shards_flag(backend: str) -> None:
 
 
 def check_backend(backend: str, device: str, xla: bool = False) -> None:
-  """UsageError for an unknown --backend / --device, or a combination that cannot
-  run: a GPU or XLA for TFF's runtime (CPU only, uncompiled), or a GPU TensorFlow
-  does not see."""
-  check_one_of("backend", backend, BACKENDS)
-  check_one_of("device", device, DEVICES)
+  """UsageError for a --backend / --device / --xla combination that cannot run
+  (their choices: the binary's SPEC checks them first): a GPU or XLA for TFF's
+  runtime (CPU only, uncompiled), or a GPU TensorFlow does not see."""
   if backend == "tff" and device == "gpu":
     raise UsageError("--device=gpu needs the vectorized backend: TFF's runtime (the "
                      "PyPI worker_binary) runs on the CPU only")

@@ -360,8 +360,7 @@ def from_flags(workers: int = 1, thread_scope=None):
   (--save_models, --ledger_csv) on a cluster of several machines."""
   from absl import flags
   given = flags.FLAGS
-  common.check_one_of("executor", given.executor, common.EXECUTORS)
-  common.check_bounds("ray_cpus_per_task", "ray_gpus_per_task")
+  # (--executor's choices and the Ray flags' ranges: the binary's SPEC checked them)
   if given.executor != "ray":
     for name in ("ray_address", "ray_cpus_per_task", "ray_gpus_per_task"):
       if given[name].present:

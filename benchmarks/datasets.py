@@ -210,7 +210,8 @@ def _quick(data_dir, seed):
 
 
 def _label_skewed(images):
-  """hypernet's users: a label-skewed partition of `images()`'s (x, y)."""
+  """hypernet's users: a label-skewed partition of the (x, y) `images(data_dir)`
+  returns."""
   def load(recipe):
     from tff_silo import data
     x, y = images(recipe.get("data_dir"))

@@ -57,7 +57,7 @@ from benchmarks.harness import spec
 
 PARTS = ("inversion", "membership")
 DATASETS = datasets.taking("images")
-READ = tuple(n for n in DATASETS if datasets.DATASETS[n].files)   # from --data_dir
+READ = datasets.reading("images")   # from --data_dir
 MIA_ALGORITHMS = ("local", "fedavg", "mrmtl")
 NON_PRIVATE = "inf"
 # Columns every row of each CSV has: an existing file without them is refused.

@@ -330,6 +330,11 @@ def taking(binary: str, **where) -> tuple:
                and all(getattr(entry, field) == value for field, value in where.items()))
 
 
+def reading(binary: str) -> tuple:
+  """The datasets `binary` loads that read files from --data_dir."""
+  return tuple(name for name in taking(binary) if DATASETS[name].files)
+
+
 def _dp_standardized(silos, recipe):
   """Each silo's DP estimate of its feature statistics (seeded by the run's seed),
   and the Gaussian event it charges to the silo's ledger."""

@@ -34,7 +34,7 @@ from benchmarks.harness import spec
 
 ALGORITHMS = ("hypernet", "fedavg")
 DATASETS = datasets.taking("hypernet")
-DATA_DIR_DATASETS = tuple(n for n in DATASETS if datasets.DATASETS[n].files)
+DATA_DIR_DATASETS = datasets.reading("hypernet")
 
 FLAGS = flags.FLAGS
 _HYPERNET = dict(applies_to=("hypernet",))

@@ -58,7 +58,7 @@ DATASETS = datasets.taking("run")
 SAMPLING = ("poisson", "without_replacement", "shuffle")
 TABULAR = datasets.taking("run", tabular=True)
 REGRESSION = datasets.taking("run", task="regression")   # --corrupt_silos scales y
-READ = tuple(n for n in DATASETS if datasets.DATASETS[n].files)   # from --data_dir
+READ = datasets.reading("run")   # from --data_dir
 STANDARDIZE = ("none", "public", "dp", "silo")
 PROTOCOLS = ("custom", "paper")
 LAMBDA_ALGORITHMS = methods.LAMBDA_NAMES

@@ -57,7 +57,7 @@ def xla_workloads(s):
           ("hypernet", part_args("hypernet", s)))
 
 
-def fresh_run(env, binary_args, backend, device="auto"):
+def fresh_run(binary_args, backend, device="auto"):
   """Runs benchmarks.<binary> in a fresh process; (seconds from outside, its row)."""
   import pandas as pd
   binary, args = binary_args
@@ -66,18 +66,17 @@ def fresh_run(env, binary_args, backend, device="auto"):
     cmd = [sys.executable, "-m", f"benchmarks.{binary}", *args, f"--backend={backend}",
            f"--device={device}", f"--output={csv}"]
     start = time.perf_counter()
-    returncode, stderr = child(cmd, env)
+    returncode, stderr = child(cmd)
     seconds = time.perf_counter() - start
     if returncode:
       raise UsageError(f"benchmarks.{binary} failed: {last_line(stderr)}")
     return seconds, pd.read_csv(csv).iloc[0]
 
 
-def child(cmd, env, stdout=subprocess.DEVNULL):
+def child(cmd, stdout=subprocess.DEVNULL):
   """Runs `cmd`; (return code, stderr[, stdout]). The child is stopped (SIGTERM, then
   SIGKILL) when this process is interrupted or terminated, so none outlives it."""
-  process = subprocess.Popen(cmd, stdout=stdout, stderr=subprocess.PIPE, text=True,
-                             env=env)
+  process = subprocess.Popen(cmd, stdout=stdout, stderr=subprocess.PIPE, text=True)
   try:
     out, err = process.communicate()
   except BaseException:
@@ -101,7 +100,7 @@ def speed_child(what: str, *args):
   JSON it printed last)."""
   start = time.perf_counter()
   returncode, stderr, stdout = child([sys.executable, "-m", "benchmarks.speed", *args],
-                                     os.environ, stdout=subprocess.PIPE)
+                                     stdout=subprocess.PIPE)
   if returncode:
     raise UsageError(f"the {what} failed: {last_line(stderr)}")
   return time.perf_counter() - start, json.loads(stdout.strip().splitlines()[-1])
@@ -137,17 +136,17 @@ def parts(s, add_row) -> None:
         continue
       choices = digits_backends if part == "digits" else backends
       for backend, device in (choices if repeat % 2 == 0 else choices[::-1]):
-        record(part, backend, device, *fresh_run(
-            os.environ, part_args(part, s), backend, device), repeat)
+        record(part, backend, device, *fresh_run(part_args(part, s), backend, device),
+               repeat)
     if "xla" in s.parts:
       for workload, (binary, args) in xla_workloads(s):
         for xla in (False, True) if repeat % 2 == 0 else (True, False):
           record("xla", "vectorized", "cpu+xla" if xla else "cpu", *fresh_run(
-              os.environ, (binary, args + ["--xla"] * xla), "vectorized", "cpu"),
-                 repeat, workload=workload)
+              (binary, args + ["--xla"] * xla), "vectorized", "cpu"), repeat,
+                 workload=workload)
     if "protocol" in s.parts:
       for protocol in PROTOCOLS if repeat % 2 == 0 else PROTOCOLS[::-1]:
         paper = ["--protocol=paper"] if protocol == "paper" else []
         record("protocol", "vectorized", "cpu", *fresh_run(
-            os.environ, ("run", school_args(s) + paper), "vectorized", "cpu"), repeat,
+            ("run", school_args(s) + paper), "vectorized", "cpu"), repeat,
                protocol=protocol)

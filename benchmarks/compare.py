@@ -386,15 +386,23 @@ def _noisy_score(s, model, weights, x_val, y_val, run_seed, score_z) -> float:
   return total / len(y_val)
 
 
+def _definition_settings(s, trial) -> dict:
+  """`algorithms.silo_definition`'s name and keyword arguments for `trial` but its
+  seed and data: what `_definition` builds, and what a saved trial retrains with
+  (`_save`; a plain mean's factory is its name)."""
+  return dict(name=trial["method"], client_learning_rate=trial["lr"],
+              batch_size=s.batch_size, rounds=s.rounds, lam=trial["lam"],
+              l2_norm_clip=None if math.isinf(trial["epsilon"]) else s.clip,
+              aggregator=s.aggregator.factory, num_clusters=s.num_clusters,
+              noise=grid.TRIAL_NOISE)
+
+
 def _definition(s, trial, silos):
   from tff_silo import algorithms, models
+  settings = _definition_settings(s, trial)
   return algorithms.silo_definition(
-      trial["method"], models.model_for(silos), silos.feature_shape,
-      client_learning_rate=trial["lr"], batch_size=s.batch_size, rounds=s.rounds,
-      lam=trial["lam"], l2_norm_clip=None if math.isinf(trial["epsilon"]) else s.clip,
-      aggregator=s.aggregator.factory, num_clusters=s.num_clusters,
-      cluster_init_seed=trial["seed"], num_silos=silos.num_silos,
-      noise=grid.TRIAL_NOISE)
+      settings.pop("name"), models.model_for(silos), silos.feature_shape,
+      cluster_init_seed=trial["seed"], num_silos=silos.num_silos, **settings)
 
 
 class _Outcome(NamedTuple):
@@ -614,10 +622,7 @@ def _save(s, trial, outcome, row, tuned_per_silo=None) -> str:
   training = None
   if trial["method"] != "hypernet" and s.aggregator.plain:
     training = runs.training_settings(
-        dict(name=trial["method"], client_learning_rate=trial["lr"],
-             batch_size=s.batch_size, rounds=s.rounds, lam=trial["lam"],
-             l2_norm_clip=s.clip if private else None,
-             aggregator=s.aggregator.name, num_clusters=s.num_clusters),
+        _definition_settings(s, trial),
         target_epsilon=outcome.run_epsilon if private else None,
         target_delta=s.delta if private else None,
         protocol=_protocol(s) if private else None)

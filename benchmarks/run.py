@@ -411,14 +411,21 @@ def _training(algorithm, lam, s):
     return None
   private = s.private
   return runs.training_settings(
-      dict(name=algorithm, client_learning_rate=s.lr, batch_size=s.batch_size,
-           rounds=s.rounds, lam=lam, local_epochs=s.local_epochs,
-           l2_norm_clip=s.clip if private else None, sampling=s.sampling,
-           aggregator=s.aggregator.name, finetune_fraction=s.finetune_fraction,
-           num_clusters=s.num_clusters, selection_fraction=s.selection_fraction,
-           selection_budget_share=s.selection_budget_share),
-      target_epsilon=s.epsilon, target_delta=s.delta if private else None,
+      _definition_settings(algorithm, lam, s), target_epsilon=s.epsilon,
+      target_delta=s.delta if private else None,
       protocol=s.protocol if private else None)
+
+
+def _definition_settings(algorithm, lam, s) -> dict:
+  """`algorithms.silo_definition`'s name and keyword arguments for a run of the
+  MR-MTL family, IFCA or Mocha but its seed and data: what `_build` builds, and
+  what a saved run retrains with (`_training`; a plain mean's factory is its name)."""
+  return dict(name=algorithm, client_learning_rate=s.lr, batch_size=s.batch_size,
+              rounds=s.rounds, lam=lam, local_epochs=s.local_epochs,
+              l2_norm_clip=s.clip if s.private else None, sampling=s.sampling,
+              aggregator=s.aggregator.factory, finetune_fraction=s.finetune_fraction,
+              num_clusters=s.num_clusters, selection_fraction=s.selection_fraction,
+              selection_budget_share=s.selection_budget_share, noise=s.noise)
 
 
 def _build(algorithm, lam, seed, silos, s):
@@ -431,16 +438,10 @@ def _build(algorithm, lam, seed, silos, s):
         batch_size=s.batch_size, num_clusters=s.num_clusters, nu=s.nu,
         local_epochs=s.local_epochs, kmeans_iterations=s.kmeans_iterations,
         init_std=s.hypothesis_init_std, init_seed=seed)
+  settings = _definition_settings(algorithm, lam, s)
   return algorithms.silo_definition(
-      algorithm, model, silos.feature_shape, client_learning_rate=s.lr,
-      batch_size=s.batch_size, rounds=s.rounds, lam=lam,
-      local_epochs=s.local_epochs,
-      l2_norm_clip=s.clip if s.private else None,
-      sampling=s.sampling, aggregator=s.aggregator.factory,
-      finetune_fraction=s.finetune_fraction, num_clusters=s.num_clusters,
-      selection_fraction=s.selection_fraction,
-      selection_budget_share=s.selection_budget_share, cluster_init_seed=seed,
-      num_silos=silos.num_silos, noise=s.noise)
+      settings.pop("name"), model, silos.feature_shape, cluster_init_seed=seed,
+      num_silos=silos.num_silos, **settings)
 
 
 def _runs(s):

@@ -230,7 +230,8 @@ def test_saved_models_load_with_the_split_they_trained_on(tmp_path):
   from tff_silo import runs
   out = tmp_path / "runs.csv"
   proc = _run("--dataset=synthetic", "--methods=mrmtl,fedavg", "--rounds=2",
-              "--epsilon=4", f"--output={out}", f"--save_models={tmp_path / 'saved'}")
+              "--epsilon=4", "--noise=idealized", f"--output={out}",
+              f"--save_models={tmp_path / 'saved'}")
   assert proc.returncode == 0, proc.stderr
   rows = pd.read_csv(out)
   for row in rows.to_dict("records"):
@@ -242,6 +243,8 @@ def test_saved_models_load_with_the_split_they_trained_on(tmp_path):
     saved.check_data(silos)
     assert len(saved.silo_weights) == silos.num_silos
     assert saved.model().name == "linear_regression"
+    # shadow models retrain as the run trained, its noise mechanism included
+    assert saved.training_run(silos, seed=5).process.config.noise == "idealized"
 
 
 @pytest.mark.cli

@@ -203,12 +203,14 @@ SPEC.define()
 common.define_renamed_flags(algorithm="methods", lam="lams")
 
 
-class Settings(SPEC.settings_class("_Fields", ("given", str), module=__name__)):
+class Settings(SPEC.settings_class("_Fields", ("aggregator_key", dict), ("given", str),
+                                   module=__name__)):
   """`benchmarks.run`'s settings (`SPEC`), checked (`from_flags`), the dataset's
   preset filled in, lists parsed; `protocol` a `tff_silo.privacy.protocol.
-  PrivacyProtocol`, `aggregator` the flag's name, a
+  PrivacyProtocol`; `aggregator` None until `main` chooses the
   `tff_silo.aggregators.AggregatorChoice` once the silos are loaded (DP aggregators
-  need their number), `given` a row's `flags`."""
+  need their number), `aggregator_key` the flags' part of a run key
+  (`common.aggregator_key`); `given` a row's `flags`."""
 
   @property
   def private(self) -> bool:
@@ -245,7 +247,10 @@ class Settings(SPEC.settings_class("_Fields", ("given", str), module=__name__)):
       common.check_writable(FLAGS.ledger_csv, "ledger_csv")
     common.check_save_models()
     common.check_shards_flag(common.backend_for(FLAGS.backend))
-    return cls(**values, given=SPEC.given())   # (aggregator: chosen in main)
+    key = common.aggregator_key(FLAGS.aggregator, FLAGS.silo_epsilon, FLAGS.silo_delta,
+                                FLAGS.aggregator_clip)
+    values["aggregator"] = None   # (chosen in main)
+    return cls(**values, aggregator_key=key, given=SPEC.given())
 
 
 def _protocol_and_sampling(preset):
@@ -473,8 +478,7 @@ def _run_key(seed, algorithm, lam, s):
     del key["hypothesis_init_std"]            # their keys stay the same
   return json.dumps(dict(
       key, algorithm=algorithm, lam=lam, seed=seed,
-      **common.aggregator_key(getattr(s.aggregator, "name", s.aggregator),
-                              s.silo_epsilon, s.silo_delta, s.aggregator_clip),
+      **s.aggregator_key,
       **_protocol_columns(s, private=s.private),
       # pld runs only: the keys (and noise) of rdp runs stay those of before
       **({"accountant": "pld"} if s.private and s.protocol.accountant == "pld" else {}),
@@ -785,9 +789,8 @@ def main(argv):
   with common.usage_errors():   # includes DataError: a bad file or setting
     for seed in dict.fromkeys(run.spec[0] for run in todo.pending):
       loaded[seed] = _load(seed, s)
-    # (the flag's name until here; None when every run is done: nothing to choose)
-    s = dataclasses.replace(s, aggregator=_aggregator(s, loaded[seed][0]) if loaded
-                            else None)
+    if loaded:   # (else every run is done: nothing to choose)
+      s = dataclasses.replace(s, aggregator=_aggregator(s, loaded[seed][0]))
   for run in todo.pending:
     _check(run, loaded[run.spec[0]][0], s)
   backend = common.backend_for(s.backend, s.aggregator)

@@ -244,8 +244,8 @@ def _settings() -> grid.Settings:
   common.check_aggregator_flags()
   # (hypernet has no server mean either: it trains without the aggregator, and its
   # rows have no aggregator columns)
-  unaggregated = sorted(m for m in s["methods"]
-                        if m in methods.SILO_NAMES and not methods.REGISTRY[m].aggregated)
+  unaggregated = sorted(set(s["methods"]) & set(
+      methods.names(kind=methods.SILO_KINDS, aggregated=False)))
   if unaggregated and FLAGS.aggregator != "mean":
     raise UsageError(f"--aggregator={FLAGS.aggregator}: {','.join(unaggregated)} has no "
                      "server mean; run it apart (without --aggregator)")

@@ -63,7 +63,8 @@ STANDARDIZE = ("none", "public", "dp", "silo")
 PROTOCOLS = ("custom", "paper")
 LAMBDA_ALGORITHMS = methods.LAMBDA_NAMES
 # Those with a server mean: what --aggregator and its settings apply to.
-AGGREGATED = tuple(n for n in ALGORITHMS if methods.REGISTRY[n].aggregated)
+AGGREGATED = methods.names(kind=(*methods.SILO_KINDS, "dprivate_clustering"),
+                           aggregated=True)
 FLAGS = flags.FLAGS
 # Validation users of `dprivate_clustering` on two_cluster (Galli et al. 5.1).
 VALIDATION_USERS = 30

@@ -114,7 +114,7 @@ def check_applies(name: str, applies_to, requested, what: str = "--methods") -> 
 # The groups of settings binaries share, one name per concept: a binary's `SPEC`
 # takes them in (`spec.options` changes what it records or what they apply to).
 BACKENDS = ("auto", "tff", "vectorized")
-DEVICES = ("auto", "cpu", "gpu")
+DEVICES = ("auto", "cpu", "gpu", "xla_cpu", "xla_gpu", "xla_tpu")   # xla_*: PJRT
 EXECUTORS = ("local", "ray")   # `benchmarks.executors`
 RAY_INSTALL = "uv sync --extra ray"
 
@@ -129,7 +129,10 @@ def backend_group(vectorized_runs: str) -> dict:
                           f"program (the same numbers; {vectorized_runs}); 'auto': the "
                           "vectorized one.", choices=BACKENDS),
       device=spec.string("auto", "One of {choices}: where the vectorized backend runs "
-                         "('auto': a GPU if TensorFlow sees one).", choices=DEVICES),
+                         "('auto': a GPU if TensorFlow sees one). 'xla_cpu', 'xla_gpu', "
+                         "'xla_tpu': each round lowered to HLO by TensorFlow and "
+                         "compiled and run by XLA's PJRT runtime (jaxlib's client for "
+                         "that device; TensorFlow itself needs none).", choices=DEVICES),
       xla=spec.boolean(False, "Compile the vectorized backend's rounds with XLA "
                        "(jit_compile=True: static shapes, the same numbers to float32 "
                        "rounding, one compilation per data shape), as a TPU needs. Off "
@@ -229,6 +232,18 @@ def check_backend(backend: str, device: str, xla: bool = False) -> None:
   if backend == "tff" and xla:
     raise UsageError("--xla compiles the vectorized backend's rounds: use "
                      "--backend=vectorized (or auto)")
+  if device.startswith("xla_"):
+    if backend == "tff":
+      raise UsageError(f"--device={device} runs the vectorized backend's rounds "
+                       "through XLA's PJRT runtime: use --backend=vectorized (or auto)")
+    if xla:
+      raise UsageError(f"--xla: --device={device} compiles every round with XLA "
+                       "already; drop --xla")
+    from tff_silo import pjrt
+    try:
+      pjrt.client(device[len("xla_"):])
+    except RuntimeError as e:
+      raise UsageError(f"--device={device}: {e}") from None
   if device == "gpu" and not _gpus():
     raise UsageError("--device=gpu: TensorFlow sees no GPU (on a CUDA machine install "
                      "with `uv sync --extra gpu`)")
@@ -259,6 +274,10 @@ def check_aggregator_flags() -> None:
   if "xla" in FLAGS and FLAGS.xla and FLAGS.aggregator not in aggregators.PLAIN:
     raise UsageError(f"--xla compiles the vectorized backend's rounds, and --aggregator="
                      f"{FLAGS.aggregator} runs on TFF's runtime: drop one")
+  if FLAGS.device.startswith("xla_") and FLAGS.aggregator not in aggregators.PLAIN:
+    raise UsageError(f"--device={FLAGS.device} runs the vectorized backend's rounds, "
+                     f"and --aggregator={FLAGS.aggregator} runs on TFF's runtime: drop "
+                     "one")
   if dp and FLAGS.silo_epsilon is None:
     raise UsageError(f"--aggregator={FLAGS.aggregator} needs --silo_epsilon (the "
                      "silo-level budget its noise is calibrated to)")
@@ -356,16 +375,21 @@ def aggregator_choice(num_silos: int, rounds: int):
 
 def device_scope(device: str, backend: str, xla: bool = False):
   """(context manager placing TensorFlow's ops, label for the row) for --device and
-  --xla (the label "cpu+xla", "gpu+xla"). TFF's runtime runs in its CPU-only worker
-  whatever the scope says."""
+  --xla (the label "cpu+xla", "gpu+xla"; "xla_cpu", "xla_gpu", "xla_tpu": rounds
+  run by PJRT, what TensorFlow runs besides on the CPU). TFF's runtime runs in its
+  CPU-only worker whatever the scope says."""
   import tensorflow as tf
   if backend == "tff":
     return contextlib.nullcontext(), "cpu (tff worker)"
+  from tff_silo.backends.vectorized import programs
+  if device.startswith("xla_"):
+    platform = device[len("xla_"):]
+    return _Scopes(lambda: tf.device("/CPU:0"),
+                   lambda: programs.pjrt_rounds(platform)), device
   place, label = ((tf.device("/CPU:0"), "cpu") if device == "cpu" or not _gpus()
                   else (tf.device("/GPU:0"), "gpu"))
   if not xla:
     return place, label
-  from tff_silo.backends.vectorized import programs
   return _Scopes(lambda: place, programs.xla_rounds), f"{label}+xla"
 
 

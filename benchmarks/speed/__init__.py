@@ -47,8 +47,9 @@ backends alternating within each repeat, so drift of the machine hits both alike
   replacement: seconds per DP step (both draw a word or uniform per row: Poisson
   sampling's exact inclusion test, `poisson_sampling`, and a batch without
   replacement's permutation).
-- `xla`: the vectorized backend's rounds with and without --xla (XLA-compiled, static
-  shapes), alternating, each a fresh process: the `school` run, --digits_rounds DP
+- `xla`: the vectorized backend's rounds without and with --xla (XLA-compiled, static
+  shapes) and with --device=xla_cpu (the same HLO on PJRT's CPU client), in turns,
+  each a fresh process: the `school` run, --digits_rounds DP
   rounds of the digits CNN (MR-MTL, epsilon 4) and the `hypernet` run: seconds per
   round, end to end (XLA's compilation included), peak memory.
 - `executors`: `benchmarks.compare`'s quick preset (the README's main job) with

@@ -20,6 +20,9 @@ SCHOOL = configs.PRESETS["school"]
 SCHOOL_EPSILON = 6.0
 FRESH_PARTS = ("school", "digits", "ifca", "dprivate", "hypernet")
 XLA_WORKLOADS = ("school", "digits_dp", "hypernet")
+# The xla part's modes, (the row's device, flags, --device), in turns: TensorFlow's
+# uncompiled rounds, its XLA, and the same HLO on PJRT's CPU client.
+XLA_MODES = (("cpu", [], "cpu"), ("cpu+xla", ["--xla"], "cpu"), ("xla_cpu", [], "xla_cpu"))
 
 
 def school_args(s, algorithm="mrmtl"):
@@ -139,11 +142,11 @@ def parts(s, add_row) -> None:
         record(part, backend, device, *fresh_run(part_args(part, s), backend, device),
                repeat)
     if "xla" in s.parts:
+      turn = repeat % len(XLA_MODES)
       for workload, (binary, args) in xla_workloads(s):
-        for xla in (False, True) if repeat % 2 == 0 else (True, False):
-          record("xla", "vectorized", "cpu+xla" if xla else "cpu", *fresh_run(
-              (binary, args + ["--xla"] * xla), "vectorized", "cpu"), repeat,
-                 workload=workload)
+        for label, extra, device in XLA_MODES[turn:] + XLA_MODES[:turn]:
+          record("xla", "vectorized", label, *fresh_run(
+              (binary, args + extra), "vectorized", device), repeat, workload=workload)
     if "protocol" in s.parts:
       for protocol in PROTOCOLS if repeat % 2 == 0 else PROTOCOLS[::-1]:
         paper = ["--protocol=paper"] if protocol == "paper" else []

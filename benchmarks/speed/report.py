@@ -74,16 +74,20 @@ def report(rows):
           + f"; paper / honest {seconds['paper'] / seconds['honest']:.1f}x")
   for workload in XLA_WORKLOADS:
     xla = {device: [r for r in rows if r["part"] == "xla" and r["workload"] == workload
-                    and r["device"] == device] for device in ("cpu", "cpu+xla")}
-    if all(xla.values()):
-      (plain, plain_end, plain_mb), (compiled, compiled_end, compiled_mb) = [
-          [statistics.median(r[k] for r in xla[d]) for k in (
-              "seconds_per_round_median", "end_to_end_seconds", "peak_memory_mb")]
-          for d in ("cpu", "cpu+xla")]
-      print(f"  {workload} rounds, XLA / not: {compiled:.4f} / {plain:.4f} s per round "
-            f"({compiled / plain:.2f}x), end to end {compiled_end:.1f} / {plain_end:.1f} s "
-            f"({compiled_end / plain_end:.2f}x); peak memory {compiled_mb:.0f} / "
-            f"{plain_mb:.0f} MB")
+                    and r["device"] == device] for device in ("cpu", "cpu+xla", "xla_cpu")}
+    medians = {d: [statistics.median(r[k] for r in xla[d]) for k in (
+        "seconds_per_round_median", "end_to_end_seconds", "peak_memory_mb")]
+               for d in xla if xla[d]}
+    if "cpu" not in medians:
+      continue
+    plain, plain_end, plain_mb = medians["cpu"]
+    for device, name in (("cpu+xla", "XLA"), ("xla_cpu", "PJRT's CPU client")):
+      if device in medians:
+        compiled, compiled_end, compiled_mb = medians[device]
+        print(f"  {workload} rounds, {name} / not: {compiled:.4f} / {plain:.4f} s per "
+              f"round ({compiled / plain:.2f}x), end to end {compiled_end:.1f} / "
+              f"{plain_end:.1f} s ({compiled_end / plain_end:.2f}x); peak memory "
+              f"{compiled_mb:.0f} / {plain_mb:.0f} MB")
   sweep = [r for r in rows if r["part"] == "sweep"]
   single = _median_rows(rows, "school", "vectorized", "cpu")
   for r in sweep:

@@ -143,8 +143,12 @@ def _ifca():
 
 
 def _mocha():
+  """Models of 3 parameters for 4 silos: Omega from the d x d Gram matrix, whose
+  eigenvectors' shape is not the K x K one's (XLA needs the branch chosen in
+  shapes, not in a conditional)."""
   definition = algorithms.mocha_algorithm(
-      models.linear_regression(3), _LINEAR.feature_shape, num_silos=_LINEAR.num_silos,
+      models.linear_regression(3, bias=False), _LINEAR.feature_shape,
+      num_silos=_LINEAR.num_silos,
       client_learning_rate=0.1, batch_size=4, l2_norm_clip=0.5)
   return run_simulation(definition, _LINEAR, rounds=2, seed=1, backend="vectorized",
                         **_DP)

@@ -1,6 +1,8 @@
 """XLA-compiled rounds (issue 30 item 3): each algorithm whose round compiles with
 `jit_compile=True` (`programs.xla_rounds`) computes what its traced round computes,
-from the same keys, batches and noise, to float32 rounding."""
+from the same keys, batches and noise, to float32 rounding; and the same HLO run by
+XLA's PJRT runtime (`programs.pjrt_rounds`, jaxlib's CPU client; issue 55) computes
+what TensorFlow's XLA computes."""
 
 import numpy as np
 import pytest
@@ -17,11 +19,16 @@ from tests.backends import test_accelerator_readiness as readiness
 COMPILED = sorted(set(readiness.CASES) - {"hypernet_udp"})
 
 
-def _run(case, folder, xla):
+MODES = {"traced": lambda: programs.xla_rounds(False), "xla": programs.xla_rounds,
+         "pjrt": lambda: programs.pjrt_rounds("cpu")}
+
+
+def _run(case, folder, mode):
   programs.release_programs()
-  with programs.xla_rounds(xla):
+  with MODES[mode]():
     result = readiness.CASES[case](folder)
-  assert [key[1] for key in programs._ROUND_FUNCTIONS] == [xla]   # pylint: disable=protected-access
+  assert [key[1:] for key in programs._ROUND_FUNCTIONS] == [   # pylint: disable=protected-access
+      (mode != "traced", "cpu" if mode == "pjrt" else None)]
   return result
 
 
@@ -72,9 +79,12 @@ def _assert_close(want, got, grid_atol=0.0):
 @pytest.mark.parametrize("case", COMPILED)
 @pytest.mark.slow
 def test_an_xla_round_computes_what_the_traced_round_computes(case, tmp_path):
-  want = _run(case, str(tmp_path / "a"), False)
+  """And PJRT's run of the round computes what TensorFlow's XLA computes."""
+  want = _run(case, str(tmp_path / "a"), "traced")
   grid_atol = _grid_tolerance(case, want)
-  _assert_close(want, _run(case, str(tmp_path / "b"), True), grid_atol)
+  compiled = _run(case, str(tmp_path / "b"), "xla")
+  _assert_close(want, compiled, grid_atol)
+  _assert_close(compiled, _run(case, str(tmp_path / "c"), "pjrt"))
 
 
 @pytest.mark.slow
@@ -88,8 +98,9 @@ def test_xla_hypernetwork_rounds_pad_the_users_they_sample(tmp_path, monkeypatch
   real_run = hypernet.run_hypernet
   monkeypatch.setattr(hypernet, "run_hypernet", lambda algorithm, users, **run: real_run(
       algorithm, users, **dict(run, rounds=4, seed=227)))
-  _assert_close(_run("hypernet_udp", str(tmp_path / "a"), False),
-                _run("hypernet_udp", str(tmp_path / "b"), True))
+  compiled = _run("hypernet_udp", str(tmp_path / "b"), "xla")
+  _assert_close(_run("hypernet_udp", str(tmp_path / "a"), "traced"), compiled)
+  _assert_close(compiled, _run("hypernet_udp", str(tmp_path / "c"), "pjrt"))
 
 
 @pytest.mark.slow
@@ -122,9 +133,9 @@ def test_xla_dprivate_rounds_pad_the_users_they_sample():
 def test_an_xla_dp_step_in_static_chunks_computes_the_same(case, tmp_path, monkeypatch):
   """Chunks of 3 examples: a step's ~8-16 examples go through the XLA path's loop
   over static chunks several times, the last chunk padded."""
-  want = _run(case, str(tmp_path / "a"), False)
+  want = _run(case, str(tmp_path / "a"), "traced")
   monkeypatch.setattr(vectorized_training, "STATIC_CHUNK_EXAMPLES", 3)
-  _assert_close(want, _run(case, str(tmp_path / "b"), True), _grid_tolerance(case, want))
+  _assert_close(want, _run(case, str(tmp_path / "b"), "xla"), _grid_tolerance(case, want))
 
 
 @pytest.mark.parametrize("n", [0, 1, 127, 128, 129, 28_000, 40_000])

@@ -56,6 +56,13 @@ def _run(*flags, timeout=600):
     (["--device=tpu"], "--device must be one of"),
     (["--backend=tff", "--device=gpu"], "--device=gpu needs the vectorized backend"),
     (["--backend=tff", "--xla"], "--xla compiles the vectorized backend's rounds"),
+    (["--device=xla_tpu"], "--device=xla_tpu: no PJRT tpu device here"),
+    (["--backend=tff", "--device=xla_cpu"], "--device=xla_cpu runs the vectorized "
+     "backend's rounds through XLA's PJRT runtime: use --backend=vectorized"),
+    (["--device=xla_cpu", "--xla"], "--xla: --device=xla_cpu compiles every round "
+     "with XLA already; drop --xla"),
+    (["--device=xla_cpu", "--aggregator=robust"], "--device=xla_cpu runs the "
+     "vectorized backend's rounds, and --aggregator=robust runs on TFF's runtime"),
     (["--aggregator=median"], "--aggregator must be one of mean, unweighted_mean"),
     (["--aggregator=dp_fixed"], "--aggregator=dp_fixed needs --silo_epsilon"),
     (["--silo_epsilon=2"], "--silo_epsilon applies to --aggregator=dp_fixed|dp_adaptive"),
@@ -148,15 +155,22 @@ def test_tiny_run_writes_a_row_and_exits(tmp_path):
 @pytest.mark.cli
 def test_xla_rounds_from_the_command_line(tmp_path):
   """--xla compiles the rounds (tests/backends/test_xla.py ties their numbers to the
-  uncompiled ones) and the row says so."""
-  out = tmp_path / "rows.csv"
-  proc = _run("--dataset=synthetic", "--methods=mrmtl,ifca", "--rounds=2", "--epsilon=2",
-              "--lams=0.5", "--xla", f"--output={out}")
-  assert proc.returncode == 0, proc.stderr[-2000:]
-  rows = pd.read_csv(out)
-  assert list(rows.algorithm) == ["mrmtl", "ifca"]
-  assert (rows.device == "cpu+xla").all() and (rows.epsilon_spent_max <= 2.0).all()
-  assert np.isfinite(rows.test_metric).all()
+  uncompiled ones) and the row says so; --device=xla_cpu runs the same HLO through
+  PJRT's CPU client: the same rows but the device."""
+  rows = {}
+  for name, flag in (("xla", "--xla"), ("pjrt", "--device=xla_cpu")):
+    out = tmp_path / f"{name}.csv"
+    proc = _run("--dataset=synthetic", "--methods=mrmtl,ifca,mocha", "--rounds=2",
+                "--epsilon=2", "--lams=0.5", flag, f"--output={out}")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    rows[name] = pd.read_csv(out)
+  xla, pjrt = rows["xla"], rows["pjrt"]
+  assert list(xla.algorithm) == ["mrmtl", "ifca", "mocha"]
+  assert (xla.device == "cpu+xla").all() and (xla.epsilon_spent_max <= 2.0).all()
+  assert np.isfinite(xla.test_metric).all()
+  assert (pjrt.device == "xla_cpu").all() and list(pjrt.run_key) == list(xla.run_key)
+  np.testing.assert_allclose(pjrt.test_metric, xla.test_metric, rtol=1e-5)
+  np.testing.assert_array_equal(pjrt.epsilon_spent_max, xla.epsilon_spent_max)
 
 
 @pytest.mark.cli

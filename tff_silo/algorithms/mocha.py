@@ -155,7 +155,12 @@ def relationship(models, num_silos):
     coefficients = tf.where(kept, (root - floor_root) / tf.where(kept, values, 1.0), 0.0)
     return finite, tf.matmul(w, vectors), coefficients
 
-  finite, basis, coefficients = tf.cond(size > tf.shape(w)[2], by_parameters, by_silos)
+  if w.shape[1] is not None and w.shape[2] is not None:   # in shapes (XLA: always)
+    finite, basis, coefficients = (by_parameters() if w.shape[1] > w.shape[2]
+                                   else by_silos())
+  else:   # the branches' eigenvectors differ in shape: [R, K, d] against [R, K, K]
+    finite, basis, coefficients = tf.cond(size > tf.shape(w)[2], by_parameters,
+                                          by_silos)
   square_root = (floor_root * tf.eye(size, dtype=tf.float64)
                  + tf.matmul(basis * coefficients[:, None, :], basis, transpose_b=True))
   real = tf.cast(tf.range(size)[None] < tf.reshape(num_silos, [-1, 1]), tf.float64)

@@ -21,6 +21,7 @@ _ROUND_FUNCTIONS = collections.OrderedDict()
 _PROGRAMS_LOCK = threading.Lock()
 MAX_PROGRAMS = 4
 _XLA = [False]
+_PJRT = [None]   # the PJRT platform rounds run on (None: TensorFlow runs them)
 
 
 @contextlib.contextmanager
@@ -35,8 +36,25 @@ def xla_rounds(enabled: bool = True):
     _XLA[0] = before
 
 
+@contextlib.contextmanager
+def pjrt_rounds(platform: str = "cpu"):
+  """Within it, rounds made by `round_program` are lowered to HLO by TensorFlow and
+  compiled and run by XLA's PJRT runtime on `platform` (`tff_silo.pjrt`): the
+  numbers of `xla_rounds`, on any device a jaxlib client drives."""
+  from tff_silo import pjrt
+  if platform not in pjrt.PLATFORMS:
+    raise ValueError(f"platform must be one of {pjrt.PLATFORMS}, got {platform!r}")
+  before, _PJRT[0] = _PJRT[0], platform
+  try:
+    with xla_rounds(True):
+      yield
+  finally:
+    _PJRT[0] = before
+
+
 def compiling_rounds() -> bool:
-  """Whether rounds made now are XLA-compiled (inside `xla_rounds`)."""
+  """Whether rounds made now are XLA-compiled (inside `xla_rounds` or
+  `pjrt_rounds`)."""
   return _XLA[0]
 
 
@@ -54,9 +72,12 @@ def round_program(key: Hashable, make: Callable[[], Callable]):
   """The traced round of program `key`, made by `make()` on first use: a sweep over
   seeds and epsilons traces it once (n, sizes, noise multipliers and keys are
   tensors, so only new shapes retrace); XLA-compiled inside `xla_rounds`."""
-  key = (key, _XLA[0])
+  key = (key, _XLA[0], _PJRT[0])
   with _PROGRAMS_LOCK:   # runs in several threads (benchmarks.compare)
-    if key not in _ROUND_FUNCTIONS:
+    if key not in _ROUND_FUNCTIONS and _PJRT[0] is not None:
+      from tff_silo import pjrt
+      _ROUND_FUNCTIONS[key] = pjrt.PjrtFunction(make(), _PJRT[0])
+    elif key not in _ROUND_FUNCTIONS:
       _ROUND_FUNCTIONS[key] = tf.function(make(), autograph=False,
                                           reduce_retracing=True, jit_compile=_XLA[0])
       while len(_ROUND_FUNCTIONS) > MAX_PROGRAMS:

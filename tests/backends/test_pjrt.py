@@ -1,0 +1,63 @@
+"""`tff_silo.pjrt`: programs lowered by TensorFlow and run by PJRT's CPU client
+(every algorithm's round against TensorFlow's XLA: tests/backends/test_xla.py)."""
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from tff_silo import pjrt
+from tff_silo.backends.vectorized import programs
+
+TABLE = tf.constant(np.arange(12, dtype=np.float32).reshape(4, 3))
+
+
+def _lookup(ids, scale):
+  """Captures TABLE: a parameter after the inputs."""
+  return {"rows": tf.gather(TABLE, ids) * scale, "total": tf.reduce_sum(scale)}
+
+
+def test_a_program_computes_what_tensorflow_computes_with_its_captures_last():
+  ids, scale = tf.constant([3, 0]), tf.constant([[1.0], [2.0]])
+  function = tf.function(_lookup, jit_compile=True, autograph=False)
+  lowered = pjrt.lower(function, ids, scale)
+  assert lowered.inputs == (((2,), np.int32), ((2, 1), np.float32), ((4, 3), np.float32))
+  np.testing.assert_array_equal(lowered.captures[0], TABLE.numpy())
+  got = pjrt.PjrtFunction(_lookup)(ids, scale)
+  want = _lookup(ids, scale)
+  assert sorted(got) == ["rows", "total"] and isinstance(got["rows"], tf.Tensor)
+  for name in want:
+    np.testing.assert_array_equal(got[name].numpy(), want[name].numpy())
+
+
+def test_an_input_folded_into_the_module_is_refused_not_guessed():
+  """A reshape's target shape must be a constant: TensorFlow folds `n` into the
+  module, which then has one parameter for two inputs."""
+  function = tf.function(lambda x, n: tf.reshape(x, [n, -1]), jit_compile=True,
+                         autograph=False)
+  with pytest.raises(ValueError, match="1 parameters are not the program's 2 flat"):
+    pjrt.lower(function, tf.ones([4]), tf.constant(2))
+  with pytest.raises(TypeError, match="takes tensors only, got.*int"):
+    pjrt.PjrtFunction(lambda x, n: x * n)(tf.ones([2]), 3)
+
+
+def test_an_input_passed_again_stays_on_the_device():
+  program = pjrt.PjrtFunction(lambda x, y: x + y)
+  x = tf.constant([1.0, 2.0])
+  first = program(x, tf.constant([10.0, 20.0]))
+  (executable,) = program._compiled.values()   # pylint: disable=protected-access
+  x_buffer, y_buffer = (b for _, b in executable._last)   # pylint: disable=protected-access
+  second = program(x, tf.constant([5.0, 6.0]))
+  kept, replaced = (b for _, b in executable._last)   # pylint: disable=protected-access
+  assert kept is x_buffer and replaced is not y_buffer
+  np.testing.assert_array_equal(first.numpy(), [11.0, 22.0])
+  np.testing.assert_array_equal(second.numpy(), [6.0, 8.0])
+  third = program(tf.constant([0.0, 1.0]), tf.constant([5.0, 6.0]))
+  np.testing.assert_array_equal(third.numpy(), [5.0, 7.0])
+
+
+def test_a_platform_outside_the_list_or_missing_is_one_line():
+  with pytest.raises(ValueError, match="platform must be one of"):
+    with programs.pjrt_rounds("xpu"):
+      pass
+  with pytest.raises(RuntimeError, match="^no PJRT tpu device here"):
+    pjrt.client("tpu")

@@ -1,0 +1,153 @@
+"""Rounds run by XLA's PJRT runtime (issue 55): a traced program is lowered by
+TensorFlow to HLO once per input signature, compiled by a PJRT client of jaxlib
+(the CPU client here; a GPU or TPU client where jaxlib has one) and executed there.
+
+TensorFlow is only the compiler: what runs is the HLO module, on whatever device
+the client drives, so a round reaches accelerators that TensorFlow 2.14 cannot
+(its GPU build needs CUDA 11.8; it has no TPU build on pip).
+
+The module's parameters are the program's flat tensor inputs, then the tensors its
+trace captured (`ConcreteFunction.captured_inputs`: the graph's inputs in TF's own
+order), exactly: `lower` checks that the module has one parameter per input with
+that input's shape and dtype, and refuses a program that TensorFlow specialized on
+an input's value (a must-be-constant input folded into the module) rather than
+guessing which parameter is which. Inputs that are the same tensor as at the last
+call (the stacked silos, the captured tables) stay on the device between calls.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+from typing import Callable
+
+import numpy as np
+import tensorflow as tf
+
+PLATFORMS = ("cpu", "gpu", "tpu")
+_CLIENTS = {}
+_LOCK = threading.Lock()
+
+
+def client(platform: str = "cpu"):
+  """The process's PJRT client for `platform` (made on first use)."""
+  if platform not in PLATFORMS:
+    raise ValueError(f"platform must be one of {PLATFORMS}, got {platform!r}")
+  with _LOCK:
+    if platform not in _CLIENTS:
+      from jaxlib import xla_client
+      try:
+        _CLIENTS[platform] = (xla_client.make_cpu_client() if platform == "cpu"
+                              else xla_client.make_gpu_client() if platform == "gpu"
+                              else xla_client.make_tpu_client())
+      except Exception as error:   # no such device, or no plugin for it in this jaxlib
+        raise RuntimeError(f"no PJRT {platform} device here ({error})".splitlines()[0]
+                           ) from None
+    return _CLIENTS[platform]
+
+
+@dataclasses.dataclass(frozen=True)
+class Lowered:
+  """A program's HLO module (serialized `HloModuleProto`) and what its parameters
+  and results are: `inputs` the (shape, dtype) of each parameter, the flat tensor
+  inputs then the `captures` (the values the trace captured, passed after the
+  inputs at every call); `pack` turns the flat results into the program's
+  outputs."""
+  hlo: bytes
+  inputs: tuple
+  captures: tuple
+  outputs: tuple
+  pack: Callable
+
+
+def _flat_tensors(args):
+  flat = tf.nest.flatten(args, expand_composites=True)
+  if not all(isinstance(t, (tf.Tensor, np.ndarray)) for t in flat):
+    kinds = sorted({type(t).__name__ for t in flat
+                    if not isinstance(t, (tf.Tensor, np.ndarray))})
+    raise TypeError(f"a PJRT program takes tensors only, got {kinds}")
+  return flat
+
+
+def lower(function: tf.types.experimental.GenericFunction, *args) -> Lowered:
+  """`function` (a `tf.function` with `jit_compile=True`) lowered to HLO for
+  `args`; a ValueError if the module's parameters are not the flat inputs."""
+  from jaxlib import xla_client
+  concrete = function.get_concrete_function(*args)
+  captures = tuple(concrete.captured_inputs)
+  if any(t.dtype == tf.resource for t in captures):
+    raise TypeError("a PJRT program cannot capture variables (resource handles)")
+  flat = _flat_tensors(args) + list(captures)
+  inputs = tuple((tuple(t.shape), tf.as_dtype(t.dtype).as_numpy_dtype) for t in flat)
+  hlo = function.experimental_get_compiler_ir(*args)(stage="hlo_serialized")
+  shape = xla_client.XlaComputation(hlo).program_shape()
+  params = [(tuple(p.dimensions()), np.dtype(p.numpy_dtype()))
+            for p in shape.parameter_shapes()]
+  if params != [(s, np.dtype(d)) for s, d in inputs]:
+    raise ValueError(
+        f"the HLO module's {len(params)} parameters are not the program's "
+        f"{len(inputs)} flat inputs and captures (TensorFlow folded an input it "
+        f"needs as a "
+        f"constant into the module, or dropped one): make such an input part of the "
+        f"program's key, not a tensor")
+  structure = concrete.structured_outputs
+  result = shape.result_shape()
+  leaves = result.tuple_shapes() if result.is_tuple() else [result]
+  outputs = tuple((tuple(s.dimensions()), np.dtype(s.numpy_dtype())) for s in leaves)
+  pack = lambda values: tf.nest.pack_sequence_as(structure, values,
+                                                 expand_composites=True)
+  return Lowered(hlo, inputs, tuple(t.numpy() for t in captures), outputs, pack)
+
+
+class Executable:
+  """A lowered program compiled for one PJRT device: `__call__` takes the
+  program's flat inputs (tensors or numpy arrays, its captures excluded) and
+  returns its flat outputs as numpy. An input that is the same object as at the
+  last call keeps its device buffer (tensors do not change)."""
+
+  def __init__(self, lowered: Lowered, platform: str = "cpu"):
+    from jaxlib import xla_client
+    self.lowered, self.client = lowered, client(platform)
+    self.device = self.client.devices()[0]
+    computation = xla_client.XlaComputation(lowered.hlo)
+    module = xla_client._xla.mlir.xla_computation_to_mlir_module(computation)   # pylint: disable=protected-access
+    self._compiled = self.client.compile(module)
+    self._captured = [self._put(c) for c in lowered.captures]
+    self._last = []   # (input, its buffer) of the last call, by position
+
+  def _put(self, value):
+    if isinstance(value, tf.Tensor):
+      value = value.numpy()
+    return self.client.buffer_from_pyval(np.asarray(value), self.device)
+
+  def __call__(self, flat):
+    last = self._last + [(None, None)] * (len(flat) - len(self._last))
+    current = [(x, buffer if x is kept else self._put(x))
+               for x, (kept, buffer) in zip(flat, last)]
+    self._last = current
+    buffers = [buffer for _, buffer in current] + self._captured
+    return [np.asarray(out) for out in self._compiled.execute(buffers)]
+
+
+class PjrtFunction:
+  """What `tf.function(python_function, jit_compile=True)` computes, run by PJRT on
+  `platform`: lowered and compiled once per input signature."""
+
+  def __init__(self, python_function: Callable, platform: str = "cpu"):
+    self.platform = platform
+    self._function = tf.function(python_function, autograph=False, jit_compile=True)
+    self._compiled = {}
+    self._lock = threading.Lock()
+
+  def __call__(self, *args):
+    flat = _flat_tensors(args)
+    signature = (tf.nest.map_structure(lambda _: None, args, expand_composites=True),
+                 tuple((tuple(t.shape), t.dtype.name if hasattr(t.dtype, "name")
+                        else str(t.dtype)) for t in flat))
+    with self._lock:
+      if signature not in self._compiled:
+        self._compiled[signature] = Executable(lower(self._function, *args),
+                                               self.platform)
+      executable = self._compiled[signature]
+    values = executable(flat)
+    return executable.lowered.pack([tf.constant(v) for v in values])

@@ -17,6 +17,8 @@ and its float conversions. Row k of each function equals the TF op with key k
 - `uniform(keys, n)`        == `tf.random.stateless_uniform([n], seed=keys[k])`
 - `uniform64(keys, n)`      == `tf.random.stateless_uniform([n], seed=keys[k],
                                                               dtype=tf.float64)`
+- `mantissas(keys, n)`      == `uniform64(keys, n) * 2^52` as int64, exactly: the
+                               same order without float64 (which TPUs lack)
 
 Gaussian noise is the library's own (`privacy.gaussian`, from `random_bits`), not
 TF's normals, whose support stops at 5.68.
@@ -131,14 +133,24 @@ def uniform(keys, n):
   return _unit_float(random_bits(keys, n))
 
 
-def uniform64(keys, n):
-  """float64[K, n] in [0, 1), row k equal to stateless_uniform([n], seed=keys[k],
-  dtype=tf.float64): TF's `Uint64ToDouble` on consecutive pairs of words (the low
-  20 bits of the first and all of the second as the mantissa under exponent 0)."""
+def _mantissas(keys, n):
+  """uint64[K, n]: the 52-bit mantissas of TF's `Uint64ToDouble` on consecutive
+  pairs of words (the low 20 bits of the first, then all of the second)."""
   bits = tf.cast(tf.reshape(random_bits(keys, 2 * n), [tf.shape(keys)[0], n, 2]),
                  tf.uint64)
   high = tf.bitwise.bitwise_and(bits[..., 0], tf.constant(0xFFFFF, tf.uint64))
-  mantissa = tf.bitwise.bitwise_or(
-      tf.bitwise.left_shift(high, tf.constant(32, tf.uint64)), bits[..., 1])
+  return tf.bitwise.bitwise_or(tf.bitwise.left_shift(high, tf.constant(32, tf.uint64)),
+                               bits[..., 1])
+
+
+def uniform64(keys, n):
+  """float64[K, n] in [0, 1), row k equal to stateless_uniform([n], seed=keys[k],
+  dtype=tf.float64): the mantissas under exponent 0."""
   one = tf.constant(1023 << 52, tf.uint64)
-  return tf.bitcast(tf.bitwise.bitwise_or(mantissa, one), tf.float64) - 1.0
+  return tf.bitcast(tf.bitwise.bitwise_or(_mantissas(keys, n), one), tf.float64) - 1.0
+
+
+def mantissas(keys, n):
+  """int64[K, n]: `uniform64(keys, n)` times 2^52, exactly (its values are on the
+  2^-52 grid), so ordered as the uniforms are, in integers."""
+  return tf.cast(_mantissas(keys, n), tf.int64)

@@ -4,7 +4,7 @@ TensorFlow to HLO once per input signature, compiled by a PJRT client of jaxlib
 
 TensorFlow is only the compiler: what runs is the HLO module, on whatever device
 the client drives, so a round reaches accelerators that TensorFlow 2.14 cannot
-(its GPU build needs CUDA 11.8; it has no TPU build on pip).
+(its GPU build needs CUDA 11.8, its TPU build is a package of its own).
 
 The module's parameters are the program's flat tensor inputs, then the tensors its
 trace captured (`ConcreteFunction.captured_inputs`: the graph's inputs in TF's own
@@ -18,6 +18,7 @@ call (the stacked silos, the captured tables) stay on the device between calls.
 from __future__ import annotations
 
 import dataclasses
+import re
 import threading
 from typing import Callable
 
@@ -86,10 +87,9 @@ def lower(function: tf.types.experimental.GenericFunction, *args) -> Lowered:
   if params != [(s, np.dtype(d)) for s, d in inputs]:
     raise ValueError(
         f"the HLO module's {len(params)} parameters are not the program's "
-        f"{len(inputs)} flat inputs and captures (TensorFlow folded an input it "
-        f"needs as a "
-        f"constant into the module, or dropped one): make such an input part of the "
-        f"program's key, not a tensor")
+        f"{len(inputs)} flat inputs and captures (TensorFlow folded an input it needs "
+        f"as a constant into the module, or dropped one): make such an input part of "
+        f"the program's key, not a tensor")
   structure = concrete.structured_outputs
   result = shape.result_shape()
   leaves = result.tuple_shapes() if result.is_tuple() else [result]
@@ -99,11 +99,38 @@ def lower(function: tf.types.experimental.GenericFunction, *args) -> Lowered:
   return Lowered(hlo, inputs, tuple(t.numpy() for t in captures), outputs, pack)
 
 
+# HLO that sends values to or from the host inside a program.
+_HOST_OPS = re.compile(r"\b(send|recv|send-done|recv-done|infeed|outfeed)\(|"
+                       r'custom_call_target="[^"]*(callback|Callback|host)[^"]*"')
+
+
+def hlo_facts(lowered: Lowered) -> dict:
+  """What an accelerator needs of a lowered program, read from its HLO: `f64` (TPUs
+  have no float64), `dynamic` (bounded dynamic shapes, `<=N`), `host_calls` (the
+  instructions that go to the host inside the program: callbacks, send/recv,
+  infeed/outfeed), and `argument_bytes` and `result_bytes`, the buffers a call
+  holds on the device besides its temporaries."""
+  from jaxlib import xla_client
+  text = xla_client.XlaComputation(lowered.hlo).as_hlo_text()
+  nbytes = lambda shapes: sum(int(np.prod(s, dtype=np.int64)) * np.dtype(d).itemsize
+                              for s, d in shapes)
+  return dict(f64="f64[" in text, dynamic=bool(re.search(r"\[[^\]]*<=", text)),
+              host_calls=sorted({m.group(0) for m in _HOST_OPS.finditer(text)}),
+              argument_bytes=nbytes(lowered.inputs), result_bytes=nbytes(lowered.outputs))
+
+
+def lowered_programs(functions) -> list:
+  """The `Lowered` programs that the `PjrtFunction`s among `functions` compiled."""
+  return [e.lowered for f in functions if isinstance(f, PjrtFunction)
+          for e in f._compiled.values()]   # pylint: disable=protected-access
+
+
 class Executable:
   """A lowered program compiled for one PJRT device: `__call__` takes the
   program's flat inputs (tensors or numpy arrays, its captures excluded) and
-  returns its flat outputs as numpy. An input that is the same object as at the
-  last call keeps its device buffer (tensors do not change)."""
+  returns its flat outputs as numpy. A tensor that is the same object as at the
+  last call keeps its device buffer (tensors do not change; numpy arrays can, so
+  they go to the device at every call)."""
 
   def __init__(self, lowered: Lowered, platform: str = "cpu"):
     from jaxlib import xla_client
@@ -122,7 +149,7 @@ class Executable:
 
   def __call__(self, flat):
     last = self._last + [(None, None)] * (len(flat) - len(self._last))
-    current = [(x, buffer if x is kept else self._put(x))
+    current = [(x, buffer if x is kept and isinstance(x, tf.Tensor) else self._put(x))
                for x, (kept, buffer) in zip(flat, last)]
     self._last = current
     buffers = [buffer for _, buffer in current] + self._captured
@@ -141,9 +168,8 @@ class PjrtFunction:
 
   def __call__(self, *args):
     flat = _flat_tensors(args)
-    signature = (tf.nest.map_structure(lambda _: None, args, expand_composites=True),
-                 tuple((tuple(t.shape), t.dtype.name if hasattr(t.dtype, "name")
-                        else str(t.dtype)) for t in flat))
+    signature = (repr(tf.nest.map_structure(lambda _: 0, args, expand_composites=True)),
+                 tuple((tuple(t.shape), str(t.dtype)) for t in flat))
     with self._lock:
       if signature not in self._compiled:
         self._compiled[signature] = Executable(lower(self._function, *args),

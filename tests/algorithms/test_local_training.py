@@ -7,7 +7,8 @@ import tensorflow as tf
 from tff_silo import models
 from tff_silo.privacy import dp_sgd
 from tff_silo.algorithms.local_training import (LocalTrainingConfig, first_of_permutation,
-                                                random_permutation, train_locally)
+                                                random_permutation, train_locally,
+                                                uniform_keys)
 
 RNG = np.random.default_rng(0)
 X = RNG.normal(size=(8, 3)).astype(np.float32)
@@ -212,16 +213,31 @@ def test_sampling_without_replacement_takes_exactly_b_examples_per_step():
 
 def test_a_batch_without_replacement_is_the_permutations_head():
   # the partial sort picks what the full sort's first k are, in its order: ties
-  # (here many, and padded rows' 2.0) go in index order
+  # (here many, and padded rows' 2^52) go in index order
   rng = np.random.default_rng(0)
-  values = np.concatenate([rng.integers(0, 5, (3, 40)) / 5.0, np.full((3, 8), 2.0)], 1)
+  values = np.concatenate([rng.integers(0, 5, (3, 40)) * 2 ** 50,
+                           np.full((3, 8), 2 ** 52)], 1)
   for k in (1, 7, 40, 48):
     np.testing.assert_array_equal(
-        first_of_permutation(tf.constant(values, tf.float64), k).numpy(),
-        random_permutation(tf.constant(values, tf.float64)).numpy()[:, :k])
+        first_of_permutation(tf.constant(values, tf.int64), k).numpy(),
+        random_permutation(tf.constant(values, tf.int64)).numpy()[:, :k])
   # float32 uniforms tie too often for a uniform subset (its docstring)
-  with pytest.raises(TypeError, match="float64"):
+  with pytest.raises(TypeError, match="int64 keys"):
     first_of_permutation(tf.constant(values, tf.float32), 1)
+
+
+def test_uniform_keys_order_float64_uniforms_exactly_as_integers():
+  """TF's float64 uniforms times 2^52 are integers below 2^52, in the same order
+  with the same ties; the batched draw gives the same keys."""
+  from tff_silo import batched_random
+  key = tf.constant([[7, -3]], tf.int32)
+  uniforms = tf.random.stateless_uniform([1000], seed=key[0], dtype=tf.float64)
+  keys = uniform_keys(uniforms).numpy()
+  np.testing.assert_array_equal(keys / 2.0 ** 52, uniforms.numpy())
+  assert keys.max() < 2 ** 52 and len(np.unique(keys)) == len(np.unique(uniforms))
+  np.testing.assert_array_equal(batched_random.mantissas(key, 1000).numpy()[0], keys)
+  np.testing.assert_array_equal(np.argsort(keys, kind="stable"),
+                                np.argsort(uniforms.numpy(), kind="stable"))
 
 
 def test_poisson_sampling_follows_the_public_size():

@@ -53,6 +53,10 @@ def test_an_input_passed_again_stays_on_the_device():
   np.testing.assert_array_equal(second.numpy(), [6.0, 8.0])
   third = program(tf.constant([0.0, 1.0]), tf.constant([5.0, 6.0]))
   np.testing.assert_array_equal(third.numpy(), [5.0, 7.0])
+  array = np.array([1.0, 1.0], np.float32)   # numpy can change: sent at every call
+  program(array, tf.constant([0.0, 0.0]))
+  array[:] = 3.0
+  np.testing.assert_array_equal(program(array, tf.constant([0.0, 0.0])).numpy(), [3.0, 3.0])
 
 
 def test_a_platform_outside_the_list_or_missing_is_one_line():
@@ -61,3 +65,35 @@ def test_a_platform_outside_the_list_or_missing_is_one_line():
       pass
   with pytest.raises(RuntimeError, match="^no PJRT tpu device here"):
     pjrt.client("tpu")
+
+
+def test_the_hlo_facts_see_float64_dynamic_shapes_and_host_calls():
+  lower = lambda f, *args: pjrt.lower(tf.function(f, jit_compile=True, autograph=False),
+                                      *args)
+  plain = pjrt.hlo_facts(lower(lambda x: x * 2.0, tf.ones([3, 2])))
+  assert plain == dict(f64=False, dynamic=False, host_calls=[], argument_bytes=24,
+                       result_bytes=24)
+  assert pjrt.hlo_facts(lower(lambda x: tf.cast(x, tf.float64), tf.ones([3])))["f64"]
+  assert pjrt.hlo_facts(lower(lambda x: tf.boolean_mask(x, x > 0),
+                              tf.ones([3])))["dynamic"]
+  from jaxlib import xla_client   # an outfeed: TensorFlow lowers none of its own
+  builder = xla_client.XlaBuilder("outfeed")
+  shape = xla_client.shape_from_pyval(np.ones(2, np.float32))
+  x = xla_client.ops.Parameter(builder, 0, shape)
+  xla_client.ops.OutfeedWithToken(x, xla_client.ops.CreateToken(builder),
+                                  shape.with_major_to_minor_layout_if_absent(), "")
+  hlo = builder.build(x).as_serialized_hlo_module_proto()
+  facts = pjrt.hlo_facts(pjrt.Lowered(hlo, (((2,), np.float32),), (),
+                                      (((2,), np.float32),), None))
+  assert facts["host_calls"] == ["outfeed("]
+
+
+def test_pjrt_rounds_are_released_like_traced_ones(monkeypatch):
+  """Beyond MAX_PROGRAMS the least recently used goes, as for TensorFlow's rounds."""
+  programs.release_programs()
+  monkeypatch.setattr(programs, "MAX_PROGRAMS", 2)
+  with programs.pjrt_rounds("cpu"):
+    made = [programs.round_program(("test", k), lambda: lambda x: x) for k in range(3)]
+  assert all(isinstance(m, pjrt.PjrtFunction) for m in made)
+  assert [key[0] for key in programs._ROUND_FUNCTIONS] == [("test", 1), ("test", 2)]   # pylint: disable=protected-access
+  programs.release_programs()

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from tff_silo import algorithms, data, models, xla
+from tff_silo import algorithms, data, models, pjrt, xla
 from tff_silo.backends.vectorized import programs
 from tff_silo.backends.vectorized import training as vectorized_training
 from tff_silo.dprivate_simulation import run_dprivate_clustering
@@ -85,6 +85,17 @@ def test_an_xla_round_computes_what_the_traced_round_computes(case, tmp_path):
   compiled = _run(case, str(tmp_path / "b"), "xla")
   _assert_close(want, compiled, grid_atol)
   _assert_close(compiled, _run(case, str(tmp_path / "c"), "pjrt"))
+  _assert_device_ready(case)
+
+
+def _assert_device_ready(case):
+  """The HLO PJRT just ran (issue 55 item 3): static shapes, no trip to the host
+  inside, and float64 exactly in the cases `readiness.F64` lists."""
+  lowered = pjrt.lowered_programs(programs._ROUND_FUNCTIONS.values())   # pylint: disable=protected-access
+  assert lowered
+  for facts in map(pjrt.hlo_facts, lowered):
+    assert not facts["dynamic"] and not facts["host_calls"], (case, facts)
+    assert facts["f64"] == (case in readiness.F64), (case, facts)
 
 
 @pytest.mark.slow
@@ -101,6 +112,7 @@ def test_xla_hypernetwork_rounds_pad_the_users_they_sample(tmp_path, monkeypatch
   compiled = _run("hypernet_udp", str(tmp_path / "b"), "xla")
   _assert_close(_run("hypernet_udp", str(tmp_path / "a"), "traced"), compiled)
   _assert_close(compiled, _run("hypernet_udp", str(tmp_path / "c"), "pjrt"))
+  _assert_device_ready("hypernet_udp")
 
 
 @pytest.mark.slow

@@ -138,14 +138,21 @@ def first_of_permutation(values, k):
   for every step's batch drawn without replacement).
 
   A batch drawn without replacement must be a uniform k-subset (the accountant's
-  replace-one amplification): its values are float64 uniforms, whose 2^-52 grid
-  makes a tie, decided by index, improbable (n^2 / 2^53 per step). float32's
-  2^-23 grid tied n / 2^23 of a 130,000-row silo's draws (1.5%): the batch's
-  boundary was a tie in ~1.5% of steps, won by the lower index."""
-  if values.dtype != tf.float64:
-    raise TypeError(f"first_of_permutation: values must be float64 uniforms, got "
-                    f"{values.dtype.name}")
+  replace-one amplification): its values are float64 uniforms on their 2^-52 grid
+  as int64 (`uniform_keys`, `batched_random.mantissas`: the same order, and no
+  float64 in the program, which TPUs lack), whose grid makes a tie, decided by
+  index, improbable (n^2 / 2^53 per step). float32's 2^-23 grid tied n / 2^23 of a
+  130,000-row silo's draws (1.5%): the batch's boundary was a tie in ~1.5% of
+  steps, won by the lower index."""
+  if values.dtype != tf.int64:
+    raise TypeError(f"first_of_permutation: values must be int64 keys (float64 "
+                    f"uniforms times 2^52: uniform_keys), got {values.dtype.name}")
   return tf.math.top_k(-values, k=k, sorted=True).indices
+
+
+def uniform_keys(uniforms):
+  """int64: float64 uniforms on TF's 2^-52 grid times 2^52, exactly."""
+  return tf.cast(uniforms * 2.0 ** 52, tf.int64)
 
 
 def public_size(size, n):
@@ -375,8 +382,8 @@ def train_locally(model, config: LocalTrainingConfig, weights, anchor, lam, x, y
               [width], seed=key, minval=None, maxval=None, dtype=tf.uint32)[None],
           keys.fold_in(sampling_key, step))[1]
     if without_replacement:
-      return first_of_permutation(tf.random.stateless_uniform(
-          [n], seed=keys.fold_in(sampling_key, step), dtype=tf.float64), batch)
+      return first_of_permutation(uniform_keys(tf.random.stateless_uniform(
+          [n], seed=keys.fold_in(sampling_key, step), dtype=tf.float64)), batch)
     start = (step % per_epoch) * batch
     return perm[start:start + batch]
 

@@ -71,15 +71,17 @@ def padded_ids(ids, padded: bool):
 def round_program(key: Hashable, make: Callable[[], Callable]):
   """The traced round of program `key`, made by `make()` on first use: a sweep over
   seeds and epsilons traces it once (n, sizes, noise multipliers and keys are
-  tensors, so only new shapes retrace); XLA-compiled inside `xla_rounds`."""
+  tensors, so only new shapes retrace); XLA-compiled inside `xla_rounds`, run by
+  PJRT inside `pjrt_rounds`."""
   key = (key, _XLA[0], _PJRT[0])
   with _PROGRAMS_LOCK:   # runs in several threads (benchmarks.compare)
-    if key not in _ROUND_FUNCTIONS and _PJRT[0] is not None:
-      from tff_silo import pjrt
-      _ROUND_FUNCTIONS[key] = pjrt.PjrtFunction(make(), _PJRT[0])
-    elif key not in _ROUND_FUNCTIONS:
-      _ROUND_FUNCTIONS[key] = tf.function(make(), autograph=False,
-                                          reduce_retracing=True, jit_compile=_XLA[0])
+    if key not in _ROUND_FUNCTIONS:
+      if _PJRT[0] is not None:
+        from tff_silo import pjrt
+        _ROUND_FUNCTIONS[key] = pjrt.PjrtFunction(make(), _PJRT[0])
+      else:
+        _ROUND_FUNCTIONS[key] = tf.function(make(), autograph=False,
+                                            reduce_retracing=True, jit_compile=_XLA[0])
       while len(_ROUND_FUNCTIONS) > MAX_PROGRAMS:
         _ROUND_FUNCTIONS.popitem(last=False)
     _ROUND_FUNCTIONS.move_to_end(key)

@@ -57,8 +57,9 @@ def _batches(config, plan, n, num_rows, sampling_keys, perm, step, static=False)
   mask = tf.cast(slots < batch[:, None], tf.float32)
   if config.batches == "without_replacement":
     valid = tf.range(num_rows)[None] < n[:, None]
-    draws = br.uniform64(br.fold_in(sampling_keys, step), num_rows)
-    return lt.first_of_permutation(tf.where(valid, draws, 2.0), width), mask
+    draws = br.mantissas(br.fold_in(sampling_keys, step), num_rows)
+    padding = tf.constant(2 ** 52, tf.int64)   # above every row's key
+    return lt.first_of_permutation(tf.where(valid, draws, padding), width), mask
   start = ((step % per_epoch) * batch)[:, None]   # shuffled epochs
   positions = tf.minimum(start + slots + tf.zeros_like(batch)[:, None], num_rows - 1)
   return tf.gather(perm, positions, batch_dims=1), mask

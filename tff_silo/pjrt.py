@@ -36,14 +36,15 @@ def client(platform: str = "cpu"):
     raise ValueError(f"platform must be one of {PLATFORMS}, got {platform!r}")
   with _LOCK:
     if platform not in _CLIENTS:
+      import jaxlib
       from jaxlib import xla_client
       try:
         _CLIENTS[platform] = (xla_client.make_cpu_client() if platform == "cpu"
                               else xla_client.make_gpu_client() if platform == "gpu"
                               else xla_client.make_tpu_client())
       except Exception as error:   # no such device, or no plugin for it in this jaxlib
-        raise RuntimeError(f"no PJRT {platform} device here ({error})".splitlines()[0]
-                           ) from None
+        raise RuntimeError(f"no PJRT {platform} device here (jaxlib "
+                           f"{jaxlib.__version__}: {error})".splitlines()[0]) from None
     return _CLIENTS[platform]
 
 

@@ -119,6 +119,11 @@ EXECUTORS = ("local", "ray")   # `benchmarks.executors`
 RAY_INSTALL = "uv sync --extra ray"
 
 
+def pjrt_platform(device: str):
+  """The PJRT platform a --device names (`xla_cpu`: `cpu`), or None."""
+  return device.removeprefix("xla_") if device.startswith("xla_") else None
+
+
 def backend_group(vectorized_runs: str) -> dict:
   """--backend, --device and --xla for a binary whose runs have both backends
   (`vectorized_runs`: what the vectorized backend runs of it), and the executor's
@@ -232,7 +237,8 @@ def check_backend(backend: str, device: str, xla: bool = False) -> None:
   if backend == "tff" and xla:
     raise UsageError("--xla compiles the vectorized backend's rounds: use "
                      "--backend=vectorized (or auto)")
-  if device.startswith("xla_"):
+  platform = pjrt_platform(device)
+  if platform is not None:
     if backend == "tff":
       raise UsageError(f"--device={device} runs the vectorized backend's rounds "
                        "through XLA's PJRT runtime: use --backend=vectorized (or auto)")
@@ -241,7 +247,7 @@ def check_backend(backend: str, device: str, xla: bool = False) -> None:
                        "already; drop --xla")
     from tff_silo import pjrt
     try:
-      pjrt.client(device[len("xla_"):])
+      pjrt.client(platform)
     except RuntimeError as e:
       raise UsageError(f"--device={device}: {e}") from None
   if device == "gpu" and not _gpus():
@@ -274,7 +280,7 @@ def check_aggregator_flags() -> None:
   if "xla" in FLAGS and FLAGS.xla and FLAGS.aggregator not in aggregators.PLAIN:
     raise UsageError(f"--xla compiles the vectorized backend's rounds, and --aggregator="
                      f"{FLAGS.aggregator} runs on TFF's runtime: drop one")
-  if FLAGS.device.startswith("xla_") and FLAGS.aggregator not in aggregators.PLAIN:
+  if pjrt_platform(FLAGS.device) and FLAGS.aggregator not in aggregators.PLAIN:
     raise UsageError(f"--device={FLAGS.device} runs the vectorized backend's rounds, "
                      f"and --aggregator={FLAGS.aggregator} runs on TFF's runtime: drop "
                      "one")
@@ -382,8 +388,8 @@ def device_scope(device: str, backend: str, xla: bool = False):
   if backend == "tff":
     return contextlib.nullcontext(), "cpu (tff worker)"
   from tff_silo.backends.vectorized import programs
-  if device.startswith("xla_"):
-    platform = device[len("xla_"):]
+  platform = pjrt_platform(device)
+  if platform is not None:
     return _Scopes(lambda: tf.device("/CPU:0"),
                    lambda: programs.pjrt_rounds(platform)), device
   place, label = ((tf.device("/CPU:0"), "cpu") if device == "cpu" or not _gpus()

@@ -6,7 +6,7 @@ from __future__ import annotations
 import statistics
 
 from benchmarks.speed.cluster import EXECUTOR_GRIDS, EXECUTORS
-from benchmarks.speed.fresh import PROTOCOLS, SCHOOL_EPSILON, XLA_WORKLOADS
+from benchmarks.speed.fresh import PROTOCOLS, SCHOOL_EPSILON, XLA_MODES, XLA_WORKLOADS
 from benchmarks.speed.in_process import CALIBRATION_PROTOCOLS
 
 
@@ -74,7 +74,7 @@ def report(rows):
           + f"; paper / honest {seconds['paper'] / seconds['honest']:.1f}x")
   for workload in XLA_WORKLOADS:
     xla = {device: [r for r in rows if r["part"] == "xla" and r["workload"] == workload
-                    and r["device"] == device] for device in ("cpu", "cpu+xla", "xla_cpu")}
+                    and r["device"] == device] for device, _, _ in XLA_MODES}
     medians = {d: [statistics.median(r[k] for r in xla[d]) for k in (
         "seconds_per_round_median", "end_to_end_seconds", "peak_memory_mb")]
                for d in xla if xla[d]}

@@ -166,6 +166,62 @@ EXECUTOR_GROUP = dict(   # `benchmarks.executors.from_flags`
 )
 
 
+BUNDLE_GROUP = dict(   # `bundle_from_flags`; tff_silo/xla_bundle.py
+    export_xla=spec.string(None, "Write this command's rounds into this folder as a "
+                           "portable bundle instead of running them (HLO modules and "
+                           "all they run on; no rows): `python -m tff_silo.xla_bundle "
+                           "DIR --platform=gpu` replays it wherever jaxlib runs (no "
+                           "TensorFlow needed there), then the same command with "
+                           "--import_xla=DIR writes the rows.", given=False),
+    import_xla=spec.string(None, "Write this command's rows from the replayed bundle in "
+                           "this folder (--export_xla) instead of running its rounds: "
+                           "the models the replay computed, evaluated and accounted "
+                           "here; the rows' device and round times are the replay's.",
+                           given=False),
+)
+
+
+def bundle_from_flags(methods_refused=()):
+  """The bundle --export_xla records into (`tff_silo.bundles.Recording`) or
+  --import_xla replays from (`Replay`), or None; UsageError in one line for flags a
+  bundle cannot carry (`methods_refused`: {method: why} of the binary's own)."""
+  if not (FLAGS.export_xla or FLAGS.import_xla):
+    return None
+  if FLAGS.export_xla and FLAGS.import_xla:
+    raise UsageError("--export_xla and --import_xla: give one (export writes the "
+                     "bundle, import the rows of its replay)")
+  flag = "--export_xla" if FLAGS.export_xla else "--import_xla"
+  from tff_silo import aggregators
+  refused = [
+      (backend_for(FLAGS.backend) != "vectorized"
+       or FLAGS.aggregator not in aggregators.PLAIN,
+       "bundles hold the vectorized backend's rounds (plain means)"),
+      (FLAGS.xla, "drop --xla (a bundle's rounds are XLA programs)"),
+      (FLAGS.device != "auto",
+       f"--device={FLAGS.device}: a bundle runs where it is replayed (python -m "
+       "tff_silo.xla_bundle DIR --platform=...); drop --device"),
+      (FLAGS.executor != "local" or getattr(FLAGS, "shards", 0),
+       "a bundle's rounds are recorded in this process: drop --executor and --shards"),
+      (getattr(FLAGS, "eval_every", 0), "a bundle evaluates at the end only: drop "
+       "--eval_every"),
+      (FLAGS.export_xla and (getattr(FLAGS, "save_models", None)
+                             or getattr(FLAGS, "ledger_csv", None)),
+       "--export_xla runs no round: give --save_models and --ledger_csv with "
+       "--import_xla")]
+  refused += [(m in FLAGS.methods, why) for m, why in dict(methods_refused).items()]
+  for bad, why in refused:
+    if bad:
+      raise UsageError(f"{flag}: {why}")
+  from tff_silo import bundles
+  if FLAGS.export_xla:
+    check_writable(os.path.join(FLAGS.export_xla, "manifest.json"), "export_xla")
+    return bundles.Recording()
+  try:
+    return bundles.Replay(FLAGS.import_xla)
+  except (bundles.BundleError, OSError) as e:
+    raise UsageError(f"--import_xla: {e}") from None
+
+
 def shards_group(silos: str) -> dict:
   """--shards (`tff_silo.sharding`): one run's `silos` across shards."""
   return dict(shards=spec.integer(
@@ -379,15 +435,20 @@ def aggregator_choice(num_silos: int, rounds: int):
     raise UsageError(f"--{e}") from None
 
 
-def device_scope(device: str, backend: str, xla: bool = False):
+def device_scope(device: str, backend: str, xla: bool = False, bundle=None):
   """(context manager placing TensorFlow's ops, label for the row) for --device and
   --xla (the label "cpu+xla", "gpu+xla"; "xla_cpu", "xla_gpu", "xla_tpu": rounds
-  run by PJRT, what TensorFlow runs besides on the CPU). TFF's runtime runs in its
-  CPU-only worker whatever the scope says."""
+  run by PJRT, what TensorFlow runs besides on the CPU), or for a `bundle`
+  (`bundle_from_flags`: the rounds recorded, or replayed on the device the label
+  names). TFF's runtime runs in its CPU-only worker whatever the scope says."""
   import tensorflow as tf
   if backend == "tff":
     return contextlib.nullcontext(), "cpu (tff worker)"
   from tff_silo.backends.vectorized import programs
+  if bundle is not None:
+    report = getattr(bundle, "report", None)
+    return (_Scopes(lambda: tf.device("/CPU:0"), lambda: programs.bundled_rounds(bundle)),
+            f"xla_{report['platform']}" if report else "export")
   platform = pjrt_platform(device)
   if platform is not None:
     return _Scopes(lambda: tf.device("/CPU:0"),
@@ -399,12 +460,12 @@ def device_scope(device: str, backend: str, xla: bool = False):
   return _Scopes(lambda: place, programs.xla_rounds), f"{label}+xla"
 
 
-def placement(s):
+def placement(s, bundle=None):
   """What a batch of a binary's runs runs inside, in this process or on a Ray
   worker: the device placement (and XLA) of its settings' `device`, `backend`,
-  `xla` and, where they have one, `aggregator`."""
+  `xla` and, where they have one, `aggregator`; or the `bundle`'s."""
   return device_scope(s.device, backend_for(s.backend, getattr(s, "aggregator", None)),
-                      s.xla)[0]
+                      s.xla, bundle)[0]
 
 
 class _Scopes:

@@ -40,6 +40,7 @@ import dataclasses
 import functools
 import json
 import os
+import sys
 import time
 
 from absl import flags
@@ -197,6 +198,7 @@ SPEC = spec.Spec(
     resume=spec.boolean(True, "Skip runs whose row (same settings, algorithm, lambda "
                         "and seed) is already in --output.", given=False),
     **common.shards_group("silos"),
+    **common.BUNDLE_GROUP,
     **common.output_group(output=("run.csv", "CSV file rows are appended to.")),
     **common.save_models_group("every run"),
 )
@@ -652,16 +654,22 @@ def _stack_key(run, s, backend):
   return None
 
 
-def _batch_rows(s, batch, progress, shards_on=None):
+def _batch_rows(s, batch, progress, shards_on=None, replay=None):
   """The rows of a batch of runs (stacked by `_stack_key`), its models saved under
   --save_models: the plan's work, in this process or on a Ray worker; with
   --shards, in this process with each run's silos on shards of the executor
-  `shards_on` (`_sharded`)."""
+  `shards_on` (`_sharded`); with --import_xla, its rounds' results and seconds
+  those of the bundle's `replay` (`tff_silo.bundles.Replay`)."""
   backend = common.backend_for(s.backend, s.aggregator)
-  device = common.device_scope(s.device, backend, s.xla)[1]
+  device = common.device_scope(s.device, backend, s.xla, replay)[1]
   rows = []
+  first_call = replay.calls if replay is not None else 0
   results = (_sharded(batch, s, progress, shards_on) if s.shards
              else _simulate(batch, s, progress, backend))
+  if replay is not None:
+    seconds = replay.call_seconds(first_call, replay.calls)
+    results = [dataclasses.replace(r, round_seconds=seconds,
+                                   wall_seconds=float(seconds.sum())) for r in results]
   for run, result in zip(batch, results):
     seed, algorithm, lam = run.spec
     silos = _load(seed, s)[0]
@@ -774,9 +782,28 @@ def _check(run, silos, s):
   return process
 
 
+def _export(todo, s, recording, backend) -> None:
+  """--export_xla: the pending runs' rounds recorded, not run (no row), and written
+  as a bundle."""
+  with common.usage_errors(), common.placement(s, recording):
+    for batch in plan.consecutive(todo.pending, lambda run: _stack_key(run, s, backend)):
+      _simulate(batch, s, None, backend)
+    manifest = recording.write(s.export_xla, about=dict(
+        binary="benchmarks.run", command=" ".join(sys.argv[1:]),
+        runs=[run.tag for run in todo.pending]))
+  print(f"bundle of {len(todo.pending)} run(s) written to {s.export_xla}: "
+        f"{len(manifest['calls'])} round calls of {len(manifest['programs'])} "
+        f"program(s). Replay it with `python -m tff_silo.xla_bundle {s.export_xla} "
+        "--platform=cpu|gpu|tpu`, then run this command with --import_xla instead of "
+        "--export_xla for the rows")
+
+
 def main(argv):
   del argv   # (no arguments: `common.run_main`)
   s = Settings.from_flags()
+  bundle = common.bundle_from_flags(dict(
+      dprivate_clustering="dprivate_clustering's driver decides its rounds from their "
+      "results (validation): it cannot be exported"))
   from tff_silo import runtime
   runtime.exit_cleanly_on_sigterm()
   todo = plan.Plan(
@@ -795,6 +822,9 @@ def main(argv):
   for run in todo.pending:
     _check(run, loaded[run.spec[0]][0], s)
   backend = common.backend_for(s.backend, s.aggregator)
+  if s.export_xla:
+    _export(todo, s, bundle, backend)
+    return
   work = executors.Work(_batch_rows, s, "benchmarks.run", data=tuple(
       datasets.travelling(datasets.load, _recipe(seed, s))
       for seed in loaded) if executor.name == "ray" and not s.shards else ())
@@ -802,11 +832,17 @@ def main(argv):
     executor.check_shards(s.shards)
     work = work._replace(function=functools.partial(_batch_rows, shards_on=executor))
     executor = executors.Local()
+  if bundle is not None:
+    work = work._replace(function=functools.partial(_batch_rows, replay=bundle))
+  pending = bool(todo.pending)
   rows = todo.execute(
       work, rounds=s.rounds, stack_key=lambda run: _stack_key(run, s, backend),
       batch_tag=lambda batch: f"{batch[0].spec[1]} lam={batch[0].spec[2]} seeds="
-      f"{','.join(str(run.spec[0]) for run in batch)} (stacked)", scope=common.placement(s),
-      executor=executor)
+      f"{','.join(str(run.spec[0]) for run in batch)} (stacked)",
+      scope=common.placement(s, bundle), executor=executor)
+  if bundle is not None and pending:
+    with common.usage_errors():
+      bundle.finish()
   _print_table(rows, s)
 
 

@@ -26,8 +26,11 @@ Architecture. Layers, highest first; a module imports only from layers below it
   privacy/             mechanisms and accounting: DP-SGD, ledgers, calibration,
                        protocols, node- and user-level DP, tuning; the batching
                        arithmetic accounting and training share
-  keys                 every random key of a run, in one tree
-  batched_random       TF's stateless draws for many keys at once
+  keys, bundles        every random key of a run, in one tree; rounds recorded into
+                       a portable bundle, or its replayed results fed back
+  batched_random, xla, TF's stateless draws for many keys at once; XLA's kernel
+  pjrt, xla_bundle     coverage; rounds run by a PJRT client of jaxlib; the bundle
+                       format and its standalone runner (numpy and jaxlib only)
 
 The add-ons `hypernet` (HyperNetFL, UDP-Alg) and `attacks` build on the library;
 `benchmarks` (the binaries) on all of them; the library imports none of them.

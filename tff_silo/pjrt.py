@@ -62,13 +62,20 @@ class Lowered:
   pack: Callable
 
 
-def _flat_tensors(args):
+def flat_tensors(args):
   flat = tf.nest.flatten(args, expand_composites=True)
   if not all(isinstance(t, (tf.Tensor, np.ndarray)) for t in flat):
     kinds = sorted({type(t).__name__ for t in flat
                     if not isinstance(t, (tf.Tensor, np.ndarray))})
     raise TypeError(f"a PJRT program takes tensors only, got {kinds}")
   return flat
+
+
+def signature(args, flat) -> tuple:
+  """What a program is lowered once for: the structure of `args` and the shapes and
+  dtypes of their `flat` tensors."""
+  return (repr(tf.nest.map_structure(lambda _: 0, args, expand_composites=True)),
+          tuple((tuple(t.shape), str(t.dtype)) for t in flat))
 
 
 def lower(function: tf.types.experimental.GenericFunction, *args) -> Lowered:
@@ -79,7 +86,7 @@ def lower(function: tf.types.experimental.GenericFunction, *args) -> Lowered:
   captures = tuple(concrete.captured_inputs)
   if any(t.dtype == tf.resource for t in captures):
     raise TypeError("a PJRT program cannot capture variables (resource handles)")
-  flat = _flat_tensors(args) + list(captures)
+  flat = flat_tensors(args) + list(captures)
   inputs = tuple((tuple(t.shape), tf.as_dtype(t.dtype).as_numpy_dtype) for t in flat)
   hlo = function.experimental_get_compiler_ir(*args)(stage="hlo_serialized")
   shape = xla_client.XlaComputation(hlo).program_shape()
@@ -168,13 +175,11 @@ class PjrtFunction:
     self._lock = threading.Lock()
 
   def __call__(self, *args):
-    flat = _flat_tensors(args)
-    signature = (repr(tf.nest.map_structure(lambda _: 0, args, expand_composites=True)),
-                 tuple((tuple(t.shape), str(t.dtype)) for t in flat))
+    flat = flat_tensors(args)
+    key = signature(args, flat)
     with self._lock:
-      if signature not in self._compiled:
-        self._compiled[signature] = Executable(lower(self._function, *args),
-                                               self.platform)
-      executable = self._compiled[signature]
+      if key not in self._compiled:
+        self._compiled[key] = Executable(lower(self._function, *args), self.platform)
+      executable = self._compiled[key]
     values = executable(flat)
     return executable.lowered.pack([tf.constant(v) for v in values])

@@ -27,7 +27,7 @@ def _run(case, folder, mode):
   programs.release_programs()
   with MODES[mode]():
     result = readiness.CASES[case](folder)
-  assert [key[1:] for key in programs._ROUND_FUNCTIONS] == [   # pylint: disable=protected-access
+  assert [key[1:3] for key in programs._ROUND_FUNCTIONS] == [   # pylint: disable=protected-access
       (mode != "traced", "cpu" if mode == "pjrt" else None)]
   return result
 

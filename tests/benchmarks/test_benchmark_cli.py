@@ -63,6 +63,12 @@ def _run(*flags, timeout=600):
      "with XLA already; drop --xla"),
     (["--device=xla_cpu", "--aggregator=robust"], "--device=xla_cpu runs the "
      "vectorized backend's rounds, and --aggregator=robust runs on TFF's runtime"),
+    (["--export_xla=b", "--import_xla=b"], "--export_xla and --import_xla: give one"),
+    (["--export_xla=b", "--device=cpu"], "--export_xla: --device=cpu: a bundle runs "
+     "where it is replayed"),
+    (["--methods=dprivate_clustering", "--export_xla=b"], "--export_xla: "
+     "dprivate_clustering's driver decides its rounds from their results"),
+    (["--import_xla=no_such_folder"], "--import_xla: no_such_folder: no manifest.json"),
     (["--aggregator=median"], "--aggregator must be one of mean, unweighted_mean"),
     (["--aggregator=dp_fixed"], "--aggregator=dp_fixed needs --silo_epsilon"),
     (["--silo_epsilon=2"], "--silo_epsilon applies to --aggregator=dp_fixed|dp_adaptive"),
@@ -171,6 +177,23 @@ def test_xla_rounds_from_the_command_line(tmp_path):
   assert (pjrt.device == "xla_cpu").all() and list(pjrt.run_key) == list(xla.run_key)
   np.testing.assert_allclose(pjrt.test_metric, xla.test_metric, rtol=1e-5)
   np.testing.assert_array_equal(pjrt.epsilon_spent_max, xla.epsilon_spent_max)
+  # The same command exported as a bundle (no rows), replayed by the standalone
+  # runner in another process, imported: the rows of --device=xla_cpu but the times.
+  bundle, out = tmp_path / "bundle", tmp_path / "imported.csv"
+  command = ["--dataset=synthetic", "--methods=mrmtl,ifca,mocha", "--rounds=2",
+             "--epsilon=2", "--lams=0.5", f"--output={out}"]
+  proc = _run(*command, f"--export_xla={bundle}")
+  assert proc.returncode == 0, proc.stderr[-2000:]
+  assert "bundle of 3 run(s) written" in proc.stdout and not out.exists()
+  replay = subprocess.run([sys.executable, "-m", "tff_silo.xla_bundle", str(bundle)],
+                          cwd=ROOT, capture_output=True, text=True, timeout=600)
+  assert replay.returncode == 0, replay.stderr[-2000:]
+  proc = _run(*command, f"--import_xla={bundle}")
+  assert proc.returncode == 0, proc.stderr[-2000:]
+  imported = pd.read_csv(out)
+  timing = ["wall_seconds", "seconds_per_round_median", "peak_memory_mb", "finished",
+            "flags"]
+  pd.testing.assert_frame_equal(imported.drop(columns=timing), pjrt.drop(columns=timing))
 
 
 @pytest.mark.cli

@@ -22,6 +22,7 @@ _PROGRAMS_LOCK = threading.Lock()
 MAX_PROGRAMS = 4
 _XLA = [False]
 _PJRT = [None]   # the PJRT platform rounds run on (None: TensorFlow runs them)
+_BUNDLE = [None]   # the bundle rounds are recorded into or replayed from
 
 
 @contextlib.contextmanager
@@ -37,18 +38,30 @@ def xla_rounds(enabled: bool = True):
 
 
 @contextlib.contextmanager
+def _compiled_with(slot: list, value):
+  """XLA-compiled rounds with `slot` (`_PJRT` or `_BUNDLE`) set to `value`."""
+  before, slot[0] = slot[0], value
+  try:
+    with xla_rounds(True):
+      yield
+  finally:
+    slot[0] = before
+
+
 def pjrt_rounds(platform: str = "cpu"):
   """Within it, rounds made by `round_program` are lowered to HLO by TensorFlow and
   compiled and run by XLA's PJRT runtime on `platform` (`tff_silo.pjrt`): the
   numbers of `xla_rounds`, on any device a jaxlib client drives."""
   from tff_silo import pjrt
   pjrt.client(platform)   # (a platform outside pjrt.PLATFORMS or missing: refused)
-  before, _PJRT[0] = _PJRT[0], platform
-  try:
-    with xla_rounds(True):
-      yield
-  finally:
-    _PJRT[0] = before
+  return _compiled_with(_PJRT, platform)
+
+
+def bundled_rounds(bundle):
+  """Within it, rounds made by `round_program` are lowered to HLO and recorded into,
+  or replayed from, `bundle` (a `tff_silo.bundles.Recording` or `Replay`) instead of
+  run here."""
+  return _compiled_with(_BUNDLE, bundle)
 
 
 def compiling_rounds() -> bool:
@@ -71,11 +84,13 @@ def round_program(key: Hashable, make: Callable[[], Callable]):
   """The traced round of program `key`, made by `make()` on first use: a sweep over
   seeds and epsilons traces it once (n, sizes, noise multipliers and keys are
   tensors, so only new shapes retrace); XLA-compiled inside `xla_rounds`, run by
-  PJRT inside `pjrt_rounds`."""
-  key = (key, _XLA[0], _PJRT[0])
+  PJRT inside `pjrt_rounds`, recorded or replayed inside `bundled_rounds`."""
+  key = (key, _XLA[0], _PJRT[0], _BUNDLE[0])
   with _PROGRAMS_LOCK:   # runs in several threads (benchmarks.compare)
     if key not in _ROUND_FUNCTIONS:
-      if _PJRT[0] is not None:
+      if _BUNDLE[0] is not None:
+        _ROUND_FUNCTIONS[key] = _BUNDLE[0].function(make())
+      elif _PJRT[0] is not None:
         from tff_silo import pjrt
         _ROUND_FUNCTIONS[key] = pjrt.PjrtFunction(make(), _PJRT[0])
       else:

@@ -1,0 +1,126 @@
+"""Portable run bundles (issue 55): rounds recorded (`tff_silo.bundles.Recording`),
+replayed in another process by the standalone runner (`python -m
+tff_silo.xla_bundle`, numpy and jaxlib only) and fed back (`Replay`): what
+TensorFlow computes, only for the command that exported them. The binaries'
+export, replay and import: tests/benchmarks/test_benchmark_cli.py."""
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from tests import binaries
+from tff_silo import bundles, xla_bundle
+from tff_silo.backends.vectorized import programs
+
+TABLE = tf.constant([[1.0, -2.0], [0.5, 3.0]])
+
+
+def _step(state, data):
+  """A round: state and a count in, the next out (captures TABLE)."""
+  weights, count = state
+  return (tf.tanh(tf.matmul(data, TABLE) + weights), count + 1), tf.reduce_sum(weights)
+
+
+def _drive(bundle, data, rounds=3, host=None):
+  """A driver: each round's results handed to the next (or, with `host`, changed
+  on the host first); the last round's results and the first round's sum."""
+  with programs.bundled_rounds(bundle):
+    step = programs.round_program(("test_bundles", id(bundle)), lambda: _step)
+    state = (tf.zeros([2, 2]), tf.constant(0))
+    sums = []
+    for _ in range(rounds):
+      state, total = step(state, data)
+      sums.append(total)
+      if host is not None:
+        state = host(state)
+  programs.release_programs()
+  return state, sums
+
+
+# The runner in a process where TensorFlow cannot be imported (as on a node without
+# it): `python -m tff_silo.xla_bundle DIR`.
+RUNNER = [sys.executable, "-c", "import runpy, sys; sys.modules['tensorflow'] = None; "
+          "runpy.run_module('tff_silo.xla_bundle', run_name='__main__')"]
+
+
+def _replay(directory):
+  proc = subprocess.run(RUNNER + [str(directory)], cwd=binaries.ROOT,
+                        capture_output=True, text=True, timeout=300)
+  assert proc.returncode == 0, proc.stderr[-2000:]
+  return proc
+
+
+@pytest.mark.cli
+def test_a_recorded_bundle_replayed_elsewhere_feeds_back_what_tensorflow_computes(
+    tmp_path):
+  data = tf.constant([[0.1, 0.2], [0.3, -0.4]])
+  recording = bundles.Recording()
+  _drive(recording, data)
+  manifest = recording.write(str(tmp_path), about={"test": True})
+  # One program, three calls: the first on constants, the later on the results
+  # before them (not re-sent); only what no call consumes comes back.
+  assert len(manifest["programs"]) == 1 and len(manifest["calls"]) == 3
+  assert manifest["calls"][1]["args"][:2] == [["r", 0, 0], ["r", 0, 1]]
+  assert manifest["keep"] == [[0, 2], [1, 2], [2, 0], [2, 1], [2, 2]]
+  assert "replayed 3 calls on cpu" in _replay(tmp_path).stdout
+  report = json.loads((tmp_path / xla_bundle.REPLAY).read_text())
+  assert len(report["call_seconds"]) == 3 and report["platform"] == "cpu"
+  state, sums = _drive(bundles.Replay(str(tmp_path)), data)
+  want_state, want_sums = _drive(None, data)
+  np.testing.assert_allclose(state[0].numpy(), want_state[0].numpy(), rtol=1e-6)
+  assert int(state[1]) == int(want_state[1]) == 3
+  np.testing.assert_allclose([float(s) for s in sums], [float(s) for s in want_sums],
+                             rtol=1e-6, atol=1e-7)
+
+
+@pytest.mark.cli
+def test_a_replay_refuses_another_command_and_a_bundle_not_replayed(tmp_path):
+  data = tf.constant([[0.1, 0.2], [0.3, -0.4]])
+  recording = bundles.Recording()
+  _drive(recording, data, rounds=2)
+  recording.write(str(tmp_path), about={})
+  with pytest.raises(bundles.BundleError, match="not replayed yet: run python -m "
+                     "tff_silo.xla_bundle"):
+    bundles.Replay(str(tmp_path))
+  _replay(tmp_path)
+  with pytest.raises(bundles.BundleError, match="round call 0's argument 2 differs"):
+    _drive(bundles.Replay(str(tmp_path)), data + 1.0)   # other data
+  with pytest.raises(bundles.BundleError, match="more round calls than the 2"):
+    _drive(bundles.Replay(str(tmp_path)), data, rounds=3)
+  replay = bundles.Replay(str(tmp_path))
+  _drive(replay, data, rounds=1)
+  with pytest.raises(bundles.BundleError, match="made 1 of the 2 round calls"):
+    replay.finish()
+
+
+def test_a_result_changed_on_the_host_is_refused_at_export():
+  """Nothing runs while recording: a value computed on the host from a result
+  (a NaN placeholder) cannot be replayed."""
+  recording = bundles.Recording()
+  with pytest.raises(bundles.BundleError, match="round call 1's argument 0 holds NaN"):
+    _drive(recording, tf.ones([2, 2]), host=lambda s: (s[0] * 2.0, s[1]))
+
+
+def test_a_program_is_known_by_its_hlo_whatever_tensorflow_named_it():
+  x = tf.ones([3])
+  lower = lambda f: tf.function(f, jit_compile=True, autograph=False
+                                ).experimental_get_compiler_ir(x)(stage="hlo_serialized")
+  loop = lambda x: tf.while_loop(lambda i, y: i < 3, lambda i, y: (i + 1, y * 2.0),
+                                 (0, x))[1]
+  first, second = lower(loop), lower(loop)
+  assert first != second   # TensorFlow numbers its functions
+  assert bundles.program_digest(first) == bundles.program_digest(second)
+  assert bundles.program_digest(first) != bundles.program_digest(lower(lambda x: x * 3.0))
+
+
+@pytest.mark.cli
+def test_the_runner_says_in_one_line_what_is_not_a_bundle(tmp_path):
+  proc = subprocess.run(RUNNER + [str(tmp_path)], cwd=binaries.ROOT,
+                        capture_output=True, text=True, timeout=120)
+  assert proc.returncode == 1
+  assert proc.stderr.strip().splitlines() == [
+      f"xla_bundle: {tmp_path}: no manifest.json (not a bundle written by --export_xla)"]

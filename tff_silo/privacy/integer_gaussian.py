@@ -53,16 +53,32 @@ def _table():
   return tf.constant(high), tf.constant(low), tf.constant(law.guide())
 
 
-def noise(keys, n: int):
+_EAGER_TABLE = []
+
+
+def eager_table() -> tuple:
+  """`_table` as eager tensors, made once: a program traced from eager code (the
+  vectorized backend's rounds) captures them, so a compiled round takes them as
+  three inputs instead of a constant at each use XLA folds them into (13 copies of
+  the three, 24 MB of a School DP round's HLO, most of its compile time)."""
+  if not _EAGER_TABLE:
+    from tensorflow.python.eager import context   # pylint: disable=g-direct-tensorflow-import
+    with context.eager_mode():
+      _EAGER_TABLE.append(_table())
+  return _EAGER_TABLE[0]
+
+
+def noise(keys, n: int, table=None):
   """int64[K, n] draws of round(N(0, SIGMA^2)), row k from int32[2] key k (`keys`
   [K, 2]). Coordinate j takes Philox block j of its key, so a longer draw begins
   with a shorter one: n is drawn as its `_bucket` and cut (one compiled program
-  serves every n of a bucket; each program holds ~13 MB)."""
+  serves every n of a bucket; each program holds ~13 MB). `table`: `_table()`'s
+  (default) or `eager_table()`'s tensors."""
   if int(n) != n or n < 0:
     raise ValueError(f"n must be a non-negative integer, got {n}")
   n = int(n)
   keys = tf.convert_to_tensor(keys, tf.int32)
-  drawn = _compiled_noise(_bucket(n))(keys, *_table())
+  drawn = _compiled_noise(_bucket(n))(keys, *(table or _table()))
   return tf.ensure_shape(drawn[:, :n], [keys.shape[0], n])
 
 
@@ -224,11 +240,12 @@ def grid_and_bound(noise_multiplier, l2_norm_clip, dimension: int):
   return grid, tf.cast(bound, tf.int64)
 
 
-def step_noise(keys, dimension: int, noise_multiplier, l2_norm_clip) -> IntegerNoise:
-  """One step's `IntegerNoise` for K silos: `noise` of their step keys ([K, 2]), the
-  draws of a silo with z = 0 set to 0, and their grids and bounds."""
+def step_noise(keys, dimension: int, noise_multiplier, l2_norm_clip,
+               table=None) -> IntegerNoise:
+  """One step's `IntegerNoise` for K silos: `noise` of their step keys ([K, 2]) (with
+  `table`), the draws of a silo with z = 0 set to 0, and their grids and bounds."""
   grid, bound = grid_and_bound(noise_multiplier, l2_norm_clip, dimension)
-  draws = noise(keys, dimension)
+  draws = noise(keys, dimension, table)
   noisy = tf.cast(tf.convert_to_tensor(noise_multiplier, tf.float32) > 0, tf.int64)
   return IntegerNoise(draws * (noisy[..., None] if noisy.shape.rank else noisy),
                       grid, bound)

@@ -393,7 +393,8 @@ def train_silos(model, config, weights, anchor, lam, silos: StackedSilos, round_
   def noise(step):
     if config.integer_noise:
       return integer_gaussian.step_noise(br.fold_in(noise_keys, step), sum(sizes),
-                                         silos.noise_multiplier, config.l2_norm_clip)
+                                         silos.noise_multiplier, config.l2_norm_clip,
+                                         integer_gaussian.eager_table())
     stddev = silos.noise_multiplier * config.l2_norm_clip
     flat = gaussian.normal(br.fold_in(noise_keys, step), sum(sizes)) * stddev[:, None]
     return [tf.reshape(part, [-1, *s]) for part, s in zip(tf.split(flat, sizes, 1), shapes)]

@@ -107,7 +107,8 @@ def _round_fn(algorithm: HypernetAlgorithm):
     if integer:
       flat = flat_contributions(phi_parts, weights, clip)
       phi_step = integer_mean(integer_gaussian.integer_sums(flat, grid, bound), grid,
-                              normalizer, root, round_num, phi)
+                              normalizer, root, round_num, phi,
+                              integer_gaussian.eager_table())
     else:
       total = weighted_clipped_sum(phi_parts, weights, clip if clipped else None)
       phi_step = [t / normalizer for t in total]

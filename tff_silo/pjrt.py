@@ -112,19 +112,28 @@ _HOST_OPS = re.compile(r"\b(send|recv|send-done|recv-done|infeed|outfeed)\(|"
                        r'custom_call_target="[^"]*(callback|Callback|host)[^"]*"')
 
 
+# A constant instruction: its element type and dimensions.
+_CONSTANT = re.compile(r"= ([a-z]+)(\d*)\[([\d,]*)\]\S* constant\(")
+
+
 def hlo_facts(lowered: Lowered) -> dict:
   """What an accelerator needs of a lowered program, read from its HLO: `f64` (TPUs
   have no float64), `dynamic` (bounded dynamic shapes, `<=N`), `host_calls` (the
   instructions that go to the host inside the program: callbacks, send/recv,
-  infeed/outfeed), and `argument_bytes` and `result_bytes`, the buffers a call
-  holds on the device besides its temporaries."""
+  infeed/outfeed), `argument_bytes` and `result_bytes`, the buffers a call holds on
+  the device besides its temporaries, and `constant_bytes`, the largest constant
+  compiled into the module (a table there is compiled, and copied, at each use)."""
   from jaxlib import xla_client
   text = xla_client.XlaComputation(lowered.hlo).as_hlo_text()
   nbytes = lambda shapes: sum(int(np.prod(s, dtype=np.int64)) * np.dtype(d).itemsize
                               for s, d in shapes)
+  constants = [max(int(bits or 8) // 8, 1) * int(np.prod(
+      [int(d) for d in dims.split(",") if d], dtype=np.int64))
+               for _, bits, dims in _CONSTANT.findall(text)]
   return dict(f64="f64[" in text, dynamic=bool(re.search(r"\[[^\]]*<=", text)),
               host_calls=sorted({m.group(0) for m in _HOST_OPS.finditer(text)}),
-              argument_bytes=nbytes(lowered.inputs), result_bytes=nbytes(lowered.outputs))
+              argument_bytes=nbytes(lowered.inputs), result_bytes=nbytes(lowered.outputs),
+              constant_bytes=max(constants, default=0))
 
 
 def lowered_programs(functions) -> list:

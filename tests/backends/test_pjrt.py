@@ -72,7 +72,10 @@ def test_the_hlo_facts_see_float64_dynamic_shapes_and_host_calls():
                                       *args)
   plain = pjrt.hlo_facts(lower(lambda x: x * 2.0, tf.ones([3, 2])))
   assert plain == dict(f64=False, dynamic=False, host_calls=[], argument_bytes=24,
-                       result_bytes=24)
+                       result_bytes=24, constant_bytes=4)
+  table = np.arange(3000, dtype=np.int64)
+  assert pjrt.hlo_facts(lower(lambda i: tf.gather(tf.constant(table), i),
+                              tf.constant([2])))["constant_bytes"] == 24000
   assert pjrt.hlo_facts(lower(lambda x: tf.cast(x, tf.float64), tf.ones([3])))["f64"]
   assert pjrt.hlo_facts(lower(lambda x: tf.boolean_mask(x, x > 0),
                               tf.ones([3])))["dynamic"]

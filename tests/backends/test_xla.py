@@ -90,12 +90,14 @@ def test_an_xla_round_computes_what_the_traced_round_computes(case, tmp_path):
 
 def _assert_device_ready(case):
   """The HLO PJRT just ran (issue 55 item 3): static shapes, no trip to the host
-  inside, and float64 exactly in the cases `readiness.F64` lists."""
+  inside, float64 exactly in the cases `readiness.F64` lists, and no table compiled
+  in as a constant (integer noise's are inputs: `integer_gaussian.eager_table`)."""
   lowered = pjrt.lowered_programs(programs._ROUND_FUNCTIONS.values())   # pylint: disable=protected-access
   assert lowered
   for facts in map(pjrt.hlo_facts, lowered):
     assert not facts["dynamic"] and not facts["host_calls"], (case, facts)
     assert facts["f64"] == (case in readiness.F64), (case, facts)
+    assert facts["constant_bytes"] <= 1 << 16, (case, facts)
 
 
 @pytest.mark.slow

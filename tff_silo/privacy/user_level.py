@@ -171,15 +171,15 @@ def flat_contributions(contributions, weights, l2_norm_clip):
   return dp_sgd.flat_examples(contributions) * tf.cast(weights, tf.float32)[:, None]
 
 
-def integer_mean(total, grid, normalizer, root, round_num, like):
+def integer_mean(total, grid, normalizer, root, round_num, like, table=None):
   """Eq. 3 and 4 on the integer grid: grid (total + noise) / (q W) in the structure
   of `like` (tensors of static shapes, no user axis), `total` the int64 [D] sum of
   the users' rounded `flat_contributions`; round `round_num`'s draws keyed by
-  derive(root, AGGREGATOR_NOISE, round_num)."""
+  derive(root, AGGREGATOR_NOISE, round_num) (with `table`: `integer_gaussian.noise`)."""
   shapes = [t.shape for t in like]
   key = keys.derive(root, keys.AGGREGATOR_NOISE, round_num)
   draws = integer_gaussian.noise(tf.convert_to_tensor(key, tf.int32)[None],
-                                 sum(s.num_elements() for s in shapes))
+                                 sum(s.num_elements() for s in shapes), table)
   flat = integer_gaussian.release(total, draws[0], grid) / normalizer
   return dp_sgd.split_flat(flat, shapes)
 

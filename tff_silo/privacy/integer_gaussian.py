@@ -60,7 +60,7 @@ def eager_table() -> tuple:
   """`_table` as eager tensors, made once: a program traced from eager code (the
   vectorized backend's rounds) captures them, so a compiled round takes them as
   three inputs instead of a constant at each use XLA folds them into (13 copies of
-  the three, 24 MB of a School DP round's HLO, most of its compile time)."""
+  the three, 24 MB of a School DP round's HLO)."""
   if not _EAGER_TABLE:
     from tensorflow.python.eager import context   # pylint: disable=g-direct-tensorflow-import
     with context.eager_mode():

@@ -785,17 +785,18 @@ def _check(run, silos, s):
 def _export(todo, s, recording, backend) -> None:
   """--export_xla: the pending runs' rounds recorded, not run (no row), and written
   as a bundle."""
+  from tff_silo import bundles
   with common.usage_errors(), common.placement(s, recording):
     for batch in plan.consecutive(todo.pending, lambda run: _stack_key(run, s, backend)):
       _simulate(batch, s, None, backend)
     manifest = recording.write(s.export_xla, about=dict(
         binary="benchmarks.run", command=" ".join(sys.argv[1:]),
-        runs=[run.tag for run in todo.pending]))
+        runs=[run.tag for run in todo.pending], privacy=bundles.OUTSIDE_GUARANTEE))
   print(f"bundle of {len(todo.pending)} run(s) written to {s.export_xla}: "
         f"{len(manifest['calls'])} round calls of {len(manifest['programs'])} "
         f"program(s). Replay it with `python -m tff_silo.xla_bundle {s.export_xla} "
         "--platform=cpu|gpu|tpu`, then run this command with --import_xla instead of "
-        "--export_xla for the rows")
+        f"--export_xla for the rows. The bundle {bundles.OUTSIDE_GUARANTEE}")
 
 
 def main(argv):

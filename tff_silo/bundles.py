@@ -36,6 +36,12 @@ from tff_silo import pjrt, xla_bundle
 from tff_silo.xla_bundle import BundleError
 
 
+# What a bundle is to the runs' DP guarantees: it holds what their rounds read.
+OUTSIDE_GUARANTEE = ("holds the silos' training data and every key of the runs (their "
+                     "noise too): it is outside any DP guarantee; keep it where the "
+                     "data may be, and release the rows, not the bundle")
+
+
 def placeholder(shape, dtype) -> tf.Tensor:
   """What a call returns in place of a result it did not compute: NaN, or zeros
   (integers and booleans: the driver's end indexes with them)."""

@@ -185,6 +185,7 @@ def test_xla_rounds_from_the_command_line(tmp_path):
   proc = _run(*command, f"--export_xla={bundle}")
   assert proc.returncode == 0, proc.stderr[-2000:]
   assert "bundle of 3 run(s) written" in proc.stdout and not out.exists()
+  assert "outside any DP guarantee" in proc.stdout
   replay = subprocess.run([sys.executable, "-m", "tff_silo.xla_bundle", str(bundle)],
                           cwd=ROOT, capture_output=True, text=True, timeout=600)
   assert replay.returncode == 0, replay.stderr[-2000:]

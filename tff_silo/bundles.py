@@ -133,7 +133,7 @@ class Recording(_Calls):
     self._programs, self._program_index = [], {}   # (lowered, digest, captures)
     self._lowered_index = {}   # id(lowered) -> (lowered, its program's index)
     self._constants, self._constant_index = [], {}
-    self._calls, self._consumed = [], set()
+    self._records, self._consumed = [], set()   # each call's program and arguments
 
   def _constant_ref(self, value, where: str) -> list:
     key, array = self.constant(value)
@@ -163,7 +163,7 @@ class Recording(_Calls):
     return self._lowered_index[id(lowered)][1]
 
   def call(self, lowered: pjrt.Lowered, flat) -> list:
-    c = len(self._calls)
+    c = self.calls
     program = self._program_ref(lowered, c)
     args = []
     for i, value in enumerate(flat):
@@ -173,7 +173,7 @@ class Recording(_Calls):
       else:
         self._consumed.add(source)
         args.append(["r", *source])
-    self._calls.append(dict(program=program, args=args))
+    self._records.append(dict(program=program, args=args))
     outputs = [placeholder(shape, dtype) for shape, dtype in lowered.outputs]
     self.returned(outputs)
     return outputs
@@ -181,7 +181,7 @@ class Recording(_Calls):
   def write(self, directory: str, about: dict) -> dict:
     """Writes the bundle into `directory` (made if missing; a bundle there
     replaced); its manifest."""
-    if not self._calls:
+    if not self._records:
       raise BundleError("no round program ran: nothing to export")
     os.makedirs(directory, exist_ok=True)
     for name in (xla_bundle.RESULTS, xla_bundle.REPLAY):   # an older bundle's replay
@@ -196,13 +196,13 @@ class Recording(_Calls):
                            inputs=describe(lowered.inputs[:len(lowered.inputs)
                                                           - len(captures)]),
                            outputs=describe(lowered.outputs)))
-    keep = sorted({(c, j) for c, call in enumerate(self._calls)
+    keep = sorted({(c, j) for c, call in enumerate(self._records)
                    for j in range(len(programs[call["program"]]["outputs"]))}
                   - self._consumed)
     manifest = dict(format=xla_bundle.FORMAT, about=about, programs=programs,
-                    constants=[dict(digest=digest(v), shape=list(v.shape),
-                                    dtype=v.dtype.name) for v in self._constants],
-                    calls=self._calls, keep=[list(k) for k in keep])
+                    constants=[dict(digest=key, shape=list(v.shape), dtype=v.dtype.name)
+                               for key, v in zip(self._constant_index, self._constants)],
+                    calls=self._records, keep=[list(k) for k in keep])
     xla_bundle.write_atomically(
         os.path.join(directory, xla_bundle.CONSTANTS), lambda f: np.savez_compressed(
             f, **{xla_bundle.constant_name(i): v for i, v in enumerate(self._constants)}))

@@ -176,9 +176,47 @@ BUNDLE_GROUP = dict(   # `bundle_from_flags`; tff_silo/xla_bundle.py
     import_xla=spec.string(None, "Write this command's rows from the replayed bundle in "
                            "this folder (--export_xla) instead of running its rounds: "
                            "the models the replay computed, evaluated and accounted "
-                           "here; the rows' device and round times are the replay's.",
+                           "here; the rows' device, round times and device_memory_mb "
+                           "(where its jaxlib reports it) are the replay's.",
                            given=False),
 )
+
+
+DEVICE_MEMORY_GROUP = dict(   # `check_device_memory`, `device_memory_mb`
+    device_memory=spec.boolean(False, "With --device=xla_*: estimate each round "
+                               "program's memory on the device from XLA's buffer "
+                               "assignment (TensorFlow compiles it once more, for the "
+                               "CPU) and write the largest program a row's runs called, "
+                               "its arguments, results and temporaries, as "
+                               "device_memory_mb.", given=False),
+)
+
+
+def check_device_memory() -> None:
+  """UsageError in one line where --device_memory cannot apply."""
+  if FLAGS.device_memory and (pjrt_platform(FLAGS.device) is None
+                              or getattr(FLAGS, "shards", 0)):
+    raise UsageError("--device_memory estimates the programs PJRT runs in this "
+                     "process: give --device=xla_cpu, xla_gpu or xla_tpu (no --shards)")
+
+
+def executables_called(s):
+  """A context manager yielding the list of PJRT executables a batch calls inside,
+  collected where `s.device_memory` asks for their memory (else it stays empty)."""
+  if not s.device_memory:
+    return contextlib.nullcontext([])
+  from tff_silo import pjrt
+  return pjrt.executables_called()
+
+
+def device_memory_mb(executables, replay=None, calls=None):
+  """The largest device memory, in MB, of the `executables` a batch called
+  (`pjrt.Executable.buffer_bytes`) or of the programs of a bundle `replay`'s
+  `calls` (a range; what the replay's jaxlib reported), or None if unknown."""
+  sizes = ([replay.memory_bytes(calls)] if replay is not None
+           else [sum(e.buffer_bytes()[f"{k}_bytes"] for k in ("argument", "result", "temp"))
+                 for e in executables])
+  return max(sizes) / 2**20 if any(sizes) else None
 
 
 def bundle_from_flags(methods_refused=()):
@@ -639,7 +677,7 @@ def done_rows(path: str, resume: bool, signature=(), flag: str = "output") -> di
 # estimates made from the sizes. No DP noise covers them.
 MEASURED_COLUMNS = ("wall_seconds", "seconds_per_round_median", "train_seconds",
                     "load_seconds", "peak_memory_mb", "shard_peak_memory_mb",
-                    "shard_peaks_mb", "runs_stacked")
+                    "shard_peaks_mb", "device_memory_mb", "runs_stacked")
 
 
 # What a DP row's noise is. `noise` = integer (the default,

@@ -107,6 +107,7 @@ SPEC = spec.Spec(
         "every run (and a hypernetwork run's phi and embeddings; FedAvg's global "
         "model)"), given=True),
     # Not in the `flags` record:
+    **common.DEVICE_MEMORY_GROUP,
     **common.output_group(output=("hypernet.csv", "CSV rows are appended to.")),
     resume=spec.boolean(True, "Skip runs whose row is already in --output.",
                         given=False),
@@ -200,10 +201,13 @@ def _run_rows(s, batch, progress):
   backend = common.backend_for(s.backend)
   device = common.device_scope(s.device, backend, s.xla)[1]
   users = _users(seed, s)
-  measured, trained = (_run_hypernet(users, settings, seed, s, progress, backend)
-                       if algorithm == "hypernet"
-                       else _run_fedavg(users, seed, s, progress, backend))
+  with common.executables_called(s) as called:
+    measured, trained = (_run_hypernet(users, settings, seed, s, progress, backend)
+                         if algorithm == "hypernet"
+                         else _run_fedavg(users, seed, s, progress, backend))
   row = _row(seed, algorithm, settings, s, users, measured, backend, device)
+  if (memory := common.device_memory_mb(called)) is not None:
+    row["device_memory_mb"] = memory
   if s.save_models:
     row["saved_to"] = common.saved_or_reported(
         lambda: _save(seed, algorithm, users, row, trained, s),
@@ -402,6 +406,7 @@ def _plot(s, majority):
 def main(argv):
   del argv   # (no arguments: `common.run_main`)
   s = Settings.from_flags()
+  common.check_device_memory()
   from tff_silo import runtime
   runtime.exit_cleanly_on_sigterm()
   todo = plan.Plan(

@@ -199,6 +199,7 @@ SPEC = spec.Spec(
                         "and seed) is already in --output.", given=False),
     **common.shards_group("silos"),
     **common.BUNDLE_GROUP,
+    **common.DEVICE_MEMORY_GROUP,
     **common.output_group(output=("run.csv", "CSV file rows are appended to.")),
     **common.save_models_group("every run"),
 )
@@ -664,8 +665,11 @@ def _batch_rows(s, batch, progress, shards_on=None, replay=None):
   device = common.device_scope(s.device, backend, s.xla, replay)[1]
   rows = []
   first_call = replay.calls if replay is not None else 0
-  results = (_sharded(batch, s, progress, shards_on) if s.shards
-             else _simulate(batch, s, progress, backend))
+  with common.executables_called(s) as called:
+    results = (_sharded(batch, s, progress, shards_on) if s.shards
+               else _simulate(batch, s, progress, backend))
+  memory = common.device_memory_mb(called, replay, range(first_call, replay.calls)
+                                   if replay is not None else None)
   if replay is not None:
     seconds = replay.call_seconds(first_call, replay.calls)
     results = [dataclasses.replace(r, round_seconds=seconds,
@@ -676,6 +680,8 @@ def _batch_rows(s, batch, progress, shards_on=None, replay=None):
     row = _row(result, seed, algorithm, lam, s, silos, backend, device)
     if s.shards:
       row["shards"] = s.shards
+    if memory is not None:
+      row["device_memory_mb"] = memory
     if s.save_models:
       row["saved_to"] = common.saved_or_reported(
           lambda: _save(result, seed, algorithm, lam, s, silos, row),
@@ -802,6 +808,7 @@ def _export(todo, s, recording, backend) -> None:
 def main(argv):
   del argv   # (no arguments: `common.run_main`)
   s = Settings.from_flags()
+  common.check_device_memory()
   bundle = common.bundle_from_flags(dict(
       dprivate_clustering="dprivate_clustering's driver decides its rounds from their "
       "results (validation): it cannot be exported"))

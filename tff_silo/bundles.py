@@ -258,6 +258,14 @@ class Replay(_Calls):
     self.returned(outputs)
     return outputs
 
+  def memory_bytes(self, calls: range) -> int:
+    """The largest device memory (arguments, results, temporaries) of the programs
+    of `calls`, as the replay's jaxlib reported it (0 where it reported none)."""
+    memory = self.report["memory"]
+    programs = {self.manifest["calls"][c]["program"] for c in calls}
+    return max((sum(memory[p].get(k, 0) for k in ("argument", "output", "temp"))
+                for p in programs), default=0)
+
   def call_seconds(self, start: int, stop: int) -> np.ndarray:
     """The replay's seconds of calls start..stop-1."""
     return np.asarray(self.report["call_seconds"][start:stop])

@@ -17,6 +17,7 @@ call (the stacked silos, the captured tables) stay on the device between calls.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import re
 import threading
@@ -136,6 +137,42 @@ def hlo_facts(lowered: Lowered) -> dict:
               constant_bytes=max(constants, default=0))
 
 
+def buffer_bytes(function: tf.types.experimental.GenericFunction, *args) -> dict:
+  """A round's memory on a device, estimated by XLA's buffer assignment of `function`
+  (`jit_compile=True`) for `args`, as TensorFlow's XLA
+  compiles it for the CPU (a second compilation): `argument_bytes` (its inputs),
+  `result_bytes` (what it returns), `temp_bytes` (what it holds while it runs) and
+  `constant_bytes`. A GPU's compiler fuses and schedules differently, so its
+  temporaries differ; the replay of a bundle reports what the device's own compiler
+  assigns (`tff_silo.xla_bundle`, on jaxlib 0.5 and newer)."""
+  from tensorflow.compiler.xla.service import hlo_pb2
+  proto = hlo_pb2.HloProto.FromString(function.experimental_get_compiler_ir(*args)(
+      stage="optimized_hlo_proto_serialized"))
+  sizes = dict(argument_bytes=0, result_bytes=0, temp_bytes=0, constant_bytes=0)
+  for allocation in proto.buffer_assignment.buffer_allocations:
+    kind = ("argument" if allocation.is_entry_computation_parameter
+            else "constant" if allocation.is_constant
+            else "result" if allocation.maybe_live_out
+            else None if allocation.is_thread_local   # a kernel's stack, not the device's
+            else "temp")
+    if kind is not None:
+      sizes[f"{kind}_bytes"] += int(allocation.size)
+  return sizes
+
+
+_COLLECTING = threading.local()
+
+
+@contextlib.contextmanager
+def executables_called():
+  """Collects, in a list it yields, the `Executable`s this thread calls inside."""
+  before, _COLLECTING.called = getattr(_COLLECTING, "called", None), []
+  try:
+    yield _COLLECTING.called
+  finally:
+    _COLLECTING.called = before
+
+
 def lowered_programs(functions) -> list:
   """The `Lowered` programs that the `PjrtFunction`s among `functions` compiled."""
   return [e.lowered for f in functions if isinstance(f, PjrtFunction)
@@ -149,9 +186,10 @@ class Executable:
   last call keeps its device buffer (tensors do not change; numpy arrays can, so
   they go to the device at every call)."""
 
-  def __init__(self, lowered: Lowered, platform: str = "cpu"):
+  def __init__(self, lowered: Lowered, platform: str = "cpu", estimate=None):
     from jaxlib import xla_client
     self.lowered, self.client = lowered, client(platform)
+    self._estimate, self._bytes = estimate, None
     self.device = self.client.devices()[0]
     computation = xla_client.XlaComputation(lowered.hlo)
     module = xla_client._xla.mlir.xla_computation_to_mlir_module(computation)   # pylint: disable=protected-access
@@ -164,7 +202,17 @@ class Executable:
       value = value.numpy()
     return self.client.buffer_from_pyval(np.asarray(value), self.device)
 
+  def buffer_bytes(self):
+    """`buffer_bytes` of the program (computed on first use), or None where the
+    executable was made without its function."""
+    if self._bytes is None and self._estimate is not None:
+      self._bytes = self._estimate()
+    return self._bytes
+
   def __call__(self, flat):
+    called = getattr(_COLLECTING, "called", None)
+    if called is not None and not any(e is self for e in called):
+      called.append(self)
     last = self._last + [(None, None)] * (len(flat) - len(self._last))
     current = [(x, buffer if x is kept and isinstance(x, tf.Tensor) else self._put(x))
                for x, (kept, buffer) in zip(flat, last)]
@@ -188,7 +236,11 @@ class PjrtFunction:
     key = signature(args, flat)
     with self._lock:
       if key not in self._compiled:
-        self._compiled[key] = Executable(lower(self._function, *args), self.platform)
+        specs = tf.nest.map_structure(tf.type_spec_from_value, args)
+        self._compiled[key] = Executable(   # (the estimate on zeros: `lower` refused
+            lower(self._function, *args), self.platform,   # values the HLO depends on)
+            estimate=lambda: buffer_bytes(self._function, *tf.nest.map_structure(
+                lambda spec: tf.zeros(spec.shape, spec.dtype), specs)))
       executable = self._compiled[key]
     values = executable(flat)
     return executable.lowered.pack([tf.constant(v) for v in values])

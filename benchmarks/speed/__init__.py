@@ -51,7 +51,9 @@ backends alternating within each repeat, so drift of the machine hits both alike
   shapes) and with --device=xla_cpu (the same HLO on PJRT's CPU client), in turns,
   each a fresh process: the `school` run, --digits_rounds DP
   rounds of the digits CNN (MR-MTL, epsilon 4) and the `hypernet` run: seconds per
-  round, end to end (XLA's compilation included), peak memory.
+  round, end to end (XLA's compilation included), peak memory; then once each
+  (`xla_memory`, untimed) with --device_memory: the device memory of its largest
+  round program, estimated by XLA's buffer assignment (for the CPU).
 - `executors`: `benchmarks.compare`'s quick preset (the README's main job) with
   --executor=local (two batches at once in threads) and --executor=ray (a local
   cluster of this machine's CPUs, started by the run, one CPU a task), alternating,

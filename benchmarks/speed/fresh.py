@@ -153,3 +153,14 @@ def parts(s, add_row) -> None:
         record("protocol", "vectorized", "cpu", *fresh_run(
             ("run", school_args(s) + paper), "vectorized", "cpu"), repeat,
                protocol=protocol)
+  if "xla" in s.parts:   # once: not timed (the estimate compiles each program again)
+    for workload, (binary, args) in xla_workloads(s):
+      seconds, run = fresh_run((binary, args + ["--device_memory"]), "vectorized",
+                               "xla_cpu")
+      add_row(part="xla_memory", backend="vectorized", device="xla_cpu",
+              workload=workload, end_to_end_seconds=seconds, repeat=0,
+              device_memory_mb=float(run.device_memory_mb),
+              peak_memory_mb=float(run.peak_memory_mb))
+      print(f"xla_memory {workload}: the largest round program holds "
+            f"{run.device_memory_mb:.1f} MB on the device (arguments, results and "
+            "temporaries; XLA's buffer assignment for the CPU)", flush=True)

@@ -88,6 +88,11 @@ def report(rows):
               f"round ({compiled / plain:.2f}x), end to end {compiled_end:.1f} / "
               f"{plain_end:.1f} s ({compiled_end / plain_end:.2f}x); peak memory "
               f"{compiled_mb:.0f} / {plain_mb:.0f} MB")
+  for r in rows:
+    if r["part"] == "xla_memory":
+      print(f"  {r['workload']} on a device: {r['device_memory_mb']:.1f} MB for its "
+            f"largest round program (XLA's buffer assignment, for the CPU), beside "
+            f"{r['peak_memory_mb']:.0f} MB of the whole process on the host")
   sweep = [r for r in rows if r["part"] == "sweep"]
   single = _median_rows(rows, "school", "vectorized", "cpu")
   for r in sweep:

@@ -124,3 +124,18 @@ def test_the_runner_says_in_one_line_what_is_not_a_bundle(tmp_path):
   assert proc.returncode == 1
   assert proc.stderr.strip().splitlines() == [
       f"xla_bundle: {tmp_path}: no manifest.json (not a bundle written by --export_xla)"]
+
+
+def test_a_replays_device_memory_is_its_largest_program_among_the_calls():
+  """What a row's device_memory_mb reads with --import_xla (`Replay.memory_bytes`):
+  arguments, results and temporaries as the replay's jaxlib reported them, the
+  largest program of the calls asked about; 0 where the jaxlib reported none."""
+  replay = bundles.Replay.__new__(bundles.Replay)
+  replay.manifest = {"calls": [{"program": 0}, {"program": 1}, {"program": 0}]}
+  replay.report = {"memory": [dict(argument=10, output=5, temp=1, generated_code=99),
+                              dict(argument=100, output=0, temp=20)]}
+  assert replay.memory_bytes(range(0, 1)) == 16
+  assert replay.memory_bytes(range(2, 3)) == 16
+  assert replay.memory_bytes(range(0, 3)) == 120
+  replay.report = {"memory": [{}, {}]}
+  assert replay.memory_bytes(range(0, 3)) == 0

@@ -59,6 +59,31 @@ def test_an_input_passed_again_stays_on_the_device():
   np.testing.assert_array_equal(program(array, tf.constant([0.0, 0.0])).numpy(), [3.0, 3.0])
 
 
+def _two_layers(x, w):
+  return tf.matmul(tf.nn.relu(tf.matmul(x, w)), w), tf.reduce_sum(x)
+
+
+def test_a_programs_device_memory_is_its_buffers_in_xlas_assignment():
+  """`buffer_bytes`: the arguments exactly, the results, and the hidden layer the
+  second matmul reads among the temporaries (it grows with the batch); the
+  executables a thread calls inside `executables_called` are collected once each."""
+  w = tf.ones([128, 128])
+  program = pjrt.PjrtFunction(_two_layers)
+  with pjrt.executables_called() as called:
+    program(tf.ones([64, 128]), w)
+    program(tf.ones([64, 128]), w)
+  program(tf.ones([512, 128]), w)   # outside: not collected
+  (executable,) = called
+  small = executable.buffer_bytes()
+  large = pjrt.buffer_bytes(tf.function(_two_layers, jit_compile=True),
+                            tf.ones([512, 128]), w)
+  for batch, sizes in ((64, small), (512, large)):
+    assert sizes["argument_bytes"] == (batch + 128) * 128 * 4, sizes
+    assert sizes["result_bytes"] >= (batch * 128 + 1) * 4, sizes
+    assert sizes["temp_bytes"] >= batch * 128 * 4, sizes
+  assert large["temp_bytes"] > small["temp_bytes"]
+
+
 def test_a_platform_outside_the_list_or_missing_is_one_line():
   with pytest.raises(ValueError, match="platform must be one of"):
     with programs.pjrt_rounds("xpu"):

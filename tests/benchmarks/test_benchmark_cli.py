@@ -69,6 +69,8 @@ def _run(*flags, timeout=600):
     (["--methods=dprivate_clustering", "--export_xla=b"], "--export_xla: "
      "dprivate_clustering's driver decides its rounds from their results"),
     (["--import_xla=no_such_folder"], "--import_xla: no_such_folder: no manifest.json"),
+    (["--device_memory"], "--device_memory estimates the programs PJRT runs in this "
+     "process: give --device=xla_cpu"),
     (["--aggregator=median"], "--aggregator must be one of mean, unweighted_mean"),
     (["--aggregator=dp_fixed"], "--aggregator=dp_fixed needs --silo_epsilon"),
     (["--silo_epsilon=2"], "--silo_epsilon applies to --aggregator=dp_fixed|dp_adaptive"),
@@ -164,10 +166,11 @@ def test_xla_rounds_from_the_command_line(tmp_path):
   uncompiled ones) and the row says so; --device=xla_cpu runs the same HLO through
   PJRT's CPU client: the same rows but the device."""
   rows = {}
-  for name, flag in (("xla", "--xla"), ("pjrt", "--device=xla_cpu")):
+  for name, flags in (("xla", ["--xla"]), ("pjrt", ["--device=xla_cpu",
+                                                    "--device_memory"])):
     out = tmp_path / f"{name}.csv"
     proc = _run("--dataset=synthetic", "--methods=mrmtl,ifca,mocha", "--rounds=2",
-                "--epsilon=2", "--lams=0.5", flag, f"--output={out}")
+                "--epsilon=2", "--lams=0.5", *flags, f"--output={out}")
     assert proc.returncode == 0, proc.stderr[-2000:]
     rows[name] = pd.read_csv(out)
   xla, pjrt = rows["xla"], rows["pjrt"]
@@ -177,6 +180,10 @@ def test_xla_rounds_from_the_command_line(tmp_path):
   assert (pjrt.device == "xla_cpu").all() and list(pjrt.run_key) == list(xla.run_key)
   np.testing.assert_allclose(pjrt.test_metric, xla.test_metric, rtol=1e-5)
   np.testing.assert_array_equal(pjrt.epsilon_spent_max, xla.epsilon_spent_max)
+  # --device_memory: each row's largest program on the device (XLA's estimate), a
+  # measured column (it follows the silos' sizes) outside the guarantee.
+  assert (pjrt.device_memory_mb > 0).all() and "device_memory_mb" not in xla
+  assert pjrt.outside_guarantee_columns.str.contains("device_memory_mb").all()
   # The same command exported as a bundle (no rows), replayed by the standalone
   # runner in another process, imported: the rows of --device=xla_cpu but the times.
   bundle, out = tmp_path / "bundle", tmp_path / "imported.csv"
@@ -194,6 +201,9 @@ def test_xla_rounds_from_the_command_line(tmp_path):
   imported = pd.read_csv(out)
   timing = ["wall_seconds", "seconds_per_round_median", "peak_memory_mb", "finished",
             "flags"]
+  pjrt = pjrt.drop(columns="device_memory_mb").assign(   # (jaxlib 0.4 reports none)
+      outside_guarantee_columns=pjrt.outside_guarantee_columns.str.replace(
+          " device_memory_mb", ""))
   pd.testing.assert_frame_equal(imported.drop(columns=timing), pjrt.drop(columns=timing))
 
 

@@ -219,6 +219,19 @@ def device_memory_mb(executables, replay=None, calls=None):
   return max(sizes) / 2**20 if any(sizes) else None
 
 
+def print_exported(directory: str, what: str, manifest=None) -> None:
+  """The last line of an --export_xla: `what` the bundle in `directory` holds (with
+  its calls and programs where `manifest` is given), the next two steps, and that
+  the bundle is outside any guarantee."""
+  from tff_silo import bundles
+  calls = "" if manifest is None else (f": {len(manifest['calls'])} round calls of "
+                                       f"{len(manifest['programs'])} program(s)")
+  print(f"bundle of {what} written to {directory}{calls}. Replay it with `python -m "
+        f"tff_silo.xla_bundle {directory} --platform=cpu|gpu|tpu`, then run this "
+        "command with --import_xla instead of --export_xla for the rows. The bundle "
+        f"{bundles.OUTSIDE_GUARANTEE}")
+
+
 def bundle_from_flags(methods_refused=()):
   """The bundle --export_xla records into (`tff_silo.bundles.Recording`) or
   --import_xla replays from (`Replay`), or None; UsageError in one line for flags a

@@ -44,6 +44,11 @@ go when its cells are done. Non-private cells search the grid in full either way
 and a method with one configuration (local and FedAvg at one learning rate) runs
 once, untuned.
 
+--export_xla=DIR writes the pending trials' rounds as a portable bundle instead of
+running them, `python -m tff_silo.xla_bundle DIR --platform=gpu` replays it where
+jaxlib runs, and the same command with --import_xla=DIR scores, selects and writes
+the rows from the replay's models (the rows of --device=xla_cpu; benchmarks/README.md).
+
 --membership also attacks every trial's silo models (`attacks.membership`), so the
 selected rows, a second table and a figure show leakage beside utility; the attack
 reads the silos' training examples without noise, so its figures lie outside every
@@ -75,6 +80,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import dataclasses
+import functools
 import math
 import os
 import secrets
@@ -166,6 +172,7 @@ SPEC = spec.Spec(
                                     "runs one batch at a time.", bounds="[1, 64]"),
     **common.backend_group("every method here"),
     **common.aggregator_group(),   # the server step of every method but hypernet
+    **common.BUNDLE_GROUP,
     **common.output_group(figures_dir=(".", "Folder of the figures.")),
     **common.save_models_group("every trial (private tuning: every selected trial)"),
 )
@@ -259,7 +266,7 @@ def _settings() -> grid.Settings:
   s.update(data_dir=FLAGS.data_dir, save_models=FLAGS.save_models,
            figures_dir=FLAGS.figures_dir, trials_output=FLAGS.trials_output,
            backend=FLAGS.backend, device=FLAGS.device, xla=FLAGS.xla,
-           concurrent_batches=FLAGS.concurrent_batches)
+           concurrent_batches=FLAGS.concurrent_batches, export_xla=FLAGS.export_xla)
   out = common.output_dir()
   s["output"] = FLAGS.output or os.path.join(out, f"compare_{FLAGS.preset}.csv")
   suffix = "" if s["tuning"] == "free" else f"_{s['tuning']}"
@@ -523,21 +530,29 @@ def _cell_trials(s, trials=None) -> collections.Counter:
                              for t in (grid.trials(s) if trials is None else trials))
 
 
-def _batch_rows(s, batch, progress=None):
+def _batch_rows(s, batch, progress=None, replay=None):
   """Trial rows of `batch` (`_batches`): the plan's work, in this process or on a
-  Ray worker (`benchmarks.executors`; no round progress: `progress` is unused)."""
+  Ray worker (`benchmarks.executors`; no round progress: `progress` is unused); with
+  --import_xla, its rounds' results and seconds those of the bundle's `replay`."""
   del progress
   backend = common.backend_for(s.backend, s.aggregator)
   loaded = {seed: _data(s, seed) for seed in {trial["seed"] for trial in batch}}
+  first_call = replay.calls if replay is not None else 0
+  outcomes = _simulate(s, batch, loaded, backend)
+  if replay is not None:   # a stack's trials share its calls, as their wall time
+    seconds = float(replay.call_seconds(first_call, replay.calls).sum())
+    outcomes = [(o._replace(wall_seconds=seconds), z) for o, z in outcomes]
   return _run_batch(s, batch, loaded, backend,
-                    common.device_scope(s.device, backend, s.xla)[1], _cell_trials(s))
+                    common.device_scope(s.device, backend, s.xla, replay)[1],
+                    _cell_trials(s), outcomes)
 
 
-def _run_batch(s, batch, loaded, backend, device, cell_trials):
-  """Trial rows of `batch` (trials that run together: `_batches`), run together;
-  `cell_trials[(method, epsilon, seed)]` is h, the trials of each cell."""
+def _run_batch(s, batch, loaded, backend, device, cell_trials, outcomes):
+  """Trial rows of `batch` (trials that run together: `_batches`) from their
+  `outcomes` (`_simulate`); `cell_trials[(method, epsilon, seed)]` is h, the trials
+  of each cell."""
   rows = []
-  for trial, (outcome, score_z) in zip(batch, _simulate(s, batch, loaded, backend)):
+  for trial, (outcome, score_z) in zip(batch, outcomes):
     _, x_val, y_val = loaded[trial["seed"]]
     model = outcome.model
     tuned = trial["trial"] >= 0   # a draw of private tuning
@@ -797,9 +812,27 @@ def _batch_done(s, trials, released, loaded, batch, i, batches, start):
         f"~{left:.0f} s left", file=sys.stderr, flush=True)
 
 
+def _export(s, batches, loaded, backend, recording) -> None:
+  """--export_xla: the pending trials' rounds recorded, not run (no row), and
+  written as a bundle. Under private tuning the message counts cells, not trials
+  (h stays out of what the binary prints; the bundle, outside the guarantee, has
+  every call)."""
+  from tff_silo import bundles
+  with common.usage_errors(), common.placement(s, recording):
+    for batch in batches:
+      _simulate(s, batch, loaded, backend)
+    manifest = recording.write(s.export_xla, about=dict(
+        binary="benchmarks.compare", command=" ".join(sys.argv[1:]),
+        privacy=bundles.OUTSIDE_GUARANTEE))
+  cells = len({(t["method"], t["epsilon"], t["seed"]) for b in batches for t in b})
+  common.print_exported(s.export_xla, f"the pending trials of {cells} cell(s)",
+                        None if s.tuning == "private" else manifest)
+
+
 def main(argv):
   del argv   # (no arguments: `common.run_main`)
   s = _settings()
+  bundle = common.bundle_from_flags()
   from tff_silo import runtime
   runtime.exit_cleanly_on_sigterm()
   private = s.tuning == "private"
@@ -836,13 +869,20 @@ def main(argv):
     print(f"{len(trials)} trials, {len(trials) - len(pending)} already in "
           f"{s.output}; running {len(pending)} in {len(batches)} batches",
           file=sys.stderr)
+  if s.export_xla:
+    _export(s, batches, loaded, backend, bundle)
+    return
   start = time.perf_counter()
   if executor.name == "local" and backend == "vectorized":
-    executor = executors.Local(   # TensorFlow's device scope is per thread
-        s.concurrent_batches, lambda: common.device_scope(s.device, backend)[0])
+    executor = executors.Local(   # TensorFlow's device scope is per thread; a
+        1 if bundle else s.concurrent_batches,   # bundle's calls come in its order
+        lambda: common.device_scope(s.device, backend)[0])
   work = executors.Work(_batch_rows, s, "benchmarks.compare", data=tuple(
       datasets.travelling(datasets.compare_split, grid.recipe(s, seed))
       for seed in s.seeds) if executor.name == "ray" else ())
+  if bundle is not None:
+    work = work._replace(function=functools.partial(_batch_rows, replay=bundle))
+    scope = common.placement(s, bundle)
   failed = 0
   # a ValueError (a budget too small for any noise, say) ends the binary in one line
   with scope, common.usage_errors():
@@ -856,6 +896,9 @@ def main(argv):
       common.append_rows(s.trials_store, rows)
       _batch_done(s, trials, released, loaded, batches[i], done, len(batches), start)
   _select_ready(s, trials, released, loaded)   # cells finished before
+  if bundle is not None and batches and not failed:
+    with common.usage_errors():
+      bundle.finish()
   if failed:
     raise UsageError(f"{failed} of {len(batches)} batches failed (above); the others' "
                      f"trials are in {s.trials_store}; a rerun retries the rest")

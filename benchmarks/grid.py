@@ -62,6 +62,7 @@ class Settings:
   device: str = "auto"
   xla: bool = False
   concurrent_batches: int = 1   # the vectorized backend's batches running at once
+  export_xla: str | None = None   # a bundle's folder (`common.BUNDLE_GROUP`)
   accountant: str = "rdp"   # private cells' (`tff_silo.privacy.pld`)
   # private tuning: the plans' seed, OS entropy kept beside the trial store
   # (`compare._plan_secret`), so that h is not a function of the published seeds

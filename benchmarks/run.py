@@ -798,11 +798,7 @@ def _export(todo, s, recording, backend) -> None:
     manifest = recording.write(s.export_xla, about=dict(
         binary="benchmarks.run", command=" ".join(sys.argv[1:]),
         runs=[run.tag for run in todo.pending], privacy=bundles.OUTSIDE_GUARANTEE))
-  print(f"bundle of {len(todo.pending)} run(s) written to {s.export_xla}: "
-        f"{len(manifest['calls'])} round calls of {len(manifest['programs'])} "
-        f"program(s). Replay it with `python -m tff_silo.xla_bundle {s.export_xla} "
-        "--platform=cpu|gpu|tpu`, then run this command with --import_xla instead of "
-        f"--export_xla for the rows. The bundle {bundles.OUTSIDE_GUARANTEE}")
+  common.print_exported(s.export_xla, f"{len(todo.pending)} run(s)", manifest)
 
 
 def main(argv):

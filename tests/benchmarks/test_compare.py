@@ -94,6 +94,28 @@ def test_batches_running_at_once_write_what_one_at_a_time_writes(tmp_path):
 
 @pytest.mark.cli
 @pytest.mark.slow
+def test_a_bundle_of_the_grid_imports_the_rows_pjrt_writes(tmp_path):
+  """--export_xla records the pending trials' rounds (no row), the standalone
+  runner replays them in another process, and --import_xla writes the rows of
+  --device=xla_cpu but the times (its batches one at a time, in the bundle's
+  order, whatever --concurrent_batches says)."""
+  _, pjrt, _ = _finished(tmp_path / "pjrt", *TINY, "--device=xla_cpu")
+  bundle, out = tmp_path / "bundle", tmp_path / "imported"
+  proc = _compare(out, *TINY, f"--export_xla={bundle}", "--concurrent_batches=2")
+  assert proc.returncode == 0, proc.stderr
+  assert "bundle of the pending trials of 6 cell(s) written" in proc.stdout
+  assert "outside any DP guarantee" in proc.stdout and not (out / "c.csv").exists()
+  replay = subprocess.run([sys.executable, "-m", "tff_silo.xla_bundle", str(bundle)],
+                          cwd=ROOT, capture_output=True, text=True, timeout=600)
+  assert replay.returncode == 0, replay.stderr[-2000:]
+  _, imported, _ = _finished(out, *TINY, f"--import_xla={bundle}",
+                             "--concurrent_batches=2")
+  timing = ["wall_seconds", "peak_memory_mb"]
+  pd.testing.assert_frame_equal(imported.drop(columns=timing), pjrt.drop(columns=timing))
+
+
+@pytest.mark.cli
+@pytest.mark.slow
 def test_a_killed_run_resumes_without_redoing_finished_trials(tmp_path):
   proc = _compare(tmp_path, *TINY, "--lams=0.01,0.1,1,10", popen=True)
   deadline = time.monotonic() + 300
@@ -484,6 +506,8 @@ def test_every_trial_of_a_grid_has_keys_of_its_own(tuning):
     ("--aggregator=median", "--aggregator must be one of mean"),
     ("--methods=mocha,mrmtl --aggregator=unweighted_mean",
      "--aggregator=unweighted_mean: mocha has no server mean"),
+    ("--export_xla=b --xla", "--export_xla: drop --xla (a bundle's rounds are XLA"),
+    ("--import_xla=no_such_folder", "--import_xla: no_such_folder: no manifest.json"),
 ])
 def test_bad_flags_end_in_one_line(tmp_path, flag, message):
   proc = _compare(tmp_path, *flag.split(), timeout=120)

@@ -232,6 +232,18 @@ def print_exported(directory: str, what: str, manifest=None) -> None:
         f"{bundles.OUTSIDE_GUARANTEE}")
 
 
+def replayed_seconds(replay, first_call: int, rounds: int) -> dict:
+  """A run's wall_seconds and seconds_per_round_median from a bundle `replay`'s
+  seconds of its calls since `first_call` (summed per round where a round made
+  several calls)."""
+  import numpy as np
+  seconds = replay.call_seconds(first_call, replay.calls)
+  per_round = (seconds.reshape(rounds, -1).sum(axis=1)
+               if rounds and len(seconds) % rounds == 0 else seconds)
+  return dict(wall_seconds=float(seconds.sum()),
+              seconds_per_round_median=float(np.median(per_round)))
+
+
 def bundle_from_flags(methods_refused=()):
   """The bundle --export_xla records into (`tff_silo.bundles.Recording`) or
   --import_xla replays from (`Replay`), or None; UsageError in one line for flags a
@@ -245,7 +257,7 @@ def bundle_from_flags(methods_refused=()):
   from tff_silo import aggregators
   refused = [
       (backend_for(FLAGS.backend) != "vectorized"
-       or FLAGS.aggregator not in aggregators.PLAIN,
+       or getattr(FLAGS, "aggregator", "mean") not in aggregators.PLAIN,
        "bundles hold the vectorized backend's rounds (plain means)"),
       (FLAGS.xla, "drop --xla (a bundle's rounds are XLA programs)"),
       (FLAGS.device != "auto",

@@ -20,10 +20,12 @@ to --output; a table of means is printed.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import json
 import math
 import os
+import sys
 import time
 
 from absl import flags
@@ -108,6 +110,7 @@ SPEC = spec.Spec(
         "model)"), given=True),
     # Not in the `flags` record:
     **common.DEVICE_MEMORY_GROUP,
+    **common.BUNDLE_GROUP,
     **common.output_group(output=("hypernet.csv", "CSV rows are appended to.")),
     resume=spec.boolean(True, "Skip runs whose row is already in --output.",
                         given=False),
@@ -193,26 +196,36 @@ def _users(seed, s):
   return datasets.cached(datasets.hypernet_users, _recipe(seed, s))
 
 
-def _run_rows(s, batch, progress):
+def _run_rows(s, batch, progress, replay=None):
   """The row of a run (a batch of one), its models saved under --save_models: the
-  plan's work, in this process or on a Ray worker."""
+  plan's work, in this process or on a Ray worker; with --import_xla, its rounds'
+  results and seconds those of the bundle's `replay` (`tff_silo.bundles.Replay`)."""
   (run,) = batch
   seed, algorithm, settings = run.spec
   backend = common.backend_for(s.backend)
-  device = common.device_scope(s.device, backend, s.xla)[1]
+  device = common.device_scope(s.device, backend, s.xla, replay)[1]
   users = _users(seed, s)
+  first_call = replay.calls if replay is not None else 0
   with common.executables_called(s) as called:
-    measured, trained = (_run_hypernet(users, settings, seed, s, progress, backend)
-                         if algorithm == "hypernet"
-                         else _run_fedavg(users, seed, s, progress, backend))
+    measured, trained = _train(users, seed, algorithm, settings, s, progress, backend)
+  if replay is not None:
+    measured.update(common.replayed_seconds(replay, first_call, s.rounds))
   row = _row(seed, algorithm, settings, s, users, measured, backend, device)
-  if (memory := common.device_memory_mb(called)) is not None:
+  memory = common.device_memory_mb(called, replay, range(first_call, replay.calls)
+                                   if replay is not None else None)
+  if memory is not None:
     row["device_memory_mb"] = memory
   if s.save_models:
     row["saved_to"] = common.saved_or_reported(
         lambda: _save(seed, algorithm, users, row, trained, s),
         f"{algorithm} seed={seed}")
   return [row]
+
+
+def _train(users, seed, algorithm, settings, s, progress, backend):
+  """(the row's measured columns, what --save_models keeps) of one run."""
+  return (_run_hypernet(users, settings, seed, s, progress, backend)
+          if algorithm == "hypernet" else _run_fedavg(users, seed, s, progress, backend))
 
 
 def _target(users, s):
@@ -403,10 +416,26 @@ def _plot(s, majority):
                           majority=majority, path=s.plot)
 
 
+def _export(todo, s, recording) -> None:
+  """--export_xla: the pending runs' rounds recorded, not run (no row), and written
+  as a bundle."""
+  from tff_silo import bundles
+  with common.usage_errors(), common.placement(s, recording):
+    for run in todo.pending:
+      seed, algorithm, settings = run.spec
+      _train(_users(seed, s), seed, algorithm, settings, s, None,
+             common.backend_for(s.backend))
+    manifest = recording.write(s.export_xla, about=dict(
+        binary="benchmarks.hypernet", command=" ".join(sys.argv[1:]),
+        runs=[run.tag for run in todo.pending], privacy=bundles.OUTSIDE_GUARANTEE))
+  common.print_exported(s.export_xla, f"{len(todo.pending)} run(s)", manifest)
+
+
 def main(argv):
   del argv   # (no arguments: `common.run_main`)
   s = Settings.from_flags()
   common.check_device_memory()
+  bundle = common.bundle_from_flags()
   from tff_silo import runtime
   runtime.exit_cleanly_on_sigterm()
   todo = plan.Plan(
@@ -422,11 +451,20 @@ def main(argv):
   with common.usage_errors():   # every file read before any run trains
     for seed in seeds:
       _users(seed, s)
+  if s.export_xla:
+    _export(todo, s, bundle)
+    return
   work = executors.Work(_run_rows, s, "benchmarks.hypernet", data=tuple(
       datasets.travelling(datasets.hypernet_users, _recipe(seed, s))
       for seed in seeds) if executor.name == "ray" else ())
-  rows = todo.execute(work, rounds=s.rounds, scope=common.placement(s),
+  if bundle is not None:
+    work = work._replace(function=functools.partial(_run_rows, replay=bundle))
+  pending = bool(todo.pending)
+  rows = todo.execute(work, rounds=s.rounds, scope=common.placement(s, bundle),
                       executor=executor)
+  if bundle is not None and pending:
+    with common.usage_errors():
+      bundle.finish()
   with common.usage_errors():
     majority = sum(_majority_accuracy(_users(seed, s)) for seed in s.seeds) / len(s.seeds)
   _print_table(rows, s, majority)

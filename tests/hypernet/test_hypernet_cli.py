@@ -4,6 +4,8 @@ row per (algorithm, q, S, z) with the accounted user-level epsilon."""
 import json
 import math
 import os
+import subprocess
+import sys
 
 import pandas as pd
 import pytest
@@ -94,6 +96,36 @@ def test_a_user_without_data_ends_in_one_line():
   assert done.returncode == 2
   lines = done.stderr.strip().splitlines()
   assert len(lines) == 1 and "use fewer users" in lines[0]
+
+
+@pytest.mark.cli
+@pytest.mark.slow
+def test_a_bundle_imports_the_rows_pjrt_writes(tmp_path):
+  """--export_xla records the runs' rounds (no row), the standalone runner replays
+  them in another process, --import_xla writes the rows of --device=xla_cpu but the
+  times; --device_memory adds the largest program's estimate to the latter."""
+  small = ["--rounds=2", "--num_users=6", "--sampling_rates=0.5", "--clips=0.1",
+           "--noise_multipliers=2", "--channels=4,8", "--dense=8", "--hidden_width=8",
+           "--local_steps=2", "--public_user_count=6"]
+  pjrt, out, bundle = tmp_path / "pjrt.csv", tmp_path / "hn.csv", tmp_path / "bundle"
+  done = _run(*small, "--device=xla_cpu", "--device_memory", f"--output={pjrt}")
+  assert done.returncode == 0, done.stderr[-2000:]
+  done = _run(*small, f"--export_xla={bundle}", f"--output={out}")
+  assert done.returncode == 0 and "bundle of 2 run(s) written" in done.stdout
+  assert not out.exists()
+  replay = subprocess.run([sys.executable, "-m", "tff_silo.xla_bundle", str(bundle)],
+                          cwd=binaries.ROOT, capture_output=True, text=True, timeout=600)
+  assert replay.returncode == 0, replay.stderr[-2000:]
+  done = _run(*small, f"--import_xla={bundle}", f"--output={out}")
+  assert done.returncode == 0, done.stderr[-2000:]
+  imported, pjrt = pd.read_csv(out), pd.read_csv(pjrt)
+  assert (pjrt.device_memory_mb > 0).all() and (imported.device == "xla_cpu").all()
+  pjrt = pjrt.drop(columns="device_memory_mb").assign(   # (jaxlib 0.4 reports none)
+      outside_guarantee_columns=pjrt.outside_guarantee_columns.str.replace(
+          " device_memory_mb", ""))
+  timing = ["wall_seconds", "seconds_per_round_median", "peak_memory_mb", "finished",
+            "flags"]
+  pd.testing.assert_frame_equal(imported.drop(columns=timing), pjrt.drop(columns=timing))
 
 
 @pytest.mark.cli

@@ -89,6 +89,7 @@ SPEC = spec.Spec(
     seeds=spec.numbers(["0"], "Training seeds (windows, batches, noise).", item=int),
     **common.shards_group("clients"),
     **common.backend_group("every method"),
+    **common.BUNDLE_GROUP,
     **common.output_group(
         output=("pandemic.csv", "CSV rows are appended to."),
         generated_dir=("pandemic_data", "Where generated data sets are kept (one folder "
@@ -203,11 +204,13 @@ def _data_key(data_dir, meta) -> dict:
 _SCENARIOS = {}
 
 
-def _run_rows(s, batch, progress, shards_on=None):
+def _run_rows(s, batch, progress, shards_on=None, replay=None, export=False):
   """The row of a run (a batch of one): the plan's work, in this process or on a
   Ray worker, where the data folder must be at the driver's path with the same
   files (checked by the run key, which names their SHA-256); with --shards, in
-  this process with its clients on the shards of the executor `shards_on`."""
+  this process with its clients on the shards of the executor `shards_on`; with
+  --import_xla, its rounds' results and seconds those of the bundle's `replay`
+  (`tff_silo.bundles.Replay`); with `export`, its rounds only (recorded: no row)."""
   from tff_silo.pandemic import pipeline
   (planned,) = batch
   run = planned.spec
@@ -216,7 +219,8 @@ def _run_rows(s, batch, progress, shards_on=None):
   if _run_key(run, data_key, s) != planned.key:
     raise _not_the_drivers(data_dir)
   backend = common.backend_for(s.backend)
-  device = common.device_scope(s.device, backend, s.xla)[1]
+  device = common.device_scope(s.device, backend, s.xla, replay)[1]
+  first_call = replay.calls if replay is not None else 0
   name = "centralized" if run["method"] == "centralized" else s.scenario
   loaded = (data_dir, name, run["mode"], run["sample_size"], run["seed"])
   settings = _pipeline_settings(
@@ -233,14 +237,14 @@ def _run_rows(s, batch, progress, shards_on=None):
         progress=progress)
     load_seconds = measured.pop("load_seconds")
   else:
-    if loaded not in _SCENARIOS:   # a DataError (a ValueError) ends it as a usage error
-      t0 = time.perf_counter()
-      _SCENARIOS[loaded] = pipeline.load_scenario(
-          data_dir, name, sample_size=run["sample_size"], mode=run["mode"],
-          seed=run["seed"])
-      load_seconds = time.perf_counter() - t0
-    measured = pipeline.train(_SCENARIOS[loaded], settings, backend=backend,
-                              progress=progress)
+    scenario, load_seconds = _scenario(loaded)
+    if export:   # (the models are placeholders: nothing to score)
+      pipeline.fit(scenario, settings, backend=backend)
+      return []
+    measured = pipeline.train(scenario, settings, backend=backend, progress=progress)
+  if replay is not None:
+    measured["train_seconds"] = common.replayed_seconds(
+        replay, first_call, measured["rounds"])["wall_seconds"]
   stats = meta.get("statistics", {})
   row = dict(run_key=planned.key,
              profile=meta.get("profile", {}).get("name", "given files"),
@@ -253,6 +257,19 @@ def _run_rows(s, batch, progress, shards_on=None):
   from tff_silo.backends.vectorized import programs
   programs.release_programs()   # each run's model captures its own tables
   return [row]
+
+
+def _scenario(loaded) -> tuple:
+  """(the scenario of `loaded`, its data folder, name, mode, sample size and seed;
+  the seconds its loading took here, 0 when this process had it already)."""
+  from tff_silo.pandemic import pipeline
+  if loaded in _SCENARIOS:
+    return _SCENARIOS[loaded], 0.0
+  data_dir, name, mode, sample_size, seed = loaded
+  t0 = time.perf_counter()   # a DataError (a ValueError) ends it as a usage error
+  _SCENARIOS[loaded] = pipeline.load_scenario(data_dir, name, sample_size=sample_size,
+                                              mode=mode, seed=seed)
+  return _SCENARIOS[loaded], time.perf_counter() - t0
 
 
 def _shard(s, spec, progress):
@@ -377,6 +394,7 @@ def main(argv):
     _degree_figure(FLAGS.figures_dir)
     return
   s = Settings.from_flags()
+  bundle = common.bundle_from_flags()
   from tff_silo import runtime
   runtime.exit_cleanly_on_sigterm()
   executor = executors.from_flags()   # a cluster that cannot be joined: before any work
@@ -397,12 +415,34 @@ def main(argv):
                 f"sigma={run['sigma']:g}" + (f" lam={run['lam']:g}" if run["lam"] else ""),
                 run) for run in _runs(s)],
       output=s.output, signature=SIGNATURE, resume=s.resume)
+  if s.export_xla:
+    _export(todo, s, bundle)
+    return
+  if bundle is not None:
+    work = work._replace(function=functools.partial(_run_rows, replay=bundle))
+  pending = bool(todo.pending)
   rows = todo.execute(
-      work, rounds=s.rounds, scope=common.placement(s), executor=executor,
+      work, rounds=s.rounds, scope=common.placement(s, bundle), executor=executor,
       summary=lambda done: f"AP {done[0].get('average_precision', math.nan):.4f} (lift "
       f"{done[0].get('lift', math.nan):.2f}), epsilon {done[0]['epsilon_theorem']:.4g}")
+  if bundle is not None and pending:
+    with common.usage_errors():
+      bundle.finish()
   _print_table(rows)
   _figures(meta.get("statistics", {}).get("persons"), s)
+
+
+def _export(todo, s, recording) -> None:
+  """--export_xla: the pending runs' rounds recorded, not run (no row), and written
+  as a bundle."""
+  from tff_silo import bundles
+  with common.usage_errors(), common.placement(s, recording):
+    for planned in todo.pending:
+      _run_rows(s, [planned], None, export=True)
+    manifest = recording.write(s.export_xla, about=dict(
+        binary="benchmarks.pandemic", command=" ".join(sys.argv[1:]),
+        runs=[run.tag for run in todo.pending], privacy=bundles.OUTSIDE_GUARANTEE))
+  common.print_exported(s.export_xla, f"{len(todo.pending)} run(s)", manifest)
 
 
 def _check_shards(data_dir: str, s) -> None:

@@ -126,3 +126,17 @@ def run(binary, *args, timeout=600, fresh=False):
         return subprocess.CompletedProcess([binary, *args], 1, "",
                                            f"the driver of benchmarks.{binary} exited")
       pending += chunk
+
+
+def through_bundle(binary, *args, bundle, rows, timeout=600):
+  """`benchmarks.<binary> args` through a bundle: exported into the folder `bundle`,
+  replayed by the standalone runner (`tff_silo.xla_bundle`) in a process of its own,
+  and imported. (the export's process, the import's); the export must succeed
+  without writing the `rows` file (it trains nothing), and the replay too."""
+  exported = run(binary, *args, f"--export_xla={bundle}", timeout=timeout)
+  assert exported.returncode == 0, exported.stderr[-2000:]
+  assert not os.path.exists(rows), f"the export wrote {rows}"
+  replay = subprocess.run([sys.executable, "-m", "tff_silo.xla_bundle", str(bundle)],
+                          cwd=ROOT, capture_output=True, text=True, timeout=timeout)
+  assert replay.returncode == 0, replay.stderr[-2000:]
+  return exported, run(binary, *args, f"--import_xla={bundle}", timeout=timeout)

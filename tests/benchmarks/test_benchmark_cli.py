@@ -186,17 +186,13 @@ def test_xla_rounds_from_the_command_line(tmp_path):
   assert pjrt.outside_guarantee_columns.str.contains("device_memory_mb").all()
   # The same command exported as a bundle (no rows), replayed by the standalone
   # runner in another process, imported: the rows of --device=xla_cpu but the times.
-  bundle, out = tmp_path / "bundle", tmp_path / "imported.csv"
-  command = ["--dataset=synthetic", "--methods=mrmtl,ifca,mocha", "--rounds=2",
-             "--epsilon=2", "--lams=0.5", f"--output={out}"]
-  proc = _run(*command, f"--export_xla={bundle}")
-  assert proc.returncode == 0, proc.stderr[-2000:]
-  assert "bundle of 3 run(s) written" in proc.stdout and not out.exists()
-  assert "outside any DP guarantee" in proc.stdout
-  replay = subprocess.run([sys.executable, "-m", "tff_silo.xla_bundle", str(bundle)],
-                          cwd=ROOT, capture_output=True, text=True, timeout=600)
-  assert replay.returncode == 0, replay.stderr[-2000:]
-  proc = _run(*command, f"--import_xla={bundle}")
+  out = tmp_path / "imported.csv"
+  exported, proc = binaries.through_bundle(
+      "run", "--dataset=synthetic", "--methods=mrmtl,ifca,mocha", "--rounds=2",
+      "--epsilon=2", "--lams=0.5", f"--output={out}", rows=out,
+      bundle=tmp_path / "bundle")
+  assert "bundle of 3 run(s) written" in exported.stdout
+  assert "outside any DP guarantee" in exported.stdout
   assert proc.returncode == 0, proc.stderr[-2000:]
   imported = pd.read_csv(out)
   timing = ["wall_seconds", "seconds_per_round_median", "peak_memory_mb", "finished",

@@ -100,16 +100,15 @@ def test_a_bundle_of_the_grid_imports_the_rows_pjrt_writes(tmp_path):
   --device=xla_cpu but the times (its batches one at a time, in the bundle's
   order, whatever --concurrent_batches says)."""
   _, pjrt, _ = _finished(tmp_path / "pjrt", *TINY, "--device=xla_cpu")
-  bundle, out = tmp_path / "bundle", tmp_path / "imported"
-  proc = _compare(out, *TINY, f"--export_xla={bundle}", "--concurrent_batches=2")
-  assert proc.returncode == 0, proc.stderr
-  assert "bundle of the pending trials of 6 cell(s) written" in proc.stdout
-  assert "outside any DP guarantee" in proc.stdout and not (out / "c.csv").exists()
-  replay = subprocess.run([sys.executable, "-m", "tff_silo.xla_bundle", str(bundle)],
-                          cwd=ROOT, capture_output=True, text=True, timeout=600)
-  assert replay.returncode == 0, replay.stderr[-2000:]
-  _, imported, _ = _finished(out, *TINY, f"--import_xla={bundle}",
-                             "--concurrent_batches=2")
+  out = tmp_path / "imported"
+  exported, done = binaries.through_bundle(
+      "compare", *TINY, "--concurrent_batches=2", f"--output={out / 'c.csv'}",
+      f"--table={out / 'c.md'}", f"--figures_dir={out}", rows=out / "c.csv",
+      bundle=tmp_path / "bundle")
+  assert "bundle of the pending trials of 6 cell(s) written" in exported.stdout
+  assert "outside any DP guarantee" in exported.stdout
+  assert done.returncode == 0, done.stderr[-2000:]
+  imported = pd.read_csv(out / "c.csv")
   timing = ["wall_seconds", "peak_memory_mb"]
   pd.testing.assert_frame_equal(imported.drop(columns=timing), pjrt.drop(columns=timing))
 

@@ -4,8 +4,6 @@ row per (algorithm, q, S, z) with the accounted user-level epsilon."""
 import json
 import math
 import os
-import subprocess
-import sys
 
 import pandas as pd
 import pytest
@@ -110,13 +108,9 @@ def test_a_bundle_imports_the_rows_pjrt_writes(tmp_path):
   pjrt, out, bundle = tmp_path / "pjrt.csv", tmp_path / "hn.csv", tmp_path / "bundle"
   done = _run(*small, "--device=xla_cpu", "--device_memory", f"--output={pjrt}")
   assert done.returncode == 0, done.stderr[-2000:]
-  done = _run(*small, f"--export_xla={bundle}", f"--output={out}")
-  assert done.returncode == 0 and "bundle of 2 run(s) written" in done.stdout
-  assert not out.exists()
-  replay = subprocess.run([sys.executable, "-m", "tff_silo.xla_bundle", str(bundle)],
-                          cwd=binaries.ROOT, capture_output=True, text=True, timeout=600)
-  assert replay.returncode == 0, replay.stderr[-2000:]
-  done = _run(*small, f"--import_xla={bundle}", f"--output={out}")
+  exported, done = binaries.through_bundle("hypernet", *small, f"--output={out}",
+                                           rows=out, bundle=bundle)
+  assert "bundle of 2 run(s) written" in exported.stdout
   assert done.returncode == 0, done.stderr[-2000:]
   imported, pjrt = pd.read_csv(out), pd.read_csv(pjrt)
   assert (pjrt.device_memory_mb > 0).all() and (imported.device == "xla_cpu").all()

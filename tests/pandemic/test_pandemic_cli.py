@@ -99,6 +99,27 @@ def test_a_tiny_profile_runs_end_to_end(tmp_path):
   assert not rows.run_key.str.contains("node+contact", regex=False).any()
 
 
+@pytest.mark.slow
+def test_a_bundle_imports_the_rows_pjrt_writes(tmp_path):
+  """--export_xla records the runs' rounds (no row, nothing scored), the standalone
+  runner replays them in another process, --import_xla scores them and writes the
+  rows of --device=xla_cpu but the times (the export wrote no row before)."""
+  args = ["--profile=tiny", "--final_week_rate=0.01", "--methods=mrmtl",
+          "--noise_multipliers=8", "--rounds=2", f"--generated_dir={tmp_path / 'data'}",
+          f"--figures_dir={tmp_path}"]
+  pjrt, out, bundle = tmp_path / "pjrt.csv", tmp_path / "p.csv", tmp_path / "bundle"
+  done = _run(*args, "--device=xla_cpu", f"--output={pjrt}")
+  assert done.returncode == 0, done.stderr[-2000:]
+  exported, done = binaries.through_bundle("pandemic", *args, f"--output={out}",
+                                           rows=out, bundle=bundle, timeout=900)
+  assert "bundle of 1 run(s) written" in exported.stdout
+  assert done.returncode == 0, done.stderr[-2000:]
+  timing = ["train_seconds", "load_seconds", "peak_memory_mb", "finished"]
+  imported, pjrt = pd.read_csv(out), pd.read_csv(pjrt)
+  assert imported.average_precision.between(0, 1).all()
+  pd.testing.assert_frame_equal(imported.drop(columns=timing), pjrt.drop(columns=timing))
+
+
 def test_the_degree_figure_is_fig_2_8_from_the_accountant(tmp_path):
   """Fig. 2.8 without data: the figure and its CSV; the authors' exponent gives
   the stand-in values of ../shared/PANDEMIC.md (computed there with numpy/scipy:

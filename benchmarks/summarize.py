@@ -1,8 +1,11 @@
 r"""Summarize `benchmarks.run` CSVs: a markdown table of means over seeds, and
-optionally a seaborn plot of the test metric per algorithm and lambda.
+optionally a seaborn plot of the test metric per algorithm and lambda; or a
+`benchmarks.compare` CSV's report (its selected rows). --paired adds the paired
+differences of methods with confidence intervals (`benchmarks.paired`), by seed
+within each epsilon (and each privacy setting that differs between rows).
 
     uv run python -m benchmarks.summarize benchmarks/out/school_dp.csv \
-        --plot=benchmarks/out/school.png
+        --plot=benchmarks/out/school.png --paired=mrmtl:fedavg,mrmtl:local
 """
 
 from __future__ import annotations
@@ -10,12 +13,18 @@ from __future__ import annotations
 import os
 
 from absl import flags
+import numpy as np
 
-from benchmarks import common, plots
+from benchmarks import common, paired, plots, tables
 from benchmarks.tables import summary_table, to_markdown
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string("plot", None, "Write a PNG plot of the test metric here.")
+flags.DEFINE_list("paired", None, "Pairs a:b of methods to difference cell by cell "
+                  "(a `run` CSV's algorithm, 'algorithm lam=X' where it ran several "
+                  "lambdas; a `compare` CSV's method), with confidence intervals.")
+flags.DEFINE_string("ci", "t", f"One of {', '.join(paired.METHODS)}: --paired's 95% "
+                    "interval, Student t or a percentile bootstrap.")
 
 # Columns a `benchmarks.run` CSV has, which the table needs.
 REQUIRED = ("dataset", "algorithm", "lam", "epsilon", "seed", "test_metric",
@@ -33,15 +42,77 @@ def main(argv):
   missing = [p for p in paths if not os.path.isfile(p)]
   if missing:
     raise common.UsageError(f"no such file: {', '.join(missing)}")
+  pairs = _pairs(FLAGS.paired)
   import pandas as pd
-  df = pd.concat([common.read_rows(p, REQUIRED, flag=None) for p in paths],
-                 ignore_index=True)
+  compare = [p for p in paths if _compare_csv(p)]
+  if compare and (len(compare) < len(paths) or FLAGS.plot):
+    raise common.UsageError(f"{compare[0]} holds benchmarks.compare rows: summarize it "
+                            "alone, without --plot (compare draws its own figures)")
+  df = pd.concat([common.read_rows(p, COMPARE_REQUIRED if compare else REQUIRED,
+                                   flag=None) for p in paths], ignore_index=True)
   if df.empty:
     raise common.UsageError(f"{', '.join(paths)} hold(s) no rows")
-  print(to_markdown(summary_table(df)))
+  if compare:
+    df = df[df.row_type == "selected"]
+    print(tables.compare_report(df))
+  else:
+    print(to_markdown(summary_table(df)))
+  if pairs:
+    with common.usage_errors():
+      print("\n" + _paired(df, pairs, compare))
   if FLAGS.plot:
     plots.run_summary(df, FLAGS.plot)
     print(f"\nplot written to {FLAGS.plot}")
+
+
+# Columns a `benchmarks.compare` CSV has, which its report needs.
+COMPARE_REQUIRED = ("row_type", "method", "epsilon", "seed", "test_metric", "metric",
+                    "lam", "tuning")
+
+
+def _compare_csv(path: str) -> bool:
+  """Whether `path` holds `benchmarks.compare` rows (a file that cannot be read is
+  `common.read_rows`' to refuse)."""
+  import pandas as pd
+  try:
+    return "row_type" in pd.read_csv(path, nrows=0).columns
+  except (ValueError, OSError):   # (pandas' parser and empty-data errors included)
+    return False
+
+
+def _pairs(given) -> list:
+  """--paired as (a, b) tuples; a UsageError in one line for a malformed pair (or
+  --ci outside its choices)."""
+  if FLAGS.ci not in paired.METHODS:
+    raise common.UsageError(f"--ci must be one of {', '.join(paired.METHODS)}; got "
+                            f"{FLAGS.ci}")
+  pairs = [tuple(item.split(":")) for item in given or ()]
+  for pair in pairs:
+    if len(pair) != 2 or not all(pair) or pair[0] == pair[1]:
+      raise common.UsageError(f"--paired takes pairs a:b of two methods, got "
+                              f"{':'.join(pair)}")
+  return pairs
+
+
+def _paired(df, pairs, compare: bool) -> str:
+  """The paired-differences table of `pairs` in `df` (a run or compare CSV's rows)."""
+  if compare:
+    label = df.method
+  else:   # an algorithm that ran several lambdas: one label per lambda
+    lams = df.groupby("algorithm").lam.transform("nunique")
+    label = df.algorithm.where(lams <= 1,
+                               df.algorithm + " lam=" + df.lam.map("{:g}".format))
+  df = df.assign(label=label, epsilon=df.epsilon.fillna(float("inf")))
+  missing = sorted({m for pair in pairs for m in pair} - set(df.label))
+  if missing:
+    raise common.UsageError(f"--paired: no rows of {', '.join(missing)}; the CSV has "
+                            f"{', '.join(sorted(set(df.label)))}")
+  private = df[np.isfinite(df.epsilon)]   # (a setting of DP only: None without)
+  group = ["epsilon"] + [c for c in tables.PRIVACY_GROUP if c in df and not compare
+                         and private[c].astype(str).nunique() > 1]
+  table = paired.differences(df, pairs, label="label", cell=["seed"], group=group,
+                             metric=df.metric.iloc[0], method=FLAGS.ci)
+  return paired.to_markdown(table, df.metric.iloc[0], method=FLAGS.ci)
 
 
 if __name__ == "__main__":

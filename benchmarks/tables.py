@@ -132,20 +132,26 @@ def compare_report(selected) -> str:
 
 def _wins(selected) -> str:
   """How often each lambda method beats each other method in the same private
-  (epsilon, seed) cell: the paired comparison the seed spread above hides."""
-  sign = -1.0 if selected.metric.iloc[0] == "accuracy" else 1.0
+  (epsilon, seed) cell, and by how much (`benchmarks.paired`: the mean paired
+  difference and its interval, per epsilon and over all cells): the paired
+  comparison the seed spread above hides."""
+  from benchmarks import paired
+  metric = selected.metric.iloc[0]
   private = selected[np.isfinite(selected.epsilon)]
-  cells = private.pivot_table(index=["epsilon", "seed"], columns="method",
-                              values="test_metric", aggfunc="first")
+  methods = sorted(private.method.unique())
+  pairs = [(method, other) for method in methods if method in LAMBDA_METHODS
+           for other in methods if other not in LAMBDA_METHODS]
+  table = paired.differences(private, pairs, label="method", cell=["seed"],
+                             group=["epsilon"], metric=metric)
+  if table.empty:
+    return ""
+  overall = table[table.epsilon == "all"] if (table.epsilon == "all").any() else table
   lines = []
-  for method in (m for m in cells.columns if m in LAMBDA_METHODS):
-    others = [f"{other} in {int(np.sum(sign * both[method] < sign * both[other]))} of "
-              f"{len(both)}" for other in cells.columns if other not in LAMBDA_METHODS
-              for both in [cells[[method, other]].dropna()]]
-    if others:
-      lines.append(f"Under DP, {method} beats " + ", ".join(others)
-                   + " (epsilon, seed) cells.\n")
-  return "".join(lines)
+  for method, part in overall.groupby("a", sort=False):
+    lines.append(f"Under DP, {method} beats " + ", ".join(
+        f"{r.b} in {r.a_better} of {r.pairs}" for r in part.itertuples())
+                 + " (epsilon, seed) cells.\n")
+  return "".join(lines) + "\n" + paired.to_markdown(table, metric)
 
 
 # --- the other binaries ---------------------------------------------------------------

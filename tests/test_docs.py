@@ -31,6 +31,12 @@ def test_the_readme_quotes_what_the_main_job_prints(tmp_path):
           f"training in {local} of {cells} (by {gain}% at epsilon 2: "
           f"{means['mrmtl']} against {means['local']} MSE)") in readme
   assert f"quick preset: {fedavg}/{cells} and {local}/{cells} private cells" in readme
+  for other in ("local", "fedavg"):   # the paired table's line over all cells
+    difference, low, high = re.search(
+        rf"^\| mrmtl \| {other} \| all \| {cells} \| (\S+) \| \[(\S+), (\S+)\]",
+        done.stdout, re.M).groups()
+    name = {"local": "local", "fedavg": "FedAvg"}[other]
+    assert re.search(rf"to {name} (is )?{difference}( MSE)? \[{low}, {high}\]", readme)
 
 
 RESULTS = os.path.join(binaries.ROOT, "benchmarks", "RESULTS.md")

@@ -234,6 +234,9 @@ def _cases(binary, f):
         (["--plot=table.xyz", f["run_csv"]], "--plot table.xyz must end in one of"),
         (["--plot=name", f["run_csv"]], "--plot name must end in one of"),
         ([f["header_only_csv"]], "hold(s) no rows"),
+        (["--paired=mrmtl", f["run_csv"]], "--paired takes pairs a:b of two methods"),
+        (["--paired=mrmtl:mrmtl", f["run_csv"]], "--paired takes pairs a:b"),
+        (["--ci=normal", f["run_csv"]], "--ci must be one of t, bootstrap; got normal"),
     ]
   if binary == "speed":
     return [

@@ -1,0 +1,106 @@
+"""`benchmarks.paired`: paired differences of methods with confidence intervals, and
+`benchmarks.summarize --paired` on a run CSV."""
+
+import math
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from benchmarks import paired
+from tests import binaries
+
+
+def test_the_t_interval_is_students_and_covers_at_its_level():
+  """d = 1, 2, 3: mean 2, sd 1, t_{0.975, 2} = 4.302653 (tables); and over 4,000
+  samples of 5 normal differences the interval holds the true mean in 95% of them
+  (within 3 binomial standard errors)."""
+  low, high = paired.interval([1.0, 2.0, 3.0])
+  half = 4.302652729911275 / math.sqrt(3)
+  assert (low, high) == pytest.approx((2 - half, 2 + half), rel=1e-9)
+  assert all(math.isnan(v) for v in paired.interval([1.0]))
+  rng = np.random.default_rng(7)
+  samples = rng.normal(0.3, 2.0, size=(4000, 5))
+  held = [low <= 0.3 <= high for low, high in map(paired.interval, samples)]
+  assert abs(np.mean(held) - 0.95) < 3 * math.sqrt(0.95 * 0.05 / 4000)
+  with pytest.raises(ValueError, match="method must be one of"):
+    paired.interval([1.0, 2.0], method="normal")
+
+
+def test_the_bootstrap_interval_is_reproducible_and_brackets_the_mean():
+  d = np.random.default_rng(3).normal(1.0, 0.5, size=12)
+  first = paired.interval(d, method="bootstrap")
+  assert first == paired.interval(d, method="bootstrap")
+  assert first[0] < d.mean() < first[1]
+  assert first[1] - first[0] < 2 * (paired.interval(d)[1] - d.mean())   # not wider
+  # than about the t interval: same data, same level
+
+
+def _rows(metric="mse"):
+  """Two epsilons x 4 seeds; a beats b by 0.1 at epsilon 1 everywhere, and at
+  epsilon 2 by +-0.05 (no difference); c only at seed 0; one row of b missing."""
+  rows = []
+  for epsilon in (1.0, 2.0):
+    for seed in range(4):
+      base = 1.0 + seed
+      rows.append(dict(method="b", epsilon=epsilon, seed=seed, test_metric=base))
+      gap = -0.1 if epsilon == 1.0 else (0.05 if seed % 2 else -0.05)
+      rows.append(dict(method="a", epsilon=epsilon, seed=seed, test_metric=base + gap))
+  rows.append(dict(method="c", epsilon=1.0, seed=0, test_metric=0.0))
+  rows = [r for r in rows if not (r["method"] == "b" and r["epsilon"] == 2.0
+                                  and r["seed"] == 3)]
+  frame = pd.DataFrame(rows)
+  if metric == "accuracy":
+    frame = frame.assign(test_metric=-frame.test_metric)
+  return frame
+
+
+def test_differences_pair_cells_holding_both_with_the_metrics_direction():
+  table = paired.differences(_rows(), [("a", "b"), ("a", "c")], label="method",
+                             cell=["seed"], group=["epsilon"], metric="mse")
+  ab = table[table.b == "b"].set_index("epsilon")
+  assert list(ab.pairs) == [4, 3, 7]   # epsilon 1, 2, all: b's missing row dropped
+  assert ab.loc[1.0, "mean_difference"] == pytest.approx(-0.1)
+  assert ab.loc[1.0, "a_better"] == 4 and ab.loc[1.0, "verdict"] == "a better"
+  assert ab.loc[2.0, "verdict"] == "not resolved"   # -0.05, +0.05, -0.05
+  ac = table[table.b == "c"]
+  assert list(ac.pairs) == [1, 1] and math.isnan(ac.ci_low.iloc[0])
+  # accuracy: higher is better, the same gaps turned around
+  flipped = paired.differences(_rows("accuracy"), [("a", "b")], label="method",
+                               cell=["seed"], group=["epsilon"], metric="accuracy")
+  first = flipped.set_index("epsilon").loc[1.0]
+  assert first.mean_difference == pytest.approx(0.1) and first.verdict == "a better"
+  reversed_ = paired.differences(_rows(), [("b", "a")], label="method", cell=["seed"],
+                                 group=["epsilon"], metric="mse")
+  assert reversed_.set_index("epsilon").loc[1.0, "verdict"] == "b better"
+
+
+def test_a_cell_with_two_rows_of_a_method_is_an_error_not_an_average():
+  rows = pd.concat([_rows(), _rows().iloc[:1]])
+  with pytest.raises(ValueError, match="more than one row in a cell"):
+    paired.differences(rows, [("a", "b")], label="method", cell=["seed"],
+                       group=["epsilon"])
+
+
+@pytest.mark.cli
+def test_summarize_prints_the_paired_table_of_a_run_csv(tmp_path):
+  """A run CSV's algorithms (one with two lambdas, labelled by lambda) paired by
+  seed within epsilon; a pair the CSV lacks ends in one line."""
+  rows = []
+  for seed in range(3):
+    for algorithm, lam, value in (("fedavg", 0.0, 1.0), ("mrmtl", 0.1, 0.9),
+                                  ("mrmtl", 1.0, 1.2)):
+      rows.append(dict(dataset="school", algorithm=algorithm, lam=lam, epsilon=2.0,
+                       seed=seed, test_metric=value + 0.01 * seed, train_metric=0.0,
+                       epsilon_spent_max=2.0, noise_multiplier_mean=1.0,
+                       wall_seconds=1.0, metric="mse"))
+  csv = tmp_path / "run.csv"
+  pd.DataFrame(rows).to_csv(csv, index=False)
+  done = binaries.run("summarize", str(csv), "--paired=mrmtl lam=0.1:fedavg")
+  assert done.returncode == 0, done.stderr
+  assert "| mrmtl lam=0.1 | fedavg | 2 | 3 | -0.1000 | [-0.1000, -0.1000] | 3 of 3 " \
+         "| a better |" in done.stdout
+  done = binaries.run("summarize", str(csv), "--paired=mrmtl:fedavg")
+  assert done.returncode == 2 and done.stderr.strip().splitlines() == [
+      "error: --paired: no rows of mrmtl; the CSV has fedavg, mrmtl lam=0.1, "
+      "mrmtl lam=1"]

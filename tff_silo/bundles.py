@@ -205,7 +205,8 @@ class Recording(_Calls):
                     calls=self._records, keep=[list(k) for k in keep])
     xla_bundle.write_atomically(
         os.path.join(directory, xla_bundle.CONSTANTS), lambda f: np.savez_compressed(
-            f, **{xla_bundle.constant_name(i): v for i, v in enumerate(self._constants)}))
+            f, **{k: a for i, v in enumerate(self._constants)
+                  for k, a in xla_bundle.packed(xla_bundle.constant_name(i), v).items()}))
     xla_bundle.write_atomically(os.path.join(directory, xla_bundle.MANIFEST),
                                 lambda f: f.write(json.dumps(manifest).encode()))
     return manifest

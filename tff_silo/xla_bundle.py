@@ -13,7 +13,10 @@ A bundle is a folder:
                   order (each one's program and arguments: ["c", i] the constant
                   `c<i>`, ["r", call, result] a result of an earlier call) and
                   `keep`, the results no later call consumes (the final models).
-  constants.npz   the silos' data, initial models, keys, hyperparameters, tables.
+  constants.npz   the silos' data, initial models, keys, hyperparameters, tables
+                  (from format 2 a large one may be stored smaller, exactly: k
+                  equal blocks as one and `c<i>.tiles`, at most 256 float values
+                  as uint8 codes and `c<i>.values`: `packed`).
 The replay adds `results.npz` (the kept results, `r<call>_<result>`) and, last,
 `replay.json`: where it ran, each program's compile seconds and device memory,
 each call's seconds. Results stay on the device from call to call; only the kept
@@ -31,7 +34,8 @@ import time
 
 import numpy as np
 
-FORMAT = 1
+FORMAT = 2   # 2: constants of few values stored as codes (`packed`); 1 is read too
+FORMATS = (1, 2)
 MANIFEST, CONSTANTS = "manifest.json", "constants.npz"
 RESULTS, REPLAY = "results.npz", "replay.json"
 PLATFORMS = ("cpu", "gpu", "tpu")
@@ -51,6 +55,44 @@ def constant_name(index: int) -> str:
   return f"c{index}"
 
 
+# A constant this large is stored smaller, exactly: k equal blocks along its first
+# axis (the silos of runs stacked on the same data) as one block and k; a float array
+# of at most 256 values (images of 8-bit pixels) as uint8 codes into its sorted
+# values, a quarter of the bytes and what deflate compresses far better.
+PACK_BYTES, VALUES, TILES = 1 << 20, ".values", ".tiles"
+
+
+def packed(name: str, value: np.ndarray) -> dict:
+  """The arrays constants.npz holds for constant `name`: itself, or its first block
+  and TILES, and its codes (under `name`) and VALUES; `unpacked` inverts it."""
+  if value.nbytes < PACK_BYTES:
+    return {name: value}
+  out, n = {}, value.shape[0] if value.ndim else 1
+  for k in range(min(n, 64), 1, -1):   # the most blocks first
+    if n % k or not np.array_equal(value[:1], value[n // k:n // k + 1]):
+      continue
+    blocks = value.reshape(k, n // k, *value.shape[1:])
+    if (blocks == blocks[:1]).all():
+      value, out[name + TILES] = blocks[0], np.array(k)
+      break
+  values, codes = (np.unique(value, return_inverse=True) if value.dtype.kind == "f"
+                   else (None, None))
+  if values is None or len(values) > 256 or np.isnan(values).any():
+    return dict(out, **{name: value})
+  return dict(out, **{name: codes.astype(np.uint8).reshape(value.shape),
+                      name + VALUES: values})
+
+
+def unpacked(arrays, name: str) -> np.ndarray:
+  """Constant `name` of an opened constants.npz (`packed`)."""
+  value = arrays[name]
+  if name + VALUES in arrays.files:
+    value = arrays[name + VALUES][value]
+  if name + TILES in arrays.files:
+    value = np.concatenate([value] * int(arrays[name + TILES]))
+  return value
+
+
 def result_name(call: int, result: int) -> str:
   return f"r{call}_{result}"
 
@@ -66,9 +108,9 @@ def read_json(directory: str, name: str, what: str) -> dict:
 
 def read_manifest(directory: str) -> dict:
   manifest = read_json(directory, MANIFEST, "not a bundle written by --export_xla")
-  if manifest.get("format") != FORMAT:
+  if manifest.get("format") not in FORMATS:
     raise BundleError(f"{directory}: a bundle of format {manifest.get('format')}; this "
-                      f"reader reads format {FORMAT}")
+                      f"reader reads formats {', '.join(map(str, FORMATS))}")
   return manifest
 
 
@@ -168,7 +210,7 @@ def replay(directory: str, platform: str = "cpu", progress=None) -> dict:
 
   def constant(index):
     if index not in placed:
-      placed[index] = device.put(constants[constant_name(index)])
+      placed[index] = device.put(unpacked(constants, constant_name(index)))
     return placed[index]
 
   executables, compile_seconds, memory = [], [], []

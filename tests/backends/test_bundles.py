@@ -139,3 +139,28 @@ def test_a_replays_device_memory_is_its_largest_program_among_the_calls():
   assert replay.memory_bytes(range(0, 3)) == 120
   replay.report = {"memory": [{}, {}]}
   assert replay.memory_bytes(range(0, 3)) == 0
+
+
+def test_a_constant_of_few_values_is_stored_as_codes_and_read_back_exactly(tmp_path):
+  """Images of 8-bit pixels (at most 256 floats) take a byte a value in
+  constants.npz, and the same silos stacked for 3 runs are stored once; anything
+  else, or a small array, is stored as it is."""
+  rng = np.random.default_rng(0)
+  images = (rng.integers(0, 256, size=(4, 300, 28, 28)) / 255).astype(np.float32)
+  stacked = np.concatenate([images] * 3)
+  weights = rng.normal(size=(600, 600)).astype(np.float32)   # 360,000 values
+  keys = np.tile(rng.integers(0, 2**62, size=(2, 100_000)), (2, 1))   # int64, tiled
+  small = images[0, :2]
+  cases = (("c0", images), ("c1", weights), ("c2", small), ("c3", stacked),
+           ("c4", keys))
+  arrays = {}
+  for name, value in cases:
+    arrays.update(xla_bundle.packed(name, value))
+  assert arrays["c0"].dtype == np.uint8 and sorted(arrays) == [
+      "c0", "c0.values", "c1", "c2", "c3", "c3.tiles", "c3.values", "c4", "c4.tiles"]
+  assert arrays["c3"].shape == images.shape and int(arrays["c4.tiles"]) == 2
+  np.savez_compressed(tmp_path / "c.npz", **arrays)
+  with np.load(tmp_path / "c.npz") as stored:
+    for name, value in cases:
+      back = xla_bundle.unpacked(stored, name)
+      assert back.dtype == value.dtype and np.array_equal(back, value)

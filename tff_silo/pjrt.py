@@ -139,12 +139,12 @@ def hlo_facts(lowered: Lowered) -> dict:
 
 def buffer_bytes(function: tf.types.experimental.GenericFunction, *args) -> dict:
   """A round's memory on a device, estimated by XLA's buffer assignment of `function`
-  (`jit_compile=True`) for `args`, as TensorFlow's XLA
-  compiles it for the CPU (a second compilation): `argument_bytes` (its inputs),
-  `result_bytes` (what it returns), `temp_bytes` (what it holds while it runs) and
-  `constant_bytes`. A GPU's compiler fuses and schedules differently, so its
-  temporaries differ; the replay of a bundle reports what the device's own compiler
-  assigns (`tff_silo.xla_bundle`, on jaxlib 0.5 and newer)."""
+  (`jit_compile=True`) for `args` as TensorFlow's XLA compiles it for the CPU (a
+  second compilation): `argument_bytes` (its inputs), `result_bytes` (what it
+  returns), `temp_bytes` (what it holds while it runs) and `constant_bytes`. A GPU's
+  compiler fuses and schedules differently, so its temporaries differ; the replay of
+  a bundle reports what the device's own compiler assigns (`tff_silo.xla_bundle`, on
+  jaxlib 0.5 and newer)."""
   from tensorflow.compiler.xla.service import hlo_pb2
   proto = hlo_pb2.HloProto.FromString(function.experimental_get_compiler_ir(*args)(
       stage="optimized_hlo_proto_serialized"))

@@ -34,7 +34,7 @@ import time
 
 import numpy as np
 
-FORMAT = 2   # 2: constants of few values stored as codes (`packed`); 1 is read too
+FORMAT = 2   # 2: large constants may be stored smaller (`packed`); 1 is read too
 FORMATS = (1, 2)
 MANIFEST, CONSTANTS = "manifest.json", "constants.npz"
 RESULTS, REPLAY = "results.npz", "replay.json"

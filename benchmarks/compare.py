@@ -168,8 +168,9 @@ SPEC = spec.Spec(
                                     "order; the same numbers as one at a time). A round "
                                     "keeps about one core busy, so 2 uses a 2-core "
                                     "machine (1.1x on School's grid, 1.6x on the quick "
-                                    "preset) at up to twice the memory. TFF's runtime "
-                                    "runs one batch at a time.", bounds="[1, 64]"),
+                                    "preset) at up to twice the memory. TFF's runtime, "
+                                    "and a bundle's export and import, run one batch at "
+                                    "a time.", bounds="[1, 64]"),
     **common.backend_group("every method here"),
     **common.aggregator_group(),   # the server step of every method but hypernet
     **common.BUNDLE_GROUP,

@@ -4,6 +4,7 @@ the tidy CSV every binary appends to (one row per run, resumable by `run_key`)."
 from __future__ import annotations
 
 import contextlib
+import gzip
 import math
 import numbers
 import os
@@ -604,8 +605,8 @@ def read_rows(path: str, signature=(), flag: str = "output"):
   if len(table) and not isinstance(table.index, pd.RangeIndex):   # extras: an index
     raise UsageError(f"{name} has rows with more fields than its header's "
                      f"{len(table.columns)}; {remedy}")
-  with open(path, "rb") as f:
-    f.seek(-1, os.SEEK_END)
+  with (gzip.open if path.endswith(".gz") else open)(path, "rb") as f:   # (committed
+    f.seek(-1, os.SEEK_END)                            # rows: benchmarks/results/)
     if f.read(1) != b"\n":   # every row this project writes ends in a newline
       raise UsageError(f"{name} ends in the middle of a row (a write that was cut "
                        f"off?); {remedy}")

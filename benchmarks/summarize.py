@@ -21,8 +21,9 @@ from benchmarks.tables import summary_table, to_markdown
 FLAGS = flags.FLAGS
 flags.DEFINE_string("plot", None, "Write a PNG plot of the test metric here.")
 flags.DEFINE_list("paired", None, "Pairs a:b of methods to difference cell by cell "
-                  "(a `run` CSV's algorithm, 'algorithm lam=X' where it ran several "
-                  "lambdas; a `compare` CSV's method), with confidence intervals.")
+                  "(a `run` CSV's algorithm, 'algorithm lam=X lr=Y' where it ran several "
+                  "lambdas or rates; a `compare` CSV's method), with confidence "
+                  "intervals.")
 flags.DEFINE_string("ci", "t", f"One of {', '.join(paired.METHODS)}: --paired's 95% "
                     "interval, Student t or a percentile bootstrap.")
 
@@ -98,10 +99,11 @@ def _paired(df, pairs, compare: bool) -> str:
   """The paired-differences table of `pairs` in `df` (a run or compare CSV's rows)."""
   if compare:
     label = df.method
-  else:   # an algorithm that ran several lambdas: one label per lambda
-    lams = df.groupby("algorithm").lam.transform("nunique")
-    label = df.algorithm.where(lams <= 1,
-                               df.algorithm + " lam=" + df.lam.map("{:g}".format))
+  else:   # an algorithm that ran several lambdas (rates): one label per lambda (rate)
+    label = df.algorithm
+    for column in (c for c in ("lam", "lr") if c in df):
+      several = df.groupby("algorithm")[column].transform("nunique") > 1
+      label = label.where(~several, label + f" {column}=" + df[column].map("{:g}".format))
   df = df.assign(label=label, epsilon=df.epsilon.fillna(float("inf")))
   missing = sorted({m for pair in pairs for m in pair} - set(df.label))
   if missing:

@@ -100,3 +100,23 @@ def test_the_private_tuning_numbers_are_the_recorded_runs():
   numbers = _DECIMAL.findall(quoted)
   assert len(numbers) >= 4
   assert all(_recorded(n, harness) for n in numbers), numbers
+
+
+@pytest.mark.cli
+def test_the_school_attribution_intervals_come_from_the_committed_rows():
+  """Each paired interval RESULTS.md gives for School's gap is what `summarize`
+  computes from the rows committed under benchmarks/results/."""
+  done = binaries.run(
+      "summarize", os.path.join(binaries.ROOT, "benchmarks", "results",
+                                "school_attribution.csv.gz"),
+      "--paired=mrmtl lam=1 lr=0.01:fedavg lr=0.01,mrmtl lam=3 lr=0.03:fedavg lr=0.1")
+  assert done.returncode == 0, done.stderr
+  with open(RESULTS) as f:
+    section = _sections(f.read(), "School: what closes FedAvg's gap")
+  quoted = re.findall(r"^\| (per silo|public ranges) \| [^|]+ \| (-\d\.\d+) \| "
+                      r"(\[[^]]+\]) \| (\d) of 5 \|$", section, re.M)
+  assert len(quoted) == 3
+  features = {"per silo": "silo", "public ranges": "public"}
+  for name, mean, interval, better in quoted:
+    assert re.search(rf"\| 6 \| {features[name]} \| 5 \| {mean} \| {re.escape(interval)}"
+                     rf" \| {better} of 5 \|", done.stdout), (name, mean, interval)

@@ -240,6 +240,7 @@ def _run_rows(s, batch, progress, shards_on=None, replay=None, export=False):
     scenario, load_seconds = _scenario(loaded)
     if export:   # (the models are placeholders: nothing to score)
       pipeline.fit(scenario, settings, backend=backend)
+      _release_programs()
       return []
     measured = pipeline.train(scenario, settings, backend=backend, progress=progress)
   if replay is not None:
@@ -254,9 +255,15 @@ def _run_rows(s, batch, progress, shards_on=None, replay=None, export=False):
              **measured, load_seconds=load_seconds, backend=backend, device=device,
              peak_memory_mb=common.peak_memory_mb(),
              finished=time.strftime("%Y-%m-%dT%H:%M:%S"))
-  from tff_silo.backends.vectorized import programs
-  programs.release_programs()   # each run's model captures its own tables
+  _release_programs()
   return [row]
+
+
+def _release_programs() -> None:
+  """Drops the traced rounds: each run's model captures its own tables, so the next
+  run (another seed's data, say) traces its rounds anew, and exports them anew."""
+  from tff_silo.backends.vectorized import programs
+  programs.release_programs()
 
 
 def _scenario(loaded) -> tuple:

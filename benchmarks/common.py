@@ -210,11 +210,11 @@ def executables_called(s):
   return pjrt.executables_called()
 
 
-def device_memory_mb(executables, replay=None, calls=None):
+def device_memory_mb(executables, replay=None, first_call: int = 0):
   """The largest device memory, in MB, of the `executables` a batch called
-  (`pjrt.Executable.buffer_bytes`) or of the programs of a bundle `replay`'s
-  `calls` (a range; what the replay's jaxlib reported), or None if unknown."""
-  sizes = ([replay.memory_bytes(calls)] if replay is not None
+  (`pjrt.Executable.buffer_bytes`) or of the programs of a bundle `replay`'s calls
+  since `first_call` (what the replay's jaxlib reported), or None if unknown."""
+  sizes = ([replay.memory_bytes(range(first_call, replay.calls))] if replay is not None
            else [sum(e.buffer_bytes()[f"{k}_bytes"] for k in ("argument", "result", "temp"))
                  for e in executables])
   return max(sizes) / 2**20 if any(sizes) else None

@@ -541,7 +541,7 @@ def _batch_rows(s, batch, progress=None, replay=None):
   first_call = replay.calls if replay is not None else 0
   outcomes = _simulate(s, batch, loaded, backend)
   if replay is not None:   # a stack's trials share its calls, as their wall time
-    seconds = float(replay.call_seconds(first_call, replay.calls).sum())
+    seconds = common.replayed_seconds(replay, first_call, s.rounds)["wall_seconds"]
     outcomes = [(o._replace(wall_seconds=seconds), z) for o, z in outcomes]
   return _run_batch(s, batch, loaded, backend,
                     common.device_scope(s.device, backend, s.xla, replay)[1],

@@ -211,8 +211,7 @@ def _run_rows(s, batch, progress, replay=None):
   if replay is not None:
     measured.update(common.replayed_seconds(replay, first_call, s.rounds))
   row = _row(seed, algorithm, settings, s, users, measured, backend, device)
-  memory = common.device_memory_mb(called, replay, range(first_call, replay.calls)
-                                   if replay is not None else None)
+  memory = common.device_memory_mb(called, replay, first_call)
   if memory is not None:
     row["device_memory_mb"] = memory
   if s.save_models:

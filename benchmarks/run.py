@@ -668,8 +668,7 @@ def _batch_rows(s, batch, progress, shards_on=None, replay=None):
   with common.executables_called(s) as called:
     results = (_sharded(batch, s, progress, shards_on) if s.shards
                else _simulate(batch, s, progress, backend))
-  memory = common.device_memory_mb(called, replay, range(first_call, replay.calls)
-                                   if replay is not None else None)
+  memory = common.device_memory_mb(called, replay, first_call)
   if replay is not None:
     seconds = replay.call_seconds(first_call, replay.calls)
     results = [dataclasses.replace(r, round_seconds=seconds,

@@ -11,7 +11,7 @@ import math
 
 import numpy as np
 
-from benchmarks import configs
+from benchmarks import configs, paired
 from tff_silo.algorithms import methods   # no TensorFlow imported
 
 # compare's methods, in its tables' order (the library's registry's).
@@ -275,8 +275,8 @@ def selected(s, trials, planned):
 
 def score(trials):
   """Lower is better: the validation metric, or under private tuning the noisy
-  score (negated for accuracy), NaN as inf."""
-  sign = -1.0 if trials.metric.iloc[0] == "accuracy" else 1.0
+  score (negated where higher is better: `paired.lower_is_better`), NaN as inf."""
+  sign = 1.0 if paired.lower_is_better(trials.metric.iloc[0]) else -1.0
   values = trials.validation_metric
   if "noisy_validation_score" in trials:
     values = values.where(trials.noisy_validation_score.isna(),

@@ -19,12 +19,13 @@ import numpy as np
 
 METHODS = ("t", "bootstrap")
 BOOTSTRAP_RESAMPLES = 10_000
-# Metrics where lower is better; the rest (accuracy, average precision) higher.
-LOWER_IS_BETTER = ("mse", "mae", "loss")
+# Metrics where higher is better; the rest (mse) lower: the rule tuning selects by
+# (`grid.score`).
+HIGHER_IS_BETTER = ("accuracy", "average_precision")
 
 
 def lower_is_better(metric: str) -> bool:
-  return any(name in str(metric).lower() for name in LOWER_IS_BETTER)
+  return metric not in HIGHER_IS_BETTER
 
 
 def interval(differences, level: float = 0.95, method: str = "t") -> tuple:

@@ -9,6 +9,7 @@ import math
 
 import numpy as np
 
+from benchmarks import paired
 from benchmarks.grid import LAMBDA_METHODS
 
 GROUP = ["dataset", "algorithm", "lam", "epsilon"]
@@ -135,7 +136,6 @@ def _wins(selected) -> str:
   (epsilon, seed) cell, and by how much (`benchmarks.paired`: the mean paired
   difference and its interval, per epsilon and over all cells): the paired
   comparison the seed spread above hides."""
-  from benchmarks import paired
   metric = selected.metric.iloc[0]
   private = selected[np.isfinite(selected.epsilon)]
   methods = sorted(private.method.unique())

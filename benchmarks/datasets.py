@@ -7,10 +7,10 @@ members from non-members.
 
 Recipe keys: dataset (`taking("run")`), seed, data_dir, standardize (tabular: none,
 public, dp, silo), for `dp` standardize_clip, standardize_noise_multiplier and
-neighbouring, mask_probability and test_fraction (digits), corrupt_silos and
-corruption (misbehaving silos). A `benchmarks.compare` recipe has preset_dataset
-(`taking("compare")`), seed, data_dir, validation_fraction and optionally
-mask_probability (the masked datasets): the silos its trials train on
+neighbouring, mask_probability (digits), test_fraction (digits and tabular),
+corrupt_silos and corruption (misbehaving silos). A `benchmarks.compare` recipe has
+preset_dataset (`taking("compare")`), seed, data_dir, validation_fraction and
+optionally mask_probability (the masked datasets): the silos its trials train on
 (`compare_silos`). A `benchmarks.hypernet` recipe has hypernet_dataset
 (`taking("hypernet")`), seed, num_users, classes_per_user, data_dir and cache_dir:
 its users (`hypernet_users`).
@@ -168,8 +168,11 @@ def _tabular(function: str):
   def load(recipe):
     from tff_silo import data
     mode = recipe["standardize"]
+    split = ({"test_fraction": recipe["test_fraction"]} if "test_fraction" in recipe
+             else {})
     silos = getattr(data, function)(recipe["data_dir"], seed=recipe["seed"],
-                                    standardize="none" if mode == "dp" else mode)
+                                    standardize="none" if mode == "dp" else mode,
+                                    **split)
     return (silos, None) if mode != "dp" else _dp_standardized(silos, recipe)
   return load
 

@@ -153,6 +153,10 @@ SPEC = spec.Spec(
                        item=int),
     mask_probability=spec.real(0.1, "digits: probability of each white patch.",
                                datasets=("digits",), key="where_applies"),
+    test_fraction=spec.real(None, "Tabular datasets: each silo's held-out test share "
+                            "(thesis Fig. G.7: 0.2, 0.5, 0.8). Default: the dataset's "
+                            "(school 0.2, vehicle and gleam 0.25). Rows add the column.",
+                            bounds="(0, 1)", datasets=TABULAR),
     corrupt_silos=spec.integer(0, "Robustness: this many silos (the first) misbehave, "
                                "their training targets multiplied by --corruption "
                                "(regression datasets); rows add the honest silos' test "
@@ -361,7 +365,7 @@ def _recipe(seed, s) -> dict:
             s.epsilon, s.delta, s.standardize_budget_share, neighbouring))
   if s.dataset == "digits":
     recipe["mask_probability"] = s.mask_probability
-  return dict(recipe, **_corruption(s))
+  return dict(recipe, **_split(s), **_corruption(s))
 
 
 def _load(seed, s):
@@ -488,7 +492,13 @@ def _run_key(seed, algorithm, lam, s):
       **({"accountant": "pld"} if s.private and s.protocol.accountant == "pld" else {}),
       # private runs only: the keys of runs without DP stay those of before
       **({"noise": s.noise} if s.private else {}),
-      **_corruption(s)), sort_keys=True)
+      **_split(s), **_corruption(s)), sort_keys=True)
+
+
+def _split(s) -> dict:
+  """A test share other than the dataset's (nothing when --test_fraction is unset:
+  the recipes and keys of runs before the flag stay the same)."""
+  return {} if s.test_fraction is None else dict(test_fraction=s.test_fraction)
 
 
 def _corruption(s) -> dict:
@@ -614,7 +624,7 @@ def _row(result, seed, algorithm, lam, s, silos, backend, device):
       accountant=s.protocol.accountant if privacy is not None else None,
       noise=s.noise if privacy is not None and algorithm != "dprivate_clustering"
       else None,
-      standardize=s.standardize,
+      standardize=s.standardize, **_split(s),
       standardize_inside_guarantee=(preprocessing.inside_guarantee(s.standardize)
                                     if privacy is not None and s.standardize else None),
       **_aggregator_columns(s, result, algorithm), **_honest_columns(result, silos, s),

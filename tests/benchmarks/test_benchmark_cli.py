@@ -38,6 +38,7 @@ def _run(*flags, timeout=600):
     (["--methods=dprivate_clustering", "--epsilon=1"], "run it without --epsilon"),
     (["--methods=dprivate_clustering", "--leakage_cap=1"], "--leakage_cap needs --nu"),
     (["--neighbouring=swap"], "--neighbouring must be one of"),
+    (["--test_fraction=0.5"], "--test_fraction applies to --dataset=school,vehicle"),
     (["--protocol=mine"], "--protocol must be one of"),
     (["--epsilon=1", "--neighbouring=replace_one", "--sampling=poisson"],
      "--sampling: sampling='poisson' has no accounting under replace_one"),
@@ -289,6 +290,30 @@ def test_saved_models_load_with_the_split_they_trained_on(tmp_path):
     assert saved.model().name == "linear_regression"
     # shadow models retrain as the run trained, its noise mechanism included
     assert saved.training_run(silos, seed=5).process.config.noise == "idealized"
+
+
+@pytest.mark.cli
+def test_a_test_share_other_than_the_datasets_is_a_column_and_a_run_of_its_own(tmp_path):
+  """Thesis Fig. G.7's splits: --test_fraction holds out that share of every silo,
+  and enters the row, the run key and the saved recipe only when given."""
+  from benchmarks import datasets
+  from tff_silo import runs
+  matfiles.write_school(tmp_path, sizes=[40, 50, 60])
+  out = tmp_path / "rows.csv"
+  base = ["--dataset=school", f"--data_dir={tmp_path}", "--methods=local",
+          "--rounds=1", "--batch_size=4", f"--output={out}",
+          f"--save_models={tmp_path / 'saved'}"]
+  for given in ([], ["--test_fraction=0.8"]):
+    assert _run(*base, *given).returncode == 0
+  default, held_out = pd.read_csv(out).to_dict("records")
+  assert pd.isna(default["test_fraction"]) and held_out["test_fraction"] == 0.8
+  assert "test_fraction" not in default["run_key"]
+  assert default["run_key"] != held_out["run_key"]
+  tests = []
+  for row in (default, held_out):
+    silos, _ = datasets.load(runs.load(row["saved_to"]).meta["data"])
+    tests.append([len(y) for y in silos.y_test])
+  assert tests == [[8, 10, 12], [32, 40, 48]]
 
 
 @pytest.mark.cli

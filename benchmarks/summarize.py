@@ -2,7 +2,8 @@ r"""Summarize `benchmarks.run` CSVs: a markdown table of means over seeds, and
 optionally a seaborn plot of the test metric per algorithm and lambda; or a
 `benchmarks.compare` CSV's report (its selected rows). --paired adds the paired
 differences of methods with confidence intervals (`benchmarks.paired`), by seed
-within each epsilon (and each privacy setting that differs between rows).
+within each epsilon (and each privacy or run setting, such as --test_fraction,
+that differs between rows).
 
     uv run python -m benchmarks.summarize benchmarks/out/school_dp.csv \
         --plot=benchmarks/out/school.png --paired=mrmtl:fedavg,mrmtl:local
@@ -110,8 +111,10 @@ def _paired(df, pairs, compare: bool) -> str:
     raise common.UsageError(f"--paired: no rows of {', '.join(missing)}; the CSV has "
                             f"{', '.join(sorted(set(df.label)))}")
   private = df[np.isfinite(df.epsilon)]   # (a setting of DP only: None without)
-  group = ["epsilon"] + [c for c in tables.PRIVACY_GROUP if c in df and not compare
-                         and private[c].astype(str).nunique() > 1]
+  varies = lambda rows, c: c in rows and rows[c].astype(str).nunique() > 1
+  group = ["epsilon"] + ([] if compare else
+                         [c for c in tables.PRIVACY_GROUP if varies(private, c)]
+                         + [c for c in tables.SETTING_GROUP if varies(df, c)])
   table = paired.differences(df, pairs, label="label", cell=["seed"], group=group,
                              metric=df.metric.iloc[0], method=FLAGS.ci)
   return paired.to_markdown(table, df.metric.iloc[0], method=FLAGS.ci)

@@ -188,6 +188,46 @@ PANDEMIC_COLUMNS = ["method", "mode", "sample_size", "sigma", "lam", "loss", "al
                     "average_precision", "lift", "recall_at_half", "train_seconds"]
 
 
+# The thesis' comparisons (Table 2.6): personalization against one model and each
+# other, as (a, b) pairs of methods; and the settings rows of one pandemic
+# invocation may differ in besides method, lambda and seed.
+PANDEMIC_COMPARED = (("mrmtl", "fedavg"), ("local", "fedavg"), ("mrmtl", "local"))
+_PANDEMIC_SETTINGS = ("sigma", "mode", "sample_size", "loss", "alpha", "architecture",
+                      "feature_set", "clip")
+
+
+def pandemic_comparison(rows, larger: str) -> str:
+  """The pandemic methods' paired AP differences by seed (`paired.differences`)
+  within each sigma and setting that varies, or why `rows` cannot tell methods
+  apart: one seed, or intervals that all include 0 (then `larger` names what
+  may). Empty where no compared pair of methods ran."""
+  import pandas as pd
+  df = pd.DataFrame(rows)
+  if df.empty or "average_precision" not in df:
+    return ""
+  several = df.groupby("method").lam.transform("nunique") > 1
+  df = df.assign(label=df.method.where(~several, df.method + " lam="
+                                       + df.lam.map("{:g}".format)))
+  pairs = [(a, b) for a, b in PANDEMIC_COMPARED if {a, b} <= set(df.label)]
+  if not pairs:
+    return ""
+  positives = ", ".join(f"{p:g}" for p in sorted(set(df.positives.dropna())))
+  seeds = df.seed.nunique()
+  if seeds < 2:
+    return (f"One seed, so no interval: these rows cannot tell methods apart "
+            f"(held-out positives: {positives}). Give --seeds=0,1,2 to compare them.")
+  group = [c for c in _PANDEMIC_SETTINGS if c in df and df[c].nunique() > 1]  # NaN: none
+  table = paired.differences(df, pairs, label="label", cell=["seed"],
+                             group=group or ["sigma"], value="average_precision",
+                             metric="average_precision")
+  text = paired.to_markdown(table, "average_precision")
+  if (table.verdict == "not resolved").all():
+    text += (f"\nNo pair of methods is told apart over {seeds} seeds (held-out "
+             f"positives: {positives}): this setting is too small to compare methods; "
+             f"{larger} may (benchmarks/RESULTS.md, Pandemic forecasting).\n")
+  return text
+
+
 def inversion_summary(df):
   """`benchmarks.attacks` inversion rows: medians over images per method and
   defense setting."""

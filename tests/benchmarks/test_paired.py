@@ -85,22 +85,60 @@ def test_a_cell_with_two_rows_of_a_method_is_an_error_not_an_average():
 @pytest.mark.cli
 def test_summarize_prints_the_paired_table_of_a_run_csv(tmp_path):
   """A run CSV's algorithms (one with two lambdas, labelled by lambda) paired by
-  seed within epsilon; a pair the CSV lacks ends in one line."""
+  seed within epsilon and a setting that varies; a pair the CSV lacks ends in one
+  line."""
   rows = []
   for seed in range(3):
     for algorithm, lam, value in (("fedavg", 0.0, 1.0), ("mrmtl", 0.1, 0.9),
                                   ("mrmtl", 1.0, 1.2)):
-      rows.append(dict(dataset="school", algorithm=algorithm, lam=lam, epsilon=2.0,
-                       seed=seed, test_metric=value + 0.01 * seed, train_metric=0.0,
-                       epsilon_spent_max=2.0, noise_multiplier_mean=1.0,
-                       wall_seconds=1.0, metric="mse"))
+      for split, worse in ((0.2, 0.0), (0.8, 0.3 * (algorithm == "mrmtl"))):
+        rows.append(dict(dataset="school", algorithm=algorithm, lam=lam, epsilon=2.0,
+                         seed=seed, test_metric=value + worse + 0.01 * seed,
+                         train_metric=0.0, epsilon_spent_max=2.0, test_fraction=split,
+                         noise_multiplier_mean=1.0, wall_seconds=1.0, metric="mse"))
   csv = tmp_path / "run.csv"
   pd.DataFrame(rows).to_csv(csv, index=False)
   done = binaries.run("summarize", str(csv), "--paired=mrmtl lam=0.1:fedavg")
   assert done.returncode == 0, done.stderr
-  assert "| mrmtl lam=0.1 | fedavg | 2 | 3 | -0.1000 | [-0.1000, -0.1000] | 3 of 3 " \
-         "| a better |" in done.stdout
+  # a setting that varies (here the test share) is a group of its own
+  assert "| mrmtl lam=0.1 | fedavg | 2 | 0.2 | 3 | -0.1000 | [-0.1000, -0.1000] | " \
+         "3 of 3 | a better |" in done.stdout
+  assert "| mrmtl lam=0.1 | fedavg | 2 | 0.8 | 3 | 0.2000 | [0.2000, 0.2000] | " \
+         "0 of 3 | b better |" in done.stdout
   done = binaries.run("summarize", str(csv), "--paired=mrmtl:fedavg")
   assert done.returncode == 2 and done.stderr.strip().splitlines() == [
       "error: --paired: no rows of mrmtl; the CSV has fedavg, mrmtl lam=0.1, "
       "mrmtl lam=1"]
+
+
+def _pandemic_rows(gaps, seeds=3):
+  """Pandemic rows of mrmtl, local and fedavg at sigma 0: fedavg's AP 0.003, the
+  others that plus `gaps[method]` times 1 + seed / 10."""
+  rows = []
+  for seed in range(seeds):
+    for method in ("mrmtl", "local", "fedavg"):
+      rows.append(dict(method=method, lam=0.0003 if method == "mrmtl" else math.nan,
+                       seed=seed, sigma=0.0, clip=math.nan, positives=38,
+                       average_precision=0.003 + gaps.get(method, 0) * (1 + seed / 10)))
+  return rows
+
+
+def test_the_pandemic_comparison_says_when_its_rows_cannot_compare_methods():
+  from benchmarks import tables
+  separated = tables.pandemic_comparison(_pandemic_rows({"mrmtl": 0.01,
+                                                         "local": 0.01}), "x")
+  assert "| mrmtl | fedavg | 0 | 3 | 0.0110 |" in separated
+  assert "| a better |" in separated and "too small" not in separated
+  noisy = _pandemic_rows({})
+  for row, wobble in zip(noisy, [0.001, -0.001, 0, -0.002, 0.002, 0, 0, 0, 0.0005]):
+    row["average_precision"] += wobble
+  tied = tables.pandemic_comparison(noisy, "more --seeds")
+  assert "not resolved" in tied and "| a better |" not in tied
+  assert "| b better |" not in tied
+  assert tied.strip().endswith("over 3 seeds (held-out positives: 38): this setting is "
+                               "too small to compare methods; more --seeds may "
+                               "(benchmarks/RESULTS.md, Pandemic forecasting).")
+  one = tables.pandemic_comparison(_pandemic_rows({"mrmtl": 0.01}, seeds=1), "x")
+  assert one.startswith("One seed, so no interval")
+  alone = [r for r in _pandemic_rows({}) if r["method"] == "mrmtl"]
+  assert tables.pandemic_comparison(alone, "x") == ""

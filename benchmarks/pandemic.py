@@ -19,11 +19,13 @@ in --output.
 
 After the rows it prints the paired AP differences of MR-MTL, local training and
 FedAvg by seed, or says why the rows cannot tell them apart (one seed, as by
-default; or intervals that all include 0). Regions that differ show the thesis'
-effect, personalization over one model, in about 3 minutes:
+default; or intervals that all include 0). Regions that differ and a larger
+outbreak show the thesis' effect, personalization over one model, in 3-5 minutes
+(benchmarks/RESULTS.md, "The binary's own comparison"):
 
     uv run python -m benchmarks.pandemic --region_transmission=0.5,1,2 \
-        --region_home_weight=0.3,1,3 --methods=mrmtl,local,fedavg --seeds=0,1,2
+        --region_home_weight=0.3,1,3 --final_week_rate=0.01 \
+        --methods=mrmtl,local,fedavg --seeds=0,1,2
 """
 
 from __future__ import annotations
@@ -425,10 +427,7 @@ def main(argv):
     work = work._replace(function=functools.partial(_run_rows, shards_on=executor))
     executor = executors.Local()
   todo = plan.Plan(
-      [plan.Run(_run_key(run, data_key, s),
-                f"{run['method']} {run['mode']} S1={run['sample_size']} "
-                f"sigma={run['sigma']:g}" + (f" lam={run['lam']:g}" if run["lam"] else ""),
-                run) for run in _runs(s)],
+      [plan.Run(_run_key(run, data_key, s), _tag(run, s), run) for run in _runs(s)],
       output=s.output, signature=SIGNATURE, resume=s.resume)
   if s.export_xla:
     _export(todo, s, bundle)
@@ -446,6 +445,17 @@ def main(argv):
   _print_table(rows)
   _print_comparison(rows, s)
   _figures(meta.get("statistics", {}).get("persons"), s)
+
+
+def _tag(run, s) -> str:
+  """A run's name in the progress lines: its method, mode, S1 and sigma, and each
+  setting the grid varies besides."""
+  varied = [f"{name}={run[name]}" for name, values in (
+      ("loss", s.losses), ("alpha", s.alphas), ("architecture", s.architectures),
+      ("feature_set", s.feature_sets)) if len(values) > 1 and run.get(name)]
+  return " ".join([f"{run['method']} {run['mode']} S1={run['sample_size']} "
+                   f"sigma={run['sigma']:g}"] + ([f"lam={run['lam']:g}"] if run["lam"]
+                                                 else []) + varied)
 
 
 def _export(todo, s, recording) -> None:

@@ -473,9 +473,11 @@ def _run_seed(seed, algorithm, lam, s) -> int:
 
 
 def _algorithm_flags(algorithm, s):
-  """The clustering settings a run of `algorithm` depends on (row columns)."""
+  """The clustering settings a run of `algorithm` depends on, and finetuning's
+  share of FedAvg rounds (row columns)."""
   return {name: getattr(s, name) for name, param in SPEC.params.items()
-          if param.key == "only_where_applies" and SPEC.applies(name, s, algorithm)}
+          if (param.key == "only_where_applies" or name == "finetune_fraction")
+          and SPEC.applies(name, s, algorithm)}
 
 
 def _run_key(seed, algorithm, lam, s):

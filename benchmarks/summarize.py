@@ -22,9 +22,9 @@ from benchmarks.tables import summary_table, to_markdown
 FLAGS = flags.FLAGS
 flags.DEFINE_string("plot", None, "Write a PNG plot of the test metric here.")
 flags.DEFINE_list("paired", None, "Pairs a:b of methods to difference cell by cell "
-                  "(a `run` CSV's algorithm, 'algorithm lam=X lr=Y' where it ran several "
-                  "lambdas or rates; a `compare` CSV's method), with confidence "
-                  "intervals.")
+                  "(a `run` CSV's algorithm, 'algorithm lam=X lr=Y finetune_fraction=Z' "
+                  "where it ran several lambdas, rates or fractions; a `compare` CSV's "
+                  "method), with confidence intervals.")
 flags.DEFINE_string("ci", "t", f"One of {', '.join(paired.METHODS)}: --paired's 95% "
                     "interval, Student t or a percentile bootstrap.")
 
@@ -96,13 +96,18 @@ def _pairs(given) -> list:
   return pairs
 
 
+# A run CSV's settings that name an algorithm's rows apart in --paired's labels
+# (where the algorithm ran several values) rather than grouping the cells.
+LABELLED = ("lam", "lr", "finetune_fraction")
+
+
 def _paired(df, pairs, compare: bool) -> str:
   """The paired-differences table of `pairs` in `df` (a run or compare CSV's rows)."""
   if compare:
     label = df.method
-  else:   # an algorithm that ran several lambdas (rates): one label per lambda (rate)
+  else:   # an algorithm that ran several lambdas (rates, ...): one label per value
     label = df.algorithm
-    for column in (c for c in ("lam", "lr") if c in df):
+    for column in (c for c in LABELLED if c in df):
       several = df.groupby("algorithm")[column].transform("nunique") > 1
       label = label.where(~several, label + f" {column}=" + df[column].map("{:g}".format))
   df = df.assign(label=label, epsilon=df.epsilon.fillna(float("inf")))
@@ -114,7 +119,8 @@ def _paired(df, pairs, compare: bool) -> str:
   varies = lambda rows, c: c in rows and rows[c].astype(str).nunique() > 1
   group = ["epsilon"] + ([] if compare else
                          [c for c in tables.PRIVACY_GROUP if varies(private, c)]
-                         + [c for c in tables.SETTING_GROUP if varies(df, c)])
+                         + [c for c in tables.SETTING_GROUP
+                            if varies(df, c) and c not in LABELLED])
   table = paired.differences(df, pairs, label="label", cell=["seed"], group=group,
                              metric=df.metric.iloc[0], method=FLAGS.ci)
   return paired.to_markdown(table, df.metric.iloc[0], method=FLAGS.ci)

@@ -20,7 +20,7 @@ PRIVACY_GROUP = ["delta", "clip", "sampling", "protocol", "neighbouring",
 # Settings of the clustering algorithms and of misbehaving silos, grouped by where a
 # CSV has them.
 SETTING_GROUP = ["num_clusters", "selection_fraction", "nu", "patience",
-                 "corrupt_silos", "corruption", "test_fraction"]
+                 "corrupt_silos", "corruption", "test_fraction", "finetune_fraction"]
 # Clustering, aggregator and robustness figures, averaged (leakage, silo epsilon:
 # the largest) where a CSV has them.
 EXTRA_STATS = {"ari_mean": ("ari", "mean"),

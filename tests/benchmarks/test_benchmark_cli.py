@@ -317,6 +317,29 @@ def test_a_test_share_other_than_the_datasets_is_a_column_and_a_run_of_its_own(t
 
 
 @pytest.mark.cli
+def test_finetuning_fractions_are_rows_apart_in_tables_and_pairs(tmp_path):
+  """Thesis Fig. G.1: finetuning from different shares of the rounds are separate
+  rows of the summary and separate labels of --paired, each paired with FedAvg."""
+  out = tmp_path / "rows.csv"
+  base = ["--dataset=synthetic", "--rounds=2", "--seeds=0,1", f"--output={out}"]
+  for fraction in ("0.25", "0.75"):
+    assert _run(*base, "--methods=finetune,fedavg",
+                f"--finetune_fraction={fraction}").returncode == 0
+  rows = pd.read_csv(out)
+  assert sorted(rows.finetune_fraction.dropna()) == [0.25, 0.25, 0.75, 0.75]
+  assert rows[rows.algorithm == "fedavg"].finetune_fraction.isna().all()
+  from benchmarks import tables
+  table = tables.summary_table(rows)
+  assert len(table[table.algorithm == "finetune"]) == 2
+  done = binaries.run("summarize", str(out), "--paired=finetune finetune_fraction="
+                      "0.25:fedavg,finetune finetune_fraction=0.75:fedavg")
+  assert done.returncode == 0, done.stderr
+  for fraction in ("0.25", "0.75"):
+    assert re.search(rf"^\| finetune finetune_fraction={fraction} \| fedavg \| inf "
+                     rf"\| 2 \|", done.stdout, re.M), done.stdout
+
+
+@pytest.mark.cli
 def test_paper_and_shuffled_rows_say_what_their_epsilon_is(tmp_path):
   out = tmp_path / "rows.csv"
   base = ["--dataset=synthetic", "--methods=local", "--rounds=1", "--epsilon=2",

@@ -6,6 +6,7 @@ import re
 
 import pytest
 
+from benchmarks import fidelity
 from tests import binaries
 
 README = os.path.join(binaries.ROOT, "README.md")
@@ -43,19 +44,6 @@ RESULTS = os.path.join(binaries.ROOT, "benchmarks", "RESULTS.md")
 _DECIMAL = re.compile(r"\d+\.\d+(?:e-?\d+)?|\d+e-\d+")
 
 
-def _sections(text: str, title: str) -> str:
-  """The sections of markdown `text` whose heading starts with `title`, each up to
-  the next heading of its level or above."""
-  headings = [(m.start(), len(m.group(1)), m.group(2))
-              for m in re.finditer(r"^(#+) (.*)$", text, re.M)]
-  out = []
-  for i, (start, level, heading) in enumerate(headings):
-    if heading.startswith(title):
-      end = next((s for s, l, _ in headings[i + 1:] if l <= level), len(text))
-      out.append(text[start:end])
-  return "".join(out)
-
-
 def _recorded(number: str, text: str) -> bool:
   """Whether `text` holds `number`, as written or rounded from more digits."""
   if "e" in number:
@@ -83,9 +71,9 @@ def test_the_findings_table_quotes_the_recorded_results():
   for row in rows:
     _, _, numbers, where, _ = row.split("|")
     cited = re.findall(r'"([^"]+)"', where)
-    text = "".join(_sections(results, title) for title in cited)
+    text = "".join(fidelity.sections(results, title) for title in cited)
     for title in cited:
-      assert _sections(results, title), f"RESULTS.md has no section {title!r}"
+      assert fidelity.sections(results, title), f"RESULTS.md has no section {title!r}"
     missing = [n for n in _DECIMAL.findall(numbers) if not _recorded(n, text)]
     assert not missing, (cited, missing)
 
@@ -95,28 +83,144 @@ def test_the_private_tuning_numbers_are_the_recorded_runs():
   command reprints them) are those RESULTS.md records for the quick preset."""
   readme = _readme()
   with open(RESULTS) as f:
-    harness = _sections(f.read(), "The comparison harness")
+    harness = fidelity.sections(f.read(), "The comparison harness")
   quoted = readme[readme.index("Paying for it"):readme.index("sec. 1.7")]
   numbers = _DECIMAL.findall(quoted)
   assert len(numbers) >= 4
   assert all(_recorded(n, harness) for n in numbers), numbers
 
 
+def _committed(name: str) -> str:
+  """A rows file committed under benchmarks/results/."""
+  return os.path.join(binaries.ROOT, "benchmarks", "results", name)
+
+
+def _section(title: str) -> str:
+  with open(RESULTS) as f:
+    return fidelity.sections(f.read(), title)
+
+
+def _paired_by_summarize(rows: str, pairs: str, title: str) -> tuple:
+  """(what `summarize --paired` prints for committed `rows`, RESULTS.md's section
+  `title`)."""
+  done = binaries.run("summarize", _committed(rows), f"--paired={pairs}")
+  assert done.returncode == 0, done.stderr
+  return done.stdout, _section(title)
+
+
 @pytest.mark.cli
 def test_the_school_attribution_intervals_come_from_the_committed_rows():
   """Each paired interval RESULTS.md gives for School's gap is what `summarize`
   computes from the rows committed under benchmarks/results/."""
-  done = binaries.run(
-      "summarize", os.path.join(binaries.ROOT, "benchmarks", "results",
-                                "school_attribution.csv.gz"),
-      "--paired=mrmtl lam=1 lr=0.01:fedavg lr=0.01,mrmtl lam=3 lr=0.03:fedavg lr=0.1")
-  assert done.returncode == 0, done.stderr
-  with open(RESULTS) as f:
-    section = _sections(f.read(), "School: what closes FedAvg's gap")
+  printed, section = _paired_by_summarize(
+      "school_attribution.csv.gz",
+      "mrmtl lam=1 lr=0.01:fedavg lr=0.01,mrmtl lam=3 lr=0.03:fedavg lr=0.1",
+      "School: what closes FedAvg's gap")
   quoted = re.findall(r"^\| (per silo|public ranges) \| [^|]+ \| (-\d\.\d+) \| "
                       r"(\[[^]]+\]) \| (\d) of 5 \|$", section, re.M)
   assert len(quoted) == 3
   features = {"per silo": "silo", "public ranges": "public"}
   for name, mean, interval, better in quoted:
     assert re.search(rf"\| 6 \| {features[name]} \| 5 \| {mean} \| {re.escape(interval)}"
-                     rf" \| {better} of 5 \|", done.stdout), (name, mean, interval)
+                     rf" \| {better} of 5 \|", printed), (name, mean, interval)
+
+
+def test_the_pandemic_comparison_in_results_is_the_committed_rows():
+  """The paired table RESULTS.md shows for the pandemic binary's own comparison is
+  what `tables.pandemic_comparison` prints for the rows committed beside it."""
+  import pandas as pd
+  from benchmarks import tables
+  rows = pd.read_csv(_committed("pandemic_small_regions.csv.gz"))
+  printed = tables.pandemic_comparison(rows.to_dict("records"), "x")
+  section = _section("The binary's own comparison")
+  lines = [l for l in printed.splitlines() if l.startswith("| m") or
+           l.startswith("| l")]
+  assert len(lines) == 9 and all(l in section for l in lines)
+
+
+# The pairs RESULTS.md's pandemic tables at 3 seeds compare (Tables 2.2, 2.4, 2.5):
+# a row's label is its loss, architecture, feature set and S1.
+_FULL = "node+contact+location"
+PANDEMIC_TABLE_PAIRS = [
+    (f"focal 0.75 logistic {_FULL} S1=20", f"bce logistic {_FULL} S1=20"),
+    (f"focal 0.75 logistic {_FULL} S1=20", f"focal 0.5 logistic {_FULL} S1=20"),
+    (f"bce logistic {_FULL} S1=20", f"focal 0.25 logistic {_FULL} S1=20"),
+    (f"focal 0.75 logistic {_FULL} S1=20", f"focal 0.75 mlp {_FULL} S1=20"),
+    ("focal 0.75 logistic self S1=20", "focal 0.75 mlp self S1=20"),
+    (f"focal 0.75 logistic {_FULL} S1=20", f"focal 0.75 logistic {_FULL} S1=15"),
+    (f"focal 0.75 logistic {_FULL} S1=30", f"focal 0.75 logistic {_FULL} S1=20"),
+    (f"focal 0.75 logistic {_FULL} S1=50", f"focal 0.75 logistic {_FULL} S1=30")]
+
+
+def pandemic_tables_paired() -> str:
+  """The paired table of PANDEMIC_TABLE_PAIRS from the committed rows (AP x 10^-2)."""
+  import pandas as pd
+  from benchmarks import paired
+  rows = pd.read_csv(_committed("pandemic_tables.csv.gz"))
+  rows = rows.assign(feature_set=rows.feature_set.fillna(_FULL),
+                     average_precision=100 * rows.average_precision)
+  loss = rows.loss.where(rows.loss == "bce", "focal " + rows.alpha.map("{:g}".format))
+  rows = rows.assign(label=loss + " " + rows.architecture + " " + rows.feature_set
+                     + " S1=" + rows.sample_size.astype(str))
+  table = paired.differences(rows, PANDEMIC_TABLE_PAIRS, label="label", cell=["seed"],
+                             value="average_precision", metric="average_precision")
+  return paired.to_markdown(table, "average_precision")
+
+
+def test_the_pandemic_tables_at_three_seeds_are_the_committed_rows():
+  section = _section("Tables 2.2, 2.4 and 2.5 at 3 seeds")
+  lines = [l for l in pandemic_tables_paired().splitlines() if l.startswith("| ")][1:]
+  assert len(lines) == len(PANDEMIC_TABLE_PAIRS)
+  assert all(l in section for l in lines)
+
+
+def school_splits_table() -> str:
+  """Thesis Fig. G.7's table from the committed rows: per training share and
+  epsilon, local training's, FedAvg's and the best lambda's MR-MTL test MSE (mean of
+  the seeds; lambda chosen on test, as the paper's figures do), and MR-MTL's paired
+  difference to the better of the two endpoints."""
+  import pandas as pd
+  from benchmarks import paired
+  rows = pd.read_csv(_committed("school_splits.csv.gz"))
+  rows = rows.assign(epsilon=rows.epsilon.fillna(float("inf")),
+                     label=rows.algorithm.where(rows.algorithm != "mrmtl",
+                                                "mrmtl lam=" + rows.lam.map("{:g}".format)))
+  lines = ["| training share | epsilon | local | FedAvg | MR-MTL (lambda*) | MR-MTL - "
+           "better endpoint | 95% CI | MR-MTL better in |", "|---" * 8 + "|"]
+  for (split, epsilon), part in rows.groupby(["test_fraction", "epsilon"]):
+    means = part.groupby("label").test_metric.mean()
+    best = means.filter(like="mrmtl").idxmin()
+    endpoint = "local" if means["local"] < means["fedavg"] else "fedavg"
+    d = paired.differences(part, [(best, endpoint)], label="label", cell=["seed"],
+                           metric="mse").iloc[0]
+    lines.append(
+        f"| {1 - split:.0%} | {epsilon:g} | {means['local']:.4f} | "
+        f"{means['fedavg']:.4f} | {means[best]:.4f} ({best.split('=')[1]}) | "
+        f"{d.mean_difference:+.4f} ({endpoint}) | [{d.ci_low:.4f}, {d.ci_high:.4f}] | "
+        f"{d.a_better} of {d.pairs} |")
+  return "\n".join(lines)
+
+
+def test_the_school_splits_table_is_the_committed_rows():
+  section = _section("School with 80, 50 and 20% for training")
+  lines = school_splits_table().splitlines()
+  assert len(lines) == 2 + 3 * 6 and all(line in section for line in lines)
+
+
+@pytest.mark.cli
+def test_the_vehicle_low_epsilon_intervals_come_from_the_committed_rows():
+  printed, section = _paired_by_summarize(
+      "vehicle_low_epsilon.csv.gz", "mrmtl:fedavg,mrmtl:local,mrmtl:finetune,ditto:mrmtl",
+      "Vehicle at epsilon 0.1-0.9")
+  quoted = re.findall(r"^\| \w+ \| \w+ \| (?:0\.5|all) \|.*$", section, re.M)
+  assert len(quoted) == 8 and all(line in printed for line in quoted)
+
+
+@pytest.mark.cli
+def test_the_vehicle_finetuning_intervals_come_from_the_committed_rows():
+  pairs = ",".join([f"finetune finetune_fraction={f}:{b}" for b in ("fedavg", "local")
+                    for f in ("0.25", "0.5", "0.75")] + ["fedavg:local"])
+  printed, section = _paired_by_summarize("vehicle_finetune.csv.gz", pairs,
+                                          "Vehicle: finetuning from 25, 50 and 75%")
+  quoted = re.findall(r"^\| [\w .=]+ \| \w+ \| all \|.*$", section, re.M)
+  assert len(quoted) == 7 and all(line in printed for line in quoted)

@@ -35,10 +35,6 @@ REQUIRED = ("seed", "result", "claim", "here", "scale", "paper_scale", "verdict"
 OPTIONAL = ("also", "why", "section", "commands", "rows", "figure")
 _BLOCK = re.compile(r"<!-- map -->\n.*?<!-- end map -->", re.S)
 
-flags.DEFINE_bool("check", False, "Only compare: exit 1 when the map in RESULTS.md "
-                  "disagrees with benchmarks/fidelity.toml or the file is inconsistent.")
-FLAGS = flags.FLAGS
-
 
 def entries(path: str = MAP) -> list:
   """The map's entries (dicts), in the file's order."""
@@ -215,7 +211,7 @@ def main(argv):
     sys.exit("\n".join(problems))
   block = rendered(items, results)
   updated = _BLOCK.sub(lambda _: block, results)
-  if FLAGS.check:
+  if flags.FLAGS.check:
     if updated != results:
       sys.exit("the map in RESULTS.md disagrees with benchmarks/fidelity.toml: run "
                "python -m benchmarks.fidelity")
@@ -226,5 +222,8 @@ def main(argv):
     print(f"rewrote the map in {RESULTS}")
 
 
-if __name__ == "__main__":
+if __name__ == "__main__":   # (defined here: tests import the module beside flag_docs)
+  flags.DEFINE_bool("check", False, "Only compare: exit 1 when the map in RESULTS.md "
+                    "disagrees with benchmarks/fidelity.toml or the file is "
+                    "inconsistent.")
   app.run(main)

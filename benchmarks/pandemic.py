@@ -1,4 +1,4 @@
-"""Pandemic forecasting (thesis ch. 2, the PETs Prize pandemic track): MR-MTL with
+r"""Pandemic forecasting (thesis ch. 2, the PETs Prize pandemic track): MR-MTL with
 node-level DP-SGD across regional silos, scored by pooled average precision.
 
     uv run python -m benchmarks.pandemic      # generates the `small` profile (50,000

@@ -46,6 +46,17 @@ def interval(differences, level: float = 0.95, method: str = "t") -> tuple:
           float(np.quantile(means, 0.5 + level / 2)))
 
 
+def labels(rows, by: str, settings):
+  """Each row's label for `differences`: its `by` value (a method), with
+  " setting=value" for each of `settings` that method ran several values of."""
+  label = rows[by]
+  for setting in (s for s in settings if s in rows):
+    several = rows.groupby(by)[setting].transform("nunique") > 1
+    label = label.where(~several, label + f" {setting}="
+                        + rows[setting].map("{:g}".format))
+  return label
+
+
 def differences(rows, pairs, *, label: str, cell, group=(), value: str = "test_metric",
                 metric: str = "mse", level: float = 0.95, method: str = "t"):
   """A DataFrame, one row per (a, b) of `pairs` and group of `rows` (the values of

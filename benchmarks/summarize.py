@@ -106,10 +106,7 @@ def _paired(df, pairs, compare: bool) -> str:
   if compare:
     label = df.method
   else:   # an algorithm that ran several lambdas (rates, ...): one label per value
-    label = df.algorithm
-    for column in (c for c in LABELLED if c in df):
-      several = df.groupby("algorithm")[column].transform("nunique") > 1
-      label = label.where(~several, label + f" {column}=" + df[column].map("{:g}".format))
+    label = paired.labels(df, "algorithm", LABELLED)
   df = df.assign(label=label, epsilon=df.epsilon.fillna(float("inf")))
   missing = sorted({m for pair in pairs for m in pair} - set(df.label))
   if missing:

@@ -205,9 +205,7 @@ def pandemic_comparison(rows, larger: str) -> str:
   df = pd.DataFrame(rows)
   if df.empty or "average_precision" not in df:
     return ""
-  several = df.groupby("method").lam.transform("nunique") > 1
-  df = df.assign(label=df.method.where(~several, df.method + " lam="
-                                       + df.lam.map("{:g}".format)))
+  df = df.assign(label=paired.labels(df, "method", ["lam"]))
   pairs = [(a, b) for a, b in PANDEMIC_COMPARED if {a, b} <= set(df.label)]
   if not pairs:
     return ""

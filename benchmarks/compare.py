@@ -587,6 +587,7 @@ def _run_batch(s, batch, loaded, backend, device, cell_trials, outcomes):
                dict(outside_guarantee=True, epsilon_if_released=if_released))
     rows.append(dict(
         row_type="trial", run_key=grid.trial_key(s, trial), preset=s.preset, **trial,
+        **grid.setting_columns(s),
         privacy_unit=grid.privacy_unit(trial["method"]) if private else None,
         accountant=(("rdp" if trial["method"] == "hypernet" else s.accountant)
                     if private else None),

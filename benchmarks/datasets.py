@@ -273,7 +273,9 @@ class Dataset:
   What it is: a regression (`run --corrupt_silos` scales its targets) or a
   classification (of `num_classes` labels); `tabular` (feature standardization
   applies) with documented feature ranges (`public_ranges`: --standardize=public);
-  image silos, rotated and masked (`masked`: --mask_probability) or not."""
+  image silos, rotated and masked or not (`mask_probability`: the probability of
+  each white patch the loader draws by default, which --mask_probability replaces;
+  None: not masked)."""
   files: Optional[str] = None
   files_optional: bool = False
   run: Optional[Callable] = None
@@ -285,7 +287,11 @@ class Dataset:
   tabular: bool = False
   public_ranges: bool = False
   image: bool = False
-  masked: bool = False
+  mask_probability: Optional[float] = None
+
+  @property
+  def masked(self) -> bool:
+    return self.mask_probability is not None
 
 
 FASHION_MNIST = "Fashion-MNIST's IDX files"
@@ -301,7 +307,7 @@ DATASETS = {
                      tabular=True),
     "digits": Dataset(run=_digits, compare=_silos("load_rotated_masked_digits", False),
                       hypernet=_label_skewed(_digit_images), images=_digit_images,
-                      num_classes=10, image=True, masked=True),
+                      num_classes=10, image=True, mask_probability=0.1),
     "synthetic": Dataset(run=_generated("heterogeneous_linear_silos"),
                          task="regression"),
     "two_cluster": Dataset(run=_generated("two_cluster_linear_silos"),
@@ -313,7 +319,7 @@ DATASETS = {
     "fmnist": Dataset(files=FASHION_MNIST,
                       compare=_silos("rotated_masked_fmnist_silos"),
                       hypernet=_hypernet_fmnist, num_classes=10, image=True,
-                      masked=True),
+                      mask_probability=0.1),
     "fmnist_hetero": Dataset(files=FASHION_MNIST,
                              compare=_silos("label_skewed_fmnist_silos"),
                              num_classes=10, image=True),

@@ -11,7 +11,7 @@ import math
 
 import numpy as np
 
-from benchmarks import configs, paired
+from benchmarks import configs, datasets, paired
 from tff_silo.algorithms import methods   # no TensorFlow imported
 
 # compare's methods, in its tables' order (the library's registry's).
@@ -162,6 +162,17 @@ def tnb(s):
   """The distribution of private tuning's number of trials."""
   from tff_silo.privacy import tuning
   return tuning.TruncatedNegativeBinomial.with_mean(s.tuning_eta, s.mean_trials)
+
+
+def setting_columns(s) -> dict:
+  """Row columns of the data settings a comparison across runs tells apart (thesis
+  Fig. 1.6's mask probability: the flag's, else the masked dataset's own; no column
+  for a dataset without masks), which `benchmarks.summarize` groups by."""
+  default = datasets.DATASETS[s.dataset].mask_probability
+  if default is None:
+    return {}
+  return dict(mask_probability=(default if s.mask_probability is None
+                                else s.mask_probability))
 
 
 def recipe(s, seed) -> dict:

@@ -166,6 +166,36 @@ def lambda_panels(lam_rows, selected, path: str, *, every_trial: bool,
 
 # --- benchmarks.summarize ---------------------------------------------------------------
 
+def against_setting(selected, column: str, path: str,
+                    chance: float | None = None) -> None:
+  """`benchmarks.summarize` of several `benchmarks.compare` runs: the selected
+  models' test metric against a data setting they differ in (`column`, thesis Fig.
+  1.6's mask probability), one line per method with a band of one sd over seeds, one
+  panel per epsilon; `chance` dotted."""
+  plt = _pyplot()
+  epsilons = sorted(selected.epsilon.unique())
+  fig, axes = plt.subplots(1, len(epsilons), figsize=(3.6 * len(epsilons) + 1.6, 3.8),
+                           squeeze=False)
+  for ax, epsilon in zip(axes[0], epsilons):
+    cell = selected[selected.epsilon == epsilon]
+    for i, (method, rows) in enumerate(cell.groupby("method", sort=False)):
+      stats = rows.groupby(column)["test_metric"].agg(["mean", "std"]).fillna(0.0)
+      ax.plot(stats.index, stats["mean"], marker="o", color=f"C{i}", label=method)
+      ax.fill_between(stats.index, stats["mean"] - stats["std"],
+                      stats["mean"] + stats["std"], color=f"C{i}", alpha=0.2, lw=0)
+    _chance_line(ax, chance)
+    ax.set_xticks(sorted(cell[column].unique()))
+    ax.set_xlabel(column.replace("_", " "))
+    ax.set_title(epsilon_label(epsilon, "epsilon"), fontsize=9)
+  axes[0][0].set_ylabel(f"test {selected.metric.iloc[0]} (tuned on validation)")
+  handles, labels = axes[0][0].get_legend_handles_labels()
+  fig.legend(handles, labels, loc="center left", bbox_to_anchor=(1.0, 0.5), fontsize=8,
+             title=f"mean, band: sd\nover {selected.seed.nunique()} seeds",
+             title_fontsize=7)
+  fig.tight_layout()
+  _save(fig, path, tight=True)
+
+
 def run_summary(df, path: str) -> None:
   """`benchmarks.summarize`: the test metric of `benchmarks.run` rows per method
   (and lambda; d-private clustering per nu, unsanitized first), mean +- sd over

@@ -1,9 +1,11 @@
 r"""Summarize `benchmarks.run` CSVs: a markdown table of means over seeds, and
-optionally a seaborn plot of the test metric per algorithm and lambda; or a
-`benchmarks.compare` CSV's report (its selected rows). --paired adds the paired
-differences of methods with confidence intervals (`benchmarks.paired`), by seed
-within each epsilon (and each privacy or run setting, such as --test_fraction,
-that differs between rows).
+optionally a seaborn plot of the test metric per algorithm and lambda; or
+`benchmarks.compare` CSVs' report (their selected rows; one per value of a data
+setting their runs differ in, such as --mask_probability, and with --plot the test
+metric against it: thesis Fig. 1.6). --paired adds the paired differences of
+methods with confidence intervals (`benchmarks.paired`), by seed within each
+epsilon (and each privacy or run setting, such as --test_fraction, that differs
+between rows).
 
     uv run python -m benchmarks.summarize benchmarks/out/school_dp.csv \
         --plot=benchmarks/out/school.png --paired=mrmtl:fedavg,mrmtl:local
@@ -20,7 +22,8 @@ from benchmarks import common, paired, plots, tables
 from benchmarks.tables import summary_table, to_markdown
 
 FLAGS = flags.FLAGS
-flags.DEFINE_string("plot", None, "Write a PNG plot of the test metric here.")
+flags.DEFINE_string("plot", None, "Write a PNG plot of the test metric here (compare "
+                    "rows: against the data setting their runs differ in).")
 flags.DEFINE_list("paired", None, "Pairs a:b of methods to difference cell by cell "
                   "(a `run` CSV's algorithm, 'algorithm lam=X lr=Y finetune_fraction=Z' "
                   "where it ran several lambdas, rates or fractions; a `compare` CSV's "
@@ -47,15 +50,22 @@ def main(argv):
   pairs = _pairs(FLAGS.paired)
   import pandas as pd
   compare = [p for p in paths if _compare_csv(p)]
-  if compare and (len(compare) < len(paths) or FLAGS.plot):
-    raise common.UsageError(f"{compare[0]} holds benchmarks.compare rows: summarize it "
-                            "alone, without --plot (compare draws its own figures)")
+  if compare and len(compare) < len(paths):
+    raise common.UsageError(f"{compare[0]} holds benchmarks.compare rows and "
+                            f"{(set(paths) - set(compare)).pop()} does not: summarize "
+                            "the two kinds apart")
   df = pd.concat([common.read_rows(p, COMPARE_REQUIRED if compare else REQUIRED,
                                    flag=None) for p in paths], ignore_index=True)
   if df.empty:
     raise common.UsageError(f"{', '.join(paths)} hold(s) no rows")
   if compare:
     df = df[df.row_type == "selected"]
+    settings = tables.varying(df, tables.COMPARE_SETTINGS)
+    if FLAGS.plot and not settings:
+      raise common.UsageError(
+          "--plot of benchmarks.compare rows draws the test metric against a setting "
+          f"the runs differ in ({', '.join(tables.COMPARE_SETTINGS)}); these rows "
+          "share theirs, and compare drew their figures")
     print(tables.compare_report(df))
   else:
     print(to_markdown(summary_table(df)))
@@ -63,13 +73,26 @@ def main(argv):
     with common.usage_errors():
       print("\n" + _paired(df, pairs, compare))
   if FLAGS.plot:
-    plots.run_summary(df, FLAGS.plot)
+    if compare:
+      plots.against_setting(df, settings[0], FLAGS.plot, _chance(df))
+    else:
+      plots.run_summary(df, FLAGS.plot)
     print(f"\nplot written to {FLAGS.plot}")
 
 
+def _chance(selected):
+  """The accuracy of a uniform guess on the compare rows' preset (None: a regression,
+  or rows of several presets)."""
+  from benchmarks import configs, datasets
+  if selected.preset.nunique() != 1:
+    return None
+  entry = datasets.DATASETS[configs.COMPARE_PRESETS[selected.preset.iloc[0]].dataset]
+  return None if entry.task == "regression" else 1 / entry.num_classes
+
+
 # Columns a `benchmarks.compare` CSV has, which its report needs.
-COMPARE_REQUIRED = ("row_type", "method", "epsilon", "seed", "test_metric", "metric",
-                    "lam", "tuning")
+COMPARE_REQUIRED = ("row_type", "preset", "method", "epsilon", "seed", "test_metric",
+                    "metric", "lam", "tuning")
 
 
 def _compare_csv(path: str) -> bool:
@@ -113,11 +136,10 @@ def _paired(df, pairs, compare: bool) -> str:
     raise common.UsageError(f"--paired: no rows of {', '.join(missing)}; the CSV has "
                             f"{', '.join(sorted(set(df.label)))}")
   private = df[np.isfinite(df.epsilon)]   # (a setting of DP only: None without)
-  varies = lambda rows, c: c in rows and rows[c].astype(str).nunique() > 1
-  group = ["epsilon"] + ([] if compare else
-                         [c for c in tables.PRIVACY_GROUP if varies(private, c)]
-                         + [c for c in tables.SETTING_GROUP
-                            if varies(df, c) and c not in LABELLED])
+  group = ["epsilon"] + (tables.varying(df, tables.COMPARE_SETTINGS) if compare else
+                         tables.varying(private, tables.PRIVACY_GROUP)
+                         + [c for c in tables.varying(df, tables.SETTING_GROUP)
+                            if c not in LABELLED])
   table = paired.differences(df, pairs, label="label", cell=["seed"], group=group,
                              metric=df.metric.iloc[0], method=FLAGS.ci)
   return paired.to_markdown(table, df.metric.iloc[0], method=FLAGS.ci)

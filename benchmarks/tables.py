@@ -20,7 +20,11 @@ PRIVACY_GROUP = ["delta", "clip", "sampling", "protocol", "neighbouring",
 # Settings of the clustering algorithms and of misbehaving silos, grouped by where a
 # CSV has them.
 SETTING_GROUP = ["num_clusters", "selection_fraction", "nu", "patience",
-                 "corrupt_silos", "corruption", "test_fraction", "finetune_fraction"]
+                 "corrupt_silos", "corruption", "test_fraction", "finetune_fraction",
+                 "mask_probability"]
+# The data settings of `benchmarks.compare` rows (`grid.setting_columns`): rows of
+# several runs that differ in one are reported apart.
+COMPARE_SETTINGS = ["mask_probability"]
 # Clustering, aggregator and robustness figures, averaged (leakage, silo epsilon:
 # the largest) where a CSV has them.
 EXTRA_STATS = {"ari_mean": ("ari", "mean"),
@@ -100,9 +104,22 @@ def _grid_table(selected, column: str, lambdas: bool) -> str:
   return "\n".join(lines) + "\n"
 
 
+def varying(rows, columns) -> list:
+  """Those of `columns` whose value differs between `rows` (NaN counts as one)."""
+  return [c for c in columns if c in rows and rows[c].astype(str).nunique() > 1]
+
+
 def compare_report(selected) -> str:
   """The markdown report: test metric (and, where attacks ran, membership
-  inference) of the selected models, and the paired wins."""
+  inference) of the selected models, and the paired wins; one report per value of
+  a data setting the rows vary (rows of several runs: `COMPARE_SETTINGS`)."""
+  settings = varying(selected, COMPARE_SETTINGS)
+  if settings:
+    return "\n".join(
+        "**" + ", ".join(f"{c} = {v:g}" for c, v in zip(
+            settings, key if isinstance(key, tuple) else (key,))) + "**\n\n"
+        + compare_report(part) for key, part in selected.groupby(
+            settings if len(settings) > 1 else settings[0], sort=True, dropna=False))
   metric = selected.metric.iloc[0]
   tunings = "; ".join(sorted(selected.tuning.unique()))
   units = ""

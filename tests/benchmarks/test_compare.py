@@ -51,6 +51,7 @@ def test_a_tiny_grid_selects_on_validation_and_writes_its_outputs(tmp_path):
   proc, rows, selected = _finished(out, *TINY, f"--output_dir={out}",
                                    csv="compare_quick.csv")
   trials = rows[rows.row_type == "trial"]
+  assert "mask_probability" not in rows   # a dataset without masks has no column
   # local and fedavg: 1 configuration, mrmtl: 2 lambdas; x 2 epsilons x 1 seed
   assert len(trials) == (1 + 1 + 2) * 2 and len(selected) == 3 * 2
   assert trials.run_key.is_unique
@@ -295,6 +296,7 @@ def test_the_hypernetwork_runs_with_a_user_level_epsilon(tmp_path):
   _, rows, selected = _finished(tmp_path, "--preset=digits", "--methods=hypernet",
                                 "--epsilons=4,inf", "--seeds=0", "--rounds=2")
   assert len(rows[rows.row_type == "trial"]) == 2
+  assert (rows.mask_probability == 0.1).all()   # the digits' own, as a column
   private = selected[np.isfinite(selected.epsilon)].iloc[0]
   assert private.privacy_unit == "user" and private.tuning.startswith("none")
   assert not private.test_metric_inside_guarantee   # each user's un-noised embedding
@@ -532,6 +534,22 @@ def test_a_mask_probability_makes_the_silos_and_keys_of_its_own():
   assert white(none) < white(plain) < white(heavy)
   assert {t["run_seed"] for t in grid.trials(s)}.isdisjoint(
       t["run_seed"] for t in grid.trials(masked))
+  # rows say which: the flag's probability, else the loader's own default
+  assert grid.setting_columns(masked) == dict(mask_probability=0.4)
+  assert grid.setting_columns(s) == dict(mask_probability=0.1)
+  assert grid.setting_columns(dataclasses.replace(s, dataset="school")) == {}
+
+
+@pytest.mark.parametrize("name", ["digits", "fmnist"])
+def test_the_registry_knows_each_masked_loaders_own_mask_probability(name):
+  import inspect
+  from benchmarks import datasets
+  from tff_silo import data
+  loader = {"digits": data.load_rotated_masked_digits,
+            "fmnist": data.rotated_masked_fmnist_silos}[name]
+  default = inspect.signature(loader).parameters["mask_probability"].default
+  assert datasets.DATASETS[name].mask_probability == default
+  assert set(datasets.taking("compare", masked=True)) == {"digits", "fmnist"}
 
 
 def test_validation_split_holds_out_training_examples_only():

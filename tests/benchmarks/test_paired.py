@@ -111,6 +111,37 @@ def test_summarize_prints_the_paired_table_of_a_run_csv(tmp_path):
       "mrmtl lam=1"]
 
 
+@pytest.mark.cli
+def test_summarize_reports_compare_runs_apart_by_mask_and_draws_against_it(tmp_path):
+  """Two compare runs of one preset at mask probabilities 0 and 0.4 (thesis Fig.
+  1.6), in two files: a report and paired table per mask, and --plot draws the
+  metric against the mask; rows of one mask have nothing to draw against."""
+  paths = []
+  for mask in (0.0, 0.4):
+    rows = [dict(row_type=kind, preset="digits", method=method, epsilon=4.0, seed=seed,
+                 lam=lam, tuning="free", metric="accuracy", mask_probability=mask,
+                 test_metric=0.8 - mask * (method == "mrmtl") + 0.01 * seed)
+            for kind in ("trial", "selected") for seed in range(3)
+            for method, lam in (("local", 0.0), ("mrmtl", 1.0))]
+    paths.append(tmp_path / f"mask_{mask}.csv")
+    pd.DataFrame(rows).to_csv(paths[-1], index=False)
+  figure = tmp_path / "masks.png"
+  done = binaries.run("summarize", *map(str, paths), "--paired=mrmtl:local",
+                      f"--plot={figure}")
+  assert done.returncode == 0, done.stderr
+  assert "**mask_probability = 0**" in done.stdout
+  assert "**mask_probability = 0.4**" in done.stdout
+  assert "| mrmtl | local | 4 | 0 | 3 | 0.0000 | [0.0000, 0.0000] | 0 of 3 | " \
+         "not resolved |" in done.stdout
+  assert "| mrmtl | local | 4 | 0.4 | 3 | -0.4000 | [-0.4000, -0.4000] | 0 of 3 | " \
+         "b better |" in done.stdout
+  assert figure.stat().st_size > 0
+  done = binaries.run("summarize", str(paths[0]), f"--plot={tmp_path / 'one.png'}")
+  assert done.returncode == 2 and len(done.stderr.strip().splitlines()) == 1
+  assert "--plot of benchmarks.compare rows draws" in done.stderr
+  assert not (tmp_path / "one.png").exists()
+
+
 def _pandemic_rows(gaps, seeds=3):
   """Pandemic rows of mrmtl, local and fedavg at sigma 0: fedavg's AP 0.003, the
   others that plus `gaps[method]` times 1 + seed / 10."""

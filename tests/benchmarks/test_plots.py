@@ -41,6 +41,18 @@ def test_privacy_utility_and_lambda_draw_chance_when_given(drawn, chance):
     assert len(found) == (0 if chance is None else 1 if name == "pu.png" else 3), name
 
 
+def test_the_figure_against_a_setting_has_a_panel_per_epsilon_and_a_line_per_method(
+    drawn):
+  selected = pd.concat([_selected("accuracy").assign(mask_probability=mask)
+                        for mask in (0.0, 0.2, 0.4)])
+  plots.against_setting(selected, "mask_probability", "m.png", chance=0.1)
+  axes = drawn["m.png"].axes
+  assert [ax.get_title() for ax in axes] == ["epsilon 1", "epsilon 4", "non-private"]
+  for ax in axes:
+    assert [l.get_label() for l in ax.get_lines()] == ["local", "mrmtl", "chance (0.1)"]
+    assert list(ax.get_lines()[0].get_xdata()) == [0.0, 0.2, 0.4]
+
+
 def test_run_summary_puts_dprivate_clustering_in_order_of_nu(drawn):
   rows = pd.DataFrame([dict(algorithm=a, lam=0.0, nu=nu, seed=s, metric="accuracy",
                             test_metric=0.5 - 0.01 * (nu if nu == nu else 0))

@@ -24,6 +24,18 @@ FLAGS = flags.FLAGS
 
 
 
+def binary_interpreter(script: str, binary: str, stdin: Optional[str] = None):
+  """`python -c script binary` run from the project's root with TensorFlow's logs
+  quiet (a `subprocess.CompletedProcess`, text): how a tool reads a binary's flags,
+  which every binary defines on absl's one global registry (one binary a process).
+  The script prints its answer as JSON on its last line."""
+  import subprocess
+  root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  return subprocess.run([sys.executable, "-c", script, binary], cwd=root, input=stdin,
+                        env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"},
+                        capture_output=True, text=True, timeout=300)
+
+
 def check_finite_floats() -> None:
   """UsageError for any float flag set to inf or nan."""
   for name in FLAGS:

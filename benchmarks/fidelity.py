@@ -16,7 +16,6 @@ import json
 import os
 import re
 import shlex
-import subprocess
 import sys
 
 try:
@@ -186,11 +185,9 @@ def unparsed(commands: list) -> list:
         bad.append(f"{command}: no file {words[1]}")
     else:
       bad.append(f"{command}: neither a benchmarks binary nor pytest of one file")
-  env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"}
+  from benchmarks import common
   for binary, argvs in by_binary.items():
-    done = subprocess.run([sys.executable, "-c", _PARSE, binary], cwd=ROOT, env=env,
-                          input=json.dumps(argvs), capture_output=True, text=True,
-                          timeout=300)
+    done = common.binary_interpreter(_PARSE, binary, json.dumps(argvs))
     if done.returncode:
       bad.append(f"benchmarks.{binary}: {done.stderr.strip()[-300:]}")
     else:

@@ -12,7 +12,6 @@ import concurrent.futures
 import json
 import os
 import re
-import subprocess
 import sys
 
 from absl import app
@@ -47,9 +46,8 @@ FLAGS = flags.FLAGS
 def binary_flags(binary: str) -> dict:
   """{"listed": the flags `--help` of benchmarks.<binary> lists (name, default, help),
   "defined": every flag the project's modules defined in it, by module}."""
-  env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"}
-  done = subprocess.run([sys.executable, "-c", _DUMP, binary], cwd=ROOT, env=env,
-                        capture_output=True, text=True, timeout=300)
+  from benchmarks import common
+  done = common.binary_interpreter(_DUMP, binary)
   if done.returncode:
     raise RuntimeError(f"benchmarks.{binary}'s flags: {done.stderr.strip()[-500:]}")
   return json.loads(done.stdout.strip().splitlines()[-1])

@@ -59,6 +59,31 @@ def sections(text: str, title: str) -> str:
   return "".join(out)
 
 
+_COMMAND = re.compile(r"(?:uv run )?(python -m benchmarks\.\w+.*)")
+
+
+def commands_in(markdown: str) -> list:
+  """The `python -m benchmarks.<binary>` commands of `markdown`'s indented code
+  blocks, continued lines joined and comments dropped; those with shell syntax
+  (`$p`, a pipe, a redirection, a quoted assignment) or elisions (`...`) left out:
+  they are not one command."""
+  out, current = [], None
+  for line in markdown.split("\n"):
+    if current is None:
+      found = _COMMAND.search(line) if line.startswith("    ") else None
+      if not found or line[:found.start()].endswith(("=", "'", '"')):
+        continue   # (a command inside a shell variable is not one to run as it is)
+      current, text = "", found.group(1)
+    else:
+      text = line.strip()
+    text = text.split(" #")[0].rstrip()
+    current += " " + text.rstrip("\\").strip()
+    if not text.endswith("\\"):
+      out.append(current.strip())
+      current = None
+  return [c for c in out if not re.search(r"[$|<>;`]|\.\.\.", c)]
+
+
 def anchor(heading: str) -> str:
   """GitHub's anchor of a heading: lower case, punctuation dropped, spaces as -."""
   return re.sub(r"[^\w\- ]", "", heading.lower()).replace(" ", "-")

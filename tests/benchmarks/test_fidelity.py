@@ -2,6 +2,7 @@
 every result of every seed, each command parses with today's flags, each file and
 section it names exists, and RESULTS.md holds the map `benchmarks.fidelity` writes."""
 
+import os
 import re
 
 import pytest
@@ -47,6 +48,18 @@ def test_every_file_and_section_the_map_names_exists_and_results_holds_the_map()
   assert results.index(block) < results.index("\n## ", results.index("## The map"))
 
 
+def test_the_commands_of_code_blocks_are_read_whole_and_shell_is_left_out():
+  text = ("Text python -m benchmarks.run --rounds=1\n\n"
+          "    uv run python -m benchmarks.run --methods=mrmtl \\\n"
+          "        --lams=1   # a comment\n"
+          "    python -m benchmarks.compare --seeds=$s\n"
+          "    R=\"python -m benchmarks.run --rounds=2\"\n"
+          "    python -m benchmarks.summarize a.csv | head\n"
+          "    python -m benchmarks.run ... --output=x.csv\n")
+  assert fidelity.commands_in(text) == [
+      "python -m benchmarks.run --methods=mrmtl --lams=1"]
+
+
 def test_check_names_what_would_make_the_map_lie():
   good = dict(seed="s", result="Fig. 1", claim="c", here="h", scale="1 seed",
               paper_scale="5 seeds", verdict="reproduced", section="Theory",
@@ -69,8 +82,14 @@ def test_check_names_what_would_make_the_map_lie():
 
 
 @pytest.mark.cli
-def test_every_command_of_the_map_parses_and_a_wrong_one_does_not():
+def test_every_command_of_the_map_and_the_docs_parses_and_a_wrong_one_does_not():
+  """The map's commands and those of RESULTS.md's and the READMEs' code blocks (a
+  reader copies them) parse with today's flags."""
   commands = [c for item in fidelity.entries() for c in item.get("commands", [])]
+  for name in ("README.md", "benchmarks/README.md", "benchmarks/RESULTS.md"):
+    with open(os.path.join(fidelity.ROOT, name)) as f:
+      commands += fidelity.commands_in(f.read())
+  assert len(commands) > 100
   wrong = ["python -m benchmarks.run --algorithm=mrmtl",   # renamed
            "python -m benchmarks.compare --methods=sgd",   # no such method
            "python -m benchmarks.run --lams=a",            # not a number

@@ -201,6 +201,26 @@ def school_splits_table() -> str:
   return "\n".join(lines)
 
 
+def test_the_clip_8_table_is_the_committed_rows():
+  """Fig. 1.3(d)'s stand-in at clip 8: each private accuracy RESULTS.md gives is the
+  committed selected row's, rounded half up to 3 decimals."""
+  import decimal
+  import pandas as pd
+  rows = pd.read_csv(_committed("fmnist_hetero_clip8.csv.gz"))
+  rows = rows[rows.row_type == "selected"]
+  section = _section("Label-skewed Fashion-MNIST silos")
+  table = section[section.index("**At app. B.4's clip of 8**"):]
+  names = {"local": "local", "mrmtl": "MR-MTL (lambda 0.1)", "fedavg": "FedAvg"}
+  for method, part in rows.groupby("method"):
+    line = next(l for l in table.splitlines() if l.startswith(f"| {names[method]} |"))
+    cells = line.split("|")[2:4]
+    for cell, epsilon in zip(cells, (1.0, 8.0)):
+      value = part[part.epsilon == epsilon].test_metric.iloc[0]
+      shown = decimal.Decimal(repr(value)).quantize(decimal.Decimal("0.001"),
+                                                    decimal.ROUND_HALF_UP)
+      assert cell.replace("*", "").split()[0] == str(shown), (method, epsilon, cell)
+
+
 def test_the_school_splits_table_is_the_committed_rows():
   section = _section("School with 80, 50 and 20% for training")
   lines = school_splits_table().splitlines()

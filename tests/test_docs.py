@@ -1,6 +1,7 @@
 """The numbers the README quotes come from what the commands print now (issue 54,
 item 4: docs that cannot go stale)."""
 
+import json
 import os
 import re
 
@@ -199,6 +200,123 @@ def school_splits_table() -> str:
         f"{d.mean_difference:+.4f} ({endpoint}) | [{d.ci_low:.4f}, {d.ci_high:.4f}] | "
         f"{d.a_better} of {d.pairs} |")
   return "\n".join(lines)
+
+
+# School's honest protocol, one part at a time (RESULTS: "School: the honest
+# protocol's parts one at a time"): `benchmarks.run` rows by their server weights,
+# then compare's trials (selected on test) and selected rows (on validation).
+_PARTS = (("n_k", "the paper's protocol, public feature ranges"),
+          ("unweighted", "+ equal server weights"),
+          ("equal (sizes private)", "+ one assumed size, 88 (sizes private)"))
+_KEPT = "+ 80% kept (validation coins), m = 70"
+_VALIDATION = "+ lambda (and rate) chosen on validation"
+_METHODS = ("fedavg", "mrmtl", "local")
+
+
+def _by_test(rows, by: str):
+  """`rows` labelled by method (and its lr and lambda where it ran several), and
+  each method's label with the best mean test MSE over seeds: selection on test, as
+  the paper's figures select."""
+  label = rows[by]
+  for column in ("lam", "lr"):
+    several = rows.groupby(by)[column].transform("nunique") > 1
+    label = label.where(~several, label + f" {column}="
+                        + rows[column].map("{:g}".format))
+  rows = rows.assign(label=label)
+  means = rows.groupby("label").test_metric.mean()
+  return rows, {m: means[means.index.str.split().str[0] == m].idxmin()
+                for m in _METHODS}
+
+
+def _by_validation(rows, tuned: bool):
+  """compare's selected rows labelled by method, and what each selected ('lam
+  0.1/0.3, lr 0.1': the values over seeds; the rate where it was tuned)."""
+  shown = lambda m: (["lam"] if m == "mrmtl" else []) + (["lr"] if tuned else [])
+  chosen = {m: ", ".join(f"{c} " + "/".join(f"{v:g}" for v in sorted(
+      rows[rows.method == m][c].unique())) for c in shown(m)) for m in _METHODS}
+  return rows.assign(label=rows.method), {m: m for m in _METHODS}, chosen
+
+
+def school_protocol_steps() -> list:
+  """[(step, rate, labelled rows, each method's label, what each chose)] from the
+  committed rows: each step at the paper's rate 0.01 and with the rate tuned."""
+  import pandas as pd
+  run = pd.read_csv(_committed("school_protocol_parts.csv.gz"))
+  compare = pd.read_csv(_committed("school_protocol_parts_compare.csv.gz"))
+  steps = []
+  for name, rows, by in [(n, run[run.server_weights == w], "algorithm")
+                         for w, n in _PARTS] + [
+                             (_KEPT, compare[compare.row_type == "trial"], "method")]:
+    for rate, part in (("0.01", rows[rows.lr == 0.01]), ("tuned on test", rows)):
+      labelled, best = _by_test(part, by)
+      chosen = {m: ", ".join(w.replace("=", " ") for w in best[m].split()[1:])
+                for m in _METHODS}
+      steps.append((name, rate, labelled, best, chosen))
+  selected = compare[compare.row_type == "selected"]
+  rates = selected.run_key.map(lambda key: len(json.loads(key)["lrs"]))   # the grid's
+  steps.append((_VALIDATION, "0.01", *_by_validation(selected[rates == 1], False)))
+  steps.append((_VALIDATION, "tuned on validation",
+                *_by_validation(selected[rates > 1], True)))
+  return steps
+
+
+def _gap(rows, best, other: str):
+  """MR-MTL's paired difference to `other`, by seed (`paired.differences`' row)."""
+  from benchmarks import paired
+  return paired.differences(rows, [(best["mrmtl"], best[other])], label="label",
+                            cell=["seed"], metric="mse").iloc[0]
+
+
+def school_protocol_parts_table() -> str:
+  """Issue 56 item 3: MR-MTL, FedAvg and local training at epsilon 6 as the honest
+  protocol's parts are switched on one at a time; MR-MTL's paired differences."""
+  lines = ["| step | rate | FedAvg | MR-MTL | local | MR-MTL - FedAvg, 95% CI | "
+           "better in | MR-MTL - local, 95% CI | better in |", "|---" * 9 + "|"]
+  for name, rate, rows, best, chosen in school_protocol_steps():
+    means = rows.groupby("label").test_metric.mean()
+    cells = [name, rate] + [f"{means[best[m]]:.4f}" + (f" ({chosen[m]})" if chosen[m]
+                                                        else "") for m in _METHODS]
+    for other in ("fedavg", "local"):
+      d = _gap(rows, best, other)
+      cells += [f"{d.mean_difference:+.4f} [{d.ci_low:.4f}, {d.ci_high:.4f}]",
+                f"{d.a_better} of {d.pairs}"]
+    lines.append("| " + " | ".join(cells) + " |")
+  return "\n".join(lines)
+
+
+def school_protocol_changes_table() -> str:
+  """How each step (and tuning the rate) moves MR-MTL - FedAvg, seed by seed: the
+  mean change with its 95% t interval (+: the gap narrows)."""
+  from benchmarks import paired
+  gaps = {}
+  for name, rate, rows, best, _ in school_protocol_steps():
+    cells = rows.pivot_table(index="seed", columns="label", values="test_metric")
+    gaps[name, rate != "0.01"] = cells[best["mrmtl"]] - cells[best["fedavg"]]
+
+  def change(a, b) -> str:
+    d = (gaps[b] - gaps[a]).to_numpy()
+    low, high = paired.interval(d, 0.95, "t")
+    return f"{d.mean():+.4f} [{low:.4f}, {high:.4f}]"
+
+  names = list(dict.fromkeys(name for name, _ in gaps))
+  lines = ["| step | at rate 0.01 | with the rate tuned | tuning the rate, at this "
+           "step |", "|---" * 4 + "|"]
+  for i, name in enumerate(names):
+    steps = ["-", "-"] if i == 0 else [change((names[i - 1], t), (name, t))
+                                       for t in (False, True)]
+    lines.append(f"| {name} | " + " | ".join(steps + [change((name, False),
+                                                               (name, True))]) + " |")
+  lines.append("| all the parts together | " + " | ".join(
+      change((names[0], t), (names[-1], t)) for t in (False, True)) + " | - |")
+  return "\n".join(lines)
+
+
+def test_the_school_protocol_parts_tables_are_the_committed_rows():
+  section = _section("School: the honest protocol's parts one at a time")
+  lines = school_protocol_parts_table().splitlines()
+  assert len(lines) == 2 + 2 * 5 and all(line in section for line in lines), lines
+  lines = school_protocol_changes_table().splitlines()
+  assert len(lines) == 2 + 5 + 1 and all(line in section for line in lines), lines
 
 
 def test_the_clip_8_table_is_the_committed_rows():

@@ -25,9 +25,9 @@ FLAGS = flags.FLAGS
 flags.DEFINE_string("plot", None, "Write a PNG plot of the test metric here (compare "
                     "rows: against the data setting their runs differ in).")
 flags.DEFINE_list("paired", None, "Pairs a:b of methods to difference cell by cell "
-                  "(a `run` CSV's algorithm, 'algorithm lam=X lr=Y finetune_fraction=Z' "
-                  "where it ran several lambdas, rates or fractions; a `compare` CSV's "
-                  "method), with confidence intervals.")
+                  "(a `run` CSV's algorithm, 'algorithm lam=X lr=Y finetune_fraction=Z "
+                  "selection_fraction=W' where it ran several lambdas, rates or "
+                  "fractions; a `compare` CSV's method), with confidence intervals.")
 flags.DEFINE_string("ci", "t", f"One of {', '.join(paired.METHODS)}: --paired's 95% "
                     "interval, Student t or a percentile bootstrap.")
 
@@ -121,11 +121,15 @@ def _pairs(given) -> list:
 
 # A run CSV's settings that name an algorithm's rows apart in --paired's labels
 # (where the algorithm ran several values) rather than grouping the cells.
-LABELLED = ("lam", "lr", "finetune_fraction")
+LABELLED = ("lam", "lr", "finetune_fraction", "selection_fraction")
 
 
 def _paired(df, pairs, compare: bool) -> str:
-  """The paired-differences table of `pairs` in `df` (a run or compare CSV's rows)."""
+  """The paired-differences table of `pairs` in `df` (a run or compare CSV's rows),
+  by seed within each epsilon and setting the rows differ in; a method the setting
+  does not apply to (its value empty: FedAvg's number of clusters) pairs within each
+  value."""
+  import pandas as pd
   if compare:
     label = df.method
   else:   # an algorithm that ran several lambdas (rates, ...): one label per value
@@ -136,10 +140,15 @@ def _paired(df, pairs, compare: bool) -> str:
     raise common.UsageError(f"--paired: no rows of {', '.join(missing)}; the CSV has "
                             f"{', '.join(sorted(set(df.label)))}")
   private = df[np.isfinite(df.epsilon)]   # (a setting of DP only: None without)
+  settings = [c for c in tables.SETTING_GROUP if c in df and c not in LABELLED
+              and df[c].nunique() > 1]   # (NaN: a method it does not apply to)
   group = ["epsilon"] + (tables.varying(df, tables.COMPARE_SETTINGS) if compare else
-                         tables.varying(private, tables.PRIVACY_GROUP)
-                         + [c for c in tables.varying(df, tables.SETTING_GROUP)
-                            if c not in LABELLED])
+                         tables.varying(private, tables.PRIVACY_GROUP) + settings)
+  for column in settings:   # a method without the setting is paired within each value
+    apart = df[column].isna()
+    df = pd.concat([df[~apart]] + [df[apart].assign(**{column: value})
+                                   for value in df.loc[~apart, column].unique()],
+                   ignore_index=True)
   table = paired.differences(df, pairs, label="label", cell=["seed"], group=group,
                              metric=df.metric.iloc[0], method=FLAGS.ci)
   return paired.to_markdown(table, df.metric.iloc[0], method=FLAGS.ci)

@@ -339,6 +339,43 @@ def test_the_clip_8_table_is_the_committed_rows():
       assert cell.replace("*", "").split()[0] == str(shown), (method, epsilon, cell)
 
 
+@pytest.mark.cli
+def test_the_cluster_selection_intervals_come_from_the_committed_rows():
+  every, tenth = "ifca selection_fraction=1", "ifca selection_fraction=0.1"
+  printed, section = _paired_by_summarize(
+      "school_ifca_selection.csv.gz", f"{every}:{tenth},{every}:fedavg",
+      "Privacy overhead of cluster selection")
+  names = {"10%": tenth, "FedAvg": "fedavg"}
+  quoted = re.findall(r"^\| every round \| (10%|FedAvg) \| (\d) \| (\S+) \| (\[[^]]+\]) "
+                      r"\| (\d) of 5 \|$", section, re.M)
+  assert len(quoted) == 4
+  for b, epsilon, mean, interval, better in quoted:
+    assert (f"| {every} | {names[b]} | {epsilon} | 5 | {mean} | {interval} | "
+            f"{better} of 5 |") in printed, (b, epsilon)
+
+
+def test_the_galli_table_is_the_committed_rows():
+  """Galli et al. sec. 5.1's table: each configuration's median rounds, mean
+  validation RMSE and test MSE (3 significant digits) and composed leakage are the
+  committed rows'."""
+  import math
+  import pandas as pd
+  rows = pd.read_csv(_committed("galli_synthetic.csv.gz"))
+  section = _section("d-private clustered FL on Galli et al.'s synthetic data")
+  configurations = rows.groupby(["patience", "num_clusters", "nu"], dropna=False)
+  assert len(configurations) == 6
+  for (patience, k, nu), part in configurations:
+    stopping = "150 rounds" if math.isnan(patience) else f"patience {patience:g}"
+    start = f"| {stopping} | {k} | {'none' if math.isnan(nu) else f'{nu:g}'} |"
+    line = next(l for l in section.splitlines() if l.startswith(start))
+    cells = [c.strip() for c in line.split("|")[4:]]
+    assert cells[0] == f"{part.rounds_run.median():g}", line
+    assert cells[1].split()[0] == f"{part.validation_loss.mean():#.3g}", line
+    assert cells[2] == f"{part.test_metric.mean():#.3g}", line
+    if not math.isnan(nu):
+      assert cells[6] == f"{part.leakage_max.min():.1f} .. {part.leakage_max.max():.1f}"
+
+
 def test_the_school_splits_table_is_the_committed_rows():
   section = _section("School with 80, 50 and 20% for training")
   lines = school_splits_table().splitlines()

@@ -112,6 +112,32 @@ def test_summarize_prints_the_paired_table_of_a_run_csv(tmp_path):
 
 
 @pytest.mark.cli
+def test_a_method_without_a_setting_is_paired_within_each_of_its_values(tmp_path):
+  """IFCA at 2 and 4 clusters, selecting every round or in 10% (labels), beside
+  FedAvg, which has neither setting: FedAvg's cells pair with each cluster count's,
+  not with none (a group of their own)."""
+  rows = []
+  for seed in range(3):
+    rows.append(dict(algorithm="fedavg", test_metric=1.0 + 0.01 * seed))
+    for clusters in (2, 4):
+      for fraction in (1.0, 0.1):
+        rows.append(dict(algorithm="ifca", num_clusters=clusters,
+                         selection_fraction=fraction,
+                         test_metric=1.0 + 0.01 * seed + 0.1 * clusters * fraction))
+    for row in rows[-5:]:
+      row.update(dataset="school", lam=0.0, epsilon=1.0, seed=seed, train_metric=0.0,
+                 epsilon_spent_max=1.0, noise_multiplier_mean=1.0, wall_seconds=1.0,
+                 metric="mse")
+  csv = tmp_path / "run.csv"
+  pd.DataFrame(rows).to_csv(csv, index=False)
+  done = binaries.run("summarize", str(csv), "--paired=ifca selection_fraction=1:fedavg")
+  assert done.returncode == 0, done.stderr
+  for clusters, gap in ((2, "0.2000"), (4, "0.4000")):
+    assert (f"| ifca selection_fraction=1 | fedavg | 1 | {clusters} | 3 | {gap} | "
+            f"[{gap}, {gap}] | 0 of 3 | b better |") in done.stdout
+
+
+@pytest.mark.cli
 def test_summarize_reports_compare_runs_apart_by_mask_and_draws_against_it(tmp_path):
   """Two compare runs of one preset at mask probabilities 0 and 0.4 (thesis Fig.
   1.6), in two files: a report and paired table per mask, and --plot draws the

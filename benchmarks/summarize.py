@@ -140,12 +140,15 @@ def _paired(df, pairs, compare: bool) -> str:
     raise common.UsageError(f"--paired: no rows of {', '.join(missing)}; the CSV has "
                             f"{', '.join(sorted(set(df.label)))}")
   private = df[np.isfinite(df.epsilon)]   # (a setting of DP only: None without)
+  # a setting applies to the methods with a value of it (where one of them has it
+  # empty, that is a value too: no early stopping)
+  applies = lambda c: df.label.isin(set(df.label[df[c].notna()]))
   settings = [c for c in tables.SETTING_GROUP if c in df and c not in LABELLED
-              and df[c].nunique() > 1]   # (NaN: a method it does not apply to)
+              and df[c][applies(c)].astype(str).nunique() > 1]
   group = ["epsilon"] + (tables.varying(df, tables.COMPARE_SETTINGS) if compare else
                          tables.varying(private, tables.PRIVACY_GROUP) + settings)
   for column in settings:   # a method without the setting is paired within each value
-    apart = df[column].isna()
+    apart = ~applies(column)
     df = pd.concat([df[~apart]] + [df[apart].assign(**{column: value})
                                    for value in df.loc[~apart, column].unique()],
                    ignore_index=True)

@@ -135,6 +135,17 @@ def test_a_method_without_a_setting_is_paired_within_each_of_its_values(tmp_path
   for clusters, gap in ((2, "0.2000"), (4, "0.4000")):
     assert (f"| ifca selection_fraction=1 | fedavg | 1 | {clusters} | 3 | {gap} | "
             f"[{gap}, {gap}] | 0 of 3 | b better |") in done.stdout
+  # an empty value of a method that has the setting is a value (no early stopping)
+  rows = [dict(row, algorithm="dprivate_clustering", patience=patience,
+               test_metric=row["test_metric"] + (0.5 if patience == 6 else 0.0))
+          for row in rows if row["algorithm"] == "fedavg" for patience in (6, None)]
+  rows += [r for r in pd.read_csv(csv).to_dict("records") if r["algorithm"] == "fedavg"]
+  pd.DataFrame(rows).to_csv(csv, index=False)
+  done = binaries.run("summarize", str(csv), "--paired=dprivate_clustering:fedavg")
+  assert done.returncode == 0, done.stderr
+  for patience, gap in (("6", "0.5000"), ("-", "0.0000")):
+    assert (f"| dprivate_clustering | fedavg | 1 | {patience} | 3 | {gap} |"
+            in done.stdout), done.stdout
 
 
 @pytest.mark.cli

@@ -217,12 +217,8 @@ def _by_test(rows, by: str):
   """`rows` labelled by method (and its lr and lambda where it ran several), and
   each method's label with the best mean test MSE over seeds: selection on test, as
   the paper's figures select."""
-  label = rows[by]
-  for column in ("lam", "lr"):
-    several = rows.groupby(by)[column].transform("nunique") > 1
-    label = label.where(~several, label + f" {column}="
-                        + rows[column].map("{:g}".format))
-  rows = rows.assign(label=label)
+  from benchmarks import paired
+  rows = rows.assign(label=paired.labels(rows, by, ("lam", "lr")))
   means = rows.groupby("label").test_metric.mean()
   return rows, {m: means[means.index.str.split().str[0] == m].idxmin()
                 for m in _METHODS}

@@ -1,5 +1,5 @@
 """`benchmarks.paired`: paired differences of methods with confidence intervals, and
-`benchmarks.summarize --paired` on a run CSV."""
+`benchmarks.summarize --paired` on run and compare CSVs."""
 
 import math
 

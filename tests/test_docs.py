@@ -372,6 +372,27 @@ def test_the_galli_table_is_the_committed_rows():
       assert cells[6] == f"{part.leakage_max.min():.1f} .. {part.leakage_max.max():.1f}"
 
 
+def test_the_tuning_cost_table_is_the_committed_rows():
+  """Thesis Fig. 1.7's table: each condition's noise multiplier, best lambda on the
+  grid, its error and local training's error (lambda 0) are the committed rows'
+  (the tuned column is `tuning.expected_best` of the same errors, not stored)."""
+  import pandas as pd
+  rows = pd.read_csv(_committed("tuning_cost.csv.gz"))
+  section = _section("The privacy cost of tuning lambda on mean estimation")
+  names = {"non_private": "non-private", "private": "private (tuning not counted)",
+           "poisson": "Poisson, mu = 10"}
+  assert rows.condition.nunique() == 9
+  for condition, part in rows.groupby("condition"):
+    name = names.get(condition, condition.replace("tnb_eta=", "TNB eta = "))
+    line = next(l for l in section.splitlines() if l.startswith(f"| {name} |"))
+    z, lam, error, _, local = [c.strip() for c in line.split("|")[2:7]]
+    best = part.loc[part.error.idxmin()]
+    assert z == ("0" if best.noise_multiplier == 0 else
+                 f"{best.noise_multiplier:.2f}"), line
+    assert (lam, error) == (f"{best.lam:.2f}", f"{best.error:.5f}"), line
+    assert local == f"{part[part.lam == 0].error.iloc[0]:.5f}", line
+
+
 def test_the_school_splits_table_is_the_committed_rows():
   section = _section("School with 80, 50 and 20% for training")
   lines = school_splits_table().splitlines()

@@ -918,10 +918,7 @@ def main(argv):
   os.makedirs(os.path.dirname(os.path.abspath(s.table)), exist_ok=True)
   with open(s.table, "w") as f:
     f.write(markdown)
-  # a uniform guess's accuracy: one class in num_classes, or a coin
-  chance = {"multiclass": 1 / silos.num_classes, "binary_pm1": 0.5,
-            "binary_01": 0.5}.get(silos.task)
-  _plots(s, ours, selected, chance)
+  _plots(s, ours, selected, datasets.DATASETS[s.dataset].chance)
   print(markdown)
   figures = [_figure(s, name) for name in ("privacy_utility", "lambda")
              + (("leakage",) if s.membership else ())]

@@ -293,6 +293,11 @@ class Dataset:
   def masked(self) -> bool:
     return self.mask_probability is not None
 
+  @property
+  def chance(self) -> Optional[float]:
+    """The accuracy of a uniform guess (None for a regression)."""
+    return None if self.task == "regression" else 1 / self.num_classes
+
 
 FASHION_MNIST = "Fashion-MNIST's IDX files"
 DATASETS = {

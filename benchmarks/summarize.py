@@ -86,8 +86,8 @@ def _chance(selected):
   from benchmarks import configs, datasets
   if selected.preset.nunique() != 1:
     return None
-  entry = datasets.DATASETS[configs.COMPARE_PRESETS[selected.preset.iloc[0]].dataset]
-  return None if entry.task == "regression" else 1 / entry.num_classes
+  return datasets.DATASETS[configs.COMPARE_PRESETS[selected.preset.iloc[0]].dataset
+                           ].chance
 
 
 # Columns a `benchmarks.compare` CSV has, which its report needs.

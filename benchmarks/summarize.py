@@ -61,6 +61,7 @@ def main(argv):
   if compare:
     df = df[df.row_type == "selected"]
     settings = tables.varying(df, tables.COMPARE_SETTINGS)
+    _one_model_per_cell(df, settings)
     if FLAGS.plot and not settings:
       raise common.UsageError(
           "--plot of benchmarks.compare rows draws the test metric against a setting "
@@ -88,6 +89,20 @@ def _chance(selected):
     return None
   return datasets.DATASETS[configs.COMPARE_PRESETS[selected.preset.iloc[0]].dataset
                            ].chance
+
+
+def _one_model_per_cell(selected, settings):
+  """Compare rows hold one selected model per method, epsilon and seed (within each
+  setting); a UsageError in one line names a cell two runs selected twice."""
+  cell = ["preset", "method", "epsilon", "seed", *settings]
+  twice = selected[selected.duplicated(cell, keep=False)]
+  if not twice.empty:
+    first = twice.iloc[0]
+    count = (twice[cell] == first[cell]).all(axis=1).sum()
+    raise common.UsageError(
+        f"{count} selected rows of {first.method} at epsilon {first.epsilon:g}, seed "
+        f"{first.seed} ({first.preset}): the CSV(s) hold several compare runs of one "
+        "cell (over other grids or flags); summarize each run's rows apart")
 
 
 # Columns a `benchmarks.compare` CSV has, which its report needs.

@@ -413,3 +413,19 @@ def test_the_vehicle_finetuning_intervals_come_from_the_committed_rows():
                                           "Vehicle: finetuning from 25, 50 and 75%")
   quoted = re.findall(r"^\| [\w .=]+ \| \w+ \| all \|.*$", section, re.M)
   assert len(quoted) == 7 and all(line in printed for line in quoted)
+
+
+@pytest.mark.cli
+def test_the_school_full_grid_tables_are_the_committed_rows():
+  """Thesis Fig. 1.3(b) and G.3 under app. B.4's grids: every table line RESULTS.md
+  gives for the full grid (means +- sd with the selected lambdas, the paired
+  intervals) is a line `summarize` prints for the committed rows."""
+  done = binaries.run("summarize", _committed("school_full.csv.gz"))
+  assert done.returncode == 0, done.stderr
+  section = _section("School, the harness")
+  part = section[section.index("**School with app. B.4's full grids**"):]
+  part = part[:part.index("**School with honest tuning**")]
+  lines = [line for line in part.splitlines() if line.startswith("| ")]
+  assert len(lines) >= 8 + 6, lines
+  missing = [line for line in lines if line not in done.stdout]
+  assert not missing, missing

@@ -429,3 +429,30 @@ def test_the_school_full_grid_tables_are_the_committed_rows():
   assert len(lines) >= 8 + 6, lines
   missing = [line for line in lines if line not in done.stdout]
   assert not missing, missing
+
+
+def udp_grid_tables() -> tuple:
+  """UDP-Alg's S x z x q grid (Nemala et al. Fig. 2's grid, 50 digits users, one
+  seed) from the committed rows: mean user accuracy [sigma = z S / (q W)] and the
+  user-level epsilon per (q, S, z); and the line for clipping alone (z = 0)."""
+  import pandas as pd
+  rows = pd.read_csv(_committed("udp_grid.csv.gz"))
+  lines = ["| q | S | z=5: accuracy [sigma] | z=10: accuracy [sigma] | epsilon (z=5) | "
+           "epsilon (z=10) |", "|---" * 6 + "|"]
+  for (q, clip), part in rows[rows.noise_multiplier > 0].groupby(
+      ["sampling_rate", "l2_norm_clip"]):
+    run = part.set_index("noise_multiplier")
+    lines.append(f"| {q:g} | {clip:g} | " + " | ".join(
+        [f"{run.mean_user_accuracy[z]:.3f} [{run.sigma[z]:g}]" for z in (5, 10)]
+        + [f"{run.epsilon[z]:.3f}" for z in (5, 10)]) + " |")
+  clipped = rows[rows.noise_multiplier == 0].sort_values("l2_norm_clip")
+  alone = "Clipping alone (z = 0, q = 0.1): " + ", ".join(
+      f"S = {r.l2_norm_clip:g}: {r.mean_user_accuracy:.3f}" for r in clipped.itertuples())
+  return "\n".join(lines), alone
+
+
+def test_the_udp_grid_table_is_the_committed_rows():
+  section = _section("UDP-Alg grid: S x z x q at delta = 1e-5")
+  table, alone = udp_grid_tables()
+  assert len(table.splitlines()) == 2 + 9 and table in section, table
+  assert alone in " ".join(section.split()), alone

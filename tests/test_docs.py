@@ -456,3 +456,43 @@ def test_the_udp_grid_table_is_the_committed_rows():
   table, alone = udp_grid_tables()
   assert len(table.splitlines()) == 2 + 9 and table in section, table
   assert alone in " ".join(section.split()), alone
+
+
+def membership_table(path: str = None) -> str:
+  """Thesis sec. 2.5.3: the loss-threshold attack against each model set at each
+  per-silo epsilon, from the committed rows: test and training accuracy, pooled AUC
+  and advantage (mean +- sd over seeds), the median silo AUC over every seed's
+  silos, and the largest advantage (epsilon, delta)-DP allows, (e^epsilon - 1 +
+  2 delta) / (e^epsilon + 1)."""
+  import math
+  import pandas as pd
+  rows = pd.read_csv(path or _committed("membership.csv.gz"), dtype={"silo": str})
+  lines = ["| model set | per-silo epsilon (target; spent <=) | test acc | train acc | "
+           "pooled AUC | pooled advantage | median silo AUC | DP bound on advantage |",
+           "|---" * 8 + "|"]
+  for (algorithm, epsilon), part in rows.groupby(["algorithm", "target_epsilon"],
+                                                 sort=False):
+    pooled = part[part.silo == "all"]
+    train = pooled.train_accuracy.fillna(pooled.train_accuracy_outside_guarantee)
+    delta = pooled.delta.max()
+    bound = ("-" if math.isinf(epsilon) else
+             f"{(math.exp(epsilon) - 1 + 2 * delta) / (math.exp(epsilon) + 1):.3f}")
+    lines.append("| " + " | ".join([
+        algorithm, "non-private" if math.isinf(epsilon) else f"{epsilon:g}",
+        f"{pooled.test_accuracy.mean():.3f}", f"{train.mean():.3f}",
+        f"{pooled.auc.mean():.3f} ± {pooled.auc.std():.3f}",
+        f"{pooled.advantage.mean():.3f} ± {pooled.advantage.std():.3f}",
+        f"{part[part.silo != 'all'].auc.median():.3f}", bound]) + " |")
+  return "\n".join(lines)
+
+
+def test_the_membership_table_is_the_committed_rows():
+  """The table, and every model's spent epsilon at or below the target its row
+  prints."""
+  import pandas as pd
+  section = _section("Membership inference against silo models")
+  table = membership_table()
+  assert len(table.splitlines()) == 2 + 12 and table in section, table
+  rows = pd.read_csv(_committed("membership.csv.gz"))
+  assert (rows.epsilon_spent <= rows.target_epsilon).all()
+  assert rows.seed.nunique() == 3 and len(rows) == 3 * 12 * 41

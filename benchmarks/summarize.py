@@ -98,11 +98,11 @@ def _one_model_per_cell(selected, settings):
   twice = selected[selected.duplicated(cell, keep=False)]
   if not twice.empty:
     first = twice.iloc[0]
-    count = (twice[cell] == first[cell]).all(axis=1).sum()
     raise common.UsageError(
-        f"{count} selected rows of {first.method} at epsilon {first.epsilon:g}, seed "
-        f"{first.seed} ({first.preset}): the CSV(s) hold several compare runs of one "
-        "cell (over other grids or flags); summarize each run's rows apart")
+        f"{first.method} at epsilon {first.epsilon:g}, seed {first.seed} "
+        f"({first.preset}) has more than one selected row: the CSV(s) hold several "
+        "compare runs of one cell (over other grids or flags); summarize each run's "
+        "rows apart")
 
 
 # Columns a `benchmarks.compare` CSV has, which its report needs.

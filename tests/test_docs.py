@@ -458,7 +458,7 @@ def test_the_udp_grid_table_is_the_committed_rows():
   assert alone in " ".join(section.split()), alone
 
 
-def membership_table(path: str = None) -> str:
+def membership_table() -> str:
   """Thesis sec. 2.5.3: the loss-threshold attack against each model set at each
   per-silo epsilon, from the committed rows: test and training accuracy, pooled AUC
   and advantage (mean +- sd over seeds), the median silo AUC over every seed's
@@ -466,7 +466,7 @@ def membership_table(path: str = None) -> str:
   2 delta) / (e^epsilon + 1)."""
   import math
   import pandas as pd
-  rows = pd.read_csv(path or _committed("membership.csv.gz"), dtype={"silo": str})
+  rows = pd.read_csv(_committed("membership.csv.gz"), dtype={"silo": str})
   lines = ["| model set | per-silo epsilon (target; spent <=) | test acc | train acc | "
            "pooled AUC | pooled advantage | median silo AUC | DP bound on advantage |",
            "|---" * 8 + "|"]

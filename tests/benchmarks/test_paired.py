@@ -179,8 +179,8 @@ def test_summarize_reports_compare_runs_apart_by_mask_and_draws_against_it(tmp_p
   assert not (tmp_path / "one.png").exists()
   done = binaries.run("summarize", str(paths[0]), str(paths[0]))   # one run twice
   assert done.returncode == 2 and len(done.stderr.strip().splitlines()) == 1
-  assert ("2 selected rows of local at epsilon 4, seed 0 (digits): the CSV(s) hold "
-          "several compare runs of one cell") in done.stderr, done.stderr
+  assert ("local at epsilon 4, seed 0 (digits) has more than one selected row: the "
+          "CSV(s) hold several compare runs of one cell") in done.stderr, done.stderr
 
 
 def _pandemic_rows(gaps, seeds=3):

@@ -20,6 +20,7 @@ import time
 
 WORKER_NAME = "worker_binary"
 _STOP_TIMEOUT_S = 5.0
+_stopped_any = False   # whether this process ever had a worker to stop
 
 
 def _children_named(name: str):
@@ -161,7 +162,6 @@ def termination_deferred():
         os.kill(os.getpid(), _pending_signal)
 
 
-_stopped_any = False   # whether this process ever had a worker to stop
 _EXIT_LOOKS = 20
 _EXIT_LOOK_GAP_S = 0.25
 
@@ -177,7 +177,7 @@ def _stop_at_exit() -> None:
   for _ in range(_EXIT_LOOKS):
     found = stop_tff_workers(reap=True)
     quiet = 0 if found else quiet + 1
-    if quiet == 2 or not (_stopped_any or found):
+    if quiet == 2 or not _stopped_any:   # a worker found was stopped: it is set
       return
     time.sleep(_EXIT_LOOK_GAP_S)
 

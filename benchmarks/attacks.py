@@ -124,7 +124,8 @@ SPEC = spec.Spec(
     **common.output_group(
         output=("attacks.csv", "Inversion CSV rows are appended to; reconstructions go "
                 "to <output>_images/."),
-        figures_dir=(".", "Folder for attacks_grid_<method>.png and attacks_curves.png."),
+        figures_dir=(".", "Folder for a fresh inversion's attacks_grid_<method>.png and "
+                     "attacks_curves.png."),
         mia_output=("membership.csv", "Membership CSV."),
         mia_models=("mia_runs", "Where the fresh membership targets are saved "
                     "(tff_silo.runs) before they are attacked; `--run` attacks them "
@@ -157,9 +158,12 @@ class Settings(SPEC.settings_class("_Fields", ("preset", object), module=__name_
                   noise_multipliers=SPEC.parsed("noise_multipliers"))
     SPEC.check_ranges(values)
     parts = FLAGS.parts
+    if FLAGS.run is not None and not FLAGS["parts"].present:
+      parts = ["membership"]
+    if FLAGS["figures_dir"].present and ("inversion" not in parts or FLAGS.run):
+      raise UsageError("--figures_dir applies to --parts=inversion without --run only: "
+                       "membership and saved runs' inversion draw no figure")
     if FLAGS.run is not None:
-      if not FLAGS["parts"].present:
-        parts = ["membership"]
       for name in ("dataset", "image_size", "defenses", "nus", "noise_multipliers",
                    "clip", "lr"):
         if FLAGS[name].present:

@@ -27,7 +27,10 @@ flags.DEFINE_string("plot", None, "Write a PNG plot of the test metric here (com
 flags.DEFINE_list("paired", None, "Pairs a:b of methods to difference cell by cell "
                   "(a `run` CSV's algorithm, 'algorithm lam=X lr=Y finetune_fraction=Z "
                   "selection_fraction=W' where it ran several lambdas, rates or "
-                  "fractions; a `compare` CSV's method), with confidence intervals.")
+                  "fractions; a `compare` CSV's method), with confidence intervals. A "
+                  "compare report pairs each lambda method with the others under DP "
+                  "already; --paired adds a table of the named pairs, non-private "
+                  "cells included, with --ci's interval.")
 flags.DEFINE_string("ci", "t", f"One of {', '.join(paired.METHODS)}: --paired's 95% "
                     "interval, Student t or a percentile bootstrap.")
 

@@ -27,6 +27,10 @@ def _run(*args):
     (["--run=/tmp", "--mia_epsilons=1"], "error: --mia_epsilons sets how new targets"),
     (["--lira_shadows=4", "--parts=inversion"],
      "error: --lira_shadows applies to --parts=membership only"),
+    (["--parts=membership", "--figures_dir=/tmp"],
+     "error: --figures_dir applies to --parts=inversion without --run only"),
+    (["--run=/tmp", "--parts=inversion", "--figures_dir=/tmp"],
+     "error: --figures_dir applies to --parts=inversion without --run only"),
     (["--lira_shadows=1"], "error: --lira_shadows must be 0 (off) or >= 2"),
     (["--mia_models="], "error: --mia_models must name a folder"),
 ])
@@ -81,7 +85,7 @@ def test_a_saved_image_run_is_inverted_at_round_0_and_after_training(tmp_path):
                          f"--output={tmp_path}/r.csv", f"--save_models={saved}")
   assert trained.returncode == 0, trained.stderr
   done = _run(f"--run={saved}", "--parts=inversion", "--images=1", "--iterations=3",
-              "--methods=idlg", f"--output={tmp_path}/inv.csv", f"--figures_dir={tmp_path}")
+              "--methods=idlg", f"--output={tmp_path}/inv.csv")
   assert done.returncode == 0, done.stderr
   rows = pd.read_csv(tmp_path / "inv.csv")
   assert list(rows.stage) == ["round 0", "round 1"] and set(rows.defense) == {"none"}

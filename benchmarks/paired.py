@@ -49,11 +49,12 @@ def interval(differences, level: float = 0.95, method: str = "t") -> tuple:
 def labels(rows, by: str, settings):
   """Each row's label for `differences`: its `by` value (a method), with
   " setting=value" for each of `settings` that method ran several values of."""
-  label = rows[by]
+  import pandas as pd
+  label = rows[by].copy()
   for setting in (s for s in settings if s in rows):
     several = rows.groupby(by)[setting].transform("nunique") > 1
-    label = label.where(~several, label + f" {setting}="
-                        + rows[setting].map("{:g}".format))
+    label[several] += f" {setting}=" + rows.loc[several, setting].map(
+        lambda v: "none" if pd.isna(v) else f"{v:g}")   # (a row without the setting)
   return label
 
 

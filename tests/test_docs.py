@@ -175,6 +175,52 @@ def test_the_pandemic_tables_at_three_seeds_are_the_committed_rows():
   assert all(l in section for l in lines)
 
 
+# Thesis Table 2.3's feature groups, in RESULTS.md's order, and the pairs its
+# paired table compares (centralized logistic regression unless named).
+TABLE23_SETS = ["self", "node", "node+contact", "node+location", _FULL]
+TABLE23_PAIRS = [("centralized logistic node", "centralized logistic self"),
+                 ("centralized logistic node+contact", "centralized logistic node"),
+                 ("centralized logistic node+location", "centralized logistic node"),
+                 (f"centralized logistic {_FULL}", "centralized logistic node"),
+                 ("centralized mlp node", "centralized logistic node"),
+                 (f"centralized mlp {_FULL}", "centralized mlp node"),
+                 (f"mrmtl logistic {_FULL}", f"centralized logistic {_FULL}")]
+
+
+def pandemic_table23() -> tuple:
+  """Table 2.3's analogue from the committed rows: per feature set, AP x 10^-2 as
+  mean +- sd over seeds of centralized and MR-MTL logistic regression and the
+  centralized MLP ('-' where not run); and the paired table of TABLE23_PAIRS."""
+  import pandas as pd
+  from benchmarks import paired
+  rows = pd.read_csv(_committed("pandemic_table23.csv.gz"))
+  rows = rows.assign(average_precision=100 * rows.average_precision,
+                     label=rows.method + " " + rows.architecture + " "
+                     + rows.feature_set)
+  cells = []
+  for feature_set in TABLE23_SETS:
+    line = []
+    for method, architecture in (("centralized", "logistic"), ("mrmtl", "logistic"),
+                                 ("centralized", "mlp")):
+      ap = rows[rows.label == f"{method} {architecture} {feature_set}"
+                ].average_precision
+      line.append(f"{ap.mean():.3f} +- {ap.std():.3f}" if len(ap) else "-")
+    cells.append(" | ".join(line))
+  table = paired.differences(rows, TABLE23_PAIRS, label="label", cell=["seed"],
+                             value="average_precision", metric="average_precision")
+  return cells, paired.to_markdown(table, "average_precision")
+
+
+def test_the_table23_analogue_is_the_committed_rows():
+  section = _section("Pandemic forecasting on a synthetic population")
+  part = section[section.index("**Table 2.3 analogue: feature groups**"):]
+  rows = [l for l in part.splitlines() if l.startswith("| ")][1:1 + len(TABLE23_SETS)]
+  cells, table = pandemic_table23()
+  assert all(f" | {c} | " in row for c, row in zip(cells, rows)), (cells, rows)
+  lines = [l for l in table.splitlines() if l.startswith("| ")][1:]
+  assert len(lines) == len(TABLE23_PAIRS) and all(l in part for l in lines), lines
+
+
 def school_splits_table() -> str:
   """Thesis Fig. G.7's table from the committed rows: per training share and
   epsilon, local training's, FedAvg's and the best lambda's MR-MTL test MSE (mean of

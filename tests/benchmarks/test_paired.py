@@ -214,3 +214,15 @@ def test_the_pandemic_comparison_says_when_its_rows_cannot_compare_methods():
   assert one.startswith("One seed, so no interval")
   alone = [r for r in _pandemic_rows({}) if r["method"] == "mrmtl"]
   assert tables.pandemic_comparison(alone, "x") == ""
+  # a run of methods without lambda: the binary's rows hold lam None
+  centralized = [dict(r, method="centralized", lam=None) for r in _pandemic_rows({})
+                 if r["method"] == "fedavg"]
+  assert tables.pandemic_comparison(centralized, "x") == ""
+
+
+def test_labels_name_the_setting_a_method_ran_several_values_of():
+  import pandas as pd
+  rows = pd.DataFrame(dict(method=["mrmtl", "mrmtl", "mrmtl", "local", "local"],
+                           lam=[0.1, 1.0, None, None, None]))
+  assert list(paired.labels(rows, "method", ["lam", "lr"])) == [
+      "mrmtl lam=0.1", "mrmtl lam=1", "mrmtl lam=none", "local", "local"]

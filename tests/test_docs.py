@@ -216,7 +216,8 @@ def test_the_table23_analogue_is_the_committed_rows():
   part = section[section.index("**Table 2.3 analogue: feature groups**"):]
   rows = [l for l in part.splitlines() if l.startswith("| ")][1:1 + len(TABLE23_SETS)]
   cells, table = pandemic_table23()
-  assert all(f" | {c} | " in row for c, row in zip(cells, rows)), (cells, rows)
+  assert len(rows) == len(cells) and all(
+      f" | {c} | " in row for c, row in zip(cells, rows)), (cells, rows)
   lines = [l for l in table.splitlines() if l.startswith("| ")][1:]
   assert len(lines) == len(TABLE23_PAIRS) and all(l in part for l in lines), lines
 

@@ -160,7 +160,8 @@ class Settings(SPEC.settings_class("_Fields", ("preset", object), module=__name_
     parts = FLAGS.parts
     if FLAGS.run is not None and not FLAGS["parts"].present:
       parts = ["membership"]
-    if FLAGS["figures_dir"].present and ("inversion" not in parts or FLAGS.run):
+    if FLAGS["figures_dir"].present and ("inversion" not in parts
+                                        or FLAGS.run is not None):
       raise UsageError("--figures_dir applies to --parts=inversion without --run only: "
                        "membership and saved runs' inversion draw no figure")
     if FLAGS.run is not None:

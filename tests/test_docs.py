@@ -153,19 +153,29 @@ PANDEMIC_TABLE_PAIRS = [
     (f"focal 0.75 logistic {_FULL} S1=50", f"focal 0.75 logistic {_FULL} S1=30")]
 
 
+def _pandemic_rows(name: str):
+  """A committed pandemic rows file, its AP x 10^-2 as RESULTS.md's tables show it."""
+  import pandas as pd
+  rows = pd.read_csv(_committed(name))
+  return rows.assign(average_precision=100 * rows.average_precision)
+
+
+def _paired_ap(rows, pairs) -> str:
+  """The paired table of `pairs` of labelled pandemic rows, by seed."""
+  from benchmarks import paired
+  table = paired.differences(rows, pairs, label="label", cell=["seed"],
+                             value="average_precision", metric="average_precision")
+  return paired.to_markdown(table, "average_precision")
+
+
 def pandemic_tables_paired() -> str:
   """The paired table of PANDEMIC_TABLE_PAIRS from the committed rows (AP x 10^-2)."""
-  import pandas as pd
-  from benchmarks import paired
-  rows = pd.read_csv(_committed("pandemic_tables.csv.gz"))
-  rows = rows.assign(feature_set=rows.feature_set.fillna(_FULL),
-                     average_precision=100 * rows.average_precision)
+  rows = _pandemic_rows("pandemic_tables.csv.gz")
+  rows = rows.assign(feature_set=rows.feature_set.fillna(_FULL))
   loss = rows.loss.where(rows.loss == "bce", "focal " + rows.alpha.map("{:g}".format))
   rows = rows.assign(label=loss + " " + rows.architecture + " " + rows.feature_set
                      + " S1=" + rows.sample_size.astype(str))
-  table = paired.differences(rows, PANDEMIC_TABLE_PAIRS, label="label", cell=["seed"],
-                             value="average_precision", metric="average_precision")
-  return paired.to_markdown(table, "average_precision")
+  return _paired_ap(rows, PANDEMIC_TABLE_PAIRS)
 
 
 def test_the_pandemic_tables_at_three_seeds_are_the_committed_rows():
@@ -191,11 +201,8 @@ def pandemic_table23() -> tuple:
   """Table 2.3's analogue from the committed rows: per feature set, AP x 10^-2 as
   mean +- sd over seeds of centralized and MR-MTL logistic regression and the
   centralized MLP ('-' where not run); and the paired table of TABLE23_PAIRS."""
-  import pandas as pd
-  from benchmarks import paired
-  rows = pd.read_csv(_committed("pandemic_table23.csv.gz"))
-  rows = rows.assign(average_precision=100 * rows.average_precision,
-                     label=rows.method + " " + rows.architecture + " "
+  rows = _pandemic_rows("pandemic_table23.csv.gz")
+  rows = rows.assign(label=rows.method + " " + rows.architecture + " "
                      + rows.feature_set)
   cells = []
   for feature_set in TABLE23_SETS:
@@ -206,9 +213,7 @@ def pandemic_table23() -> tuple:
                 ].average_precision
       line.append(f"{ap.mean():.3f} +- {ap.std():.3f}" if len(ap) else "-")
     cells.append(" | ".join(line))
-  table = paired.differences(rows, TABLE23_PAIRS, label="label", cell=["seed"],
-                             value="average_precision", metric="average_precision")
-  return cells, paired.to_markdown(table, "average_precision")
+  return cells, _paired_ap(rows, TABLE23_PAIRS)
 
 
 def test_the_table23_analogue_is_the_committed_rows():

@@ -136,8 +136,9 @@ def rendered(items: list, results: str) -> str:
       "<!-- map -->",
       "Written by `python -m benchmarks.fidelity` from `benchmarks/fidelity.toml`; "
       f"{len(items)} results: " + ", ".join(f"{counts[v]} {v}" for v in VERDICTS)
-      + f". {committed} of them have their rows committed under `benchmarks/results/`;"
-      " the others' rows are what their commands write (under `benchmarks/out/`).",
+      + f". {committed} of them have their rows committed (under `benchmarks/results/`,"
+      " or beside their figure); the others' rows are what their commands write"
+      " (under `benchmarks/out/`).",
       "",
       "| seed | result | the paper | here | scale here (paper) | verdict |",
       "|---|---|---|---|---|---|"]

@@ -548,3 +548,51 @@ def test_the_membership_table_is_the_committed_rows():
   rows = pd.read_csv(_committed("membership.csv.gz"))
   assert (rows.epsilon_spent <= rows.target_epsilon).all()
   assert rows.seed.nunique() == 3 and len(rows) == 3 * 12 * 41
+
+
+def _figure_rows(name: str) -> str:
+  """A rows file written beside its figure under benchmarks/figures/."""
+  return os.path.join(binaries.ROOT, "benchmarks", "figures", name)
+
+
+def _printed(cell: str, value: float) -> bool:
+  """Whether `cell` (as "34.6", "6.85e6" or "0.012") is `value` rounded to the
+  significant digits the cell prints."""
+  mantissa = cell.split("e")[0].lstrip("0.").replace(".", "")
+  return float(cell) == float(f"{value:.{max(len(mantissa), 1)}g}")
+
+
+def test_the_degree_table_is_the_rows_beside_fig_2_8():
+  """Thesis Fig. 2.8's table (the authors' add/remove exponent, epsilon by S and
+  sigma) prints the committed CSV's epsilons to their digits."""
+  import pandas as pd
+  rows = pd.read_csv(_figure_rows("pandemic_degree.csv"))
+  rows = rows[rows.neighbouring == "add_remove"]
+  section = _section("Pandemic forecasting on a synthetic population")
+  lines = section[section.index("| S | sigma 0.5 |"):].split("\n\n")[0].splitlines()
+  sigmas = [0.5] + [float(c) for c in lines[0].split("|")[3:-1]]
+  assert len(lines) == 2 + 7 and len(sigmas) == 6, lines
+  for line in lines[2:]:
+    cells = [c.strip() for c in line.split("|")[1:-1]]
+    for sigma, cell in zip(sigmas, cells[1:]):
+      value = rows[(rows.max_neighbourhoods == int(cells[0]))
+                   & (rows.sigma == sigma)].epsilon
+      assert len(value) == 1 and _printed(cell, value.iloc[0]), (line, sigma)
+
+
+def test_the_gradient_norm_table_is_the_rows_beside_fig_2_9():
+  """Thesis Fig. 2.9's table of per-example gradient norms (median, 99th
+  percentile, largest, shares below C / 5 and C) is the committed CSV's."""
+  import pandas as pd
+  rows = pd.read_csv(_figure_rows("pandemic_gradient_norms.csv"))
+  rows = rows[rows.label != "all"]
+  section = _section("Pandemic forecasting on a synthetic population")
+  start = section.index("| model | label | median |")
+  lines = section[start:].split("\n\n")[0].splitlines()[2:]
+  assert len(lines) == len(rows) == 4, lines
+  for line, (_, row) in zip(lines, rows.iterrows()):
+    cells = [c.strip() for c in line.split("|")[3:-1]]
+    values = (row["median"], row.q99, row.largest, row.below_clip_5, row.below_clip)
+    assert line.startswith(f"| {row.model}"), line
+    assert ("positive" in line) == (float(row.label) == 1), line
+    assert all(_printed(c, v) for c, v in zip(cells, values)), (line, values)

@@ -596,3 +596,14 @@ def test_the_gradient_norm_table_is_the_rows_beside_fig_2_9():
     assert line.startswith(f"| {row.model}"), line
     assert ("positive" in line) == (float(row.label) == 1), line
     assert all(_printed(c, v) for c, v in zip(cells, values)), (line, values)
+
+
+@pytest.mark.cli
+def test_the_table_2_6_epsilons_are_what_the_accountant_prints():
+  """Thesis Table 2.6's epsilon column in RESULTS is what `pandemic --epsilon_table`
+  prints now (no data: the accountant alone, about a second)."""
+  done = binaries.run("pandemic", "--epsilon_table")
+  assert done.returncode == 0, done.stderr
+  table = [l for l in done.stdout.splitlines() if l.startswith("|")]
+  assert len(table) == 2 + 7, done.stdout
+  assert "\n".join(table) in _section("Pandemic forecasting on a synthetic population")

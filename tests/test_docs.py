@@ -613,3 +613,11 @@ def test_the_table_2_6_epsilons_are_what_the_accountant_prints():
   table = [l for l in done.stdout.splitlines() if l.startswith("|")]
   assert len(table) == 2 + 7, done.stdout
   assert "\n".join(table) in _section("Pandemic forecasting on a synthetic population")
+
+
+@pytest.mark.cli
+def test_the_digits_stand_in_tables_are_the_committed_rows():
+  """Thesis Fig. 1.6's digits stand-in: the means table and the paired intervals
+  RESULTS.md gives are lines `summarize` prints for the committed rows."""
+  section = _section("Rotated & masked digits with the hypernetwork")
+  _assert_summarized(_committed("digits.csv.gz"), section, 7 + 25)

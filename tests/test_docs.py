@@ -45,6 +45,13 @@ RESULTS = os.path.join(binaries.ROOT, "benchmarks", "RESULTS.md")
 _DECIMAL = re.compile(r"\d+\.\d+(?:e-?\d+)?|\d+e-\d+")
 
 
+def _table_rows(text: str, header: str) -> list:
+  """The body rows of the markdown table in `text` whose header line starts with
+  `header` (up to the blank line after it)."""
+  table = text[text.index(header):]
+  return table.split("\n\n")[0].splitlines()[2:]
+
+
 def _recorded(number: str, text: str) -> bool:
   """Whether `text` holds `number`, as written or rounded from more digits."""
   if "e" in number:
@@ -66,8 +73,7 @@ def test_the_findings_table_quotes_the_recorded_results():
     readme = f.read()
   with open(RESULTS) as f:
     results = f.read()
-  table = readme[readme.index("| finding | numbers | where |"):]
-  rows = table[:table.index("\n\n")].splitlines()[2:]
+  rows = _table_rows(readme, "| finding | numbers | where |")
   assert len(rows) >= 8
   for row in rows:
     _, _, numbers, where, _ = row.split("|")
@@ -575,10 +581,11 @@ def test_the_degree_table_is_the_rows_beside_fig_2_8():
   rows = pd.read_csv(_figure_rows("pandemic_degree.csv"))
   rows = rows[rows.neighbouring == "add_remove"]
   section = _section("Pandemic forecasting on a synthetic population")
-  lines = section[section.index("| S | sigma 0.5 |"):].split("\n\n")[0].splitlines()
-  sigmas = [0.5] + [float(c) for c in lines[0].split("|")[3:-1]]
-  assert len(lines) == 2 + 7 and len(sigmas) == 6, lines
-  for line in lines[2:]:
+  header = "| S | sigma 0.5 | 1 | 2 | 4.5 | 5 | 10 |"
+  sigmas = [0.5] + [float(c) for c in header.split("|")[3:-1]]
+  lines = _table_rows(section, header)
+  assert len(lines) == 7, lines
+  for line in lines:
     cells = [c.strip() for c in line.split("|")[1:-1]]
     for sigma, cell in zip(sigmas, cells[1:]):
       value = rows[(rows.max_neighbourhoods == int(cells[0]))
@@ -593,8 +600,7 @@ def test_the_gradient_norm_table_is_the_rows_beside_fig_2_9():
   rows = pd.read_csv(_figure_rows("pandemic_gradient_norms.csv"))
   rows = rows[rows.label != "all"]
   section = _section("Pandemic forecasting on a synthetic population")
-  start = section.index("| model | label | median |")
-  lines = section[start:].split("\n\n")[0].splitlines()[2:]
+  lines = _table_rows(section, "| model | label | median |")
   assert len(lines) == len(rows) == 4, lines
   for line, (_, row) in zip(lines, rows.iterrows()):
     cells = [c.strip() for c in line.split("|")[3:-1]]

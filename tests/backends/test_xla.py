@@ -12,6 +12,7 @@ from tff_silo import algorithms, data, models, pjrt, xla
 from tff_silo.backends.vectorized import programs
 from tff_silo.backends.vectorized import training as vectorized_training
 from tff_silo.dprivate_simulation import run_dprivate_clustering
+from tests.backends import grid_flips
 from tests.backends import test_accelerator_readiness as readiness
 
 # Every round compiles. The hypernetwork's has a test of its own below (its users
@@ -33,27 +34,15 @@ def _run(case, folder, mode):
 
 
 # Cases whose DP-SGD gradients XLA computes with other roundings (an MLP's or a CNN's
-# per-example gradients: fused multiply-adds, other summation orders; the linear
-# models' are compiled in both): their integer noise rounds a value that lies within those
-# roundings of a half-integer of its grid one way traced and the other compiled, a
-# grid step apart. Each such flip moves a step's update by lr grid / B per example
-# and coordinate, so the models agree within steps * lr * grid (all B examples
-# flipping), twice for what later steps inherit; (lr, clip, B) of the case. That
-# stays below half of one step's noise (lr z C / B), a wrong draw's smallest effect.
+# per-example gradients; the linear models' are compiled in both), so that integer
+# noise's grid may flip (`grid_flips`): (lr, clip, B) of the case.
 GRID_FLIPS = {"pandemic_mlp_node_dp": (0.1, 1.0, 16), "mrmtl_dp_cnn": (0.1, 1.0, 4)}
 
 
 def _grid_tolerance(case, result) -> float:
-  from tff_silo.privacy import integer_law
   if case not in GRID_FLIPS:
     return 0.0
-  lr, clip, batch = GRID_FLIPS[case]
-  privacy = result.privacy
-  z = [integer_law.grid_noise_multiplier(float(v), privacy.integer_coordinates)
-       for v in privacy.noise_multipliers]
-  tolerance = 2.0 * float(privacy.steps.max()) * lr * max(z) * clip / integer_law.SIGMA
-  assert tolerance < 0.5 * lr * min(z) * clip / batch
-  return tolerance
+  return grid_flips.tolerance(result.privacy, *GRID_FLIPS[case])
 
 
 def _assert_close(want, got, grid_atol=0.0):

@@ -627,3 +627,44 @@ def test_the_digits_stand_in_tables_are_the_committed_rows():
   RESULTS.md gives are lines `summarize` prints for the committed rows."""
   section = _section("Rotated & masked digits with the hypernetwork")
   _assert_summarized(_committed("digits.csv.gz"), section, 7 + 25)
+
+
+# Table 2.6 at C = 5: the pairs its paired table compares (labels: clip and sigma).
+TABLE26_PAIRS = [("no DP", "C=5 sigma=0.01"), ("no DP", "C=15 sigma=0.01"),
+                 ("C=15 sigma=0.01", "C=5 sigma=0.01"), ("C=15 sigma=1", "C=5 sigma=1")]
+
+
+def test_table_2_6_at_clip_5_is_the_committed_rows():
+  """Thesis Table 2.6 at C = 5 and S1 = 30 (and C = 15 at two sigmas): each AP
+  cell is mean +- sd over the seeds (x 10^-2) with its ratio to the non-private
+  mean, and each epsilon the rows' (replace one node; the authors' exponent); the
+  paired table is the rows' by seed."""
+  rows = _pandemic_rows("pandemic_table26_c5.csv.gz")
+  section = _section("Pandemic forecasting on a synthetic population")
+  start = section.index("| sigma | AP x 10^-2, C = 5 (ratio) |")
+  lines = section[start:].split("\n\n")[0].splitlines()[2:]
+  base = rows[rows.sigma == 0].average_precision.mean()
+  def ap(part):
+    assert part.seed.nunique() == len(part) == 3, part
+    mean = part.average_precision.mean()
+    return f"{mean:.3f} +- {part.average_precision.std():.3f} ({mean / base:.2g})"
+  assert len(lines) == 6 and len(rows) == 3 * (6 + 2), lines
+  for line in lines:
+    cells = [c.strip() for c in line.split("|")[1:-1]]
+    at = rows[rows.sigma == (0 if cells[0] == "non-private" else float(cells[0]))]
+    five, fifteen = at[at["clip"].isna() | (at["clip"] == 5)], at[at["clip"] == 15]
+    assert cells[1] == ap(five), line
+    if len(fifteen):
+      assert cells[2] == ap(fifteen), line
+    else:
+      assert cells[2] in ("-", "(the same run: no clipping)"), line
+    if cells[0] != "non-private":
+      for cell, column in ((cells[4], five.epsilon_theorem),
+                           (cells[5], five.epsilon_code)):
+        assert column.nunique() == 1 and _printed(cell, column.iloc[0]), line
+  label = rows["clip"].map(lambda c: "no DP" if c != c else f"C={c:g}")
+  rows = rows.assign(label=label.where(rows.sigma == 0,
+                                       label + " sigma=" + rows.sigma.map("{:g}".format)))
+  paired = [l for l in _paired_ap(rows, TABLE26_PAIRS).splitlines() if l.startswith("| ")]
+  assert len(paired) == 1 + len(TABLE26_PAIRS)   # the header, a line a pair
+  assert all(line in section for line in paired)

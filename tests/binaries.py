@@ -18,8 +18,13 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _MARK = "@@binaries-result@@ "
 _DRIVER = r"""
-import contextlib, importlib, io, json, sys, traceback
+import contextlib, importlib, io, json, os, sys, threading, time, traceback
 binary = sys.argv[1]
+def _orphaned(parent=os.getppid()):   # the test worker died mid-run: stop too
+  while os.getppid() == parent:
+    time.sleep(2)
+  os._exit(1)
+threading.Thread(target=_orphaned, daemon=True).start()
 import tensorflow  # noqa: F401  (first, outside app.run: attacks' Keras needs it)
 from absl import flags
 from benchmarks import common

@@ -668,3 +668,44 @@ def test_table_2_6_at_clip_5_is_the_committed_rows():
   paired = [l for l in _paired_ap(rows, TABLE26_PAIRS).splitlines() if l.startswith("| ")]
   assert len(paired) == 1 + len(TABLE26_PAIRS)   # the header, a line a pair
   assert all(line in section for line in paired)
+
+
+# Galli et al. Table 4's stand-in: the pairs its paired table compares.
+GALLI_TABLE4_PAIRS = [(f"U=20 nu={nu}", "U=20 nu=none") for nu in (1, 5, 10, 15)] + [
+    ("U=4 nu=15", "U=4 nu=none")]
+
+
+def galli_table4_rows():
+  """The committed rows of Table 4's stand-in, labelled by U and nu; `ari` whether
+  or not the run's guarantee covers it."""
+  import pandas as pd
+  rows = pd.read_csv(_committed("galli_table4.csv.gz"))
+  nu = rows.nu.map(lambda v: "none" if v != v else f"{v:g}")
+  return rows.assign(ari=rows.ari_outside_guarantee.fillna(rows["ari"]),
+                     label="U=" + rows.clients_per_round.astype(str) + " nu=" + nu)
+
+
+def test_the_galli_table_4_stand_in_is_the_committed_rows():
+  """Each nu's accuracy (mean +- sd over the seeds), the ARI of each seed and the
+  largest composed leakage are the committed rows' (U = 20), and the paired table
+  (U = 20, and U = 4 at nu 15) is theirs by seed."""
+  rows = galli_table4_rows()
+  section = _section("d-private clustering on rotated Fashion-MNIST")
+  twenty = rows[rows.clients_per_round == 20]
+  assert len(twenty) == 5 * 3 and len(rows) == 5 * 3 + 2 * 3
+  for nu, part in twenty.groupby(twenty.nu.fillna(0)):
+    name = "none (paper: 0)" if nu == 0 else f"{nu:g}"
+    line = next(l for l in section.splitlines() if l.startswith(f"| {name} |"))
+    cells = [c.strip() for c in line.split("|")[1:-1]]
+    accuracy = part.test_metric
+    assert cells[1] == f"{accuracy.mean():.3f} +- {accuracy.std():.3f}", line
+    assert cells[2] == ", ".join(f"{a:.2g}" for a in part.sort_values("seed").ari), line
+    assert cells[3] == ("unbounded" if nu == 0 else
+                        f"{part.leakage_max.max():.1e}".replace("e+0", "e")), line
+  from benchmarks import paired
+  table = paired.differences(rows, GALLI_TABLE4_PAIRS, label="label", cell=["seed"],
+                             value="test_metric", metric="accuracy")
+  lines = [l for l in paired.to_markdown(table, "accuracy").splitlines()
+           if l.startswith("| ")]
+  assert len(lines) == 1 + len(GALLI_TABLE4_PAIRS)
+  assert all(line in section for line in lines)

@@ -166,12 +166,13 @@ def _pandemic_rows(name: str):
   return rows.assign(average_precision=100 * rows.average_precision)
 
 
-def _paired_ap(rows, pairs) -> str:
-  """The paired table of `pairs` of labelled pandemic rows, by seed."""
+def _paired_ap(rows, pairs, value="average_precision", metric="average_precision"):
+  """The paired table of `pairs` of labelled rows (pandemic rows' AP unless
+  `value` and `metric` say otherwise), by seed."""
   from benchmarks import paired
-  table = paired.differences(rows, pairs, label="label", cell=["seed"],
-                             value="average_precision", metric="average_precision")
-  return paired.to_markdown(table, "average_precision")
+  table = paired.differences(rows, pairs, label="label", cell=["seed"], value=value,
+                             metric=metric)
+  return paired.to_markdown(table, metric)
 
 
 def pandemic_tables_paired() -> str:
@@ -641,8 +642,7 @@ def test_table_2_6_at_clip_5_is_the_committed_rows():
   paired table is the rows' by seed."""
   rows = _pandemic_rows("pandemic_table26_c5.csv.gz")
   section = _section("Pandemic forecasting on a synthetic population")
-  start = section.index("| sigma | AP x 10^-2, C = 5 (ratio) |")
-  lines = section[start:].split("\n\n")[0].splitlines()[2:]
+  lines = _table_rows(section, "| sigma | AP x 10^-2, C = 5 (ratio) |")
   base = rows[rows.sigma == 0].average_precision.mean()
   def ap(part):
     assert part.seed.nunique() == len(part) == 3, part
@@ -697,10 +697,7 @@ def test_the_galli_table_4_stand_in_is_the_committed_rows():
     assert cells[2] == ", ".join(f"{a:.2g}" for a in part.sort_values("seed").ari), line
     assert cells[3] == ("unbounded" if nu == 0 else
                         f"{part.leakage_max.max():.1e}".replace("e+0", "e")), line
-  from benchmarks import paired
-  table = paired.differences(rows, GALLI_TABLE4_PAIRS, label="label", cell=["seed"],
-                             value="test_metric", metric="accuracy")
-  lines = [l for l in paired.to_markdown(table, "accuracy").splitlines()
-           if l.startswith("| ")]
+  lines = [l for l in _paired_ap(rows, GALLI_TABLE4_PAIRS, "test_metric", "accuracy")
+           .splitlines() if l.startswith("| ")]
   assert len(lines) == 1 + len(GALLI_TABLE4_PAIRS)
   assert all(line in section for line in lines)

@@ -196,6 +196,24 @@ def _users(seed, s):
   return datasets.cached(datasets.hypernet_users, _recipe(seed, s))
 
 
+def _check_noise(users, s) -> None:
+  """Refuses, before any run trains, a noise multiplier the integer noise cannot
+  draw over the hypernetwork's P weights (`integer_law.grid_noise_multiplier`)."""
+  noised = sorted({g.noise_multiplier for g in s.grid if g.noise_multiplier > 0})
+  if "hypernet" not in s.methods or not noised:
+    return
+  from hypernet.training import hypernetwork
+  from tff_silo.privacy import integer_law
+  size = hypernetwork(_target(users, s), users, s.hidden_width,
+                      s.embedding_dim).num_parameters
+  for z in noised:
+    try:
+      integer_law.grid_noise_multiplier(z, size)
+    except ValueError as e:
+      raise UsageError(f"--noise_multipliers: {e}; the hypernetwork has P = {size:,} "
+                       "weights (--hidden_width, --channels, --dense set it)") from None
+
+
 def _run_rows(s, batch, progress, replay=None):
   """The row of a run (a batch of one), its models saved under --save_models: the
   plan's work, in this process or on a Ray worker; with --import_xla, its rounds'
@@ -447,9 +465,9 @@ def main(argv):
       skipped_note="; its models are not saved again" if s.save_models else "")
   executor = executors.from_flags()
   seeds = list(dict.fromkeys(run.spec[0] for run in todo.pending))
-  with common.usage_errors():   # every file read before any run trains
+  with common.usage_errors():   # every file read and every z checked before any run
     for seed in seeds:
-      _users(seed, s)
+      _check_noise(_users(seed, s), s)
   if s.export_xla:
     _export(todo, s, bundle)
     return

@@ -30,11 +30,8 @@ def train(target, users, settings, *, rounds: int, client_lr: float, batch_size:
     eval_every, progress, backend: as `run_hypernet`.
   """
   from hypernet.algorithm import hypernet_algorithm
-  from hypernet.network import Hypernetwork, default_embedding_dim
   from hypernet.simulation import run_hypernet
-  network = Hypernetwork(target, users.num_silos,
-                         embedding_dim or default_embedding_dim(users.num_silos),
-                         hidden_width=hidden_width)
+  network = hypernetwork(target, users, hidden_width, embedding_dim)
   algorithm = hypernet_algorithm(
       network, users.feature_shape, users.train_sizes, settings,
       client_learning_rate=client_lr, batch_size=batch_size, local_steps=local_steps,
@@ -45,3 +42,12 @@ def train(target, users, settings, *, rounds: int, client_lr: float, batch_size:
                         seed=noise_seed, eval_every=eval_every, progress=progress,
                         backend=backend)
   return result, network
+
+
+def hypernetwork(target, users, hidden_width: int, embedding_dim: Optional[int] = None):
+  """The `Hypernetwork` generating `target` for one embedding row per user of
+  `users` (the embedding size defaults to `default_embedding_dim`)."""
+  from hypernet.network import Hypernetwork, default_embedding_dim
+  return Hypernetwork(target, users.num_silos,
+                      embedding_dim or default_embedding_dim(users.num_silos),
+                      hidden_width=hidden_width)

@@ -81,6 +81,21 @@ def _settings(**overrides):
     return bench.Settings.from_flags()
 
 
+def test_a_noise_the_integer_grid_cannot_draw_is_refused_before_any_run(tmp_path):
+  """z sqrt(P) / (2 SIGMA) must stay at most 0.5: z = 20 over the default digits
+  hypernetwork (P = 1,405,906: 0.72) is refused naming the flag and P; a network
+  small enough (hidden width 2) takes it."""
+  grid = dict(methods=["hypernet"], clips=["0.1"], noise_multipliers=["1", "20"],
+              output=str(tmp_path / "hn.csv"))
+  s = _settings(**grid)
+  with pytest.raises(UsageError) as error:
+    bench._check_noise(bench._users(0, s), s)
+  assert str(error.value).startswith("--noise_multipliers: a noise multiplier of 20.0")
+  assert "P = 1,405,906 weights" in str(error.value)
+  small = _settings(**grid, hidden_width=2, channels=["4", "8"], dense=16)
+  bench._check_noise(bench._users(0, small), small)
+
+
 @pytest.mark.cli
 def test_bad_input_ends_in_one_line():
   done = _run("--sampling_rates=1.5")

@@ -736,3 +736,43 @@ def test_the_inversion_table_is_the_committed_rows():
   body = _table_rows(_section("DLG and iDLG against each defense"),
                      "| setting | iDLG PSNR")
   assert body == inversion_table(rows)
+
+
+def _three_digits(value: float) -> str:
+  """`value` to 3 significant digits, thousands with commas: 6,840, 25.2, 0.850."""
+  return f"{float(f'{value:.3g}'):,.0f}" if value >= 1000 else f"{value:#.3g}"
+
+
+def udp_scaling_table(rows) -> list:
+  """The UDP-Alg scaling table's body from `benchmarks.hypernet` rows: by network
+  size P, the unclipped run, the noiseless clipped ones, then by signal-to-noise
+  bound q W / (z sqrt(P)) (falling) and users a round."""
+  rows = rows.assign(users=(rows.sampling_rate * rows.num_users).round().astype(int))
+  bound = rows.users / (rows.noise_multiplier * rows.hypernet_parameters ** 0.5)
+  rows = rows.assign(bound=bound.map(lambda b: float(f"{b:.2g}")))   # as printed
+  rows = rows.assign(order=rows.l2_norm_clip.notna().astype(int)
+                     + (rows.noise_multiplier > 0))
+  lines = []
+  for r in rows.sort_values(["hypernet_parameters", "order", "bound", "users"],
+                            ascending=[True, True, False, True]).itertuples():
+    noised = r.noise_multiplier > 0
+    clip = "none" if r.l2_norm_clip != r.l2_norm_clip else f"{r.l2_norm_clip:g}"
+    cells = [f"{r.hypernet_parameters:,}", f"{r.users} ({r.mean_users_per_round:.1f})",
+             clip, f"{r.noise_multiplier:g}",
+             _three_digits(r.epsilon) if noised else "-",
+             f"{r.bound:.2g}" if noised else "-", f"{r.mean_user_accuracy:.3f}",
+             f"{r.wall_seconds:.0f} s", f"{r.peak_memory_mb / 1024:.1f} GB"]
+    lines.append("| " + " | ".join(cells) + " |")
+  return lines
+
+
+def test_the_udp_scaling_table_is_the_committed_rows():
+  """UDP-Alg on 1,500 Fashion-MNIST users: 20 runs, each line recomputed from the
+  committed rows (one seed), every noised run's W declared public."""
+  import pandas as pd
+  rows = pd.read_csv(_committed("udp_scaling.csv.gz"))
+  assert len(rows) == 20 and (rows.num_users == 1500).all()
+  assert (rows[rows.noise_multiplier > 0].public_user_count == 1500).all()
+  body = _table_rows(_section("Where user-level DP starts to learn"),
+                     "| P | users a round")
+  assert body == udp_scaling_table(rows)

@@ -463,18 +463,46 @@ def _simulate(s, batch, loaded, backend) -> list:
           for run, result, score_z in zip(runs, results, scores)]
 
 
+def _hypernet_noise(s, epsilon: float) -> float:
+  """The hypernetwork's z at `epsilon`: T Poisson-sampled (q) Gaussian rounds
+  (epsilon, delta)-DP at the user level; 0 without DP."""
+  from tff_silo.privacy import accounting
+  return (0.0 if math.isinf(epsilon) else accounting.calibrate_noise_multiplier(
+      epsilon, s.delta, s.hypernet.sampling_rate, s.rounds))
+
+
+def _check_hypernet_noise(s, silos) -> None:
+  """Refuses, before any trial runs, an epsilon whose z the integer noise cannot
+  draw over the hypernetwork's weights (`integer_law.grid_noise_multiplier`)."""
+  if "hypernet" not in s.methods:
+    return
+  from hypernet.training import hypernetwork
+  from tff_silo import models
+  from tff_silo.privacy import integer_law
+  size = hypernetwork(models.model_for(silos), silos,
+                      s.hypernet.hidden_width).num_parameters
+  for epsilon in s.epsilons:
+    z = _hypernet_noise(s, epsilon)
+    if z > 0:
+      try:
+        integer_law.grid_noise_multiplier(z, size)
+      except ValueError as e:
+        raise UsageError(f"--epsilons: the hypernetwork at epsilon {epsilon:g} needs "
+                         f"z = {z:.3g}, beyond integer noise over its {size:,} weights "
+                         f"({e}); give a larger epsilon or fewer --rounds, or drop "
+                         "hypernet from --methods") from None
+
+
 def _hypernet(s, trial, silos, backend) -> _Outcome:
   """HyperNetFL (UDP-Alg), each silo a user: under DP the noise multiplier z that
   makes T Poisson-sampled (q) Gaussian rounds (trial epsilon, delta)-DP at the
   user level (add/remove one user's whole data)."""
   import hypernet
   from tff_silo import models
-  from tff_silo.privacy import accounting, user_level
+  from tff_silo.privacy import user_level
   h = s.hypernet
   private = not math.isinf(trial["epsilon"])
-  z = (accounting.calibrate_noise_multiplier(trial["epsilon"], s.delta,
-                                             h.sampling_rate, s.rounds)
-       if private else 0.0)
+  z = _hypernet_noise(s, trial["epsilon"])
   # W: the preset's number of users, fixed by its recipe before training (public)
   settings = user_level.UserDPSettings(
       h.sampling_rate, h.l2_norm_clip if private else None, z,
@@ -855,6 +883,7 @@ def main(argv):
   except ValueError as e:   # DataError: a missing or bad file, a silo too small
     raise UsageError(str(e)) from None
   silos = loaded[s.seeds[0]][0]
+  _check_hypernet_noise(s, silos)
   s = dataclasses.replace(
       s, aggregator=common.aggregator_choice(silos.num_silos, s.rounds))
   if not s.aggregator.weighted and any(m in grid.IFCA_METHODS for m in s.methods):

@@ -509,6 +509,9 @@ def test_every_trial_of_a_grid_has_keys_of_its_own(tuning):
      "--aggregator=unweighted_mean: mocha has no server mean"),
     ("--export_xla=b --xla", "--export_xla: drop --xla (a bundle's rounds are XLA"),
     ("--import_xla=no_such_folder", "--import_xla: no_such_folder: no manifest.json"),
+    ("--preset=digits --methods=local,hypernet --epsilons=0.3,inf",   # before any trial
+     "--epsilons: the hypernetwork at epsilon 0.3 needs z = 19.1, beyond integer noise "
+     "over its 2,181,386 weights"),
 ])
 def test_bad_flags_end_in_one_line(tmp_path, flag, message):
   proc = _compare(tmp_path, *flag.split(), timeout=120)

@@ -166,7 +166,7 @@ def _pandemic_rows(name: str):
   return rows.assign(average_precision=100 * rows.average_precision)
 
 
-def _paired_ap(rows, pairs, value="average_precision", metric="average_precision"):
+def _paired_by_seed(rows, pairs, value="average_precision", metric="average_precision"):
   """The paired table of `pairs` of labelled rows (pandemic rows' AP unless
   `value` and `metric` say otherwise), by seed."""
   from benchmarks import paired
@@ -182,7 +182,7 @@ def pandemic_tables_paired() -> str:
   loss = rows.loss.where(rows.loss == "bce", "focal " + rows.alpha.map("{:g}".format))
   rows = rows.assign(label=loss + " " + rows.architecture + " " + rows.feature_set
                      + " S1=" + rows.sample_size.astype(str))
-  return _paired_ap(rows, PANDEMIC_TABLE_PAIRS)
+  return _paired_by_seed(rows, PANDEMIC_TABLE_PAIRS)
 
 
 def test_the_pandemic_tables_at_three_seeds_are_the_committed_rows():
@@ -220,7 +220,7 @@ def pandemic_table23() -> tuple:
                 ].average_precision
       line.append(f"{ap.mean():.3f} +- {ap.std():.3f}" if len(ap) else "-")
     cells.append(" | ".join(line))
-  return cells, _paired_ap(rows, TABLE23_PAIRS)
+  return cells, _paired_by_seed(rows, TABLE23_PAIRS)
 
 
 def test_the_table23_analogue_is_the_committed_rows():
@@ -665,7 +665,8 @@ def test_table_2_6_at_clip_5_is_the_committed_rows():
   label = rows["clip"].map(lambda c: "no DP" if c != c else f"C={c:g}")
   rows = rows.assign(label=label.where(rows.sigma == 0,
                                        label + " sigma=" + rows.sigma.map("{:g}".format)))
-  paired = [l for l in _paired_ap(rows, TABLE26_PAIRS).splitlines() if l.startswith("| ")]
+  paired = [l for l in _paired_by_seed(rows, TABLE26_PAIRS).splitlines()
+            if l.startswith("| ")]
   assert len(paired) == 1 + len(TABLE26_PAIRS)   # the header, a line a pair
   assert all(line in section for line in paired)
 
@@ -697,7 +698,7 @@ def test_the_galli_table_4_stand_in_is_the_committed_rows():
     assert cells[2] == ", ".join(f"{a:.2g}" for a in part.sort_values("seed").ari), line
     assert cells[3] == ("unbounded" if nu == 0 else
                         f"{part.leakage_max.max():.1e}".replace("e+0", "e")), line
-  lines = [l for l in _paired_ap(rows, GALLI_TABLE4_PAIRS, "test_metric", "accuracy")
+  lines = [l for l in _paired_by_seed(rows, GALLI_TABLE4_PAIRS, "test_metric", "accuracy")
            .splitlines() if l.startswith("| ")]
   assert len(lines) == 1 + len(GALLI_TABLE4_PAIRS)
   assert all(line in section for line in lines)
@@ -747,8 +748,9 @@ def udp_scaling_table(rows) -> list:
   """The UDP-Alg scaling table's body from `benchmarks.hypernet` rows: by network
   size P, the unclipped run, the noiseless clipped ones, then by signal-to-noise
   bound q W / (z sqrt(P)) (falling) and users a round."""
+  from benchmarks import tables
   rows = rows.assign(users=(rows.sampling_rate * rows.num_users).round().astype(int))
-  bound = rows.users / (rows.noise_multiplier * rows.hypernet_parameters ** 0.5)
+  bound = tables.signal_to_noise(rows)   # the binary's column, as its figure plots
   rows = rows.assign(bound=bound.map(lambda b: float(f"{b:.2g}")))   # as printed
   rows = rows.assign(order=rows.l2_norm_clip.notna().astype(int)
                      + (rows.noise_multiplier > 0))

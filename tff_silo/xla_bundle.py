@@ -21,6 +21,10 @@ The replay adds `results.npz` (the kept results, `r<call>_<result>`) and, last,
 `replay.json`: where it ran, each program's compile seconds and device memory,
 each call's seconds. Results stay on the device from call to call; only the kept
 ones come back. The binary's `--import_xla=DIR` turns them into its rows.
+
+`--calls_per_program=N` times a bundle too large to replay whole on a slow device:
+it makes each program's first N calls whose inputs it made, and writes only
+`timing.json` (the same report; a skipped call's seconds are null), never results.
 """
 
 from __future__ import annotations
@@ -37,7 +41,7 @@ import numpy as np
 FORMAT = 2   # 2: large constants may be stored smaller (`packed`); 1 is read too
 FORMATS = (1, 2)
 MANIFEST, CONSTANTS = "manifest.json", "constants.npz"
-RESULTS, REPLAY = "results.npz", "replay.json"
+RESULTS, REPLAY, TIMING = "results.npz", "replay.json", "timing.json"
 PLATFORMS = ("cpu", "gpu", "tpu")
 
 
@@ -199,9 +203,14 @@ class Device:
             for name in ("argument", "output", "temp", "generated_code")}
 
 
-def replay(directory: str, platform: str = "cpu", progress=None) -> dict:
+def replay(directory: str, platform: str = "cpu", progress=None,
+           calls_per_program: int | None = None) -> dict:
   """Runs a bundle's calls in order on `platform` and writes `results.npz` and then
-  `replay.json` (returned); `progress(calls done, calls)` after each call."""
+  `replay.json` (returned); `progress(calls done, calls)` after each call. With
+  `calls_per_program`, only each program's first calls whose inputs were made, to
+  time them: `timing.json` is written, and no results."""
+  if calls_per_program is not None and calls_per_program < 1:
+    raise BundleError(f"calls_per_program must be at least 1; got {calls_per_program}")
   manifest = read_manifest(directory)
   device = Device(platform)
   start = time.perf_counter()
@@ -223,10 +232,16 @@ def replay(directory: str, platform: str = "cpu", progress=None) -> dict:
     memory.append(device.memory(executables[-1]))
   keep = {tuple(k) for k in manifest["keep"]}
   last = last_uses(manifest)
-  held, seconds = {}, []
+  held, seconds, made = {}, [], [0] * len(executables)
   calls = manifest["calls"]
   for c, call in enumerate(calls):
     program = manifest["programs"][call["program"]]
+    if calls_per_program is not None and (
+        made[call["program"]] >= calls_per_program
+        or any(ref[0] == "r" and (ref[1], ref[2]) not in held for ref in call["args"])):
+      seconds.append(None)   # timing only: not made (nor what needs its results)
+      continue
+    made[call["program"]] += 1
     arguments = [constant(ref[1]) if ref[0] == "c" else held[(ref[1], ref[2])]
                  for ref in call["args"]] + [constant(i) for i in program["captures"]]
     t0 = time.perf_counter()
@@ -240,13 +255,15 @@ def replay(directory: str, platform: str = "cpu", progress=None) -> dict:
         del held[(ref[1], ref[2])]
     if progress is not None:
       progress(c + 1, len(calls))
-  kept = {result_name(c, j): np.asarray(held[(c, j)]) for c, j in sorted(keep)}
-  write_atomically(os.path.join(directory, RESULTS), lambda f: np.savez(f, **kept))
+  if calls_per_program is None:
+    kept = {result_name(c, j): np.asarray(held[(c, j)]) for c, j in sorted(keep)}
+    write_atomically(os.path.join(directory, RESULTS), lambda f: np.savez(f, **kept))
   report = dict(format=FORMAT, platform=platform, device=device.kind,
                 jaxlib=device.jaxlib, compile_seconds=compile_seconds, memory=memory,
                 call_seconds=seconds, wall_seconds=time.perf_counter() - start,
-                finished=time.strftime("%Y-%m-%dT%H:%M:%S"))
-  write_atomically(os.path.join(directory, REPLAY),
+                finished=time.strftime("%Y-%m-%dT%H:%M:%S"),
+                calls_per_program=calls_per_program)
+  write_atomically(os.path.join(directory, REPLAY if calls_per_program is None else TIMING),
                    lambda f: f.write(json.dumps(report, indent=1).encode()))
   return report
 
@@ -259,6 +276,9 @@ def main(argv=None) -> int:
   parser.add_argument("directory", help="the bundle (a folder)")
   parser.add_argument("--platform", default="cpu", choices=PLATFORMS,
                       help="the PJRT device to replay on (default: cpu)")
+  parser.add_argument("--calls_per_program", type=int, default=None, metavar="N",
+                      help="time only each program's first N calls; writes "
+                      f"{TIMING}, no results (default: every call)")
   args = parser.parse_args(argv)
   shown = [0.0]
 
@@ -268,16 +288,18 @@ def main(argv=None) -> int:
       print(f"call {done}/{total}", file=sys.stderr, flush=True)
 
   try:
-    report = replay(args.directory, args.platform, progress)
+    report = replay(args.directory, args.platform, progress, args.calls_per_program)
   except (BundleError, OSError) as error:
     print(f"xla_bundle: {error}", file=sys.stderr)
     return 1
-  calls = report["call_seconds"]
+  calls = [s for s in report["call_seconds"] if s is not None]
+  written = (RESULTS if args.calls_per_program is None else
+             f"{TIMING} (timing only: {len(calls)} of {len(report['call_seconds'])} calls)")
   print(f"replayed {len(calls)} calls on {report['platform']} ({report['device']}, "
         f"jaxlib {report['jaxlib']}): compile {sum(report['compile_seconds']):.2f} s, "
         f"a call's median {np.median(calls) if calls else 0:.4f} s, in all "
-        f"{report['wall_seconds']:.2f} s; results in "
-        f"{os.path.join(args.directory, RESULTS)}")
+        f"{report['wall_seconds']:.2f} s; written: "
+        f"{os.path.join(args.directory, written)}")
   return 0
 
 

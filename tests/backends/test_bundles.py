@@ -126,6 +126,31 @@ def test_the_runner_says_in_one_line_what_is_not_a_bundle(tmp_path):
       f"xla_bundle: {tmp_path}: no manifest.json (not a bundle written by --export_xla)"]
 
 
+@pytest.mark.cli
+def test_a_timing_replay_makes_each_programs_first_calls_and_writes_no_results(
+    tmp_path):
+  """`--calls_per_program=N` (a bundle too large to replay whole on a slow device):
+  the first N calls of each program, the seconds of the others null, timing.json
+  only, so the bundle is still not replayed for --import_xla."""
+  data = tf.constant([[0.1, 0.2], [0.3, -0.4]])
+  recording = bundles.Recording()
+  _drive(recording, data, rounds=3)
+  recording.write(str(tmp_path), about={})
+  proc = subprocess.run(RUNNER + [str(tmp_path), "--calls_per_program=2"],
+                        cwd=binaries.ROOT, capture_output=True, text=True, timeout=300)
+  assert proc.returncode == 0, proc.stderr[-2000:]
+  assert "timing only: 2 of 3 calls" in proc.stdout
+  report = json.loads((tmp_path / xla_bundle.TIMING).read_text())
+  assert report["calls_per_program"] == 2 and report["call_seconds"][2] is None
+  assert all(s > 0 for s in report["call_seconds"][:2])
+  assert not (tmp_path / xla_bundle.RESULTS).exists()
+  assert not (tmp_path / xla_bundle.REPLAY).exists()
+  with pytest.raises(bundles.BundleError, match="not replayed yet"):
+    bundles.Replay(str(tmp_path))
+  with pytest.raises(xla_bundle.BundleError, match="calls_per_program must be at least 1"):
+    xla_bundle.replay(str(tmp_path), calls_per_program=0)
+
+
 def test_a_replays_device_memory_is_its_largest_program_among_the_calls():
   """What a row's device_memory_mb reads with --import_xla (`Replay.memory_bytes`):
   arguments, results and temporaries as the replay's jaxlib reported them, the

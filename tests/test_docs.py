@@ -778,3 +778,95 @@ def test_the_udp_scaling_table_is_the_committed_rows():
   body = _table_rows(_section("Where user-level DP starts to learn"),
                      "| P | users a round")
   assert body == udp_scaling_table(rows)
+
+
+def _time(seconds: float) -> str:
+  """3 significant digits, in ms below a second: 1.37 ms, 273 ms, 20.1 s."""
+  value, unit = (seconds * 1e3, "ms") if seconds < 1 else (seconds, "s")
+  return f"{value:#.3g}".rstrip(".") + f" {unit}"
+
+
+def _ratio(ratio: float) -> str:
+  """2 significant digits, whole from 10: 0.90x, 3.6x, 16x, 220x."""
+  return f"{ratio:.2g}x" if ratio < 10 else f"{float(f'{ratio:.2g}'):.0f}x"
+
+
+def h200_rounds_table(school, hypernet, cnn, cnn_cpu) -> list:
+  """RESULTS' H200 table body: each method's median round on the H200 and on the
+  same machine's 16 CPU cores (jaxlib 0.11.2, one invocation), from the imported
+  rows of the School and hypernetwork bundles and the Fashion-MNIST cell (mask
+  0.2) with the CPU's timing replay (`cnn_cpu`: its first call of each trial's
+  block of calls; MR-MTL's program is local's, timed once)."""
+  lines = []
+
+  def line(workload, method, gpu, cpu, memory):
+    cells = [workload, method, _time(gpu), cpu if isinstance(cpu, str) else _time(cpu),
+             "-" if isinstance(cpu, str) else _ratio(cpu / gpu), memory]
+    lines.append("| " + " | ".join(cells) + " |")
+
+  for rows, workload in ((school, "School, DP (epsilon 1)"),
+                         (hypernet, "digits users, UDP-Alg q 0.1, z 1 / FedAvg")):
+    gpu, cpu = (rows[rows.device == d].set_index("algorithm")
+                for d in ("xla_gpu", "xla_cpu"))
+    for method in gpu.index:
+      line(workload, method, gpu.seconds_per_round_median[method],
+           cpu.seconds_per_round_median[method],
+           f"{gpu.device_memory_mb[method]:.1f} MB")
+  trials = cnn[(cnn.row_type == "trial") & (cnn.mask_probability == 0.2)].reset_index()
+  calls = cnn_cpu["call_seconds"]
+  block = len(calls) // len(trials)
+  for i, trial in trials.iterrows():
+    timed = [s for s in calls[i * block:(i + 1) * block] if s is not None]
+    cpu = timed[0] if timed else "as local (one program)"
+    line("Fashion-MNIST CNN, DP (epsilon 3)", trial.method,
+         trial.wall_seconds / trial.rounds, cpu, "-")
+  return lines
+
+
+def h200_pandemic_table(rows) -> list:
+  """RESULTS' table of the forecaster's training (20 rounds) on the H200 and its CPU."""
+  gpu, cpu = (rows[rows.device == d].reset_index() for d in ("xla_gpu", "xla_cpu"))
+  return [f"| {g.method} | {g.noise_multiplier:g} | {_time(g.train_seconds)} | "
+          f"{_time(c.train_seconds)} | {c.train_seconds / g.train_seconds:.0f}x |"
+          for (_, g), (_, c) in zip(gpu.iterrows(), cpu.iterrows())]
+
+
+def fmnist_masks_table(rows) -> list:
+  """RESULTS' 200-round Fig. 1.6 table: each method's test accuracy by mask."""
+  rows = rows[rows.row_type == "selected"]
+  accuracy = rows.pivot_table(index="method", columns="mask_probability",
+                              values="test_metric")
+  names = {"local": "local", "ifca_mrmtl": "IFCA-MR-MTL (lambda 1)",
+           "mrmtl": "MR-MTL (lambda 1)", "ifca": "IFCA (G = 4)", "fedavg": "FedAvg"}
+  lines = []
+  for method in accuracy[0.2].sort_values(ascending=False).index:
+    row = accuracy.loc[method]
+    best = accuracy.max()
+    cells = [f"**{row[m]:.3f}**" if row[m] == best[m] else f"{row[m]:.3f}"
+             for m in (0.0, 0.2, 0.4)]
+    lines.append(f"| {names[method]} | " + " | ".join(cells)
+                 + f" | {row[0.0] - row[0.4]:.3f} |")
+  return lines
+
+
+def test_the_h200_tables_are_the_committed_rows():
+  """Issue 55 item 4: the rounds measured on an H200 and beside it on its CPU, and
+  the 200-round Fig. 1.6 cells replayed there, every cell from the committed rows."""
+  import gzip
+  import json
+  import pandas as pd
+  school, hypernet, pandemic, cnn = (pd.read_csv(_committed(f"h200_{name}.csv.gz"))
+                                     for name in ("school", "hypernet", "pandemic",
+                                                  "fmnist_masks"))
+  with gzip.open(_committed("h200_fmnist_cpu_timing.json.gz")) as f:
+    cnn_cpu = json.load(f)
+  assert cnn_cpu["platform"] == "cpu" and cnn_cpu["calls_per_program"] == 1
+  assert set(cnn.device) == {"xla_gpu"} and len(cnn) == 30
+  for rows in (school, hypernet, pandemic):
+    assert sorted(set(rows.device)) == ["xla_cpu", "xla_gpu"]
+  text = _section("The harness on an H200")
+  assert _table_rows(text, "| workload | method | H200") == h200_rounds_table(
+      school, hypernet, cnn, cnn_cpu)
+  assert _table_rows(text, "| forecaster run") == h200_pandemic_table(pandemic)
+  assert _table_rows(_section("Fig. 1.6 at 200 rounds on an H200"),
+                     "| method | mask 0 |") == fmnist_masks_table(cnn)

@@ -155,6 +155,9 @@ def unpack(parts: str, bundles: str, out: str) -> dict:
       folder = os.path.join(out, entry["job"])
       if entry["status"] != "ok" or entry["calls_per_program"]:
         continue   # no results to import
+      if not os.path.isfile(os.path.join(bundles, entry["bundle"], "manifest.json")):
+        raise SystemExit(f"error: --bundles: no bundle {entry['bundle']} in {bundles} "
+                         f"(the bundles the replays in {parts} ran)")
       link_bundle(os.path.join(bundles, entry["bundle"]), folder)
     tar.extractall(out, filter="data")
   return summary
@@ -173,7 +176,13 @@ def main(argv=None) -> int:
                       help="extract the replays.tar.NNN in PARTS instead of replaying")
   args = parser.parse_args(argv)
   if args.unpack:
-    summary = unpack(args.unpack, args.bundles, args.out)
+    try:
+      summary = unpack(args.unpack, args.bundles, args.out)
+    except (OSError, tarfile.TarError, KeyError, ValueError) as error:
+      first = str(error).splitlines()[0] if str(error) else ""
+      raise SystemExit(f"error: --unpack: {args.unpack}: not the parts of one "
+                       f"replays.tar, or {args.out} not writable ({type(error).__name__}"
+                       f"{': ' + first if first else ''})") from None
     for entry in summary["jobs"]:
       print(f"{entry['job']}: {entry['status']}")
     return 0
@@ -186,10 +195,16 @@ def main(argv=None) -> int:
       os.path.join(args.bundles, name, "manifest.json"))})
   if missing:
     raise SystemExit(f"error: --jobs: no bundle {', '.join(missing)} in {args.bundles}")
-  os.makedirs(args.scratch, exist_ok=True)
+  try:
+    os.makedirs(args.scratch, exist_ok=True)
+  except OSError as error:
+    raise SystemExit(f"error: --scratch: {error}") from None
   summary = dict(machine=machine(), jobs=[])
   summary["jobs"] = run_jobs(args.bundles, jobs, args.scratch, args.deadline_seconds)
-  paths = pack(summary, args.scratch, args.out, args.part_mib)
+  try:
+    paths = pack(summary, args.scratch, args.out, args.part_mib)
+  except OSError as error:
+    raise SystemExit(f"error: --out: cannot write the parts there ({error})") from None
   print(json.dumps(summary, indent=1))
   print(f"written: {', '.join(paths)}")
   return 0

@@ -73,11 +73,19 @@ def test_after_a_failed_first_job_none_other_starts_and_bad_jobs_are_one_line(tm
   summary = json.loads(proc.stdout[proc.stdout.index("{"):proc.stdout.rindex("}") + 1])
   assert [j["status"] for j in summary["jobs"]] == ["failed: exit 1",
                                                     "skipped: the first job failed"]
+  assert _script(f"--bundles={tmp_path}", f"--out={tmp_path / 'good'}", "--jobs=b:cpu",
+                 f"--scratch={tmp_path / 'scratch'}").returncode == 0
+  (tmp_path / "junk").mkdir()
+  (tmp_path / "junk" / "replays.tar.000").write_bytes(b"not a tar")
   for args, message in (
       (["--jobs=b:gpu:0"], "error: --jobs: 'b:gpu:0' is not NAME:cpu|gpu|tpu[:N]"),
       (["--jobs=c:cpu"], f"error: --jobs: no bundle c in {tmp_path}"),
       (["--jobs=b:cpu", "--part_mib=0"], "error: --part_mib: must be positive"),
-      (["--unpack=" + str(tmp_path / "nothing")], "error: --unpack: no replays.tar.NNN")):
+      (["--unpack=" + str(tmp_path / "nothing")], "error: --unpack: no replays.tar.NNN"),
+      (["--unpack=" + str(tmp_path / "junk")], "error: --unpack: " + str(tmp_path / "junk")
+       + ": not the parts of one replays.tar"),
+      (["--unpack=" + str(tmp_path / "good"), "--bundles=" + str(tmp_path / "junk")],
+       f"error: --bundles: no bundle b in {tmp_path / 'junk'}")):
     proc = _script(f"--bundles={tmp_path}", f"--out={tmp_path / 'o'}", *args)
     assert proc.returncode == 1 and len(proc.stderr.strip().splitlines()) == 1
     assert proc.stderr.startswith(message), proc.stderr

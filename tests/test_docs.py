@@ -465,6 +465,24 @@ def test_the_vehicle_low_epsilon_intervals_come_from_the_committed_rows():
 
 
 @pytest.mark.cli
+def test_the_vehicle_sweep_table_and_intervals_come_from_the_committed_rows():
+  """The Vehicle sweep's method x epsilon table (its bold marks the best of each
+  column) and the paired intervals are what `summarize` prints for the rows."""
+  printed, section = _paired_by_summarize(
+      "vehicle_sweep.csv.gz", "mrmtl:fedavg,mrmtl:finetune,mrmtl:local",
+      "Vehicle's epsilon sweep with the learning rate tuned")
+  body = _table_rows(section, "| method | eps 1")
+  assert len(body) == 5 and all(line.replace("**", "") in printed.splitlines()
+                                for line in body)
+  mean = lambda cell: float(cell.replace("**", "").split()[0])
+  for column in zip(*[line.strip("|").split("|")[1:] for line in body]):
+    best = max(map(mean, column))
+    assert [("**" in cell) for cell in column] == [mean(c) == best for c in column]
+  paired = _table_rows(section, "| a | b | epsilon")
+  assert len(paired) == 18 and all(line in printed.splitlines() for line in paired)
+
+
+@pytest.mark.cli
 def test_the_vehicle_finetuning_intervals_come_from_the_committed_rows():
   pairs = ",".join([f"finetune finetune_fraction={f}:{b}" for b in ("fedavg", "local")
                     for f in ("0.25", "0.5", "0.75")] + ["fedavg:local"])

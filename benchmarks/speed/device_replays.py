@@ -147,9 +147,12 @@ def unpack(parts: str, bundles: str, out: str) -> dict:
   names = sorted(glob.glob(os.path.join(parts, PART + "[0-9][0-9][0-9]")))
   if not names:
     raise SystemExit(f"error: --unpack: no {PART}NNN in {parts}")
-  data = b"".join(open(name, "rb").read() for name in names)
+  data = bytearray()
+  for name in names:
+    with open(name, "rb") as f:
+      data += f.read()
   os.makedirs(out, exist_ok=True)
-  with tarfile.open(fileobj=io.BytesIO(data)) as tar:
+  with tarfile.open(fileobj=io.BytesIO(bytes(data))) as tar:
     summary = json.load(tar.extractfile(SUMMARY))
     for entry in summary["jobs"]:
       folder = os.path.join(out, entry["job"])
@@ -191,6 +194,10 @@ def main(argv=None) -> int:
   if not args.jobs:
     raise SystemExit("error: --jobs: give NAME:PLATFORM[:N], comma-separated")
   jobs = [parse_job(j) for j in args.jobs.split(",") if j]
+  twice = sorted({":".join(map(str, filter(None, j))) for j in jobs if jobs.count(j) > 1})
+  if twice:
+    raise SystemExit(f"error: --jobs: {', '.join(twice)} given twice (each job has one "
+                     "folder)")
   missing = sorted({name for name, _, _ in jobs if not os.path.isfile(
       os.path.join(args.bundles, name, "manifest.json"))})
   if missing:
@@ -199,8 +206,8 @@ def main(argv=None) -> int:
     os.makedirs(args.scratch, exist_ok=True)
   except OSError as error:
     raise SystemExit(f"error: --scratch: {error}") from None
-  summary = dict(machine=machine(), jobs=[])
-  summary["jobs"] = run_jobs(args.bundles, jobs, args.scratch, args.deadline_seconds)
+  summary = dict(machine=machine(),
+                 jobs=run_jobs(args.bundles, jobs, args.scratch, args.deadline_seconds))
   try:
     paths = pack(summary, args.scratch, args.out, args.part_mib)
   except OSError as error:

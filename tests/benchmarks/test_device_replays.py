@@ -80,6 +80,7 @@ def test_after_a_failed_first_job_none_other_starts_and_bad_jobs_are_one_line(tm
   for args, message in (
       (["--jobs=b:gpu:0"], "error: --jobs: 'b:gpu:0' is not NAME:cpu|gpu|tpu[:N]"),
       (["--jobs=c:cpu"], f"error: --jobs: no bundle c in {tmp_path}"),
+      (["--jobs=b:cpu,b:gpu,b:cpu"], "error: --jobs: b:cpu given twice"),
       (["--jobs=b:cpu", "--part_mib=0"], "error: --part_mib: must be positive"),
       (["--unpack=" + str(tmp_path / "nothing")], "error: --unpack: no replays.tar.NNN"),
       (["--unpack=" + str(tmp_path / "junk")], "error: --unpack: " + str(tmp_path / "junk")

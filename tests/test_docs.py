@@ -856,10 +856,9 @@ def fmnist_masks_table(rows) -> list:
                               values="test_metric")
   names = {"local": "local", "ifca_mrmtl": "IFCA-MR-MTL (lambda 1)",
            "mrmtl": "MR-MTL (lambda 1)", "ifca": "IFCA (G = 4)", "fedavg": "FedAvg"}
-  lines = []
+  lines, best = [], accuracy.max()
   for method in accuracy[0.2].sort_values(ascending=False).index:
     row = accuracy.loc[method]
-    best = accuracy.max()
     cells = [f"**{row[m]:.3f}**" if row[m] == best[m] else f"{row[m]:.3f}"
              for m in (0.0, 0.2, 0.4)]
     lines.append(f"| {names[method]} | " + " | ".join(cells)

@@ -110,12 +110,28 @@ def _key_counter(keys):
                 tf.constant(_SEED_KEY[1], tf.uint32), s0, ext(s0), s1, ext(s1))
 
 
+# `_block_counter`'s rows: the widest constant it leaves in a program.
+_COUNTER_WIDTH = 1024
+
+
+def _block_counter(blocks, anchor):
+  """int64[blocks]: 0, 1, ..., blocks - 1, added up at run time from two ranges of
+  at most ~sqrt(blocks) values. `tf.range(blocks)` alone is a blocks-long constant
+  that TensorFlow folds into every lowered program (11 MB of HLO for the default
+  hypernetwork's noise); `anchor`, a zero computed from the keys, keeps the sum
+  from being folded."""
+  rows = (blocks + _COUNTER_WIDTH - 1) // _COUNTER_WIDTH
+  low = tf.range(_COUNTER_WIDTH, dtype=tf.int64) + anchor
+  high = tf.range(rows, dtype=tf.int64) * _COUNTER_WIDTH + anchor
+  return tf.reshape(high[:, None] + low[None, :], [-1])[:blocks]
+
+
 def random_bits(keys, n):
   """uint32[K, n]: the bits TF's stateless ops draw for a shape of n elements."""
   key0, key1, high0, high1 = _key_counter(keys)
   blocks = (n + 3) // 4
-  block = tf.range(blocks, dtype=tf.int64)
-  b0, b1 = _int64_words(block)
+  anchor = tf.reduce_sum(tf.cast(key0, tf.int64)) * 0   # 0, known only at run time
+  b0, b1 = _int64_words(_block_counter(blocks, anchor))
   col = lambda t: t[:, None]
   out = philox(col(key0), col(key1), b0[None], b1[None], col(high0), col(high1))
   bits = tf.reshape(tf.stack(out, axis=2), [tf.shape(key0)[0], blocks * 4])

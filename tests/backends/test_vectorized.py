@@ -25,7 +25,7 @@ KEYS = RNG.integers(-2 ** 31, 2 ** 31, size=(7, 2)).astype(np.int32)
 KEYS[0], KEYS[1] = (0, 0), (-1, 5)   # zero and sign-extended seed words
 
 
-@pytest.mark.parametrize("n", [1, 2, 5, 8, 13])
+@pytest.mark.parametrize("n", [1, 2, 5, 8, 13, 4097, 10_001])   # 1 to 3 counter rows
 def test_bits_and_uniform_rows_are_tfs_stateless_draws(n):
   """Raw words and float32 and float64 uniforms, bit for bit."""
   bits = batched_random.random_bits(KEYS, n).numpy()
@@ -46,6 +46,16 @@ def test_fold_in_matches_the_key_tree():
     np.testing.assert_array_equal(batched[k], keys.fold_in(key, data_[k]))
   path = batched_random.derive(KEYS, keys.SAMPLING, 1).numpy()
   np.testing.assert_array_equal(path[3], keys.derive(KEYS[3], keys.SAMPLING, 1))
+
+
+def test_a_long_draw_lowers_without_a_constant_of_its_length():
+  """The Philox block counter is summed at run time: `tf.range(blocks)` was folded
+  into every lowered program (11 MB of HLO for the default hypernetwork's noise)."""
+  from tff_silo import pjrt
+  draw = tf.function(lambda k: batched_random.random_bits(k, 400_000),
+                     jit_compile=True, autograph=False)
+  facts = pjrt.hlo_facts(pjrt.lower(draw, tf.constant(KEYS)))
+  assert facts["constant_bytes"] <= 8 * batched_random._COUNTER_WIDTH, facts
 
 
 def test_a_short_draw_is_a_prefix_of_a_long_one():

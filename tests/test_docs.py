@@ -801,7 +801,7 @@ def test_the_udp_scaling_table_is_the_committed_rows():
 def _time(seconds: float) -> str:
   """3 significant digits, in ms below a second: 1.37 ms, 273 ms, 20.1 s."""
   value, unit = (seconds * 1e3, "ms") if seconds < 1 else (seconds, "s")
-  return f"{value:#.3g}".rstrip(".") + f" {unit}"
+  return f"{_three_digits(value).rstrip('.')} {unit}"
 
 
 def _ratio(ratio: float) -> str:

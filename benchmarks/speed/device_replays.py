@@ -40,7 +40,20 @@ import time
 
 RUNNER = os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir, os.pardir,
                       "tff_silo", "xla_bundle.py")
-WRITTEN = ("replay.json", "timing.json", "results.npz")   # what a replay adds
+
+
+def _runner_module():
+  """`tff_silo/xla_bundle.py` loaded from its file (numpy only, as on the node), for
+  its file names."""
+  import importlib.util   # pylint: disable=import-outside-toplevel
+  spec = importlib.util.spec_from_file_location("xla_bundle", RUNNER)
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return module
+
+
+_BUNDLE = _runner_module()
+WRITTEN = (_BUNDLE.REPLAY, _BUNDLE.TIMING, _BUNDLE.RESULTS)   # what a replay adds
 PART, SUMMARY, LOG = "replays.tar.", "summary.json", "log.txt"
 PLATFORMS = ("cpu", "gpu", "tpu")
 
@@ -158,7 +171,7 @@ def unpack(parts: str, bundles: str, out: str) -> dict:
       folder = os.path.join(out, entry["job"])
       if entry["status"] != "ok" or entry["calls_per_program"]:
         continue   # no results to import
-      if not os.path.isfile(os.path.join(bundles, entry["bundle"], "manifest.json")):
+      if not os.path.isfile(os.path.join(bundles, entry["bundle"], _BUNDLE.MANIFEST)):
         raise SystemExit(f"error: --bundles: no bundle {entry['bundle']} in {bundles} "
                          f"(the bundles the replays in {parts} ran)")
       link_bundle(os.path.join(bundles, entry["bundle"]), folder)
@@ -199,7 +212,7 @@ def main(argv=None) -> int:
     raise SystemExit(f"error: --jobs: {', '.join(twice)} given twice (each job has one "
                      "folder)")
   missing = sorted({name for name, _, _ in jobs if not os.path.isfile(
-      os.path.join(args.bundles, name, "manifest.json"))})
+      os.path.join(args.bundles, name, _BUNDLE.MANIFEST))})
   if missing:
     raise SystemExit(f"error: --jobs: no bundle {', '.join(missing)} in {args.bundles}")
   try:

@@ -19,6 +19,8 @@ and its float conversions. Row k of each function equals the TF op with key k
                                                               dtype=tf.float64)`
 - `mantissas(keys, n)`      == `uniform64(keys, n) * 2^52` as int64, exactly: the
                                same order without float64 (which TPUs lack)
+- `exponentials(keys, n)`   == -ln(1 - `uniform64(keys, n)`) within 2^-21 relative,
+                               in float32 arithmetic (`exponentials_of`)
 
 Gaussian noise is the library's own (`privacy.gaussian`, from `random_bits`), not
 TF's normals, whose support stops at 5.68.
@@ -29,6 +31,8 @@ runs a counter), which is how padded silos draw exactly what they would alone.
 
 from __future__ import annotations
 
+import math
+
 import tensorflow as tf
 
 # The second counter word of every key derivation (`tff_silo.keys.fold_in`): it
@@ -38,6 +42,8 @@ _M0, _M1 = 0xD2511F53, 0xCD9E8D57          # Philox-4x32 multipliers
 _W0, _W1 = 0x9E3779B9, 0xBB67AE85          # key schedule (golden ratio, sqrt(3) - 1)
 _SEED_KEY = (0x3EC8F720, 0x02461E29)       # TF's key for scrambling a seed
 _MASK32 = 0xFFFF_FFFF
+LN2_HIGH = 0.693359375                     # ln 2 to 9 bits (Cody and Waite): exact in
+LN2_LOW = math.log(2.0) - LN2_HIGH         # float32 times integers up to 2^15
 
 
 def _mulhilo(a, b):
@@ -164,6 +170,32 @@ def uniform64(keys, n):
   dtype=tf.float64): the mantissas under exponent 0."""
   one = tf.constant(1023 << 52, tf.uint64)
   return tf.bitcast(tf.bitwise.bitwise_or(_mantissas(keys, n), one), tf.float64) - 1.0
+
+
+def exponentials(keys, n):
+  """float32[K, n]: Exp(1) draws -ln(1 - u) of row k's `uniform64(keys, n)` draws u,
+  computed without float64 (`exponentials_of`)."""
+  return exponentials_of(_mantissas(keys, n))
+
+
+def exponentials_of(mantissas):
+  """float32: -ln(1 - u) for u = m 2^-52 (`mantissas` m, uint64 or int64 in
+  [0, 2^52)), within 2^-21 relative (8 float32 steps; tested against float64) and
+  without float64:
+  - u < 1/2: -log1p(-u), u rounded to float32 (24 bits; log1p keeps them);
+  - u >= 1/2: 1 - u = N 2^-52 with the integer N = 2^52 - m <= 2^51, so -ln(1 - u)
+    = (52 - e) ln 2 - ln f, with float32(N) = f 2^e read from its bits (f in [1, 2),
+    an integer e <= 51) and ln 2 in two parts (Cody and Waite), the first exact
+    times 52 - e; the result is >= ln 2 and ln f < ln 2, so nothing cancels."""
+  m = tf.cast(mantissas, tf.int64)
+  half = tf.constant(1 << 51, tf.int64)
+  low = -tf.math.log1p(-tf.cast(tf.minimum(m, half), tf.float32) * 2.0 ** -52)
+  bits = tf.bitcast(tf.cast(2 * half - tf.maximum(m, half), tf.float32), tf.int32)
+  down = 52.0 - tf.cast(tf.bitwise.right_shift(bits, 23) - 127, tf.float32)   # 52 - e
+  fraction = tf.bitcast(tf.bitwise.bitwise_or(tf.bitwise.bitwise_and(bits, 0x7FFFFF),
+                                              0x3F800000), tf.float32)
+  high = (down * LN2_LOW - tf.math.log(fraction)) + down * LN2_HIGH
+  return tf.where(m < half, low, high)
 
 
 def mantissas(keys, n):

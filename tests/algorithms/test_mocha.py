@@ -3,6 +3,7 @@ steps against numpy, the two backends against each other, stacked runs, accounti
 
 import numpy as np
 import pytest
+import tensorflow as tf
 
 from tff_silo import algorithms, data, models
 from tff_silo.backends.vectorized import programs
@@ -62,7 +63,7 @@ def test_relationship_is_the_normalized_square_root_of_the_gram():
 
 
 def test_relationship_of_fewer_parameters_than_silos():
-  """d < K: Omega from W^T W's eigenpairs is the K x K route's, with W W^T's K - d
+  """d < K: Omega through W's QR is the K x K eigh's, with W W^T's K - d
   zero eigenvalues and a tiny one (below the floor) floored; padded runs as
   before."""
   rng = np.random.default_rng(1)
@@ -80,6 +81,24 @@ def test_relationship_of_fewer_parameters_than_silos():
   out = mocha.relationship([diverged], [12, 12]).numpy()
   np.testing.assert_allclose(out[0], omega, rtol=1e-6, atol=1e-8)
   assert np.isnan(out[1]).all()
+
+
+@pytest.mark.parametrize("silos, parameters", [(12, 4), (4, 12), (6, 6)])
+def test_relationship_is_the_same_compiled_or_with_unknown_shapes(silos, parameters):
+  """Known shapes go through QR (either orientation), unknown ones through the SVD
+  of W itself; XLA's SVD is its own: all within float32 of float64's eigh, singular
+  values from 1e-6 (floored) to 30 included."""
+  rng = np.random.default_rng(silos)
+  u, _ = np.linalg.qr(rng.normal(size=(silos, silos)))
+  v, _ = np.linalg.qr(rng.normal(size=(parameters, parameters)))
+  m = min(silos, parameters)
+  w = ((u[:, :m] * np.geomspace(30, 1e-6, m)) @ v[:, :m].T).astype(np.float32)
+  want = _numpy_relationship(w)
+  unknown = tf.function(lambda w: mocha.relationship([w], [silos]),
+                        input_signature=[tf.TensorSpec([None, None, None])])
+  compiled = tf.function(lambda w: mocha.relationship([w], [silos]), jit_compile=True)
+  for got in (mocha.relationship([w[None]], [silos]), unknown(w[None]), compiled(w[None])):
+    np.testing.assert_allclose(got.numpy()[0], want, rtol=1e-5, atol=1e-7)
 
 
 @pytest.mark.parametrize("backend", ["tff", "vectorized"])
@@ -155,7 +174,7 @@ def test_stacked_mocha_runs_compute_what_each_computes_alone():
 
 def test_a_diverged_mocha_run_ends_in_nan_and_leaves_its_stack_alone():
   """A learning rate that blows W up: that run's metric is NaN (a diverged trial the
-  grid never selects), not an eigh error for every run stacked with it; the other
+  grid never selects), not an SVD error for every run stacked with it; the other
   run's numbers are its own."""
   sane = Run(_mocha(), SILOS, seed=1)
   runs = [sane, Run(_mocha(client_learning_rate=1e6), SILOS, seed=2)]

@@ -39,6 +39,24 @@ def test_bits_and_uniform_rows_are_tfs_stateless_draws(n):
         uniform64[k], tf.random.stateless_uniform([n], seed=key, dtype=tf.float64))
 
 
+def test_exponentials_are_float64s_exp1_draws_to_float32_precision():
+  """-ln(1 - u) of the float64 uniforms without float64, eager and compiled, on
+  200,000 draws and the grid's edges (u = 0, 2^-52, just below, at and above 1/2,
+  the last point 1 - 2^-52, where the draw is 52 ln 2)."""
+  n = 30_000
+  reference = -np.log1p(-batched_random.uniform64(KEYS, n).numpy())
+  compiled = tf.function(batched_random.exponentials, jit_compile=True)
+  for draws in (batched_random.exponentials(KEYS, n), compiled(tf.constant(KEYS), n)):
+    assert draws.dtype == tf.float32
+    np.testing.assert_allclose(draws.numpy(), reference, rtol=2.0 ** -21, atol=0)
+  edges = np.array([0, 1, 2, 2 ** 50, 2 ** 51 - 1, 2 ** 51, 2 ** 51 + 1, 3 * 2 ** 50,
+                    2 ** 52 - 2 ** 30, 2 ** 52 - 2, 2 ** 52 - 1], np.int64)
+  exact = -np.log1p(-edges / 2.0 ** 52)
+  exact[-1] = 52 * np.log(2.0)       # 1 - u = 2^-52 exactly (float64 rounds 1 - u)
+  np.testing.assert_allclose(batched_random.exponentials_of(edges).numpy(), exact,
+                             rtol=2.0 ** -21, atol=0)
+
+
 def test_fold_in_matches_the_key_tree():
   data_ = np.array([0, 1, -1, 2 ** 31 - 1, 7, 123456, -2 ** 31], np.int64)
   batched = batched_random.fold_in(KEYS, data_).numpy()

@@ -60,9 +60,27 @@ def test_a_pair_whose_radius_word_is_zero_reaches_past_tensorflows_bound():
       (radius_words[0, [0, 2]] + 0.5) * 2.0 ** -32)), rtol=1e-6)
   assert radii[1] > max(TF_FLOAT32_RADIUS, math.sqrt(-2 * math.log(0.5 * 2.0 ** -32)))
   assert radii[1] <= gaussian_tail.RADIUS * (1 + 1e-6)
-  deepest = gaussian.tail_log_u(tf.zeros([1, gaussian_tail.TAIL_WORDS], tf.uint32))
-  assert math.sqrt(-2 * float(deepest[0])) == pytest.approx(gaussian_tail.RADIUS,
-                                                            rel=1e-12)
+  deepest = float(gaussian.tail_log_u(tf.zeros([1, gaussian_tail.TAIL_WORDS],
+                                               tf.uint32))[0])
+  assert gaussian_tail.LOG_U_MIN <= deepest <= gaussian_tail.LOG_U_MIN * (1 - 2.0 ** -24)
+
+
+def test_the_tail_log_is_float64s_horner_sum_to_float32_precision():
+  """ln u of the refining words in float32 arithmetic against float64's Horner sum,
+  the first non-zero word at every depth (and words of every size after it)."""
+  rng = np.random.default_rng(3)
+  width = gaussian_tail.TAIL_WORDS
+  words = rng.integers(0, 2 ** 32, size=(4 * width, width), dtype=np.uint64)
+  for row in range(len(words)):
+    words[row, :row % width] = 0
+    words[row, row % width] >>= np.uint64(rng.integers(0, 32))   # 1 to 32 bits
+  value = np.full(len(words), 0.5)
+  for j in reversed(range(width)):
+    value = words[:, j] + value * 2.0 ** -32
+  exact = np.log(value) + 2 * math.log(2.0 ** -32)
+  got = gaussian.tail_log_u(tf.constant(words.astype(np.uint32))).numpy()
+  assert got.dtype == np.float32
+  np.testing.assert_allclose(got, exact, rtol=2.0 ** -22, atol=0)
 
 
 def test_at_most_tail_slots_pairs_of_a_row_are_refined():

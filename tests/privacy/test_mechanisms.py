@@ -88,6 +88,19 @@ def test_euclidean_laplace_radius_is_gamma_distributed(dim):
   assert stats.kstest(radii, stats.gamma(dim, scale=1 / epsilon).cdf).pvalue > 1e-3
 
 
+@pytest.mark.parametrize("dim", [1, 7, 1000, 70_001])
+def test_the_radius_is_the_float64_sum_of_the_exp1_draws(dim):
+  """The float32 pairwise sum of `batched_random.exponentials` against float64's sum
+  of -ln(1 - u): within each draw's 2^-21 and the sum's log2(n) 2^-24, relative."""
+  from tff_silo import batched_random as br
+  row_keys = tf.constant([[3, 1], [4, 1], [5, 9]])
+  radii = d_privacy._sample(row_keys, dim, tf.ones([3]))
+  noise = np.linalg.norm(radii.numpy().astype(np.float64), axis=1)
+  exact = -np.log1p(-br.uniform64(br.fold_in(row_keys, 0), dim).numpy()).sum(axis=1)
+  bound = 2.0 ** -21 + np.log2(max(dim, 2)) * 2.0 ** -24 + 2.0 ** -22   # + the norm's
+  np.testing.assert_allclose(noise, exact, rtol=bound, atol=0)
+
+
 def test_batched_sanitized_releases_are_the_single_ones_compiled_or_not():
   """Row k of `sanitize_updates` is `sanitize_update` with key k, and XLA draws
   the same numbers."""

@@ -20,10 +20,10 @@ Omega in closed form from the new W:
     Omega = (W W^T)^(1/2) / tr((W W^T)^(1/2))
 
 ((W^T W)^(1/2) when the models are W's columns), as the thesis' reference code
-does: from the eigendecomposition of W W^T, eigenvalues below 1e-8 floored at
-1e-8; Omega starts at I / K. (Zhang & Yeung's formulation regularizes with Omega's
-inverse; the reference code, followed here, uses Omega itself.) Every silo takes
-part in every round.
+does: W W^T's eigenvalues below 1e-8 floored at 1e-8 (here through W's singular
+values, in float32); Omega starts at I / K. (Zhang & Yeung's formulation
+regularizes with Omega's inverse; the reference code, followed here, uses Omega
+itself.) Every silo takes part in every round.
 
 Privacy: silo k's data is queried only by its DP-SGD steps, one pass a round as
 MR-MTL; Omega and the other rows are post-processing of the silos' DP releases, so
@@ -121,53 +121,50 @@ def _flat(models):
 
 
 def relationship(models, num_silos):
-  """Omega = (W W^T)^(1/2) / tr(...) of each run ([R, K, K], float32), computed in
-  float64 with W W^T's eigenvalues floored at `EIGENVALUE_FLOOR`. `models`: per layer
-  [R, K, ...]; a run's rows past its `num_silos` (int [R]) are padding (zeros in W):
-  they leave its silos' block unchanged (a matrix function of a block-diagonal
-  matrix is block-diagonal) and are cut from the trace and from Omega. A run whose
-  models are not finite (it diverged) gets an Omega of NaN, the others their own (a
-  batched eigh of a non-finite matrix would fail for all).
+  """Omega = (W W^T)^(1/2) / tr(...) of each run ([R, K, K], float32), with W W^T's
+  eigenvalues floored at `EIGENVALUE_FLOOR`. `models`: per layer [R, K, ...]; a run's
+  rows past its `num_silos` (int [R]) are padding (zeros in W): they leave its silos'
+  block unchanged (a matrix function of a block-diagonal matrix is block-diagonal)
+  and are cut from the trace and from Omega. A run whose models are not finite (it
+  diverged) gets an Omega of NaN, the others their own.
 
-  With f the floor, (W W^T)^(1/2) = sqrt(f) I + U diag(sqrt(max(l, f)) - sqrt(f)) U^T
-  over W W^T's eigenpairs (l, U). When the models are shorter than K (d < K: School's
-  28 parameters, 139 silos) the eigenpairs come from the d x d W^T W = V diag(l) V^T
-  (U = W V diag(l)^(-1/2); the K - d others are 0, floored), so the term is
-  W V diag((sqrt(max(l, f)) - sqrt(f)) / l) V^T W^T, its coefficient 0 where l <= f."""
-  w = tf.cast(_flat(models), tf.float64)
+  From W's thin singular value decomposition W = U diag(s) V^T (W W^T's eigenpairs
+  are (s^2, U), its other K - min(K, d) eigenvalues 0): with f the floor,
+  (W W^T)^(1/2) = sqrt(f) I + U diag(max(s - sqrt(f), 0)) U^T. In float32 (TPUs have
+  no float64) this is well conditioned, unlike the square root of the Gram matrix
+  formed in float32: max(s - sqrt(f), 0) is 1-Lipschitz in s, and s is within about
+  2^-24 ||W|| of the exact singular values (tested against float64's eigh)."""
+  w = _flat(models)
   size = tf.shape(w)[1]
-  floor_root = np.sqrt(EIGENVALUE_FLOOR)
-
-  def factor(gram):
-    finite = tf.reduce_all(tf.math.is_finite(gram), axis=[1, 2])
-    values, vectors = tf.linalg.eigh(
-        tf.where(finite[:, None, None], gram,
-                 tf.eye(tf.shape(gram)[1], dtype=tf.float64)))
-    return finite, values, vectors, tf.sqrt(tf.maximum(values, EIGENVALUE_FLOOR))
-
-  def by_silos():   # eigenpairs of W W^T, K x K
-    finite, _, vectors, root = factor(tf.matmul(w, w, transpose_b=True))
-    return finite, vectors, root - floor_root
-
-  def by_parameters():   # eigenpairs of W^T W, d x d
-    finite, values, vectors, root = factor(tf.matmul(w, w, transpose_a=True))
-    kept = values > EIGENVALUE_FLOOR
-    coefficients = tf.where(kept, (root - floor_root) / tf.where(kept, values, 1.0), 0.0)
-    return finite, tf.matmul(w, vectors), coefficients
-
-  if w.shape[1] is not None and w.shape[2] is not None:   # in shapes (XLA: always)
-    finite, basis, coefficients = (by_parameters() if w.shape[1] > w.shape[2]
-                                   else by_silos())
-  else:   # the branches' eigenvectors differ in shape: [R, K, d] against [R, K, K]
-    finite, basis, coefficients = tf.cond(size > tf.shape(w)[2], by_parameters,
-                                          by_silos)
-  square_root = (floor_root * tf.eye(size, dtype=tf.float64)
-                 + tf.matmul(basis * coefficients[:, None, :], basis, transpose_b=True))
-  real = tf.cast(tf.range(size)[None] < tf.reshape(num_silos, [-1, 1]), tf.float64)
+  floor_root = float(np.sqrt(EIGENVALUE_FLOOR))
+  finite = tf.reduce_all(tf.math.is_finite(w), axis=[1, 2])
+  values, vectors = _left_singular(tf.where(finite[:, None, None], w, 0.0))
+  square_root = (floor_root * tf.eye(size, dtype=tf.float32)
+                 + tf.matmul(vectors * tf.maximum(values - floor_root, 0.0)[:, None, :],
+                             vectors, transpose_b=True))
+  real = tf.cast(tf.range(size)[None] < tf.reshape(num_silos, [-1, 1]), tf.float32)
   square_root *= real[:, :, None] * real[:, None, :]
   trace = tf.linalg.trace(square_root)
-  return tf.cast(tf.where(finite[:, None, None], square_root / trace[:, None, None],
-                          tf.constant(np.nan, tf.float64)), tf.float32)
+  return tf.where(finite[:, None, None], square_root / trace[:, None, None], np.nan)
+
+
+def _left_singular(w):
+  """(s [R, m], U [R, K, m]) of each W [R, K, d] = U diag(s) V^T, m = min(K, d).
+  XLA's SVD (Jacobi sweeps) of a long matrix is slow (5 x 139 x 28: 68 ms on a CPU),
+  so a known shape goes through QR first: W = Q R' with R' square, U = Q U' from
+  R' = U' diag(s) V'^T (9 ms); for d >= K, W^T = Q R' and W = R'^T Q^T, so U and s
+  are R'^T's."""
+  rows, columns = w.shape[1], w.shape[2]
+  if rows is None or columns is None:
+    values, vectors, _ = tf.linalg.svd(w, full_matrices=False)
+    return values, vectors
+  if rows > columns:
+    q, square = tf.linalg.qr(w)
+    values, vectors, _ = tf.linalg.svd(square)
+    return values, tf.matmul(q, vectors)
+  _, square = tf.linalg.qr(tf.linalg.matrix_transpose(w))
+  values, vectors, _ = tf.linalg.svd(tf.linalg.matrix_transpose(square))
+  return values, vectors
 
 
 def pulls(omega, models):

@@ -13,14 +13,16 @@ epsilon = n / (nu * ||delta||_2), so the leakage towards the update's own
 neighbourhood is epsilon * ||delta|| = n / nu per participation; leakages of repeated
 participations add up (Theorem 1).
 
-A radius is drawn as the sum of n Exp(1) draws, -ln(1 - u) of float64 uniforms (a
-Gamma of integer shape n; TF's float32 uniforms would stop at 16), so the mechanism
-compiles under XLA, which has no Gamma kernel; the direction is `gaussian.normal`'s
-normals, normalized. Outside the guarantee, not accounted: the uniforms lie on a
-2^-52 grid, so an Exp(1) draw stops at 52 ln 2 (~36.04; a draw past it has
-probability 2^-52, n 2^-52 a radius) and is itself on a grid (Mironov 2012); the
-leakage printed is the real-valued mechanism's. Negligible next to the leakages
-reported, but not zero: d-privacy here has no delta to charge it to.
+A radius is drawn as the sum of n Exp(1) draws (a Gamma of integer shape n; XLA has no
+Gamma kernel), -ln(1 - u) of TF's float64 uniforms u computed in float32 arithmetic
+(`batched_random.exponentials`, within 2^-21 relative) and summed pairwise (within
+log2(n) 2^-24 relative), so the round holds no float64, which TPUs lack; the direction
+is `gaussian.normal`'s normals, normalized. Outside the guarantee, not accounted: the
+uniforms lie on a 2^-52 grid, so an Exp(1) draw stops at 52 ln 2 (~36.04; a draw past
+it has probability 2^-52, n 2^-52 a radius), and the draws and their sum are floats on
+a grid, with the roundings above (Mironov 2012); the leakage printed is the
+real-valued mechanism's. Negligible next to the leakages reported, but not zero:
+d-privacy here has no delta to charge it to.
 
 Keys: `seed` is an int32[2] key (`tff_silo.keys`), one per release; None draws from OS
 entropy. A fixed key is for reproducible simulation only. The batched forms
@@ -41,10 +43,21 @@ def _sample(row_keys, dim: int, scale):
   """[K, dim]: row k a radius Gamma(shape dim, scale[k]) times a direction uniform
   on the unit sphere (density proportional to exp(-||x||_2 / scale[k])), drawn with
   int32[2] key `row_keys[k]`."""
-  exponentials = -tf.math.log1p(-br.uniform64(br.fold_in(row_keys, 0), dim))
-  radii = tf.cast(tf.reduce_sum(exponentials, axis=1), tf.float32) * scale
+  radii = _pairwise_sum(br.exponentials(br.fold_in(row_keys, 0), dim)) * scale
   normal = gaussian.normal(br.fold_in(row_keys, 1), dim)
   return radii[:, None] * normal / tf.norm(normal, axis=1, keepdims=True)
+
+
+def _pairwise_sum(terms):
+  """Row sums of float32 [K, n] by halving (zeros pad n to a power of two): for
+  non-negative terms the rounding stays within log2(n) 2^-24 relative, where a running
+  sum's (XLA's reduce on a CPU) grows with n."""
+  width = 1 << max(terms.shape[1] - 1, 0).bit_length()
+  terms = tf.pad(terms, [[0, 0], [0, width - terms.shape[1]]])
+  while width > 1:
+    width //= 2
+    terms = terms[:, :width] + terms[:, width:]
+  return terms[:, 0]
 
 
 def euclidean_laplace_noise(dim: int, epsilon: float, seed=None, batch_shape=()):

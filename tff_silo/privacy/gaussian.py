@@ -33,24 +33,46 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import tensorflow as tf
 
 from tff_silo import batched_random as br
 from tff_silo import keys as keys_lib
-from tff_silo.privacy.gaussian_tail import MAX_PAIRS, TAIL_SLOTS, TAIL_WORDS
+from tff_silo.privacy.gaussian_tail import LOG_U_MIN, MAX_PAIRS, TAIL_SLOTS, TAIL_WORDS
 
 _WORD = 2.0 ** -32
 
 
+def _towards_zero(x: float) -> float:
+  """The float32 nearest x that is not further from zero."""
+  nearest = np.float32(x)
+  return float(nearest if abs(nearest) <= abs(x) else np.nextafter(nearest, np.float32(0)))
+
+
+# ln 2^-1025, the lowest u, in float32 towards zero: no radius beyond RADIUS's.
+_LOG_U_FLOOR = _towards_zero(LOG_U_MIN)
+
+
 def tail_log_u(words):
-  """ln u of a pair whose radius word is 0, from its `TAIL_WORDS` refining words
-  ([F, TAIL_WORDS]): u = (0 + (w_1 + ... (w_T + 1/2) 2^-32 ...) 2^-32) 2^-32, in
-  float64 (the Horner sum stays in float64's normal range)."""
-  words = tf.cast(words, tf.float64)
-  value = tf.fill(tf.shape(words)[:1], tf.constant(0.5, tf.float64))
-  for j in reversed(range(TAIL_WORDS)):
-    value = words[:, j] + value * _WORD
-  return tf.math.log(value) + 2.0 * math.log(_WORD)
+  """float32 ln u of a pair whose radius word is 0, from its `TAIL_WORDS` refining
+  words w_1..w_T ([F, T]): u = (0 + (w_1 + ... (w_T + 1/2) 2^-32 ...) 2^-32) 2^-32,
+  without float64 (which TPUs lack). With w_j the first non-zero word, u = (w_j +
+  (w_j+1 + ...) 2^-32) 2^-32 (j + 1), so ln u = ln(w_j + w_j+1 2^-32) - 32 (j + 1)
+  ln 2 to within 2^-32 inside the log (below float32's 2^-24), ln 2 in two parts
+  (Cody and Waite; the first exact times 32 (T + 2)); every word 0: u = 2^-1025,
+  held at no lower than float32 resolves `gaussian_tail`'s accounted floor."""
+  num_words = int(words.shape[1])
+  values = tf.cast(words, tf.float32)
+  index = tf.range(num_words)[None]
+  first = tf.reduce_min(tf.where(words > 0, index, num_words), axis=1)   # T: all 0
+  found = first < num_words
+  at = tf.minimum(first, num_words - 1)
+  following = tf.concat([values[:, 1:], tf.fill([tf.shape(values)[0], 1], 0.5)], axis=1)
+  mantissa = tf.where(found, tf.gather(values, at, batch_dims=1)
+                      + tf.gather(following, at, batch_dims=1) * _WORD, 0.5)
+  words_down = 32.0 * tf.cast(first + 2, tf.float32)
+  log_u = (tf.math.log(mantissa) - words_down * br.LN2_LOW) - words_down * br.LN2_HIGH
+  return tf.maximum(log_u, _LOG_U_FLOOR)
 
 
 def normal(keys, n: int):
@@ -83,7 +105,7 @@ def normals_of(keys, words):
       index = tf.reshape(index, [-1])
       tail_keys = br.fold_in(br.fold_in(tf.gather(keys, rows), keys_lib.GAUSSIAN_TAIL),
                              tf.cast(index, tf.int64))
-      refined = tf.cast(tail_log_u(br.random_bits(tail_keys, TAIL_WORDS)), tf.float32)
+      refined = tail_log_u(br.random_bits(tail_keys, TAIL_WORDS))
       where = tf.stack([rows, index], axis=1)
       keep = tf.reshape(is_flagged, [-1]) > 0   # the other slots keep their value
       return tf.tensor_scatter_nd_update(

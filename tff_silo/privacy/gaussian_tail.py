@@ -31,8 +31,8 @@ TAIL_SLOTS = 16      # pairs of one row of a draw that can be refined
 MAX_PAIRS = 2 ** 27  # the largest release accounted (2^28 coordinates)
 _WORD = 2.0 ** -32
 # ln of the smallest uniform: the radius word and every refining word 0 ...
-_LOG_U_MIN = -(32 * (TAIL_WORDS + 2) + 1) * math.log(2.0)
-RADIUS = math.sqrt(-2.0 * _LOG_U_MIN)   # ~37.7: no pair's radius is larger
+LOG_U_MIN = -(32 * (TAIL_WORDS + 2) + 1) * math.log(2.0)
+RADIUS = math.sqrt(-2.0 * LOG_U_MIN)   # ~37.7: no pair's radius is larger
 # ... and what the sampler does not draw as the Gaussian would: the lowest cell of
 # the uniform's grid (every word 0, its radius held at RADIUS), and rows with more
 # than TAIL_SLOTS pairs to refine.

@@ -16,6 +16,13 @@ G * 1e-15 in total variation (G candidates), which is negligible next to any del
 used here. (float32 uniforms clipped at 1e-12, as before, cut the upper tail at 16.6,
 an event of probability 6e-8.)
 
+The noise and the noisy scores stay float64, although TPUs have none (IFCA's is the
+one round program left with float64): a float32 noisy score keeps 24 bits of a
+score that can be hundreds of noise scales (an error rate near 0.3 against a scale
+2 / (eps (n - 1))), so its rounding, up to ~1e-5 of a scale, would decide which
+index is released on near-ties with a probability near the deltas used, where
+float64's is ~1e-14. An exact sampler in integers would lift this; it is not built.
+
 Keys: `seed` is the selection's int32[2] key (`tff_silo.keys`); None draws from OS
 entropy. A fixed key is for reproducible simulation only.
 """

@@ -151,3 +151,27 @@ def test_the_blocked_prefix_sum_is_the_prefix_sum(n):
     for jit in (False, True):
       got = tf.function(xla.cumsum, jit_compile=jit)(x)
       np.testing.assert_array_equal(got, np.cumsum(values, axis=-1))
+
+
+def test_a_dp_steps_example_pairs_lower_without_a_constant_of_their_count():
+  """The (silo, row) pairs of a Poisson step are built at run time: `tf.repeat` of
+  the silo ids was folded into a constant of K x rows values in every DP round
+  (School's: 139 x 201, twice), now one of at most the Philox counter's 8 KB; and
+  the compiled pairs are the uncompiled ones."""
+  import types
+  from tff_silo import batched_random
+  from tff_silo.algorithms.poisson_sampling import PoissonSampler
+  silos, rows = 64, 600
+  rng = np.random.default_rng(0)
+  sizes = rng.integers(1, rows + 1, silos).astype(np.int32)
+  sampler = PoissonSampler(np.full(silos, 2 ** 30), sizes)
+  config = types.SimpleNamespace(batches="poisson")
+  keys = tf.constant(rng.integers(0, 2 ** 31, (silos, 2)), tf.int32)
+  active = tf.constant(rng.random(silos) < 0.9)
+  pairs = lambda keys, active: vectorized_training._static_examples(
+      config, None, sizes, rows, keys, None, 3, sampler, active)
+  compiled = tf.function(pairs, jit_compile=True, autograph=False)
+  facts = pjrt.hlo_facts(pjrt.lower(compiled, keys, active))
+  assert facts["constant_bytes"] <= 8 * batched_random._COUNTER_WIDTH, facts
+  for got, want in zip(compiled(keys, active), pairs(keys, active)):
+    np.testing.assert_array_equal(got, want)

@@ -86,19 +86,23 @@ def _static_examples(config, plan, n, num_rows, sampling_keys, perm, step, sampl
   the rest pointing at silo K (dropped) and row 0."""
   if config.batches == "poisson":
     mask = sampler.kept_mask(br.random_bits, br.fold_in(sampling_keys, step), num_rows)
-    idx = tf.broadcast_to(tf.range(num_rows)[None], tf.shape(mask))
+    idx = None
   else:
     idx, mask = _batches(config, plan, n, num_rows, sampling_keys, perm, step, True)
-  num_silos = tf.shape(mask)[0]
   kept = tf.reshape((mask > 0) & active[:, None], [-1])
   count = tf.reduce_sum(tf.cast(kept, tf.int32))
+  # 0, known only at run time: the pairs' silo and row indices built on it are not
+  # folded into constants of K x rows values in every lowered program.
+  zero = tf.minimum(count, 0)
+  pairs = lambda index: tf.reshape(tf.broadcast_to(index + zero, tf.shape(mask)), [-1])
+  silo = pairs(tf.range(tf.shape(mask)[0])[:, None])
+  rows = pairs(tf.range(num_rows)[None]) if idx is None else tf.reshape(idx, [-1])
   length = tf.size(kept)
   # Kept pairs to the front (their rank among the kept), the others to one dump slot.
   slot = tf.where(kept, xla.cumsum(tf.cast(kept, tf.int32)) - 1, length)[:, None]
-  silo = tf.repeat(tf.range(num_silos), tf.shape(mask)[1])
   compact = lambda values, fill: tf.tensor_scatter_nd_update(
       tf.fill([length + 1], fill), slot, values)[:length]
-  return compact(silo, num_silos), compact(tf.reshape(idx, [-1]), 0), count
+  return compact(silo, tf.shape(mask)[0]), compact(rows, 0), count
 
 
 def _rows_of(x, y, silo, row):

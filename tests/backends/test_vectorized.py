@@ -41,7 +41,7 @@ def test_bits_and_uniform_rows_are_tfs_stateless_draws(n):
 
 def test_exponentials_are_float64s_exp1_draws_to_float32_precision():
   """-ln(1 - u) of the float64 uniforms without float64, eager and compiled, on
-  200,000 draws and the grid's edges (u = 0, 2^-52, just below, at and above 1/2,
+  210,000 draws and the grid's edges (u = 0, 2^-52, just below, at and above 1/2,
   the last point 1 - 2^-52, where the draw is 52 ln 2)."""
   n = 30_000
   reference = -np.log1p(-batched_random.uniform64(KEYS, n).numpy())

@@ -57,10 +57,10 @@ def tail_log_u(words):
   """float32 ln u of a pair whose radius word is 0, from its `TAIL_WORDS` refining
   words w_1..w_T ([F, T]): u = (0 + (w_1 + ... (w_T + 1/2) 2^-32 ...) 2^-32) 2^-32,
   without float64 (which TPUs lack). With w_j the first non-zero word, u = (w_j +
-  (w_j+1 + ...) 2^-32) 2^-32 (j + 1), so ln u = ln(w_j + w_j+1 2^-32) - 32 (j + 1)
+  (w_j+1 + ...) 2^-32) 2^(-32 (j + 1)), so ln u = ln(w_j + w_j+1 2^-32) - 32 (j + 1)
   ln 2 to within 2^-32 inside the log (below float32's 2^-24), ln 2 in two parts
   (Cody and Waite; the first exact times 32 (T + 2)); every word 0: u = 2^-1025,
-  held at no lower than float32 resolves `gaussian_tail`'s accounted floor."""
+  held no lower than `gaussian_tail.LOG_U_MIN` in float32 (rounded towards zero)."""
   num_words = int(words.shape[1])
   values = tf.cast(words, tf.float32)
   index = tf.range(num_words)[None]

@@ -116,6 +116,10 @@ SPEC = spec.Spec(
                                "b = 512, one epoch, delta = 1/n); writes --figures_dir/"
                                "pandemic_degree.png and its CSV beside it; no data is "
                                "read."),
+    generate_only=spec.boolean(False, "Only generate --profile into --generated_dir "
+                               "(found there: nothing to do) and print its folder; no "
+                               "run, no row (a profile's generation timed alone, as "
+                               "for Fig. 2.10)."),
     gradient_norms=spec.boolean(False, "Instead of rows, thesis Fig. 2.9: every training "
                                 "example's gradient norm (the first method, mode, S1, "
                                 "lambda, loss, alpha, architecture and seed; no DP) at "
@@ -398,6 +402,12 @@ def _degree_figure(figures_dir: str) -> None:
 
 def main(argv):
   del argv   # (no arguments: `common.run_main`)
+  if FLAGS.generate_only:   # other work is refused, not skipped
+    for name in ("data_dir", "epsilon_table", "degree_figure", "gradient_norms",
+                 "export_xla", "import_xla", "shards"):
+      if FLAGS[name].present:
+        raise UsageError(f"--generate_only generates --profile and runs nothing: "
+                         f"drop --{name}")
   if FLAGS.epsilon_table:
     _print_epsilon_table()
     return
@@ -416,6 +426,9 @@ def main(argv):
   runtime.exit_cleanly_on_sigterm()
   executor = executors.from_flags()   # a cluster that cannot be joined: before any work
   data_dir, meta = _data_dir(s)
+  if FLAGS.generate_only:
+    print(data_dir)
+    return
   if FLAGS.gradient_norms:
     _gradient_norms(data_dir, s)
     return

@@ -45,6 +45,10 @@ def _run(*args):
     (["--degree_figure", "--figures_dir=/proc/x"], "error: --figures_dir "),
     (["--generated_dir=/proc/1/x"], "error: --generated_dir /proc/1/x: /proc/1 is not a "
                                     "writable folder"),   # P19, P20: after the work
+    (["--generate_only", "--epsilon_table"], "error: --generate_only generates "
+     "--profile and runs nothing: drop --epsilon_table"),
+    (["--generate_only", "--data_dir=/tmp"], "error: --generate_only generates "
+     "--profile and runs nothing: drop --data_dir"),
 ])
 def test_bad_flags_end_in_one_line(args, message):
   done = _run(*args)
@@ -118,6 +122,20 @@ def test_a_bundle_imports_the_rows_pjrt_writes(tmp_path):
   imported, pjrt = pd.read_csv(out), pd.read_csv(pjrt)
   assert imported.average_precision.between(0, 1).all()
   pd.testing.assert_frame_equal(imported.drop(columns=timing), pjrt.drop(columns=timing))
+
+
+def test_generate_only_writes_the_profile_and_no_row(tmp_path):
+  """The profile's folder, printed, and nothing else under the output folder; a
+  second call finds it and generates nothing."""
+  args = ["--profile=tiny", "--generate_only", f"--output_dir={tmp_path}"]
+  done = _run(*args)
+  assert done.returncode == 0, done.stderr[-2000:]
+  folder = done.stdout.strip().splitlines()[-1]
+  assert os.path.isfile(os.path.join(folder, "synthetic_meta.json"))
+  assert os.listdir(tmp_path) == ["pandemic_data"] and "generating" in done.stderr
+  again = _run(*args)
+  assert again.returncode == 0 and again.stdout.strip().splitlines()[-1] == folder
+  assert "generating" not in again.stderr
 
 
 def test_the_degree_figure_is_fig_2_8_from_the_accountant(tmp_path):

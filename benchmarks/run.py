@@ -817,8 +817,9 @@ def main(argv):
   s = Settings.from_flags()
   common.check_device_memory()
   bundle = common.bundle_from_flags(dict(
-      dprivate_clustering="dprivate_clustering's driver decides its rounds from their "
-      "results (validation): it cannot be exported"))
+      dprivate_clustering="dprivate_clustering on two_cluster keeps the round its "
+      "validation users choose, from the rounds' results: it cannot be exported (other "
+      "datasets can)") if s.dataset == "two_cluster" else {})
   from tff_silo import runtime
   runtime.exit_cleanly_on_sigterm()
   todo = plan.Plan(

@@ -67,8 +67,9 @@ def _run(*flags, timeout=600):
     (["--export_xla=b", "--import_xla=b"], "--export_xla and --import_xla: give one"),
     (["--export_xla=b", "--device=cpu"], "--export_xla: --device=cpu: a bundle runs "
      "where it is replayed"),
-    (["--methods=dprivate_clustering", "--export_xla=b"], "--export_xla: "
-     "dprivate_clustering's driver decides its rounds from their results"),
+    (["--dataset=two_cluster", "--methods=dprivate_clustering", "--export_xla=b"],
+     "--export_xla: dprivate_clustering on two_cluster keeps the round its validation "
+     "users choose"),
     (["--import_xla=no_such_folder"], "--import_xla: no_such_folder: no manifest.json"),
     (["--device_memory"], "--device_memory estimates the programs PJRT runs in this "
      "process: give --device=xla_cpu"),
@@ -201,6 +202,28 @@ def test_xla_rounds_from_the_command_line(tmp_path):
   pjrt = pjrt.drop(columns="device_memory_mb").assign(   # (jaxlib 0.4 reports none)
       outside_guarantee_columns=pjrt.outside_guarantee_columns.str.replace(
           " device_memory_mb", ""))
+  pd.testing.assert_frame_equal(imported.drop(columns=timing), pjrt.drop(columns=timing))
+
+
+@pytest.mark.cli
+def test_dprivate_clustering_exports_where_no_validation_picks_its_round(tmp_path):
+  """Without validation users (every dataset but two_cluster) d-private clustering's
+  rounds, its sampled users and their declines are fixed before any number: the
+  bundle's replay, imported, gives the rows of --device=xla_cpu but the times."""
+  args = ["--dataset=synthetic", "--methods=dprivate_clustering", "--nu=5",
+          "--rounds=4", "--clients_per_round=3", "--leakage_cap=5"]
+  pjrt = tmp_path / "pjrt.csv"
+  proc = _run(*args, "--device=xla_cpu", f"--output={pjrt}")
+  assert proc.returncode == 0, proc.stderr[-2000:]
+  out = tmp_path / "imported.csv"
+  exported, proc = binaries.through_bundle("run", *args, f"--output={out}", rows=out,
+                                           bundle=tmp_path / "bundle")
+  assert "bundle of 1 run(s) written" in exported.stdout
+  assert proc.returncode == 0, proc.stderr[-2000:]
+  imported, pjrt = pd.read_csv(out), pd.read_csv(pjrt)
+  assert np.isfinite(imported.test_metric).all() and (imported.leakage_max <= 5).all()
+  timing = ["wall_seconds", "seconds_per_round_median", "peak_memory_mb", "finished",
+            "flags"]
   pd.testing.assert_frame_equal(imported.drop(columns=timing), pjrt.drop(columns=timing))
 
 

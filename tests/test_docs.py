@@ -887,3 +887,42 @@ def test_the_h200_tables_are_the_committed_rows():
   assert _table_rows(text, "| forecaster run") == h200_pandemic_table(pandemic)
   assert _table_rows(_section("Fig. 1.6 at 200 rounds on an H200"),
                      "| method | mask 0 |") == fmnist_masks_table(cnn)
+
+
+def _minutes(seconds: float) -> str:
+  """Whole seconds, in minutes and seconds from a minute: 3 s, 56 s, 10 min 41 s."""
+  seconds = round(seconds)
+  return f"{seconds} s" if seconds < 60 else f"{seconds // 60} min {seconds % 60:02d} s"
+
+
+def pandemic_scaling_table(rows, generation) -> list:
+  """RESULTS' Fig. 2.10 table body: per profile, its persons and contacts, the
+  generation's time and peak, and each method's load + train seconds and peak."""
+  gb = lambda mb: f"{mb / 1024:.1f} GB"
+  short = lambda s: f"{s:.1f}" if s < 10 else f"{s:.0f}"
+  contacts = lambda c: f"{c / 1e3:.0f} k" if c < 1e6 else f"{c / 1e6:.1f} M"
+  lines = []
+  for _, made in generation.iterrows():
+    runs = rows[rows.profile == made.profile].set_index("method")
+    cells = [f"{runs.persons.iloc[0]:,}", contacts(runs.contacts.iloc[0]),
+             f"{_minutes(made.generate_seconds)} ({gb(made.generate_peak_mb)})"]
+    for method in ("centralized", "mrmtl"):
+      run = runs.loc[method]
+      cells.append(f"{short(run.load_seconds)} + {short(run.train_seconds)} "
+                   f"({gb(run.peak_memory_mb)})")
+    lines.append("| " + " | ".join(cells) + " |")
+  return lines
+
+
+def test_the_pandemic_scaling_table_is_the_committed_rows():
+  """Thesis Fig. 2.10: every cell of the time and memory table from the committed
+  rows, one run per profile and method, and the profiles' generation."""
+  import pandas as pd
+  rows = pd.read_csv(_committed("pandemic_scaling.csv.gz"))
+  generation = pd.read_csv(_committed("pandemic_generation.csv.gz"))
+  assert len(rows) == 2 * len(generation) == 8
+  assert all(sorted(methods) == ["centralized", "mrmtl"]
+             for _, methods in rows.groupby("profile").method)
+  text = _section("Pandemic forecasting on a synthetic population")
+  assert _table_rows(text, "| persons | contacts | generate") == pandemic_scaling_table(
+      rows, generation)

@@ -61,6 +61,7 @@ import numpy as np
 import scipy.optimize
 
 from tff_silo.privacy import node_level, pld, rdp_curves
+from tff_silo.privacy.gaussian_tail import float32_at_least
 # The events and relations every accountant shares (`events`), part of this API too.
 from tff_silo.privacy.events import (  # pylint: disable=unused-import
     NEIGHBOURING, REPLACE_ONE_SENSITIVITY_FACTOR, SelectionDpEvent, check_neighbouring,
@@ -519,10 +520,3 @@ def _calibrate(target_epsilon, *args) -> float:
     z *= 1.0 + rtol
   return float32_at_least(z)   # rounded up: more noise, less epsilon
 
-
-def float32_at_least(value: float) -> float:
-  """The smallest float32 >= `value`, as a Python float."""
-  rounded = np.float32(value)
-  if float(rounded) < value:
-    rounded = np.nextafter(rounded, np.float32(np.inf))
-  return float(rounded)

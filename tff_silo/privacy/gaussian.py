@@ -33,24 +33,17 @@ from __future__ import annotations
 
 import math
 
-import numpy as np
 import tensorflow as tf
 
 from tff_silo import batched_random as br
 from tff_silo import keys as keys_lib
-from tff_silo.privacy.gaussian_tail import LOG_U_MIN, MAX_PAIRS, TAIL_SLOTS, TAIL_WORDS
+from tff_silo.privacy.gaussian_tail import (LOG_U_MIN, MAX_PAIRS, TAIL_SLOTS, TAIL_WORDS,
+                                            float32_at_least)
 
 _WORD = 2.0 ** -32
 
-
-def _towards_zero(x: float) -> float:
-  """The float32 nearest x that is not further from zero."""
-  nearest = np.float32(x)
-  return float(nearest if abs(nearest) <= abs(x) else np.nextafter(nearest, np.float32(0)))
-
-
-# ln 2^-1025, the lowest u, in float32 towards zero: no radius beyond RADIUS's.
-_LOG_U_FLOOR = _towards_zero(LOG_U_MIN)
+# ln 2^-1025, the lowest u, as the smallest float32 not below it: no radius past RADIUS.
+_LOG_U_FLOOR = float32_at_least(LOG_U_MIN)
 
 
 def tail_log_u(words):
@@ -60,7 +53,7 @@ def tail_log_u(words):
   (w_j+1 + ...) 2^-32) 2^(-32 (j + 1)), so ln u = ln(w_j + w_j+1 2^-32) - 32 (j + 1)
   ln 2 to within 2^-32 inside the log (below float32's 2^-24), ln 2 in two parts
   (Cody and Waite; the first exact times 32 (T + 2)); every word 0: u = 2^-1025,
-  held no lower than `gaussian_tail.LOG_U_MIN` in float32 (rounded towards zero)."""
+  held no lower than `gaussian_tail.LOG_U_MIN` in float32 (rounded up)."""
   num_words = int(words.shape[1])
   values = tf.cast(words, tf.float32)
   index = tf.range(num_words)[None]

@@ -26,6 +26,8 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
+
 TAIL_WORDS = 30      # words refining a pair whose radius word is 0
 TAIL_SLOTS = 16      # pairs of one row of a draw that can be refined
 MAX_PAIRS = 2 ** 27  # the largest release accounted (2^28 coordinates)
@@ -59,3 +61,12 @@ def release_tail(shift: float) -> float:
   if shift > RADIUS - X0:
     return 1.0
   return min(1.0, _g(shift) + MAX_PAIRS * (_g(X0) + _MOVED_PER_PAIR) + _OVERFLOW)
+
+
+def float32_at_least(value: float) -> float:
+  """The smallest float32 >= `value`, as a Python float (the accountants round noise
+  multipliers up with it; the sampler its floor of ln u, `LOG_U_MIN`)."""
+  rounded = np.float32(value)
+  if float(rounded) < value:
+    rounded = np.nextafter(rounded, np.float32(np.inf))
+  return float(rounded)

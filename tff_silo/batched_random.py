@@ -124,20 +124,26 @@ def _block_counter(blocks, anchor):
   """int64[blocks]: 0, 1, ..., blocks - 1, added up at run time from two ranges of
   at most ~sqrt(blocks) values. `tf.range(blocks)` alone is a blocks-long constant
   that TensorFlow folds into every lowered program (11 MB of HLO for the default
-  hypernetwork's noise); `anchor`, a zero computed from the keys, keeps the sum
-  from being folded."""
+  hypernetwork's noise); `anchor`, a `run_time_zero`, keeps the sum from being
+  folded."""
   rows = (blocks + _COUNTER_WIDTH - 1) // _COUNTER_WIDTH
   low = tf.range(_COUNTER_WIDTH, dtype=tf.int64) + anchor
   high = tf.range(rows, dtype=tf.int64) * _COUNTER_WIDTH + anchor
   return tf.reshape(high[:, None] + low[None, :], [-1])[:blocks]
 
 
+def run_time_zero(values, dtype=tf.int64):
+  """0 as `dtype`, computed from `values`: a range plus it is added up in the program,
+  where TensorFlow's XLA bridge folds a range alone (a compile-time constant) into a
+  constant of its length at each use."""
+  return tf.reduce_sum(tf.cast(values, dtype)) * 0
+
+
 def random_bits(keys, n):
   """uint32[K, n]: the bits TF's stateless ops draw for a shape of n elements."""
   key0, key1, high0, high1 = _key_counter(keys)
   blocks = (n + 3) // 4
-  anchor = tf.reduce_sum(tf.cast(key0, tf.int64)) * 0   # 0, known only at run time
-  b0, b1 = _int64_words(_block_counter(blocks, anchor))
+  b0, b1 = _int64_words(_block_counter(blocks, run_time_zero(key0)))
   col = lambda t: t[:, None]
   out = philox(col(key0), col(key1), b0[None], b1[None], col(high0), col(high1))
   bits = tf.reshape(tf.stack(out, axis=2), [tf.shape(key0)[0], blocks * 4])

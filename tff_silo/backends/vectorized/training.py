@@ -91,9 +91,9 @@ def _static_examples(config, plan, n, num_rows, sampling_keys, perm, step, sampl
     idx, mask = _batches(config, plan, n, num_rows, sampling_keys, perm, step, True)
   kept = tf.reshape((mask > 0) & active[:, None], [-1])
   count = tf.reduce_sum(tf.cast(kept, tf.int32))
-  # 0, known only at run time: the pairs' silo and row indices built on it are not
-  # folded into constants of K x rows values in every lowered program.
-  zero = tf.minimum(count, 0)
+  # The pairs' silo and row indices built on it are not folded into constants of
+  # K x rows values in every lowered program.
+  zero = br.run_time_zero(count, tf.int32)
   pairs = lambda index: tf.reshape(tf.broadcast_to(index + zero, tf.shape(mask)), [-1])
   silo = pairs(tf.range(tf.shape(mask)[0])[:, None])
   rows = pairs(tf.range(num_rows)[None]) if idx is None else tf.reshape(idx, [-1])

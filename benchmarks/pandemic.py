@@ -400,22 +400,25 @@ def _degree_figure(figures_dir: str) -> None:
   print(f"wrote {path}")
 
 
+def _alone(others, why: str) -> None:
+  """A mode's other work is refused, not skipped: UsageError for the first of the
+  flags `others` given, `why` it has no place."""
+  for name in others:
+    if FLAGS[name].present:
+      raise UsageError(f"{why}: drop --{name}")
+
+
 def main(argv):
   del argv   # (no arguments: `common.run_main`)
-  if FLAGS.generate_only:   # other work is refused, not skipped
-    for name in ("data_dir", "epsilon_table", "degree_figure", "gradient_norms",
-                 "export_xla", "import_xla", "shards"):
-      if FLAGS[name].present:
-        raise UsageError(f"--generate_only generates --profile and runs nothing: "
-                         f"drop --{name}")
+  if FLAGS.generate_only:
+    _alone(("data_dir", "epsilon_table", "degree_figure", "gradient_norms", "export_xla",
+            "import_xla", "shards"), "--generate_only generates --profile and runs nothing")
   if FLAGS.epsilon_table:
     _print_epsilon_table()
     return
-  if FLAGS.degree_figure:   # the figure only: other work is refused, not skipped
-    for name in ("gradient_norms", "shards", "executor", "epsilon_table"):
-      if FLAGS[name].present:
-        raise UsageError(f"--degree_figure draws Fig. 2.8 from the accountant alone: "
-                         f"drop --{name}")
+  if FLAGS.degree_figure:   # the figure only
+    _alone(("gradient_norms", "shards", "executor", "epsilon_table"),
+           "--degree_figure draws Fig. 2.8 from the accountant alone")
     common.check_figure_path(os.path.join(FLAGS.figures_dir, "pandemic_degree.png"),
                              "figures_dir")
     _degree_figure(FLAGS.figures_dir)

@@ -276,7 +276,7 @@ def selected(s, trials, planned):
     rows.append(dict(best, row_type="selected",
                      run_key=cell_key(s, method, float(epsilon), int(seed)),
                      num_trials=len(cell), wall_seconds=float(cell.wall_seconds.sum())))
-  table = pd.DataFrame(rows)
+  table = pd.DataFrame(rows, columns=None if rows else trials.columns)   # (none done yet)
   for column in BOOLEAN_COLUMNS:   # read back as 1.0 when the store held no other value
     if column in table:
       table[column] = table[column].map(lambda v: None if pd.isna(v) else bool(v)

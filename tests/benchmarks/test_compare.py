@@ -94,6 +94,17 @@ def test_batches_running_at_once_write_what_one_at_a_time_writes(tmp_path):
 
 
 @pytest.mark.cli
+def test_a_batch_that_completes_no_cell_writes_its_trials_and_goes_on(tmp_path):
+  """On TFF's runtime a batch is one configuration's trials: lambda 0.1's finishes
+  before the cell, which waits for lambda 1's, is complete."""
+  _, rows, selected = _finished(tmp_path, "--methods=mrmtl", "--lams=0.1,1",
+                                "--epsilons=inf", "--seeds=0", "--rounds=2",
+                                "--backend=tff")
+  assert list(rows.row_type) == ["trial", "trial", "selected"]
+  assert list(rows.lam[:2]) == [0.1, 1.0] and len(selected) == 1
+
+
+@pytest.mark.cli
 @pytest.mark.slow
 def test_a_bundle_of_the_grid_imports_the_rows_pjrt_writes(tmp_path):
   """--export_xla records the pending trials' rounds (no row), the standalone

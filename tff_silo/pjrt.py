@@ -12,11 +12,13 @@ order), exactly: `lower` checks that the module has one parameter per input with
 that input's shape and dtype, and refuses a program that TensorFlow specialized on
 an input's value (a must-be-constant input folded into the module) rather than
 guessing which parameter is which. Inputs that are the same tensor as at the last
-call (the stacked silos, the captured tables) stay on the device between calls.
+call (the stacked silos, the captured tables), and results passed back as inputs
+(a round's state, fed to the next round), stay on the device between calls.
 """
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import dataclasses
 import re
@@ -173,18 +175,26 @@ def executables_called():
     _COLLECTING.called = before
 
 
+def executables(functions) -> list:
+  """The `Executable`s that the `PjrtFunction`s among `functions` compiled."""
+  return [e for f in functions if isinstance(f, PjrtFunction)
+          for e in f._compiled.values()]   # pylint: disable=protected-access
+
+
 def lowered_programs(functions) -> list:
   """The `Lowered` programs that the `PjrtFunction`s among `functions` compiled."""
-  return [e.lowered for f in functions if isinstance(f, PjrtFunction)
-          for e in f._compiled.values()]   # pylint: disable=protected-access
+  return [e.lowered for e in executables(functions)]
 
 
 class Executable:
   """A lowered program compiled for one PJRT device: `__call__` takes the
   program's flat inputs (tensors or numpy arrays, its captures excluded) and
-  returns its flat outputs as numpy. A tensor that is the same object as at the
-  last call keeps its device buffer (tensors do not change; numpy arrays can, so
-  they go to the device at every call)."""
+  returns its flat outputs as tensors. An input tensor that is the same object as
+  at the last call, or as one of the results of the last `KEPT_CALLS` calls, keeps
+  its device buffer (tensors do not change; numpy arrays can, so they go to the
+  device at every call): a round's state, passed back, is not sent again."""
+
+  KEPT_CALLS = 4   # (several runs' rounds may alternate, one per thread)
 
   def __init__(self, lowered: Lowered, platform: str = "cpu", estimate=None):
     from jaxlib import xla_client
@@ -196,11 +206,25 @@ class Executable:
     self._compiled = self.client.compile(module)
     self._captured = [self._put(c) for c in lowered.captures]
     self._last = []   # (input, its buffer) of the last call, by position
+    self._results = collections.deque(maxlen=self.KEPT_CALLS)   # {id: (tensor, buffer)}
+    self.sent = []   # bytes of inputs each call sent to the device (captures: none)
 
   def _put(self, value):
     if isinstance(value, tf.Tensor):
       value = value.numpy()
     return self.client.buffer_from_pyval(np.asarray(value), self.device)
+
+  def _buffer(self, x, kept, buffer):
+    """The device buffer of input `x`, whose position held `kept` (in `buffer`),
+    and the bytes sent to the device to make it."""
+    if isinstance(x, tf.Tensor):
+      if x is kept:
+        return buffer, 0
+      for results in list(self._results):
+        tensor, result = results.get(id(x), (None, None))
+        if tensor is x:
+          return result, 0
+    return self._put(x), np.asarray(x).nbytes
 
   def buffer_bytes(self):
     """`buffer_bytes` of the program (computed on first use), or None where the
@@ -214,11 +238,14 @@ class Executable:
     if called is not None and not any(e is self for e in called):
       called.append(self)
     last = self._last + [(None, None)] * (len(flat) - len(self._last))
-    current = [(x, buffer if x is kept and isinstance(x, tf.Tensor) else self._put(x))
-               for x, (kept, buffer) in zip(flat, last)]
-    self._last = current
+    made = [self._buffer(x, kept, buffer) for x, (kept, buffer) in zip(flat, last)]
+    self.sent.append(sum(sent for _, sent in made))
+    self._last = current = [(x, buffer) for x, (buffer, _) in zip(flat, made)]
     buffers = [buffer for _, buffer in current] + self._captured
-    return [np.asarray(out) for out in self._compiled.execute(buffers)]
+    results = self._compiled.execute(buffers)
+    tensors = [tf.constant(np.asarray(result)) for result in results]
+    self._results.append({id(t): (t, r) for t, r in zip(tensors, results)})
+    return tensors
 
 
 class PjrtFunction:
@@ -242,5 +269,4 @@ class PjrtFunction:
             estimate=lambda: buffer_bytes(self._function, *tf.nest.map_structure(
                 lambda spec: tf.zeros(spec.shape, spec.dtype), specs)))
       executable = self._compiled[key]
-    values = executable(flat)
-    return executable.lowered.pack([tf.constant(v) for v in values])
+    return executable.lowered.pack(executable(flat))

@@ -59,6 +59,20 @@ def test_an_input_passed_again_stays_on_the_device():
   np.testing.assert_array_equal(program(array, tf.constant([0.0, 0.0])).numpy(), [3.0, 3.0])
 
 
+def test_a_result_passed_back_stays_on_the_device():
+  """A round's state, fed to the next round, is not sent again; a copy of it is."""
+  program = pjrt.PjrtFunction(lambda state, step: {"state": state["state"] + step})
+  step = tf.constant([1.0, 1.0])
+  state = program({"state": tf.constant([0.0, 0.0])}, step)
+  (executable,) = program._compiled.values()   # pylint: disable=protected-access
+  for _ in range(3):
+    state = program(state, step)
+  np.testing.assert_array_equal(state["state"].numpy(), [4.0, 4.0])
+  state = program({"state": tf.identity(state["state"])}, step)
+  assert executable.sent == [16, 0, 0, 0, 8]
+  np.testing.assert_array_equal(state["state"].numpy(), [5.0, 5.0])
+
+
 def _two_layers(x, w):
   return tf.matmul(tf.nn.relu(tf.matmul(x, w)), w), tf.reduce_sum(x)
 

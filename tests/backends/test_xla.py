@@ -80,13 +80,21 @@ def test_an_xla_round_computes_what_the_traced_round_computes(case, tmp_path):
 def _assert_device_ready(case):
   """The HLO PJRT just ran (issue 55 item 3): static shapes, no trip to the host
   inside, float64 exactly in the cases `readiness.F64` lists, and no table compiled
-  in as a constant (integer noise's are inputs: `integer_gaussian.eager_table`)."""
-  lowered = pjrt.lowered_programs(programs._ROUND_FUNCTIONS.values())   # pylint: disable=protected-access
+  in as a constant (integer noise's are inputs: `integer_gaussian.eager_table`).
+  And the silos and the state stay on the device: after a program's first call, a
+  call sends no more than a round's flags and keys (`SENT_AFTER_FIRST` bytes)."""
+  functions = programs._ROUND_FUNCTIONS.values()   # pylint: disable=protected-access
+  lowered = pjrt.lowered_programs(functions)
   assert lowered
   for facts in map(pjrt.hlo_facts, lowered):
     assert not facts["dynamic"] and not facts["host_calls"], (case, facts)
     assert facts["f64"] == (case in readiness.F64), (case, facts)
     assert facts["constant_bytes"] <= 1 << 16, (case, facts)
+  for executable in pjrt.executables(functions):
+    assert max(executable.sent[1:], default=0) <= SENT_AFTER_FIRST, (case, executable.sent)
+
+
+SENT_AFTER_FIRST = 64
 
 
 @pytest.mark.slow

@@ -817,9 +817,9 @@ def main(argv):
   s = Settings.from_flags()
   common.check_device_memory()
   bundle = common.bundle_from_flags(dict(
-      dprivate_clustering="dprivate_clustering on two_cluster keeps the round its "
-      "validation users choose, from the rounds' results: it cannot be exported (other "
-      "datasets can)") if s.dataset == "two_cluster" else {})
+      dprivate_clustering="--patience stops on the validation loss, which a bundle's "
+      "rounds cannot know before they are replayed: drop --patience (the run then "
+      "keeps its best round by validation)") if s.patience is not None else {})
   from tff_silo import runtime
   runtime.exit_cleanly_on_sigterm()
   todo = plan.Plan(

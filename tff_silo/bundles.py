@@ -16,8 +16,9 @@ a placeholder and is refused.
 `Replay`: the same command again. Each call must be the bundle's (its program's
 HLO, its constants' digests, its results fed from the same calls, else a one-line
 `BundleError`); it returns the replay's results where the bundle kept them (the
-results no later call consumes: the final models) and placeholders elsewhere,
-which only later calls consume.
+results no later call consumes, the final models, and those the driver marked as
+read between rounds: `keep`) and placeholders elsewhere, which only later calls
+consume.
 """
 
 from __future__ import annotations
@@ -102,6 +103,11 @@ class _Calls:
     array = np.asarray(value)
     return digest(array), array
 
+  def keep(self, values) -> None:
+    """Marks the results among `values` (tensors, nested) as read by the driver
+    between rounds: a recording keeps them (`Recording.keep`); a replay, whose
+    bundle kept them, returns them already."""
+
   def returned(self, outputs) -> None:
     for j, output in enumerate(outputs):
       self._results[id(output)] = (weakref.ref(output), (self.calls, j))
@@ -134,6 +140,7 @@ class Recording(_Calls):
     self._lowered_index = {}   # id(lowered) -> (lowered, its program's index)
     self._constants, self._constant_index = [], {}
     self._records, self._consumed = [], set()   # each call's program and arguments
+    self._read = set()   # (call, result)s the driver reads between rounds: kept
 
   def _constant_ref(self, value, where: str) -> list:
     key, array = self.constant(value)
@@ -161,6 +168,17 @@ class Recording(_Calls):
       self._lowered_index[id(lowered)] = (lowered, self._program_index[(hlo_digest,
                                                                          captures)])
     return self._lowered_index[id(lowered)][1]
+
+  def keep(self, values) -> None:
+    """The results among `values` are written back by the replay too (not only
+    the final ones): the driver reads them between rounds (d-private clustering's
+    validation loss after every round, `dprivate_simulation`). It may not decide
+    which calls follow on them: the recording's calls are fixed before any number
+    is known."""
+    for value in tf.nest.flatten(values):
+      source = self.result_of(value)
+      if source is not None:
+        self._read.add(source)
 
   def call(self, lowered: pjrt.Lowered, flat) -> list:
     c = self.calls
@@ -198,7 +216,7 @@ class Recording(_Calls):
                            outputs=describe(lowered.outputs)))
     keep = sorted({(c, j) for c, call in enumerate(self._records)
                    for j in range(len(programs[call["program"]]["outputs"]))}
-                  - self._consumed)
+                  - self._consumed | self._read)
     manifest = dict(format=xla_bundle.FORMAT, about=about, programs=programs,
                     constants=[dict(digest=key, shape=list(v.shape), dtype=v.dtype.name)
                                for key, v in zip(self._constant_index, self._constants)],

@@ -23,6 +23,7 @@ import tensorflow as tf
 from tff_silo import keys
 from tff_silo.algorithms.dprivate_clustering import hypothesis_losses
 from tff_silo.algorithms.rounds import SiloInput
+from tff_silo.backends.vectorized import programs
 from tff_silo.backends.vectorized.training import forward_items_per_call
 from tff_silo.data.silos import SiloData, padded_stack
 from tff_silo.driver import (
@@ -162,6 +163,7 @@ def run_dprivate_clustering(process, data: SiloData, *, rounds: int,
     def after(r):
       nonlocal best_state, best_loss, best_round
       if validation is not None:
+        programs.keep_results(state.hypotheses)   # (a bundle's replay: the real ones)
         loss = float(np.mean(validation_losses(state.hypotheses).min(axis=0)))
         validation_history.append((r, loss))
         if loss < best_loss:

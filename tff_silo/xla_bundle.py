@@ -12,7 +12,9 @@ A bundle is a folder:
                   shapes and dtypes and the constants it captured), `calls` in
                   order (each one's program and arguments: ["c", i] the constant
                   `c<i>`, ["r", call, result] a result of an earlier call) and
-                  `keep`, the results no later call consumes (the final models).
+                  `keep`, the results the replay writes back: those no later call
+                  consumes (the final models) and those the exporting driver
+                  reads between rounds (d-private clustering's validation).
   constants.npz   the silos' data, initial models, keys, hyperparameters, tables
                   (from format 2 a large one may be stored smaller, exactly: k
                   equal blocks as one and `c<i>.tiles`, at most 256 float values

@@ -67,9 +67,9 @@ def _run(*flags, timeout=600):
     (["--export_xla=b", "--import_xla=b"], "--export_xla and --import_xla: give one"),
     (["--export_xla=b", "--device=cpu"], "--export_xla: --device=cpu: a bundle runs "
      "where it is replayed"),
-    (["--dataset=two_cluster", "--methods=dprivate_clustering", "--export_xla=b"],
-     "--export_xla: dprivate_clustering on two_cluster keeps the round its validation "
-     "users choose"),
+    (["--dataset=two_cluster", "--methods=dprivate_clustering", "--patience=3",
+      "--export_xla=b"], "--export_xla: --patience stops on the validation loss, which "
+     "a bundle's rounds cannot know before they are replayed: drop --patience"),
     (["--import_xla=no_such_folder"], "--import_xla: no_such_folder: no manifest.json"),
     (["--device_memory"], "--device_memory estimates the programs PJRT runs in this "
      "process: give --device=xla_cpu"),
@@ -206,11 +206,13 @@ def test_xla_rounds_from_the_command_line(tmp_path):
 
 
 @pytest.mark.cli
-def test_dprivate_clustering_exports_where_no_validation_picks_its_round(tmp_path):
-  """Without validation users (every dataset but two_cluster) d-private clustering's
-  rounds, its sampled users and their declines are fixed before any number: the
-  bundle's replay, imported, gives the rows of --device=xla_cpu but the times."""
-  args = ["--dataset=synthetic", "--methods=dprivate_clustering", "--nu=5",
+@pytest.mark.parametrize("dataset", ["synthetic", "two_cluster"])
+def test_dprivate_clustering_exports_its_rounds_and_imports_the_rows(tmp_path, dataset):
+  """D-private clustering's rounds, its sampled users and their declines are fixed
+  before any number (without --patience): the bundle's replay, imported, gives the
+  rows of --device=xla_cpu but the times. On two_cluster the validation users pick
+  the round kept from every round's hypotheses, which the bundle writes back."""
+  args = [f"--dataset={dataset}", "--methods=dprivate_clustering", "--nu=5",
           "--rounds=4", "--clients_per_round=3", "--leakage_cap=5"]
   pjrt = tmp_path / "pjrt.csv"
   proc = _run(*args, "--device=xla_cpu", f"--output={pjrt}")

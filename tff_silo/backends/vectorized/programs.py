@@ -64,6 +64,14 @@ def bundled_rounds(bundle):
   return _compiled_with(_BUNDLE, bundle)
 
 
+def keep_results(values) -> None:
+  """Marks round results that the driver reads between rounds, inside
+  `bundled_rounds`: a bundle writes them back from its replay (`bundles._Calls.keep`).
+  Nothing elsewhere."""
+  if _BUNDLE[0] is not None:
+    _BUNDLE[0].keep(values)
+
+
 def compiling_rounds() -> bool:
   """Whether rounds made now are XLA-compiled (inside `xla_rounds` or
   `pjrt_rounds`)."""

@@ -25,11 +25,16 @@ MODES = {"traced": lambda: programs.xla_rounds(False), "xla": programs.xla_round
 
 
 def _run(case, folder, mode):
+  """The case's result; under PJRT its evaluation ran there too, not only its rounds."""
   programs.release_programs()
-  with MODES[mode]():
+  with MODES[mode](), pjrt.executables_called() as called:
     result = readiness.CASES[case](folder)
   assert [key[1:3] for key in programs._ROUND_FUNCTIONS] == [   # pylint: disable=protected-access
       (mode != "traced", "cpu" if mode == "pjrt" else None)]
+  functions = programs._ROUND_FUNCTIONS.values()   # pylint: disable=protected-access
+  rounds = pjrt.executables(functions)
+  evaluations = [e for e in called if not any(e is r for r in rounds)]
+  assert bool(evaluations) == (mode == "pjrt"), (case, mode, len(evaluations))
   return result
 
 

@@ -57,6 +57,11 @@ def pjrt_rounds(platform: str = "cpu"):
   return _compiled_with(_PJRT, platform)
 
 
+def pjrt_platform():
+  """The PJRT platform rounds run on now (inside `pjrt_rounds`), else None."""
+  return _PJRT[0]
+
+
 def bundled_rounds(bundle):
   """Within it, rounds made by `round_program` are lowered to HLO and recorded into,
   or replayed from, `bundle` (a `tff_silo.bundles.Recording` or `Replay`) instead of

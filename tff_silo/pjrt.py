@@ -224,7 +224,8 @@ class Executable:
         tensor, result = results.get(id(x), (None, None))
         if tensor is x:
           return result, 0
-    return self._put(x), np.asarray(x).nbytes
+    value = x.numpy() if isinstance(x, tf.Tensor) else np.asarray(x)
+    return self._put(value), value.nbytes
 
   def buffer_bytes(self):
     """`buffer_bytes` of the program (computed on first use), or None where the

@@ -391,6 +391,82 @@ def test_the_clip_8_table_is_the_committed_rows():
       assert _recorded(cell.replace("*", "").split()[0], repr(value)), (method, cell)
 
 
+def fmnist_hetero_lambda_table() -> str:
+  """Fig. G.4's stand-in: MR-MTL's test accuracy at each lambda (rows) and epsilon
+  (columns) from the committed trial rows, 3 decimals rounded half up, each
+  column's best in bold."""
+  import decimal
+  import pandas as pd
+  rows = pd.read_csv(_committed("fmnist_hetero_lambda.csv.gz"))
+  grid = rows[rows.row_type == "trial"].pivot_table(index="lam", columns="epsilon",
+                                                    values="test_metric")
+  three = lambda v: str(decimal.Decimal(repr(v)).quantize(decimal.Decimal("0.001"),
+                                                         decimal.ROUND_HALF_UP))
+  lines = ["| lambda | epsilon 1 | epsilon 8 | without DP |", "|---|---|---|---|"]
+  for lam, values in grid.iterrows():
+    cells = [f"**{three(v)}**" if v == grid[e].max() else three(v)
+             for e, v in values.items()]
+    lines.append(f"| {lam:g} | " + " | ".join(cells) + " |")
+  return "\n".join(lines)
+
+
+def test_the_lambda_table_at_clip_8_is_the_committed_rows():
+  lines = fmnist_hetero_lambda_table().splitlines()
+  section = _section("Label-skewed Fashion-MNIST silos")
+  assert len(lines) == 2 + 5 and all(line in section for line in lines), lines
+
+
+def _clip8_trials():
+  import pandas as pd
+  rows = pd.read_csv(_committed("fmnist_hetero_clip8_lambda.csv.gz"))
+  return rows[rows.row_type == "trial"]
+
+
+def fmnist_hetero_lambda_means_table() -> str:
+  """Fig. G.4's stand-in over 3 seeds: MR-MTL's mean +- sd test accuracy at each
+  lambda, then local training's, at epsilon 1 and 8 (4 decimals)."""
+  trials = _clip8_trials()
+  lines = ["| lambda | epsilon 1 | epsilon 8 |", "|---|---|---|"]
+  for lam, part in [(f"{lam:g}", part) for lam, part in
+                    trials[trials.method == "mrmtl"].groupby("lam")] + [
+                        ("local training", trials[trials.method == "local"])]:
+    cells = [f"{g.mean():.4f} +- {g.std():.4f}"
+             for _, g in part.groupby("epsilon").test_metric]
+    lines.append(f"| {lam} | " + " | ".join(cells) + " |")
+  return "\n".join(lines)
+
+
+def fmnist_hetero_fixed_lambda_table() -> str:
+  """MR-MTL at a fixed lambda against local training, paired by epsilon and seed:
+  the mean difference and its 95% t interval (`benchmarks.paired`)."""
+  from benchmarks import paired
+  trials = _clip8_trials()
+  local = trials[trials.method == "local"].set_index(["epsilon", "seed"]).test_metric
+  lines = ["| MR-MTL's lambda | epsilon | pairs | mean MR-MTL - local | 95% CI | MR-MTL "
+           "better in |", "|---|---|---|---|---|---|"]
+  for lam in (0.001, 0.1):
+    ours = trials[(trials.method == "mrmtl") & (trials.lam == lam)]
+    d = (ours.set_index(["epsilon", "seed"]).test_metric - local).dropna()
+    for epsilon, part in list(d.groupby(level="epsilon")) + [("all", d)]:
+      low, high = paired.interval(part.values)
+      name = epsilon if epsilon == "all" else f"{epsilon:g}"
+      lines.append(f"| {lam:g} | {name} | {len(part)} | {part.mean():.4f} | "
+                   f"[{low:.4f}, {high:.4f}] | {(part > 0).sum()} of {len(part)} |")
+  return "\n".join(lines)
+
+
+@pytest.mark.cli
+def test_the_three_seed_clip_8_tables_are_the_committed_rows():
+  printed, section = _paired_by_summarize("fmnist_hetero_clip8_lambda.csv.gz",
+                                          "mrmtl:local", "Label-skewed Fashion-MNIST silos")
+  quoted = re.findall(r"^\| mrmtl \| local \| .*$", section, re.M)
+  assert len(quoted) == 3 and all(line in printed for line in quoted), quoted
+  for table, length in ((fmnist_hetero_lambda_means_table(), 2 + 6),
+                        (fmnist_hetero_fixed_lambda_table(), 2 + 6)):
+    lines = table.splitlines()
+    assert len(lines) == length and all(line in section for line in lines), lines
+
+
 @pytest.mark.cli
 def test_the_cluster_selection_intervals_come_from_the_committed_rows():
   every, tenth = "ifca selection_fraction=1", "ifca selection_fraction=0.1"

@@ -20,7 +20,7 @@ from typing import Callable, Optional
 import numpy as np
 import tensorflow as tf
 
-from tff_silo import keys, pjrt
+from tff_silo import keys
 from tff_silo.algorithms.dprivate_clustering import hypothesis_losses
 from tff_silo.algorithms.rounds import SiloInput
 from tff_silo.backends.vectorized import programs
@@ -71,11 +71,9 @@ class _LossTable:
     n = np.array([len(y) for y in ys])
     self._mask = (np.arange(self._y.shape[1])[None] < n[:, None]).astype(np.float32)
     self._users = forward_items_per_call(model, self._y.shape[1])
-    table = lambda hypotheses, x, y, mask: tf.transpose(
-        hypothesis_losses(model, hypotheses, x, y, mask))
-    platform = programs.pjrt_platform()   # (PJRT's, as the rounds, inside pjrt_rounds)
-    self._table = (tf.function(table, reduce_retracing=True) if platform is None
-                   else pjrt.PjrtFunction(table, platform))
+    self._table = programs.evaluation_function(
+        lambda hypotheses, x, y, mask: tf.transpose(hypothesis_losses(model, hypotheses,
+                                                                      x, y, mask)))
 
   def __call__(self, hypotheses) -> np.ndarray:
     hypotheses = tuple(tuple(tf.convert_to_tensor(w, tf.float32) for w in h)

@@ -69,11 +69,10 @@ _METRIC_FUNCTIONS = {}
 def _metric_sums_function(model):
   """`(stacked weights, x, y, mask) -> per-silo metric sums`, traced once per model
   computation (`computation_key`) for every evaluator (a sweep's runs share it);
-  inside `programs.pjrt_rounds`, run by PJRT on its platform as the rounds are
-  (lowered and compiled once per chunk shape: `tff_silo.pjrt`)."""
+  inside `programs.pjrt_rounds`, run by PJRT as the rounds are
+  (`programs.evaluation_function`: one program per chunk shape)."""
   from tff_silo.backends.vectorized import programs
-  platform = programs.pjrt_platform()
-  key = (model.computation_key, platform)
+  key = (model.computation_key, programs.pjrt_platform())
   if key in _METRIC_FUNCTIONS:
     return _METRIC_FUNCTIONS[key]
   apply = model.stacked_apply_fn or (lambda weights, x: tf.vectorized_map(
@@ -82,11 +81,7 @@ def _metric_sums_function(model):
   def metric_sums(weights, x, y, mask):
     return tf.reduce_sum(model.metric_of(apply(weights, x), y) * mask, axis=1)
 
-  if platform is None:
-    _METRIC_FUNCTIONS[key] = tf.function(metric_sums, reduce_retracing=True)
-  else:
-    from tff_silo import pjrt
-    _METRIC_FUNCTIONS[key] = pjrt.PjrtFunction(metric_sums, platform)
+  _METRIC_FUNCTIONS[key] = programs.evaluation_function(metric_sums)
   return _METRIC_FUNCTIONS[key]
 
 

@@ -62,6 +62,16 @@ def pjrt_platform():
   return _PJRT[0]
 
 
+def evaluation_function(python_function):
+  """`python_function` as a driver's evaluation runs it: traced by TensorFlow, or
+  inside `pjrt_rounds` run by PJRT on the rounds' platform (lowered and compiled
+  once per input shape)."""
+  if _PJRT[0] is None:
+    return tf.function(python_function, reduce_retracing=True)
+  from tff_silo import pjrt
+  return pjrt.PjrtFunction(python_function, _PJRT[0])
+
+
 def bundled_rounds(bundle):
   """Within it, rounds made by `round_program` are lowered to HLO and recorded into,
   or replayed from, `bundle` (a `tff_silo.bundles.Recording` or `Replay`) instead of

@@ -188,8 +188,10 @@ BUNDLE_GROUP = dict(   # `bundle_from_flags`; tff_silo/xla_bundle.py
                            "--import_xla=DIR writes the rows.", given=False),
     import_xla=spec.string(None, "Write this command's rows from the replayed bundle in "
                            "this folder (--export_xla) instead of running its rounds: "
-                           "the models the replay computed, evaluated and accounted "
-                           "here; the rows' device, round times and device_memory_mb "
+                           "the models and metrics the replay computed (the metrics "
+                           "of models chosen here, d-private clustering's and the "
+                           "pandemic's, computed here), accounted here; the rows' "
+                           "device, round times and device_memory_mb "
                            "(where its jaxlib reports it) are the replay's.",
                            given=False),
 )
@@ -246,14 +248,15 @@ def print_exported(directory: str, what: str, manifest=None) -> None:
 
 
 def replayed_seconds(replay, first_call: int, rounds: int) -> dict:
-  """A run's wall_seconds and seconds_per_round_median from a bundle `replay`'s
-  seconds of its calls since `first_call` (summed per round where a round made
-  several calls)."""
+  """A run's wall_seconds (its evaluations' included) and seconds_per_round_median
+  from a bundle `replay`'s seconds of its calls since `first_call` (summed per round
+  where a round made several calls)."""
   import numpy as np
   seconds = replay.call_seconds(first_call, replay.calls)
   per_round = (seconds.reshape(rounds, -1).sum(axis=1)
                if rounds and len(seconds) % rounds == 0 else seconds)
-  return dict(wall_seconds=float(seconds.sum()),
+  return dict(wall_seconds=float(replay.call_seconds(first_call, replay.calls,
+                                                     evaluations=True).sum()),
               seconds_per_round_median=float(np.median(per_round)))
 
 
@@ -278,8 +281,6 @@ def bundle_from_flags(methods_refused=()):
        "tff_silo.xla_bundle DIR --platform=...); drop --device"),
       (FLAGS.executor != "local" or getattr(FLAGS, "shards", 0),
        "a bundle's rounds are recorded in this process: drop --executor and --shards"),
-      (getattr(FLAGS, "eval_every", 0), "a bundle evaluates at the end only: drop "
-       "--eval_every"),
       (FLAGS.export_xla and (getattr(FLAGS, "save_models", None)
                              or getattr(FLAGS, "ledger_csv", None)),
        "--export_xla runs no round: give --save_models and --ledger_csv with "

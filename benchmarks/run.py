@@ -197,7 +197,8 @@ SPEC = spec.Spec(
                                            "training metric (as "
                                            "train_metric_outside_guarantee).",
                                            private=True, given=False),
-    eval_every=spec.integer(0, "Also evaluate every this many rounds (0: end).",
+    eval_every=spec.integer(0, "Also evaluate every this many rounds (0: end), in the "
+                            "row's history: [[round, pooled test metric], ...].",
                             bounds=">= 0", given=False),
     resume=spec.boolean(True, "Skip runs whose row (same settings, algorithm, lambda "
                         "and seed) is already in --output.", given=False),
@@ -633,6 +634,8 @@ def _row(result, seed, algorithm, lam, s, silos, backend, device):
       server_weights=_server_weights(s, privacy),
       num_silos=silos.num_silos, metric=result.metric,
       **_train_columns(result, s), test_metric=result.test_metric,
+      **({} if not s.eval_every else dict(history=json.dumps(
+          [[r, round(test, 6)] for r, _, test in result.history]))),
       **_privacy_columns(result),
       **_algorithm_flags(algorithm, s), **_clustering_columns(result, silos, algorithm, s),
       backend=backend, device=device, wall_seconds=result.wall_seconds,
@@ -683,8 +686,9 @@ def _batch_rows(s, batch, progress, shards_on=None, replay=None):
   memory = common.device_memory_mb(called, replay, first_call)
   if replay is not None:
     seconds = replay.call_seconds(first_call, replay.calls)
-    results = [dataclasses.replace(r, round_seconds=seconds,
-                                   wall_seconds=float(seconds.sum())) for r in results]
+    wall = float(replay.call_seconds(first_call, replay.calls, evaluations=True).sum())
+    results = [dataclasses.replace(r, round_seconds=seconds, wall_seconds=wall)
+               for r in results]
   for run, result in zip(batch, results):
     seed, algorithm, lam = run.spec
     silos = _load(seed, s)[0]

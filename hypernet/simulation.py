@@ -21,12 +21,13 @@ import numpy as np
 import tensorflow as tf
 
 from tff_silo import keys
+from tff_silo.backends.vectorized import programs
 from tff_silo.data.silos import SiloData
 from tff_silo.driver import (
     PoissonUsers, RunResult, check_run_length, run_rounds, tff_workers_stopped)
 from tff_silo.evaluation import SiloEvaluator
 from tff_silo.privacy.ledger import PrivacyLedger
-from tff_silo.runner import runner_for
+from tff_silo.runner import SiloModels, runner_for
 
 
 @dataclasses.dataclass(frozen=True)
@@ -56,17 +57,17 @@ def sample_users(num_users: int, sampling_rate: float, seed: int, round_num: int
 
 
 class _Generator:
-  """theta_u = h(phi, v_u) for every user, in one traced call."""
+  """theta_u = h(phi, v_u) for every user, in one call of an evaluation program
+  (`programs.evaluation_function`: run by PJRT as the rounds are, and a bundle's
+  call where they are), left where it ran: a `SiloModels` of the users."""
 
   def __init__(self, hypernetwork):
-    signature = ([tf.TensorSpec(s, tf.float32) for s in hypernetwork.phi_shapes],
-                 tf.TensorSpec([None, hypernetwork.embedding_dim], tf.float32))
-    self._fn = tf.function(hypernetwork.generate_many, input_signature=signature)
+    self._fn = programs.evaluation_function(hypernetwork.generate_many)
 
-  def __call__(self, phi, embeddings):
-    thetas = [t.numpy() for t in self._fn([tf.constant(p) for p in phi],
-                                          tf.constant(embeddings))]
-    return [tuple(t[u] for t in thetas) for u in range(len(thetas[0]))]
+  def __call__(self, phi, embeddings) -> SiloModels:
+    thetas = self._fn([tf.convert_to_tensor(p, tf.float32) for p in phi],
+                      tf.convert_to_tensor(embeddings, tf.float32))
+    return SiloModels(tuple(thetas), (np.arange(thetas[0].shape[0], dtype=np.int32),))
 
 
 def run_hypernet(process, data: SiloData, *, rounds: int,
@@ -145,7 +146,7 @@ def run_hypernet(process, data: SiloData, *, rounds: int,
       train_metric=train, test_metric=test, silo_train_metric=per_user_train,
       silo_test_metric=per_user, history=tuple(history),
       round_seconds=log.round_seconds, wall_seconds=time.perf_counter() - start,
-      silo_weights=tuple(thetas), mean_user_accuracy=float(per_user.mean()),
+      silo_weights=tuple(thetas.silos()), mean_user_accuracy=float(per_user.mean()),
       epsilon=ledger.epsilon() if ledger is not None else math.inf,
       delta=target_delta, sigma=algorithm.sigma,
       users_per_round=np.array(users_per_round), phi=phi, embeddings=embeddings)

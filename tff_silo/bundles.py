@@ -1,24 +1,26 @@
 """A binary's rounds recorded into a portable bundle instead of run, and the
 replayed bundle's results fed back in their place (issue 55; the format and the
 standalone runner: `tff_silo.xla_bundle`). Both act through
-`programs.bundled_rounds`, on every program `round_program` makes.
+`programs.bundled_rounds`, on every program `round_program` makes and on every
+evaluation of rounds' results (`programs.evaluation_function`: the silos' metrics
+of a vectorized runner's `SiloModels`).
 
-`Recording`: each call of a round program is lowered to HLO (`pjrt.lower`, once
+`Recording`: each call of such a program is lowered to HLO (`pjrt.lower`, once
 per input signature) and recorded with its arguments, each either a result of an
 earlier call (the very tensor that call returned: a driver hands a round's results
-to the next round) or a constant (anything else: data, keys, initial models,
-hyperparameters, the trace's captures). Nothing runs: a call returns placeholders
-(`placeholder`: NaN, integers 0). So only a driver whose calls are fixed before the
-numbers are (the ledgers' schedule: `tff_silo.simulation` without intermediate
-evaluation) may export; a float constant holding NaN was computed on the host from
-a placeholder and is refused.
+to the next round and to its evaluation) or a constant (anything else: data, keys,
+initial models, hyperparameters, the trace's captures). Nothing runs: a call
+returns placeholders (`placeholder`: NaN, integers 0). So only a driver whose calls
+are fixed before the numbers are (the ledgers' schedule: `tff_silo.simulation`,
+its evaluations every `eval_every` rounds included) may export; a float constant
+holding NaN was computed on the host from a placeholder and is refused.
 
 `Replay`: the same command again. Each call must be the bundle's (its program's
 HLO, its constants' digests, its results fed from the same calls, else a one-line
 `BundleError`); it returns the replay's results where the bundle kept them (the
-results no later call consumes, the final models, and those the driver marked as
-read between rounds: `keep`) and placeholders elsewhere, which only later calls
-consume.
+results no later round consumes: the evaluations' metric sums and the final
+models; and those the driver marked as read between rounds: `keep`) and
+placeholders elsewhere, which only later calls consume.
 """
 
 from __future__ import annotations
@@ -84,7 +86,11 @@ class _Calls:
     self.calls = 0
 
   def function(self, python_function) -> "BundledFunction":
-    return BundledFunction(python_function, self)
+    return BundledFunction(python_function, lambda: self)
+
+  def reads_results(self, args) -> bool:
+    """Whether any tensor of `args` is a result a call returned."""
+    return any(self.result_of(t) is not None for t in tf.nest.flatten(args))
 
   def result_of(self, value):
     """(call, result) if `value` is a result a call returned, else None."""
@@ -115,12 +121,14 @@ class _Calls:
 
 
 class BundledFunction:
-  """A round program whose calls its `_Calls` records or replays: lowered once per
-  input signature, as `pjrt.PjrtFunction` compiles."""
+  """A program whose calls the bundle `calls()` records or replays: lowered once per
+  input signature, as `pjrt.PjrtFunction` compiles. A round, or an `evaluation`:
+  a program whose results no later call consumes and whose inputs it does not
+  consume (the bundle keeps what it evaluates, if no later round consumes it)."""
 
-  def __init__(self, python_function, calls: _Calls):
+  def __init__(self, python_function, calls, evaluation: bool = False):
     self._function = tf.function(python_function, autograph=False, jit_compile=True)
-    self._calls, self._lowered = calls, {}
+    self._calls, self._lowered, self._evaluation = calls, {}, evaluation
 
   def __call__(self, *args):
     flat = pjrt.flat_tensors(args)
@@ -128,7 +136,7 @@ class BundledFunction:
     if signature not in self._lowered:
       self._lowered[signature] = pjrt.lower(self._function, *args)
     lowered = self._lowered[signature]
-    return lowered.pack(self._calls.call(lowered, flat))
+    return lowered.pack(self._calls().call(lowered, flat, self._evaluation))
 
 
 class Recording(_Calls):
@@ -180,7 +188,7 @@ class Recording(_Calls):
       if source is not None:
         self._read.add(source)
 
-  def call(self, lowered: pjrt.Lowered, flat) -> list:
+  def call(self, lowered: pjrt.Lowered, flat, evaluation: bool = False) -> list:
     c = self.calls
     program = self._program_ref(lowered, c)
     args = []
@@ -189,9 +197,11 @@ class Recording(_Calls):
       if source is None:
         args.append(self._constant_ref(value, f"round call {c}'s argument {i}"))
       else:
-        self._consumed.add(source)
+        if not evaluation:
+          self._consumed.add(source)
         args.append(["r", *source])
-    self._records.append(dict(program=program, args=args))
+    self._records.append(dict(program=program, args=args, **(
+        dict(evaluation=True) if evaluation else {})))
     outputs = [placeholder(shape, dtype) for shape, dtype in lowered.outputs]
     self.returned(outputs)
     return outputs
@@ -250,7 +260,7 @@ class Replay(_Calls):
         f"round call {c}{what} differs from the bundle's in {self.directory}: the "
         "bundle was exported by another command (flags, data or version)")
 
-  def call(self, lowered: pjrt.Lowered, flat) -> list:
+  def call(self, lowered: pjrt.Lowered, flat, evaluation: bool = False) -> list:
     c, calls = self.calls, self.manifest["calls"]
     if c >= len(calls):
       raise BundleError(f"this command makes more round calls than the "
@@ -271,6 +281,8 @@ class Replay(_Calls):
         raise self._differs(c, f"'s argument {i}")
     if len(flat) != len(expected["args"]):
       raise self._differs(c, "'s number of arguments")
+    if evaluation != expected.get("evaluation", False):
+      raise self._differs(c, "'s kind (a round or an evaluation)")
     outputs = [tf.constant(self._kept[(c, j)]) if (c, j) in self._kept
                else placeholder(shape, dtype)
                for j, (shape, dtype) in enumerate(lowered.outputs)]
@@ -285,9 +297,13 @@ class Replay(_Calls):
     return max((sum(memory[p].get(k, 0) for k in ("argument", "output", "temp"))
                 for p in programs), default=0)
 
-  def call_seconds(self, start: int, stop: int) -> np.ndarray:
-    """The replay's seconds of calls start..stop-1."""
-    return np.asarray(self.report["call_seconds"][start:stop])
+  def call_seconds(self, start: int, stop: int, evaluations: bool = False) -> np.ndarray:
+    """The replay's seconds of the round calls among calls start..stop-1 (and of
+    the evaluations among them too, with `evaluations`)."""
+    calls = self.manifest["calls"]
+    return np.asarray([s for c, s in zip(range(start, stop),
+                                         self.report["call_seconds"][start:stop])
+                       if evaluations or not calls[c].get("evaluation", False)])
 
   def finish(self) -> None:
     if self.calls != len(self.manifest["calls"]):

@@ -8,13 +8,15 @@ import numpy as np
 import tensorflow as tf
 
 from tff_silo.data.silos import padded_stack
+from tff_silo.runner import SiloModels
 
 
 class SiloEvaluator:
   """Per-silo metric means. Silos go in chunks of at most `chunk_rows` padded
-  examples (default: `chunk_rows_for(model)`): their models stacked and their data
-  zero-padded, one call of one traced function per chunk (the model's
-  `stacked_apply_fn`, or `apply_fn` mapped over silos), padded rows masked out."""
+  examples (default: `chunk_rows_for(model)`): one call of one traced function per
+  chunk (the model's `stacked_apply_fn`, or `apply_fn` mapped over silos), which
+  gathers the chunk's models from the stacked layers (`runner.SiloModels`) and
+  masks out the zero-padded rows of its data."""
 
   def __init__(self, model, chunk_rows: int | None = None):
     self._chunk_rows = chunk_rows_for(model) if chunk_rows is None else chunk_rows
@@ -31,27 +33,30 @@ class SiloEvaluator:
     if chunk:
       yield chunk
 
-  def __call__(self, silo_weights, xs, ys):
-    """(mean over all examples pooled, per-silo means). A silo larger than
-    `chunk_rows` goes alone, in blocks of `chunk_rows` rows."""
+  def __call__(self, models, xs, ys):
+    """(mean over all examples pooled, per-silo means) of `models` (`SiloModels`,
+    or each silo's layers). A silo larger than `chunk_rows` goes alone, in blocks
+    of `chunk_rows` rows."""
+    if not isinstance(models, SiloModels):
+      models = SiloModels.of(models)
+    layers = tuple(tf.convert_to_tensor(layer) for layer in models.layers)   # (once)
+    positions = models.positions()
+    sums_of = lambda chunk, x, y, mask: self._metric_sums(
+        layers, models.index, positions[chunk], x, y, mask)
     sizes = np.array([len(y) for y in ys])
     sums = np.zeros(len(ys))
     for chunk in self._chunks(sizes):
       if len(chunk) == 1 and sizes[chunk[0]] > self._chunk_rows:
         k, step = chunk[0], self._chunk_rows
-        weights = [np.asarray(w, np.float32)[None] for w in silo_weights[k]]
         for start in range(0, int(sizes[k]), step):
           x, y = xs[k][start:start + step], ys[k][start:start + step]
-          sums[k] += float(self._metric_sums(weights, x[None], y[None],
-                                             np.ones((1, len(y)), np.float32))[0])
+          sums[k] += float(np.asarray(sums_of(chunk, x[None], y[None],
+                                              np.ones((1, len(y)), np.float32)))[0])
         continue
       rows = max(1, int(sizes[chunk].max()))
-      weights = [np.stack([np.asarray(silo_weights[k][i], np.float32) for k in chunk])
-                 for i in range(len(silo_weights[chunk[0]]))]
       mask = (np.arange(rows)[None] < sizes[chunk][:, None]).astype(np.float32)
-      sums[chunk] = self._metric_sums(
-          weights, padded_stack([xs[k] for k in chunk], rows),
-          padded_stack([ys[k] for k in chunk], rows), mask).numpy()
+      sums[chunk] = np.asarray(sums_of(chunk, padded_stack([xs[k] for k in chunk], rows),
+                                       padded_stack([ys[k] for k in chunk], rows), mask))
     return float(sums.sum() / sizes.sum()), sums / sizes
 
 
@@ -67,7 +72,8 @@ _METRIC_FUNCTIONS = {}
 
 
 def _metric_sums_function(model):
-  """`(stacked weights, x, y, mask) -> per-silo metric sums`, traced once per model
+  """`(layers, index, positions, x, y, mask) -> per-silo metric sums` (the models of
+  `SiloModels` rows `positions`, gathered in the program), traced once per model
   computation (`computation_key`) for every evaluator (a sweep's runs share it);
   inside `programs.pjrt_rounds`, run by PJRT as the rounds are
   (`programs.evaluation_function`: one program per chunk shape)."""
@@ -78,7 +84,9 @@ def _metric_sums_function(model):
   apply = model.stacked_apply_fn or (lambda weights, x: tf.vectorized_map(
       lambda a: model.apply_fn(list(a[0]), a[1]), (weights, x)))
 
-  def metric_sums(weights, x, y, mask):
+  def metric_sums(layers, index, positions, x, y, mask):
+    at = tf.stack([tf.gather(tf.cast(i, tf.int32), positions) for i in index], axis=1)
+    weights = [tf.gather_nd(layer, at) for layer in layers]
     return tf.reduce_sum(model.metric_of(apply(weights, x), y) * mask, axis=1)
 
   _METRIC_FUNCTIONS[key] = programs.evaluation_function(metric_sums)

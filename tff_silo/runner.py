@@ -18,8 +18,11 @@ MR-MTL family, IFCA) split `next` into `shard_round` and `server_round`.
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 from typing import Optional, Protocol, Sequence, runtime_checkable
+
+import numpy as np
 
 BACKENDS = ("tff", "vectorized")
 
@@ -57,7 +60,7 @@ class Runner(Protocol):
     """One round: (state, client_states, metrics). `active` (one bool per stacked run)
     is taken by runners that stack runs (`prepare_runs`)."""
 
-  def evaluation_weights(self, state, client_states, rounds_done: int) -> list:
+  def evaluation_weights(self, state, client_states, rounds_done: int) -> "SiloModels":
     """The model each silo is evaluated with after `rounds_done` rounds."""
 
   def server_models(self, state) -> list:
@@ -65,6 +68,45 @@ class Runner(Protocol):
 
   def cluster_assignments(self, client_states) -> Optional[object]:
     """Each silo's cluster index, or None without clusters."""
+
+
+@dataclasses.dataclass(frozen=True)
+class SiloModels:
+  """The model each silo is evaluated with, as slices of stacked layers, read where
+  they lie (a round's results: on a device, in a bundle's replay) instead of copied
+  out per silo: silo k's layer i is `layers[i][index[0][r], index[1][r], ...]` with
+  r = `rows[k]` (all rows when None). A vectorized runner's stacked client states
+  have one index (the silo), its runs' global models one (the silo's run), its
+  cluster models two (the run, the silo's cluster: a round's result)."""
+
+  layers: tuple
+  index: tuple   # one integer vector (array or tensor) per leading axis of the layers
+  rows: Optional[np.ndarray] = None
+
+  @classmethod
+  def of(cls, models: Sequence) -> "SiloModels":
+    """From each silo's model (a sequence of layers), stacked once."""
+    layers = tuple(np.stack([np.asarray(m[i], np.float32) for m in models])
+                   for i in range(len(models[0])))
+    return cls(layers, (np.arange(len(models), dtype=np.int32),))
+
+  def positions(self) -> np.ndarray:
+    """The silos' rows in `index`."""
+    return (np.arange(int(self.index[0].shape[0])) if self.rows is None
+            else self.rows).astype(np.int32)
+
+  def __len__(self) -> int:
+    return len(self.positions())
+
+  def subset(self, silos) -> "SiloModels":
+    """These models' silos `silos` (positions among them), in that order."""
+    return dataclasses.replace(self, rows=self.positions()[np.asarray(silos, int)])
+
+  def silos(self) -> list:
+    """Each silo's model, a tuple of numpy layers (copied to the host)."""
+    at = tuple(np.asarray(i)[self.positions()] for i in self.index)
+    layers = [np.asarray(layer)[at] for layer in self.layers]
+    return [tuple(layer[k] for layer in layers) for k in range(len(at[0]))]
 
 
 # (definition type, backend) -> "module:callable" making the runner of a definition

@@ -34,7 +34,7 @@ from tff_silo import simulation
 from tff_silo.algorithms.rounds import SiloInput
 from tff_silo.data.silos import SiloData
 from tff_silo.evaluation import SiloEvaluator
-from tff_silo.runner import runner_for
+from tff_silo.runner import SiloModels, runner_for
 
 
 def bounds(num_silos: int, num_shards: int) -> list:
@@ -103,15 +103,18 @@ class SiloShard:
     return _arrays(contribution)
 
   def weights(self, state, rounds_done: int) -> list:
-    """The model each silo is evaluated with (`evaluation_weights`)."""
+    """The model each silo is evaluated with (`evaluation_weights`), per silo."""
+    return self._models(state, rounds_done).silos()
+
+  def _models(self, state, rounds_done: int):
     return self.runner.evaluation_weights(_tensors(state), self._clients, rounds_done)
 
   def evaluate(self, state, rounds_done: int) -> tuple:
     """(each silo's weights, its train metric, its test metric)."""
-    weights = self.weights(state, rounds_done)
-    _, silo_train = self._evaluator(weights, self.data.x_train, self.data.y_train)
-    _, silo_test = self._evaluator(weights, self.data.x_test, self.data.y_test)
-    return weights, silo_train, silo_test
+    models = self._models(state, rounds_done)
+    _, silo_train = self._evaluator(models, self.data.x_train, self.data.y_train)
+    _, silo_test = self._evaluator(models, self.data.x_test, self.data.y_test)
+    return models.silos(), silo_train, silo_test
 
   def clusters(self) -> Optional[np.ndarray]:
     return self.runner.cluster_assignments(self._clients)
@@ -220,9 +223,10 @@ class ShardedRunner:
     summed = tf.nest.map_structure(lambda *p: functools.reduce(np.add, p), *parts)
     return self._runner.server_round(state, _tensors(summed), active), None, {}
 
-  def evaluation_weights(self, state, client_states, rounds_done: int) -> list:
+  def evaluation_weights(self, state, client_states, rounds_done: int) -> SiloModels:
     del client_states
-    return [w for part in self._each("weights", _arrays(state), rounds_done) for w in part]
+    return SiloModels.of([w for part in self._each("weights", _arrays(state), rounds_done)
+                          for w in part])
 
   def evaluate_silos(self, state, client_states, rounds_done: Sequence[int]) -> list:
     """Evaluated on the shards (`simulation`): [(weights, silo train metric, silo
@@ -230,8 +234,8 @@ class ShardedRunner:
     del client_states
     (done,) = rounds_done
     parts = self._each("evaluate", _arrays(state), done)
-    return [([w for p in parts for w in p[0]], np.concatenate([p[1] for p in parts]),
-             np.concatenate([p[2] for p in parts]))]
+    return [(SiloModels.of([w for p in parts for w in p[0]]),
+             np.concatenate([p[1] for p in parts]), np.concatenate([p[2] for p in parts]))]
 
   def server_models(self, state) -> list:
     return self._runner.server_models(state)

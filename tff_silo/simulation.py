@@ -294,7 +294,7 @@ def _simulate(process, runs, rounds: int, eval_every: int, progress) -> list:
         silo_test_metric=silo_test, privacy=privacy, history=tuple(histories[i]),
         clusters=None if clusters is None else clusters[bounds[i]:bounds[i + 1]],
         round_seconds=log.round_seconds, wall_seconds=wall,
-        silo_weights=tuple(tuple(np.asarray(w) for w in silo) for silo in weights),
+        silo_weights=tuple(weights.silos()),
         server_weights=server[i], runs_stacked=len(runs),
         aggregator_measurements=(_flat(metrics.get("aggregator", {}))
                                  if len(runs) == 1 and isinstance(metrics, dict) else {})))
@@ -303,7 +303,7 @@ def _simulate(process, runs, rounds: int, eval_every: int, progress) -> list:
 
 def _evaluation_here(process, runs, bounds):
   """`evaluate_silos(state, client_states, rounds_done per run)` on the runs' data
-  in this process: per run (each silo's weights, train metric, test metric). (A
+  in this process: per run (its silos' `SiloModels`, train metric, test metric). (A
   runner whose silos' data is elsewhere has its own: `tff_silo.sharding`.)"""
   evaluator = SiloEvaluator(process.model)
   x_train, y_train, x_test, y_test = (
@@ -312,14 +312,16 @@ def _evaluation_here(process, runs, bounds):
 
   def evaluate_silos(state, client_states, rounds_done):
     weights = [None] * len(runs)
-    for done in set(rounds_done):
-      every = process.evaluation_weights(state, client_states, done)
-      for i, d in enumerate(rounds_done):
-        if d == done:
-          weights[i] = every[bounds[i]:bounds[i + 1]]
-    weights_all = [w for run_weights in weights for w in run_weights]
-    _, silo_train = evaluator(weights_all, x_train, y_train)
-    _, silo_test = evaluator(weights_all, x_test, y_test)
+    silo_train, silo_test = np.zeros(bounds[-1]), np.zeros(bounds[-1])
+    for done in sorted(set(rounds_done)):   # (stacked runs stopped at different rounds)
+      models = process.evaluation_weights(state, client_states, done)
+      ran = [i for i, d in enumerate(rounds_done) if d == done]
+      silos = np.concatenate([np.arange(bounds[i], bounds[i + 1]) for i in ran])
+      for i in ran:
+        weights[i] = models.subset(np.arange(bounds[i], bounds[i + 1]))
+      pick = lambda arrays: [arrays[k] for k in silos]
+      silo_train[silos] = evaluator(models.subset(silos), pick(x_train), pick(y_train))[1]
+      silo_test[silos] = evaluator(models.subset(silos), pick(x_test), pick(y_test))[1]
     return [(w, silo_train[a:b], silo_test[a:b])
             for a, b, w in zip(bounds[:-1], bounds[1:], weights)]
 

@@ -97,6 +97,52 @@ def test_a_replay_refuses_another_command_and_a_bundle_not_replayed(tmp_path):
     replay.finish()
 
 
+def _metric(weights, data):
+  return tf.reduce_sum(tf.matmul(data, weights), axis=1)
+
+
+def _drive_evaluated(bundle, data, evaluate):
+  """`_drive`'s rounds, each round's weights evaluated (a round's results), and
+  weights made here evaluated once more (as d-private clustering's chosen models)."""
+  with programs.bundled_rounds(bundle):
+    step = programs.round_program(("test_bundles_evaluated", id(bundle)), lambda: _step)
+    state, metrics = (tf.zeros([2, 2]), tf.constant(0)), []
+    for _ in range(2):
+      state, _ = step(state, data)
+      metrics.append(evaluate(state[0], data))
+    here = evaluate(tf.ones([2, 2]), data)
+  programs.release_programs()
+  return state, metrics, here
+
+
+@pytest.mark.cli
+def test_an_evaluation_of_round_results_is_replayed_and_keeps_what_no_round_consumes(
+    tmp_path):
+  """`programs.evaluation_function` on a round's results is one of the bundle's
+  calls (its metric comes from the replay); it does not consume what it reads, so
+  the final weights, which only it reads, come back too, and the first round's,
+  which the next round consumes, do not. On weights made here it runs here."""
+  data = tf.constant([[0.1, 0.2], [0.3, -0.4]])
+  evaluate = programs.evaluation_function(_metric)
+  recording = bundles.Recording()
+  _, _, here = _drive_evaluated(recording, data, evaluate)
+  np.testing.assert_allclose(here.numpy(), [0.6, -0.2], rtol=1e-6)   # ran here
+  manifest = recording.write(str(tmp_path), about={})
+  assert [call.get("evaluation", False) for call in manifest["calls"]] == [
+      False, True, False, True]
+  assert manifest["calls"][1]["args"][0] == ["r", 0, 0]
+  assert manifest["keep"] == [[0, 2], [1, 0], [2, 0], [2, 1], [2, 2], [3, 0]]
+  _replay(tmp_path)
+  replay = bundles.Replay(str(tmp_path))
+  state, metrics, _ = _drive_evaluated(replay, data, evaluate)
+  replay.finish()
+  want_state, want_metrics, _ = _drive_evaluated(None, data, evaluate)
+  for got, want in zip(metrics + [state[0]], want_metrics + [want_state[0]]):
+    np.testing.assert_allclose(got.numpy(), want.numpy(), rtol=1e-6)
+  assert len(replay.call_seconds(0, 4)) == 2   # (the rounds'; with evaluations: 4)
+  assert len(replay.call_seconds(0, 4, evaluations=True)) == 4
+
+
 def test_a_result_changed_on_the_host_is_refused_at_export():
   """Nothing runs while recording: a value computed on the host from a result
   (a NaN placeholder) cannot be replayed."""

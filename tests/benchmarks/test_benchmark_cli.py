@@ -1,6 +1,7 @@
 """`python -m benchmarks.run`: bad input ends in one line and a non-zero exit; a tiny
 run writes its CSV row and leaves no TFF worker holding the output pipes."""
 
+import json
 import os
 import re
 import subprocess
@@ -166,19 +167,24 @@ def test_tiny_run_writes_a_row_and_exits(tmp_path):
 def test_xla_rounds_from_the_command_line(tmp_path):
   """--xla compiles the rounds (tests/backends/test_xla.py ties their numbers to the
   uncompiled ones) and the row says so; --device=xla_cpu runs the same HLO through
-  PJRT's CPU client: the same rows but the device."""
+  PJRT's CPU client: the same rows but the device. Every round is evaluated
+  (--eval_every=1: the rows' history)."""
   rows = {}
+  args = ["--dataset=synthetic", "--methods=mrmtl,ifca,mocha", "--rounds=2",
+          "--epsilon=2", "--lams=0.5", "--eval_every=1"]
   for name, flags in (("xla", ["--xla"]), ("pjrt", ["--device=xla_cpu",
                                                     "--device_memory"])):
     out = tmp_path / f"{name}.csv"
-    proc = _run("--dataset=synthetic", "--methods=mrmtl,ifca,mocha", "--rounds=2",
-                "--epsilon=2", "--lams=0.5", *flags, f"--output={out}")
+    proc = _run(*args, *flags, f"--output={out}")
     assert proc.returncode == 0, proc.stderr[-2000:]
     rows[name] = pd.read_csv(out)
   xla, pjrt = rows["xla"], rows["pjrt"]
   assert list(xla.algorithm) == ["mrmtl", "ifca", "mocha"]
   assert (xla.device == "cpu+xla").all() and (xla.epsilon_spent_max <= 2.0).all()
   assert np.isfinite(xla.test_metric).all()
+  for history, test in zip(xla.history, xla.test_metric):
+    assert [r for r, _ in json.loads(history)] == [1, 2]
+    assert json.loads(history)[-1][1] == pytest.approx(test, abs=1e-6)
   assert (pjrt.device == "xla_cpu").all() and list(pjrt.run_key) == list(xla.run_key)
   np.testing.assert_allclose(pjrt.test_metric, xla.test_metric, rtol=1e-5)
   np.testing.assert_array_equal(pjrt.epsilon_spent_max, xla.epsilon_spent_max)
@@ -187,15 +193,17 @@ def test_xla_rounds_from_the_command_line(tmp_path):
   assert (pjrt.device_memory_mb > 0).all() and "device_memory_mb" not in xla
   assert pjrt.outside_guarantee_columns.str.contains("device_memory_mb").all()
   # The same command exported as a bundle (no rows), replayed by the standalone
-  # runner in another process, imported: the rows of --device=xla_cpu but the times.
+  # runner in another process (the evaluations too), imported: the rows of
+  # --device=xla_cpu but the times.
   out = tmp_path / "imported.csv"
-  exported, proc = binaries.through_bundle(
-      "run", "--dataset=synthetic", "--methods=mrmtl,ifca,mocha", "--rounds=2",
-      "--epsilon=2", "--lams=0.5", f"--output={out}", rows=out,
-      bundle=tmp_path / "bundle")
+  exported, proc = binaries.through_bundle("run", *args, f"--output={out}", rows=out,
+                                           bundle=tmp_path / "bundle")
   assert "bundle of 3 run(s) written" in exported.stdout
   assert "outside any DP guarantee" in exported.stdout
   assert proc.returncode == 0, proc.stderr[-2000:]
+  # (each evaluation is one of the bundle's calls: the metrics come from the replay)
+  calls = json.loads((tmp_path / "bundle" / "manifest.json").read_text())["calls"]
+  assert sum(call.get("evaluation", False) for call in calls) == 3 * 2 * 2
   imported = pd.read_csv(out)
   timing = ["wall_seconds", "seconds_per_round_median", "peak_memory_mb", "finished",
             "flags"]

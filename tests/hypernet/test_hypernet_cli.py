@@ -119,7 +119,7 @@ def test_a_bundle_imports_the_rows_pjrt_writes(tmp_path):
   times; --device_memory adds the largest program's estimate to the latter."""
   small = ["--rounds=2", "--num_users=6", "--sampling_rates=0.5", "--clips=0.1",
            "--noise_multipliers=2", "--channels=4,8", "--dense=8", "--hidden_width=8",
-           "--local_steps=2", "--public_user_count=6"]
+           "--local_steps=2", "--public_user_count=6", "--eval_every=1"]
   pjrt, out, bundle = tmp_path / "pjrt.csv", tmp_path / "hn.csv", tmp_path / "bundle"
   done = _run(*small, "--device=xla_cpu", "--device_memory", f"--output={pjrt}")
   assert done.returncode == 0, done.stderr[-2000:]

@@ -18,6 +18,7 @@ import tensorflow as tf
 import tensorflow_federated as tff
 
 from tff_silo import keys
+from tff_silo.runner import SiloModels
 from tff_silo.algorithms.ifca import (
     ClusteredAlgorithm, choose, cluster_client_round, cluster_server_step,
     initial_cluster_weights, selection_scores)
@@ -60,10 +61,10 @@ class ClusteredProcess(SiloProcess):
   def initial_client_states(self, state, num_silos: int) -> list:
     return [ClusterClientState(state.cluster_weights[0], np.int32(0))] * num_silos
 
-  def evaluation_weights(self, state, client_states, rounds_done: int) -> list:
+  def evaluation_weights(self, state, client_states, rounds_done: int) -> SiloModels:
     if self.algorithm.uses_client_state(rounds_done):
-      return [c.personal for c in client_states]
-    return [state.cluster_weights[int(c.cluster)] for c in client_states]
+      return SiloModels.of([c.personal for c in client_states])
+    return SiloModels.of([state.cluster_weights[int(c.cluster)] for c in client_states])
 
   def cluster_assignments(self, client_states):
     return np.array([int(c.cluster) for c in client_states])

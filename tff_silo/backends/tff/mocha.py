@@ -18,6 +18,7 @@ import tensorflow as tf
 import tensorflow_federated as tff
 
 from tff_silo import keys
+from tff_silo.runner import SiloModels
 from tff_silo.algorithms import mocha
 from tff_silo.algorithms.local_training import train_locally
 from tff_silo.backends.tff.silo import SiloProcess, silo_input_type
@@ -52,9 +53,9 @@ class MochaProcess(SiloProcess):
     return [MochaClientState(tuple(w[k] for w in state.models), np.int32(k))
             for k in range(num_silos)]
 
-  def evaluation_weights(self, state, client_states, rounds_done: int) -> list:
+  def evaluation_weights(self, state, client_states, rounds_done: int) -> SiloModels:
     del state, rounds_done
-    return [tuple(s.personal) for s in client_states]
+    return SiloModels.of([tuple(s.personal) for s in client_states])
 
   def server_models(self, state) -> list:
     """Per run (one here): no server model (see `MochaServerState`)."""

@@ -30,6 +30,7 @@ import tensorflow as tf
 import tensorflow_federated as tff
 
 from tff_silo import keys
+from tff_silo.runner import SiloModels
 from tff_silo.algorithms.local_training import train_locally
 from tff_silo.algorithms.rounds import (
     SiloAlgorithm, SiloInput, client_round, public_size, server_step)
@@ -90,11 +91,12 @@ class SiloProcess(tff.templates.IterativeProcess):
   def initial_client_states(self, state, num_silos: int) -> list:
     return [state.global_weights] * num_silos
 
-  def evaluation_weights(self, state, client_states, rounds_done: int) -> list:
+  def evaluation_weights(self, state, client_states, rounds_done: int) -> SiloModels:
     """The model each silo is evaluated with after `rounds_done` rounds."""
     if self.uses_client_state(rounds_done):
-      return list(client_states)
-    return [state.global_weights] * len(client_states)
+      return SiloModels.of(list(client_states))
+    return SiloModels(tuple(np.asarray(w, np.float32)[None] for w in state.global_weights),
+                      (np.zeros(len(client_states), np.int32),))
 
   def cluster_assignments(self, client_states):
     """Each silo's cluster index, or None for a process without clusters."""

@@ -15,7 +15,7 @@ from tff_silo.algorithms import ifca
 from tff_silo.backends.vectorized import training
 from tff_silo.backends.vectorized.family import unsupported_reason
 from tff_silo.backends.vectorized.programs import RunStackingRunner, round_program
-from tff_silo.backends.vectorized.stacking import RunStack, StackedSilos, rows, unstacked
+from tff_silo.backends.vectorized.stacking import RunStack, StackedSilos, rows
 from tff_silo.backends.vectorized.training import train_silos
 from tff_silo.privacy.selection import gumbel_of
 
@@ -197,13 +197,13 @@ class VectorizedClusteredProcess(RunStackingRunner):
         state.cluster_weights, state.round_num, contribution, self.active_runs(active))
     return ClusteredState(tuple(clusters), new_round)
 
-  def evaluation_weights(self, state, client_states, rounds_done: int) -> list:
+  def evaluation_weights(self, state, client_states, rounds_done: int) -> runner.SiloModels:
+    num_silos = int(client_states.cluster.shape[0])
     if self.algorithm.uses_client_state(rounds_done):
-      return unstacked(client_states.personal)
-    run = self.silo_runs(int(client_states.cluster.shape[0]))
-    chosen = self.cluster_assignments(client_states)
-    layers = [layer.numpy() for layer in state.cluster_weights]
-    return [tuple(layer[r, g] for layer in layers) for r, g in zip(run, chosen)]
+      return runner.SiloModels(tuple(client_states.personal),
+                               (np.arange(num_silos, dtype=np.int32),))
+    return runner.SiloModels(tuple(state.cluster_weights),
+                             (self.silo_runs(num_silos), client_states.cluster))
 
   def cluster_assignments(self, client_states):
     return client_states.cluster.numpy()

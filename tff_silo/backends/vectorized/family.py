@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 from typing import NamedTuple
 
+import numpy as np
 import tensorflow as tf
 
 from tff_silo import batched_random as br
@@ -157,11 +158,12 @@ class VectorizedProcess(RunStackingRunner):
         state.global_weights, state.round_num, contribution, self.active_runs(active))
     return VectorizedState(tuple(new_global), new_round)
 
-  def evaluation_weights(self, state, client_states, rounds_done: int) -> list:
+  def evaluation_weights(self, state, client_states, rounds_done: int) -> runner.SiloModels:
+    num_silos = int(client_states[0].shape[0])
     if self.algorithm.uses_client_state(rounds_done):
-      return unstacked(client_states)
-    models = unstacked(state.global_weights)
-    return [models[r] for r in self.silo_runs(int(client_states[0].shape[0]))]
+      return runner.SiloModels(tuple(client_states),
+                               (np.arange(num_silos, dtype=np.int32),))
+    return runner.SiloModels(tuple(state.global_weights), (self.silo_runs(num_silos),))
 
   def server_models(self, state) -> list:
     """Per stacked run, the server's models: (its global model,)."""

@@ -14,7 +14,7 @@ from tff_silo import runner
 from tff_silo.algorithms import mocha
 from tff_silo.backends.vectorized import training
 from tff_silo.backends.vectorized.programs import RunStackingRunner, round_program
-from tff_silo.backends.vectorized.stacking import RunStack, StackedSilos, rows, unstacked
+from tff_silo.backends.vectorized.stacking import RunStack, StackedSilos, rows
 from tff_silo.backends.vectorized.training import train_silos
 
 
@@ -111,9 +111,10 @@ class VectorizedMocha(RunStackingRunner):
         data.learning_rate, data.lam, self.active_runs(active))
     return MochaState(omega, round_num), personal, {}
 
-  def evaluation_weights(self, state, client_states, rounds_done: int) -> list:
+  def evaluation_weights(self, state, client_states, rounds_done: int) -> runner.SiloModels:
     del state, rounds_done
-    return unstacked(client_states)
+    num_silos = int(client_states[0].shape[0])
+    return runner.SiloModels(tuple(client_states), (np.arange(num_silos, dtype=np.int32),))
 
   def server_models(self, state) -> list:
     """Per run: no server model (the server holds W, the silos' own models, and

@@ -65,11 +65,21 @@ def pjrt_platform():
 def evaluation_function(python_function):
   """`python_function` as a driver's evaluation runs it: traced by TensorFlow, or
   inside `pjrt_rounds` run by PJRT on the rounds' platform (lowered and compiled
-  once per input shape)."""
-  if _PJRT[0] is None:
-    return tf.function(python_function, reduce_retracing=True)
-  from tff_silo import pjrt
-  return pjrt.PjrtFunction(python_function, _PJRT[0])
+  once per input shape). Inside `bundled_rounds`, a call that reads rounds' results
+  (a vectorized runner's `SiloModels`) is the bundle's, as the rounds are; one on
+  models the driver chose on the host (d-private clustering's) runs here."""
+  if _PJRT[0] is not None:
+    from tff_silo import pjrt
+    return pjrt.PjrtFunction(python_function, _PJRT[0])
+  from tff_silo import bundles
+  traced = tf.function(python_function, reduce_retracing=True)
+  bundled = bundles.BundledFunction(python_function, lambda: _BUNDLE[0], evaluation=True)
+
+  def evaluate(*args):
+    reads_results = _BUNDLE[0] is not None and _BUNDLE[0].reads_results(args)
+    return (bundled if reads_results else traced)(*args)
+
+  return evaluate
 
 
 def bundled_rounds(bundle):

@@ -37,7 +37,8 @@ The add-ons `hypernet` (HyperNetFL, UDP-Alg) and `attacks` build on the library;
 
 The runner protocol (`runner.Runner`): `prepare(silo inputs)`, `initialize()`,
 `initial_client_states(state, K)`, `next(state, client states, data)`,
-`evaluation_weights`, `server_models`, `cluster_assignments`, `num_selections`,
+`evaluation_weights` (a `runner.SiloModels`: slices of the rounds' stacked results),
+`server_models`, `cluster_assignments`, `num_selections`,
 and the attributes name, model, config, epochs_per_round, num_clusters,
 selection_budget_share. Each definition type registers one runner per backend
 (`runner.register`); the drivers ask `runner.runner_for(definition, backend)`.

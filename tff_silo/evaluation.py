@@ -93,6 +93,40 @@ def _metric_sums_function(model):
   return _METRIC_FUNCTIONS[key]
 
 
+def silo_outputs(model, silo_weights, xs, chunk_rows: int = 8192) -> list:
+  """Each silo's model outputs (`model.apply_fn`) on its examples `xs`, by one
+  evaluation program (`programs.evaluation_function`: run by PJRT inside
+  `programs.pjrt_rounds`) called on blocks of at most `chunk_rows` rows, each
+  zero-padded to a power of two rows (few shapes: few programs)."""
+  outputs_of = _outputs_function(model)
+  out = []
+  for weights, x in zip(silo_weights, xs):
+    weights = [tf.constant(np.asarray(w, np.float32)) for w in weights]
+    blocks = []
+    for start in range(0, len(x), chunk_rows):
+      block = np.asarray(x[start:start + chunk_rows], np.float32)
+      padded = np.zeros((1 << max(len(block) - 1, 0).bit_length(), *block.shape[1:]),
+                        np.float32)
+      padded[:len(block)] = block
+      blocks.append(np.asarray(outputs_of(weights, padded))[:len(block)])
+    out.append(np.concatenate(blocks) if blocks else np.zeros(0, np.float32))
+  return out
+
+
+_OUTPUT_FUNCTIONS = {}
+
+
+def _outputs_function(model):
+  """`(weights, x) -> model.apply_fn(weights, x)` as `_metric_sums_function` makes
+  its program: one per model computation and PJRT platform."""
+  from tff_silo.backends.vectorized import programs
+  key = (model.computation_key, programs.pjrt_platform())
+  if key not in _OUTPUT_FUNCTIONS:
+    _OUTPUT_FUNCTIONS[key] = programs.evaluation_function(
+        lambda weights, x: model.apply_fn(list(weights), x))
+  return _OUTPUT_FUNCTIONS[key]
+
+
 def pooled(silo_means, sizes) -> float:
   """The mean over every example of these silos, from their per-silo means and
   example counts."""

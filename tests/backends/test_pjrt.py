@@ -139,3 +139,22 @@ def test_pjrt_rounds_are_released_like_traced_ones(monkeypatch):
   assert all(isinstance(m, pjrt.PjrtFunction) for m in made)
   assert [key[0] for key in programs._ROUND_FUNCTIONS] == [("test", 1), ("test", 2)]   # pylint: disable=protected-access
   programs.release_programs()
+
+
+def test_silo_outputs_run_one_program_per_padded_block_size_on_pjrt():
+  """`evaluation.silo_outputs` (the pandemic's scores): inside `pjrt_rounds` by
+  PJRT, each silo's blocks zero-padded to a power of two rows, so 3 silos of 5, 3
+  and 9 rows in blocks of 8 make programs of 8, 4 and 1 rows; each row's output is
+  the one `apply_fn` computes on its own."""
+  from tff_silo import evaluation, models
+  model = models.logistic_regression(3)
+  rng = np.random.default_rng(0)
+  xs = [rng.normal(size=(n, 3)).astype(np.float32) for n in (5, 3, 9)]
+  weights = [tuple(rng.normal(size=s).astype(np.float32) for s in model.weight_shapes)
+             for _ in xs]
+  with programs.pjrt_rounds("cpu"), pjrt.executables_called() as called:
+    outputs = evaluation.silo_outputs(model, weights, xs, chunk_rows=8)
+  assert sorted(e.lowered.inputs[-1][0][0] for e in called) == [1, 4, 8]
+  for got, w, x in zip(outputs, weights, xs):
+    want = model.apply_fn([tf.constant(v) for v in w], tf.constant(x)).numpy()
+    np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)

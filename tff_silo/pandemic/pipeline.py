@@ -122,16 +122,11 @@ def _target(path: str, pids) -> Optional[np.ndarray]:
 
 
 def scores(model, silo_weights, silos: SiloData) -> list:
-  """Each silo's predicted probabilities on its test window, with its own model."""
-  import tensorflow as tf   # pylint: disable=g-import-not-at-top
-  out = []
-  for weights, x in zip(silo_weights, silos.x_test):
-    logits = np.concatenate([
-        model.apply_fn([tf.constant(w) for w in weights],
-                       tf.constant(x[i:i + 8192])).numpy()
-        for i in range(0, len(x), 8192)])
-    out.append(1.0 / (1.0 + np.exp(-logits)))
-  return out
+  """Each silo's predicted probabilities on its test window, with its own model
+  (`evaluation.silo_outputs`: by PJRT where the rounds run there)."""
+  from tff_silo import evaluation   # pylint: disable=g-import-not-at-top
+  return [1.0 / (1.0 + np.exp(-logits))
+          for logits in evaluation.silo_outputs(model, silo_weights, silos.x_test)]
 
 
 def evaluate(predictions, labels) -> dict:

@@ -423,7 +423,7 @@ def _clip8_trials():
 
 
 def fmnist_hetero_lambda_means_table() -> str:
-  """Fig. G.4's stand-in over 3 seeds: MR-MTL's mean +- sd test accuracy at each
+  """Fig. G.4's stand-in over 5 seeds: MR-MTL's mean +- sd test accuracy at each
   lambda, then local training's, at epsilon 1 and 8 (4 decimals)."""
   trials = _clip8_trials()
   lines = ["| lambda | epsilon 1 | epsilon 8 |", "|---|---|---|"]

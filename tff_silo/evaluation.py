@@ -20,7 +20,7 @@ class SiloEvaluator:
 
   def __init__(self, model, chunk_rows: int | None = None):
     self._chunk_rows = chunk_rows_for(model) if chunk_rows is None else chunk_rows
-    self._metric_sums = _metric_sums_function(model)
+    self._metric_sums = _program(model, _metric_sums_function)
 
   def _chunks(self, sizes):
     chunk, longest = [], 0
@@ -68,19 +68,24 @@ def chunk_rows_for(model) -> int:
   return int(np.clip(2 ** 24 // max(model.num_parameters, 1), 8192, 2 ** 18))
 
 
-_METRIC_FUNCTIONS = {}
+_PROGRAMS = {}
+
+
+def _program(model, make):
+  """`programs.evaluation_function(make(model))`, made once per model computation
+  (`computation_key`: a sweep's runs share it), kind (`make`) and PJRT platform:
+  inside `programs.pjrt_rounds`, run by PJRT as the rounds are (one program per
+  input shape)."""
+  from tff_silo.backends.vectorized import programs
+  key = (make.__name__, model.computation_key, programs.pjrt_platform())
+  if key not in _PROGRAMS:
+    _PROGRAMS[key] = programs.evaluation_function(make(model))
+  return _PROGRAMS[key]
 
 
 def _metric_sums_function(model):
-  """`(layers, index, positions, x, y, mask) -> per-silo metric sums` (the models of
-  `SiloModels` rows `positions`, gathered in the program), traced once per model
-  computation (`computation_key`) for every evaluator (a sweep's runs share it);
-  inside `programs.pjrt_rounds`, run by PJRT as the rounds are
-  (`programs.evaluation_function`: one program per chunk shape)."""
-  from tff_silo.backends.vectorized import programs
-  key = (model.computation_key, programs.pjrt_platform())
-  if key in _METRIC_FUNCTIONS:
-    return _METRIC_FUNCTIONS[key]
+  """`(layers, index, positions, x, y, mask) -> per-silo metric sums` of the models
+  of `SiloModels` rows `positions`, gathered in the program."""
   apply = model.stacked_apply_fn or (lambda weights, x: tf.vectorized_map(
       lambda a: model.apply_fn(list(a[0]), a[1]), (weights, x)))
 
@@ -89,16 +94,19 @@ def _metric_sums_function(model):
     weights = [tf.gather_nd(layer, at) for layer in layers]
     return tf.reduce_sum(model.metric_of(apply(weights, x), y) * mask, axis=1)
 
-  _METRIC_FUNCTIONS[key] = programs.evaluation_function(metric_sums)
-  return _METRIC_FUNCTIONS[key]
+  return metric_sums
+
+
+def _outputs_function(model):
+  """`(weights, x) -> model.apply_fn(weights, x)`."""
+  return lambda weights, x: model.apply_fn(list(weights), x)
 
 
 def silo_outputs(model, silo_weights, xs, chunk_rows: int = 8192) -> list:
   """Each silo's model outputs (`model.apply_fn`) on its examples `xs`, by one
-  evaluation program (`programs.evaluation_function`: run by PJRT inside
-  `programs.pjrt_rounds`) called on blocks of at most `chunk_rows` rows, each
-  zero-padded to a power of two rows (few shapes: few programs)."""
-  outputs_of = _outputs_function(model)
+  evaluation program (`_program`) called on blocks of at most `chunk_rows` rows,
+  each zero-padded to a power of two rows (few shapes: few programs)."""
+  outputs_of = _program(model, _outputs_function)
   out = []
   for weights, x in zip(silo_weights, xs):
     weights = [tf.constant(np.asarray(w, np.float32)) for w in weights]
@@ -111,20 +119,6 @@ def silo_outputs(model, silo_weights, xs, chunk_rows: int = 8192) -> list:
       blocks.append(np.asarray(outputs_of(weights, padded))[:len(block)])
     out.append(np.concatenate(blocks) if blocks else np.zeros(0, np.float32))
   return out
-
-
-_OUTPUT_FUNCTIONS = {}
-
-
-def _outputs_function(model):
-  """`(weights, x) -> model.apply_fn(weights, x)` as `_metric_sums_function` makes
-  its program: one per model computation and PJRT platform."""
-  from tff_silo.backends.vectorized import programs
-  key = (model.computation_key, programs.pjrt_platform())
-  if key not in _OUTPUT_FUNCTIONS:
-    _OUTPUT_FUNCTIONS[key] = programs.evaluation_function(
-        lambda weights, x: model.apply_fn(list(weights), x))
-  return _OUTPUT_FUNCTIONS[key]
 
 
 def pooled(silo_means, sizes) -> float:
